@@ -1,0 +1,57 @@
+"""Stream elements: keyed records and watermarks, validated at the boundary."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One keyed input record.
+
+    Attributes:
+        key: hashable, not None; decides the key group and same-key order.
+        value: the payload handed to ``process_element``.
+        timestamp: event time in seconds (int or float, not NaN), or None.
+    """
+
+    key: Any
+    value: Any
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Watermark:
+    """Event-time progress: no record with timestamp <= ``timestamp`` follows.
+
+    Compares and orders by ``timestamp`` (seconds; ``math.inf`` at end of input).
+    """
+
+    timestamp: float
+
+
+def check_key(key: Any) -> None:
+    """Raise TypeError unless ``key`` can key state (hashable and not None)."""
+    if key is None:
+        raise TypeError("record key is None: every record needs a hashable, non-None key")
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(
+            f"record key {key!r} of type {type(key).__name__} is unhashable: "
+            "use an immutable key (str, int, tuple, ...)"
+        ) from None
+
+
+def check_timestamp(timestamp: Any, what: str = "record timestamp") -> None:
+    """Raise TypeError/ValueError unless ``timestamp`` is a real number (or None)."""
+    if timestamp is None:
+        return
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)):
+        raise TypeError(
+            f"{what} must be a number of seconds, got {timestamp!r} ({type(timestamp).__name__})"
+        )
+    if math.isnan(timestamp):
+        raise ValueError(f"{what} is NaN")

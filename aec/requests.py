@@ -1,0 +1,92 @@
+"""State requests: what the AEC hands to a backend, in batches (FLIP-426).
+
+This module is the whole contract between the engine and a backend. A backend
+receives a list of ``StateRequest`` and, for each in list order, applies the
+operation ``op`` to the state named ``state`` of user key ``key`` and stores
+what it reads in ``result``. Requests of one record are in submission order
+inside a batch and never spread over two batches that run at once, so a
+backend that applies each batch in list order gives the sequential answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Op:
+    """Request kinds (Flink's ``StateRequestType``), small ints for fast dispatch.
+
+    Value state: ``state[key]`` is one object or absent.
+    List state: a list; absent reads as ``[]``; storing ``[]`` or None clears.
+    Map state: a dict of user keys (``user_key``) to values; absent reads as empty.
+    """
+
+    VALUE_GET = 0  # result: the value or None
+    VALUE_PUT = 1  # value: the new value; None clears
+    VALUE_CLEAR = 2
+    LIST_GET = 3  # result: a new list (empty if absent)
+    LIST_ADD = 4  # value: one element
+    LIST_ADD_ALL = 5  # value: a list of elements
+    LIST_PUT = 6  # value: a list replacing the state; empty clears
+    LIST_CLEAR = 7
+    MAP_GET = 8  # user_key; result: the value or None
+    MAP_PUT = 9  # user_key, value
+    MAP_PUT_ALL = 10  # value: a dict
+    MAP_REMOVE = 11  # user_key
+    MAP_CONTAINS = 12  # user_key; result: bool
+    MAP_IS_EMPTY = 13  # result: bool
+    MAP_ITER = 14  # result: a list of (user_key, value) tuples
+    MAP_CLEAR = 15
+
+    NAMES = (
+        "VALUE_GET", "VALUE_PUT", "VALUE_CLEAR",
+        "LIST_GET", "LIST_ADD", "LIST_ADD_ALL", "LIST_PUT", "LIST_CLEAR",
+        "MAP_GET", "MAP_PUT", "MAP_PUT_ALL", "MAP_REMOVE", "MAP_CONTAINS",
+        "MAP_IS_EMPTY", "MAP_ITER", "MAP_CLEAR",
+    )  # fmt: skip
+
+    READS = frozenset({0, 3, 8, 12, 13, 14})
+    WRITES = frozenset({1, 2, 4, 5, 6, 7, 9, 10, 11, 15})
+
+
+class StateRequest:
+    """One state access of one record.
+
+    Attributes:
+        op: an ``Op`` constant.
+        state: the state's name (unique within an operator).
+        key: the record's key (hashable, not None).
+        key_group: ``key_group_for(key, max_parallelism)``.
+        user_key: the map key for MAP_GET/PUT/REMOVE/CONTAINS, else None.
+        value: the payload for writes, else None.
+        result: filled by the backend for reads.
+        future: the engine's ``StateFuture`` (backends must not touch it).
+        context: the engine's ``RecordContext`` (backends must not touch it).
+    """
+
+    __slots__ = ("op", "state", "key", "key_group", "user_key", "value", "result", "future", "context")
+
+    def __init__(
+        self,
+        op: int,
+        state: str,
+        key: Any,
+        key_group: int,
+        user_key: Any = None,
+        value: Any = None,
+        future: Any = None,
+        context: Any = None,
+    ) -> None:
+        self.op = op
+        self.state = state
+        self.key = key
+        self.key_group = key_group
+        self.user_key = user_key
+        self.value = value
+        self.result = None
+        self.future = future
+        self.context = context
+
+    def __repr__(self) -> str:
+        extra = "" if self.user_key is None else f", user_key={self.user_key!r}"
+        return f"StateRequest({Op.NAMES[self.op]}, {self.state!r}, key={self.key!r}{extra})"

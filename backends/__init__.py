@@ -1,0 +1,10 @@
+"""State backends for aec: memory, RocksDB, modelled latency (more to come).
+
+Each implements ``backends.base.StateBackend``: ``execute_batch`` answers a
+batch of ``aec.requests.StateRequest`` in list order.
+"""
+
+from backends.base import BackendSpec, StateBackend
+from backends.memory import MemoryBackend
+
+__all__ = ["BackendSpec", "MemoryBackend", "StateBackend"]

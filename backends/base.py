@@ -1,0 +1,73 @@
+"""The backend contract: what every state backend implements.
+
+A backend stores keyed state and answers batches of ``aec.requests.StateRequest``.
+``execute_batch`` is called on executor threads (never on the mailbox thread
+for blocking backends) and must never call user code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from aec.requests import StateRequest
+
+
+class BackendSpec(ABC):
+    """A picklable recipe for a backend, so a Spark executor builds its own.
+
+    ``build(partition)`` returns a new, unopened backend for partition number
+    ``partition`` (an int >= 0); a file-based backend puts each partition in its
+    own directory.
+    """
+
+    @abstractmethod
+    def build(self, partition: int) -> StateBackend: ...
+
+
+class StateBackend(ABC):
+    """Keyed state storage answering batches of state requests.
+
+    Attributes:
+        blocking: True when ``execute_batch`` blocks on I/O, so the engine runs
+            it on ``executor_threads`` I/O threads; False lets the engine run it
+            on the mailbox thread (completions still arrive as mails).
+    """
+
+    blocking: bool = True
+
+    def open(self) -> None:
+        """Acquire resources; called once before the first batch."""
+
+    @abstractmethod
+    def execute_batch(self, requests: Sequence[StateRequest]) -> None:
+        """Apply ``requests`` in list order, filling ``result`` of each read.
+
+        Blocking. Raises whatever the store raised; the engine then fails the
+        run with ``aec.JobFailure``. Batches given to concurrent calls never
+        hold requests of the same key.
+        """
+
+    @abstractmethod
+    def snapshot(self, directory: str) -> None:
+        """Write a consistent copy of all state into ``directory`` (created if missing)."""
+
+    @abstractmethod
+    def restore(self, directory: str) -> None:
+        """Replace all state with the copy a ``snapshot`` wrote to ``directory``.
+
+        Raises FileNotFoundError or ValueError when ``directory`` holds no valid snapshot.
+        """
+
+    def close(self) -> None:
+        """Release resources; the backend is unusable afterwards. Idempotent."""
+
+    def spec(self) -> BackendSpec:
+        """A picklable recipe building an equivalent, empty backend per partition."""
+        raise NotImplementedError(f"{type(self).__name__} has no picklable spec")
+
+    def state_items(self, state: str) -> dict[Any, Any]:
+        """All ``key -> stored value`` of state ``state`` (lists and dicts for list and
+        map state); for tests and equivalence checks, not for the hot path."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list state")

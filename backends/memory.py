@@ -1,0 +1,177 @@
+"""MemoryBackend: state in Python dicts, answered on the mailbox thread."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+from aec.requests import Op, StateRequest
+from backends.base import BackendSpec, StateBackend
+
+_SNAPSHOT_FILE = "memory-state.pickle"
+
+
+class MemoryBackend(StateBackend):
+    """Heap state: ``{state name: {key: value | list | dict}}``.
+
+    Non-blocking (``blocking = False``): batches run on the mailbox thread.
+    Values are stored by reference, as in Flink's heap backend: mutate a value
+    read from state only through the state API. Reads of list and map state
+    return fresh containers.
+    """
+
+    blocking = False
+
+    def __init__(self) -> None:
+        self._tables: dict[str, dict[Any, Any]] = {}
+
+    def execute_batch(self, requests: Sequence[StateRequest]) -> None:
+        tables = self._tables
+        for request in requests:
+            table = tables.get(request.state)
+            if table is None:
+                table = tables[request.state] = {}
+            _APPLY[request.op](table, request)
+
+    def snapshot(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, _SNAPSHOT_FILE)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as out:
+            pickle.dump(self._tables, out, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+
+    def restore(self, directory: str) -> None:
+        path = os.path.join(directory, _SNAPSHOT_FILE)
+        with open(path, "rb") as src:
+            tables = pickle.load(src)
+        if not isinstance(tables, dict):
+            raise ValueError(f"{path} is not a MemoryBackend snapshot")
+        self._tables = tables
+
+    def spec(self) -> BackendSpec:
+        return MemorySpec()
+
+    def state_items(self, state: str) -> dict[Any, Any]:
+        return {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
+
+
+class MemorySpec(BackendSpec):
+    """Builds an empty ``MemoryBackend`` for any partition."""
+
+    def build(self, partition: int) -> StateBackend:
+        return MemoryBackend()
+
+
+def _copy(value: Any) -> Any:
+    if type(value) is list:
+        return list(value)
+    if type(value) is dict:
+        return dict(value)
+    return value
+
+
+# One small function per op; indexed by the Op constant.
+def _value_get(t: dict, r: StateRequest) -> None:
+    r.result = t.get(r.key)
+
+
+def _value_put(t: dict, r: StateRequest) -> None:
+    if r.value is None:
+        t.pop(r.key, None)
+    else:
+        t[r.key] = r.value
+
+
+def _clear(t: dict, r: StateRequest) -> None:
+    t.pop(r.key, None)
+
+
+def _list_get(t: dict, r: StateRequest) -> None:
+    stored = t.get(r.key)
+    r.result = list(stored) if stored else []
+
+
+def _list_add(t: dict, r: StateRequest) -> None:
+    stored = t.get(r.key)
+    if stored is None:
+        t[r.key] = [r.value]
+    else:
+        stored.append(r.value)
+
+
+def _list_add_all(t: dict, r: StateRequest) -> None:
+    if not r.value:
+        return
+    stored = t.get(r.key)
+    if stored is None:
+        t[r.key] = list(r.value)
+    else:
+        stored.extend(r.value)
+
+
+def _list_put(t: dict, r: StateRequest) -> None:
+    if r.value:
+        t[r.key] = list(r.value)
+    else:
+        t.pop(r.key, None)
+
+
+def _map_get(t: dict, r: StateRequest) -> None:
+    stored = t.get(r.key)
+    r.result = None if stored is None else stored.get(r.user_key)
+
+
+def _map_put(t: dict, r: StateRequest) -> None:
+    stored = t.get(r.key)
+    if stored is None:
+        t[r.key] = {r.user_key: r.value}
+    else:
+        stored[r.user_key] = r.value
+
+
+def _map_put_all(t: dict, r: StateRequest) -> None:
+    if not r.value:
+        return
+    stored = t.get(r.key)
+    if stored is None:
+        t[r.key] = dict(r.value)
+    else:
+        stored.update(r.value)
+
+
+def _map_remove(t: dict, r: StateRequest) -> None:
+    stored = t.get(r.key)
+    if stored is not None:
+        stored.pop(r.user_key, None)
+        if not stored:
+            del t[r.key]
+
+
+def _map_contains(t: dict, r: StateRequest) -> None:
+    stored = t.get(r.key)
+    r.result = stored is not None and r.user_key in stored
+
+
+def _map_is_empty(t: dict, r: StateRequest) -> None:
+    r.result = not t.get(r.key)
+
+
+def _map_iter(t: dict, r: StateRequest) -> None:
+    stored = t.get(r.key)
+    r.result = list(stored.items()) if stored else []
+
+
+_APPLY = [None] * len(Op.NAMES)
+for _op, _fn in (
+    (Op.VALUE_GET, _value_get), (Op.VALUE_PUT, _value_put), (Op.VALUE_CLEAR, _clear),
+    (Op.LIST_GET, _list_get), (Op.LIST_ADD, _list_add), (Op.LIST_ADD_ALL, _list_add_all),
+    (Op.LIST_PUT, _list_put), (Op.LIST_CLEAR, _clear),
+    (Op.MAP_GET, _map_get), (Op.MAP_PUT, _map_put), (Op.MAP_PUT_ALL, _map_put_all),
+    (Op.MAP_REMOVE, _map_remove), (Op.MAP_CONTAINS, _map_contains),
+    (Op.MAP_IS_EMPTY, _map_is_empty), (Op.MAP_ITER, _map_iter), (Op.MAP_CLEAR, _clear),
+):  # fmt: skip
+    _APPLY[_op] = _fn
+_APPLY = tuple(_APPLY)
