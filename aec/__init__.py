@@ -1,0 +1,36 @@
+"""aec: a keyed async-state execution engine (Flink's FLIP-424/425/426 model) in Python.
+
+Data flow: source -> mailbox -> AEC -> executor -> backend -> completion ->
+callback -> output. See README.md and docs/ARCHITECTURE.md.
+"""
+
+from aec.config import AecConfig
+from aec.elements import Record, Watermark
+from aec.errors import JobFailure
+from aec.functions import Context, KeyedProcessFunction, RuntimeContext, TimerService
+from aec.future import StateFuture, combine_all, completed_future
+from aec.operator import KeyedProcessOperator
+from aec.run import RunResult, run_keyed
+from aec.state import (
+    AggregateFunction,
+    AggregatingState,
+    AggregatingStateDescriptor,
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    ReducingState,
+    ReducingStateDescriptor,
+    StateIterator,
+    ValueState,
+    ValueStateDescriptor,
+)
+
+__all__ = [
+    "AecConfig", "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor",
+    "Context", "JobFailure", "KeyedProcessFunction", "KeyedProcessOperator", "ListState",
+    "ListStateDescriptor", "MapState", "MapStateDescriptor", "Record", "ReducingState",
+    "ReducingStateDescriptor", "RunResult", "RuntimeContext", "StateFuture", "StateIterator",
+    "TimerService", "ValueState", "ValueStateDescriptor", "Watermark", "combine_all",
+    "completed_future", "run_keyed",
+]  # fmt: skip

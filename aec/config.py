@@ -60,7 +60,9 @@ class AecConfig:
                 raise ValueError(f"AecConfig.{name} must be {bound}, got {value}")
         timeout = self.buffer_timeout
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool):
-            raise TypeError(f"AecConfig.buffer_timeout must be a number of seconds, got {timeout!r}")
+            raise TypeError(
+                f"AecConfig.buffer_timeout must be a number of seconds, got {timeout!r}"
+            )
         if not (timeout > 0) or math.isnan(timeout):
             raise ValueError(f"AecConfig.buffer_timeout must be > 0 seconds, got {timeout}")
         if self.watermark_order not in ("serial", "parallel"):

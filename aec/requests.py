@@ -64,7 +64,17 @@ class StateRequest:
         context: the engine's ``RecordContext`` (backends must not touch it).
     """
 
-    __slots__ = ("op", "state", "key", "key_group", "user_key", "value", "result", "future", "context")
+    __slots__ = (
+        "op",
+        "state",
+        "key",
+        "key_group",
+        "user_key",
+        "value",
+        "result",
+        "future",
+        "context",
+    )
 
     def __init__(
         self,

@@ -1,0 +1,267 @@
+"""AsyncExecutionController: the AEC of FLIP-425, one per operator.
+
+It owns key accounting, the active and blocking buffers, the in-flight count
+and the mailbox loop; the operator owns user code, epochs and timers.
+Invariants (mailbox thread only):
+- ``in_flight`` = records and timer firings admitted and not finished; input
+  is admitted only below ``in_flight_records_limit`` (timers overdraw).
+- A context starts (``start``) only while it holds its key; when its reference
+  count reaches 0 the key passes to the next waiting context of that key.
+- Completion mails are handled before waiting contexts start, and both before
+  the operator takes new input (DESIGN rule 6).
+- In synchronous mode (``async_state=False``) every request runs at once on
+  the mailbox thread and returns a completed future.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from time import monotonic
+from typing import Any
+
+from aec.buffers import ActiveBuffer, BlockingBuffer
+from aec.config import AecConfig
+from aec.executor import StateExecutor
+from aec.future import StateFuture
+from aec.key_accounting import KeyAccountingUnit
+from aec.mailbox import Mailbox
+from aec.record_context import RecordContext
+from aec.requests import StateRequest
+
+
+class BatchFailed(Exception):
+    """A backend raised on a batch; carries the batch for the error message."""
+
+    def __init__(self, batch: list[StateRequest]) -> None:
+        super().__init__(f"state backend failed on a batch of {len(batch)} requests")
+        self.batch = batch
+
+
+class StuckError(RuntimeError):
+    """Records are unfinished but nothing can make progress."""
+
+
+class AsyncExecutionController:
+    """Runs records' state requests in batches and keeps same-key order.
+
+    Args:
+        config: the operator's ``AecConfig``.
+        backend: answers ``execute_batch``.
+        executor: where batches run (``InlineExecutor``, thread pool, scripted).
+        start: ``fn(context)`` runs the user entry (process_element/on_timer).
+        successor: ``fn(context) -> RecordContext | None`` on a finish, a context
+            that takes the key before any waiting record (the next timer of a
+            firing chain).
+        finished: ``fn(context)`` after a context finished and its key moved on.
+    """
+
+    def __init__(
+        self,
+        config: AecConfig,
+        backend: Any,
+        executor: StateExecutor,
+        start: Callable[[RecordContext], None],
+        successor: Callable[[RecordContext], RecordContext | None],
+        finished: Callable[[RecordContext], None],
+    ) -> None:
+        self.synchronous = not config.async_state
+        self.buffer_size = config.buffer_size
+        self.buffer_timeout = config.buffer_timeout
+        self.backend = backend
+        self.executor = executor
+        self.mailbox = Mailbox()
+        executor.start(backend, self.mailbox)
+        self.keys = KeyAccountingUnit()
+        self.active = ActiveBuffer()
+        self.blocking = BlockingBuffer()
+        self.ready: deque[RecordContext] = deque()  # contexts holding their key, not started
+        self.current: RecordContext | None = None
+        self.in_flight = 0
+        self._start = start
+        self._successor = successor
+        self._finished = finished
+        # metrics
+        self.max_in_flight = 0
+        self.batches = 0
+        self.requests = 0
+        self.max_batch_size = 0
+        self.blocked = 0
+
+    # -- admission -------------------------------------------------------------------------
+    def admit(self, context: RecordContext, inline: bool) -> None:
+        """Count ``context`` in flight; start it now (``inline``) or soon if its key
+        is free, else queue it in the blocking buffer."""
+        self.in_flight += 1
+        if self.in_flight > self.max_in_flight:
+            self.max_in_flight = self.in_flight
+        if self.keys.try_occupy(context):
+            if inline:
+                self.run_entry(context)
+            else:
+                self.ready.append(context)
+        else:
+            self.blocking.add(context)
+            self.blocked += 1
+
+    def run_entry(self, context: RecordContext) -> None:
+        """Run the user entry of ``context`` holding one reference meanwhile."""
+        self.current = context
+        context.ref_count += 1
+        self._start(context)
+        self.current = context  # callbacks run inside may have switched it
+        context.release()
+
+    def on_context_finished(self, context: RecordContext) -> None:
+        """Reference count of ``context`` reached 0: pass its key on."""
+        self.in_flight -= 1
+        successor = self._successor(context)
+        if successor is not None:
+            self.in_flight += 1
+            if self.in_flight > self.max_in_flight:
+                self.max_in_flight = self.in_flight
+        else:
+            successor = self.blocking.pop_next(context.key)
+        if successor is None:
+            self.keys.release(context)
+        else:
+            self.keys.transfer(context, successor)
+            self.ready.append(successor)
+        self._finished(context)
+
+    # -- state requests ---------------------------------------------------------------------
+    def submit(self, op: int, state: str, user_key: Any = None, value: Any = None) -> StateFuture:
+        """A state request of the current record; a future of its result.
+
+        Raises RuntimeError outside process_element, on_timer or their callbacks.
+        """
+        context = self.current
+        if context is None:
+            raise RuntimeError(
+                "state accessed outside process_element, on_timer or their callbacks"
+            )
+        future = StateFuture(context)
+        request = StateRequest(
+            op, state, context.key, context.key_group, user_key, value, future, context
+        )
+        self.requests += 1
+        if self.synchronous:
+            self.batches += 1
+            self.backend.execute_batch((request,))
+            future._result = request.result
+            return future
+        context.ref_count += 1  # the pending future
+        active = self.active
+        if not active.requests:
+            active.first_time = monotonic()
+        active.requests.append(request)
+        if len(active.requests) >= self.buffer_size:
+            self.flush()
+        return future
+
+    def flush(self) -> None:
+        """Send up to ``buffer_size`` buffered requests to the executor as one batch.
+
+        A request whose record still has requests in an earlier, uncompleted batch
+        waits (``deferred``) so one record's requests never run in two batches at once.
+        """
+        active = self.active
+        if not active.requests:
+            return
+        batch_id = self.batches
+        batch = []
+        for request in active.take(self.buffer_size):
+            context = request.context
+            if context.deferred is not None or (
+                context.in_batches and context.batch_id != batch_id
+            ):
+                if context.deferred is None:
+                    context.deferred = [request]
+                else:
+                    context.deferred.append(request)
+                continue
+            context.in_batches += 1
+            context.batch_id = batch_id
+            batch.append(request)
+        if active.requests:
+            active.first_time = monotonic()
+        if batch:
+            self.batches += 1
+            if len(batch) > self.max_batch_size:
+                self.max_batch_size = len(batch)
+            self.executor.submit(batch)
+
+    def flush_if_timed_out(self) -> None:
+        """Flush a partial batch whose oldest request waited ``buffer_timeout`` seconds."""
+        if self.active.requests and monotonic() - self.active.first_time >= self.buffer_timeout:
+            self.flush()
+
+    # -- completions and the loop ---------------------------------------------------------------
+    def complete_batch(self, mail: tuple[list[StateRequest], BaseException | None]) -> None:
+        """Complete the futures of a finished batch, in request order."""
+        batch, error = mail
+        self.executor.completed()
+        if error is not None:
+            self.current = batch[0].context if batch else None
+            raise BatchFailed(batch) from error
+        for request in batch:
+            context = request.context
+            self.current = context
+            context.in_batches -= 1
+            if context.in_batches == 0 and context.deferred is not None:
+                if not self.active.requests:
+                    self.active.first_time = monotonic()
+                self.active.push_front(context.deferred)
+                context.deferred = None
+            request.future.complete(request.result)
+            context.release()
+        self.current = None
+
+    def run_available(self) -> None:
+        """Handle every completion mail and start every ready context; never blocks."""
+        mailbox = self.mailbox
+        ready = self.ready
+        while True:
+            mail = mailbox.take()
+            if mail is not None:
+                self.complete_batch(mail)
+            elif ready:
+                self.run_entry(ready.popleft())
+            else:
+                self.current = None
+                return
+
+    def step(self) -> bool:
+        """Make progress, blocking for a completion if that is all that is left.
+
+        Returns False when nothing can progress (no mail, nothing ready, nothing
+        buffered, no batch pending).
+        """
+        if self.mailbox or self.ready:
+            self.run_available()
+            return True
+        if self.active.requests:
+            self.flush()
+            return True
+        if self.executor.pending:
+            self.executor.wait(None)
+            return True
+        return False
+
+    def wait_for(self, future: StateFuture) -> Any:
+        """Run the mailbox until ``future`` completes (the blocking state API).
+
+        Raises StuckError if it can never complete.
+        """
+        if future.is_done():
+            return future._result
+        current = self.current
+        while not future.is_done():
+            if not self.step():
+                raise StuckError("a blocking state call waits for a future nothing will complete")
+        self.current = current
+        return future._result
+
+    def stuck_keys(self) -> list[Any]:
+        """Keys held by unfinished records (for the stuck-run error)."""
+        return list(self.keys.holders)

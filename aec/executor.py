@@ -1,0 +1,88 @@
+"""State executors: where batches of state requests run (FLIP-425's ``StateExecutor``).
+
+An executor takes a batch from the AEC, runs ``backend.execute_batch`` on it and
+posts one completion mail ``(batch, error)`` to the mailbox. It never touches
+futures or user code: completing futures is the mailbox thread's job.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aec.mailbox import Mailbox
+
+
+class StateExecutor:
+    """Base: runs batches and reports them as completion mails.
+
+    Lifecycle: ``start(backend, mailbox)`` once, then ``submit`` batches, then
+    ``close()`` (idempotent; waits for running batches, stops all threads).
+    ``pending`` is the number of submitted batches whose mail has not been taken.
+    """
+
+    def __init__(self) -> None:
+        self.pending = 0
+        self._backend: Any = None
+        self._mailbox: Mailbox | None = None
+
+    def start(self, backend: Any, mailbox: Mailbox) -> None:
+        self._backend = backend
+        self._mailbox = mailbox
+
+    def submit(self, batch: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+    def completed(self) -> None:
+        """The mailbox thread took one completion mail."""
+        self.pending -= 1
+
+    def wait(self, timeout: float | None) -> None:
+        """Block until a completion mail may be there or ``timeout`` seconds pass."""
+        self._mailbox.wait(timeout)
+
+    def tick(self) -> None:
+        """Called by the operator before each input element; scripted executors act here."""
+
+    def close(self) -> None:
+        pass
+
+    def _run(self, batch: Sequence[Any], post: Any) -> None:
+        try:
+            self._backend.execute_batch(batch)
+        except BaseException as exc:  # handed to the mailbox thread, which fails the job
+            post((batch, exc))
+        else:
+            post((batch, None))
+
+
+class InlineExecutor(StateExecutor):
+    """Runs each batch at once on the mailbox thread (for non-blocking backends)."""
+
+    def submit(self, batch: Sequence[Any]) -> None:
+        self.pending += 1
+        self._run(batch, self._mailbox.post_local)
+
+
+class ThreadPoolStateExecutor(StateExecutor):
+    """Runs batches on ``threads`` I/O threads (named ``aec-io-N``), for blocking backends."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__()
+        self._threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, batch: Sequence[Any]) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="aec-io")
+        self.pending += 1
+        self._pool.submit(self._run, batch, self._mailbox.post)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

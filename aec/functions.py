@@ -1,0 +1,119 @@
+"""The user-facing function API: ``KeyedProcessFunction`` and its contexts.
+
+After Flink's ``KeyedProcessFunction`` (DataStream V2 async state variant).
+``process_element`` and ``on_timer`` may return None, a ``StateFuture``, or be
+``async def`` (awaiting StateFutures only; the engine drives the coroutine on
+the mailbox thread, no asyncio). All of them run on the mailbox thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from aec.elements import check_timestamp
+from aec.state import StateDescriptor
+
+if TYPE_CHECKING:
+    from aec.operator import KeyedProcessOperator
+
+
+class KeyedProcessFunction:
+    """Subclass and override ``process_element`` (and ``on_timer`` for timers)."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Create state handles here: ``self.s = ctx.get_state(descriptor)``."""
+
+    def process_element(self, value: Any, ctx: Context) -> Any:
+        """Handle one record of key ``ctx.current_key``."""
+        raise NotImplementedError(f"{type(self).__name__} must override process_element")
+
+    def on_timer(self, timestamp: float, ctx: Context) -> Any:
+        """A timer of key ``ctx.current_key`` at ``timestamp`` (seconds) fired."""
+
+    def close(self) -> None:
+        """Release what ``open`` acquired; called once at the end of the run."""
+
+
+class RuntimeContext:
+    """Given to ``open``: makes state handles bound to the running operator."""
+
+    def __init__(self, operator: KeyedProcessOperator) -> None:
+        self._operator = operator
+
+    def get_state(self, descriptor: StateDescriptor) -> Any:
+        """The handle for ``descriptor`` (ValueState, ListState, MapState,
+        ReducingState or AggregatingState). The same name twice returns the same
+        handle. Raises TypeError for a non-descriptor, ValueError when the name
+        is already used by a different descriptor."""
+        return self._operator.state_handle(descriptor)
+
+    @property
+    def max_parallelism(self) -> int:
+        return self._operator.config.max_parallelism
+
+
+class TimerService:
+    """Timers of the current key; timestamps in seconds (event or processing time)."""
+
+    __slots__ = ("_operator",)
+
+    def __init__(self, operator: KeyedProcessOperator) -> None:
+        self._operator = operator
+
+    def register_event_time_timer(self, timestamp: float) -> None:
+        """Fire ``on_timer(timestamp)`` for this key once the watermark reaches
+        ``timestamp``; registering the same (key, timestamp) again is a no-op.
+        Raises TypeError/ValueError for a timestamp that is not a number."""
+        check_timestamp(timestamp, "event-time timer timestamp")
+        if timestamp is None:
+            raise TypeError("event-time timer timestamp must be a number, got None")
+        self._operator.register_event_timer(timestamp)
+
+    def delete_event_time_timer(self, timestamp: float) -> None:
+        """Forget this key's event-time timer at ``timestamp`` (no-op if absent)."""
+        self._operator.delete_event_timer(timestamp)
+
+    def register_processing_time_timer(self, timestamp: float) -> None:
+        raise NotImplementedError("processing-time timers are not supported yet")
+
+    def delete_processing_time_timer(self, timestamp: float) -> None:
+        raise NotImplementedError("processing-time timers are not supported yet")
+
+    def current_watermark(self) -> float:
+        """The watermark the running code sees, in seconds (-inf before the first):
+        for a record, the last watermark that arrived before it; for a timer,
+        the watermark that fired it."""
+        return self._operator.current_context().watermark
+
+    def current_processing_time(self) -> float:
+        """Wall-clock seconds since the epoch."""
+        return time.time()
+
+
+class Context:
+    """Given to ``process_element`` and ``on_timer``; reflects the record whose code
+    is running (also inside callbacks and after ``await``)."""
+
+    __slots__ = ("_operator", "timer_service")
+
+    def __init__(self, operator: KeyedProcessOperator) -> None:
+        self._operator = operator
+        self.timer_service = TimerService(operator)
+
+    @property
+    def current_key(self) -> Any:
+        return self._operator.current_context().key
+
+    @property
+    def timestamp(self) -> float | None:
+        """The record's event time, or the firing timer's timestamp (seconds)."""
+        return self._operator.current_context().timestamp
+
+    def output(self, value: Any) -> None:
+        """Emit ``value`` downstream."""
+        self._operator.emit(value)
+
+    def side_output(self, tag: str, value: Any) -> None:
+        """Emit ``value`` to the side output ``tag``."""
+        self._operator.emit_side(tag, value)

@@ -1,0 +1,233 @@
+"""StateFuture: the result of an async state access (FLIP-424's ``StateFuture``).
+
+Invariants (all on the mailbox thread):
+- A future completes once. Callbacks registered while it is pending run when it
+  completes, in registration order; registered on a completed future they run
+  inline, at once.
+- Reference counting (DESIGN rule 3): a pending callback holds one reference on
+  the future's ``RecordContext`` from registration until it has run. The state
+  request behind a future holds its own reference (taken by the controller).
+- An exception raised by a callback propagates to whoever completed the future:
+  the engine's loop, which fails the job (rule 10). Futures never carry errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable
+from typing import Any
+
+_PENDING = object()
+
+
+class StateFuture:
+    """A value that a state access delivers later, on the mailbox thread.
+
+    Create futures through the state API or ``completed_future``; the engine
+    completes them. Chaining methods follow Flink's ``StateFuture``; each returns
+    a new ``StateFuture`` bound to the same record context.
+    """
+
+    __slots__ = ("_result", "_callbacks", "_context")
+
+    def __init__(self, context: Any = None) -> None:
+        self._result: Any = _PENDING
+        self._callbacks: list[Callable[[Any], None]] | None = None
+        self._context = context  # the RecordContext whose reference count callbacks hold
+
+    # -- state -------------------------------------------------------------------------
+    def is_done(self) -> bool:
+        """True once completed."""
+        return self._result is not _PENDING
+
+    def get(self) -> Any:
+        """The result of a completed future. Raises RuntimeError while pending
+        (use a callback, ``await``, or the blocking state API instead)."""
+        if self._result is _PENDING:
+            raise RuntimeError("StateFuture.get() on a pending future")
+        return self._result
+
+    def __repr__(self) -> str:
+        if self._result is _PENDING:
+            return "<StateFuture pending>"
+        return f"<StateFuture done: {self._result!r}>"
+
+    # -- engine side ---------------------------------------------------------------------
+    def complete(self, result: Any) -> None:
+        """Set the result and run the pending callbacks (engine use; mailbox thread).
+
+        Raises RuntimeError if already complete; a callback's exception propagates.
+        """
+        if self._result is not _PENDING:
+            raise RuntimeError(f"StateFuture completed twice (already {self._result!r})")
+        self._result = result
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = None
+            context = self._context
+            for callback in callbacks:
+                callback(result)
+                if context is not None:
+                    context.release()
+
+    def on_complete(self, callback: Callable[[Any], None]) -> None:
+        """Run ``callback(result)`` on completion, inline if already complete."""
+        if self._result is not _PENDING:
+            callback(self._result)
+            return
+        context = self._context
+        if context is not None:
+            context.ref_count += 1
+        if self._callbacks is None:
+            self._callbacks = [callback]
+        else:
+            self._callbacks.append(callback)
+
+    def _derived(self) -> StateFuture:
+        return StateFuture(self._context)
+
+    # -- chaining (Flink's StateFuture API) ------------------------------------------------
+    def then_apply(self, fn: Callable[[Any], Any]) -> StateFuture:
+        """A future of ``fn(result)``."""
+        if self._result is not _PENDING:
+            return _done(fn(self._result), self._context)
+        out = self._derived()
+        self.on_complete(lambda r: out.complete(fn(r)))
+        return out
+
+    def then_accept(self, fn: Callable[[Any], Any]) -> StateFuture:
+        """Run ``fn(result)``; a future of None once it ran."""
+        if self._result is not _PENDING:
+            fn(self._result)
+            return _done(None, self._context)
+        out = self._derived()
+
+        def run(r: Any) -> None:
+            fn(r)
+            out.complete(None)
+
+        self.on_complete(run)
+        return out
+
+    def then_compose(self, fn: Callable[[Any], Any]) -> StateFuture:
+        """A future of the result of the future ``fn(result)`` returns.
+
+        A plain (non-future) return value is taken as an already-complete result.
+        """
+        if self._result is not _PENDING:
+            return _as_future(fn(self._result), self._context)
+        out = self._derived()
+        self.on_complete(lambda r: _forward(fn(r), out))
+        return out
+
+    def then_combine(self, other: StateFuture, fn: Callable[[Any, Any], Any]) -> StateFuture:
+        """A future of ``fn(self_result, other_result)`` once both are complete."""
+        return self.then_compose(lambda a: other.then_apply(lambda b: fn(a, b)))
+
+    def then_conditionally_apply(
+        self,
+        condition: Callable[[Any], bool],
+        if_true: Callable[[Any], Any],
+        if_false: Callable[[Any], Any] | None = None,
+    ) -> StateFuture:
+        """A future of ``(flag, value)``: flag is ``condition(result)``; value is
+        ``if_true(result)`` or ``if_false(result)`` (None without ``if_false``).
+        As Flink's ``thenConditionallyApply`` (a ``Tuple2<Boolean, Object>``)."""
+
+        def branch(r: Any) -> tuple[bool, Any]:
+            if condition(r):
+                return True, if_true(r)
+            return False, (if_false(r) if if_false is not None else None)
+
+        return self.then_apply(branch)
+
+    def then_conditionally_accept(
+        self,
+        condition: Callable[[Any], bool],
+        if_true: Callable[[Any], Any],
+        if_false: Callable[[Any], Any] | None = None,
+    ) -> StateFuture:
+        """Run ``if_true(result)`` or ``if_false(result)`` by ``condition``; a future of None."""
+
+        def branch(r: Any) -> None:
+            if condition(r):
+                if_true(r)
+            elif if_false is not None:
+                if_false(r)
+
+        return self.then_accept(branch)
+
+    def then_conditionally_compose(
+        self,
+        condition: Callable[[Any], bool],
+        if_true: Callable[[Any], Any],
+        if_false: Callable[[Any], Any] | None = None,
+    ) -> StateFuture:
+        """A future of ``(flag, value)`` where value is the result of the future
+        the chosen branch returns (None without ``if_false``)."""
+
+        def branch(r: Any) -> StateFuture:
+            if condition(r):
+                return _as_future(if_true(r), self._context).then_apply(lambda v: (True, v))
+            if if_false is None:
+                return _done((False, None), self._context)
+            return _as_future(if_false(r), self._context).then_apply(lambda v: (False, v))
+
+        return self.then_compose(branch)
+
+    def __await__(self) -> Generator[StateFuture, Any, Any]:
+        """``await future`` inside ``async def`` user code; the engine drives the coroutine."""
+        if self._result is _PENDING:
+            return (yield self)
+        return self._result
+
+
+def _done(value: Any, context: Any) -> StateFuture:
+    future = StateFuture(context)
+    future._result = value
+    return future
+
+
+def _as_future(value: Any, context: Any) -> StateFuture:
+    return value if isinstance(value, StateFuture) else _done(value, context)
+
+
+def _forward(value: Any, out: StateFuture) -> None:
+    if isinstance(value, StateFuture):
+        value.on_complete(out.complete)
+    else:
+        out.complete(value)
+
+
+def completed_future(value: Any = None) -> StateFuture:
+    """A future already complete with ``value``."""
+    return _done(value, None)
+
+
+def combine_all(futures: Iterable[StateFuture]) -> StateFuture:
+    """A future of the list of results of ``futures``, in their order, once all are complete.
+
+    Raises TypeError if an element is not a StateFuture.
+    """
+    futures = list(futures)
+    context = None
+    pending = 0
+    for future in futures:
+        if not isinstance(future, StateFuture):
+            raise TypeError(f"combine_all takes StateFutures, got {type(future).__name__}")
+        if future._result is _PENDING:
+            pending += 1
+            context = context or future._context
+    if not pending:
+        return _done([f._result for f in futures], None)
+    out = StateFuture(context)
+    remaining = [pending]
+
+    def one_done(_: Any) -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            out.complete([f._result for f in futures])
+
+    for future in futures:
+        if future._result is _PENDING:
+            future.on_complete(one_done)
+    return out

@@ -1,0 +1,411 @@
+"""KeyedProcessOperator: one keyed operator instance (the embedding API).
+
+Feeds records and watermarks to a ``KeyedProcessFunction`` through the AEC,
+fires event-time timers per epoch, and collects outputs in emission order.
+Entry points (``process``, ``process_watermark``, ``finish``) run the mailbox
+on the caller's thread, which is the mailbox thread for the operator's life.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from types import CoroutineType
+from typing import Any
+
+from aec.config import AecConfig
+from aec.controller import AsyncExecutionController, BatchFailed, StuckError
+from aec.elements import Record, Watermark, check_key, check_timestamp
+from aec.epochs import Epoch, EpochManager
+from aec.errors import JobFailure, describe
+from aec.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
+from aec.functions import Context, KeyedProcessFunction, RuntimeContext
+from aec.future import StateFuture
+from aec.keygroups import key_group_for
+from aec.record_context import RecordContext
+from aec.state import StateDescriptor, make_handle
+from aec.timers import TimerQueue
+
+_EVENT = "event-time"
+
+
+class KeyedProcessOperator:
+    """Runs ``function`` over keyed records with state in ``backend``.
+
+    Args:
+        function: a ``KeyedProcessFunction`` (opened by ``open``).
+        backend: a ``backends.StateBackend``; opened here, never closed here
+            (its owner closes it, so final state stays readable).
+        config: ``AecConfig`` (default ``AecConfig()``).
+        executor: a ``StateExecutor``; default inline for non-blocking backends,
+            a thread pool of ``config.executor_threads`` for blocking ones.
+
+    Errors: bad input raises TypeError/ValueError and leaves the operator usable;
+    any failure of user code or the backend raises ``JobFailure`` (key and record
+    in the message, cause attached) after stopping all engine threads; the
+    operator is then unusable.
+    """
+
+    def __init__(
+        self,
+        function: KeyedProcessFunction,
+        backend: Any,
+        config: AecConfig | None = None,
+        executor: StateExecutor | None = None,
+    ) -> None:
+        if not isinstance(function, KeyedProcessFunction):
+            raise TypeError(
+                f"function must be a KeyedProcessFunction, got {type(function).__name__}"
+            )
+        if backend is None or not callable(getattr(backend, "execute_batch", None)):
+            raise TypeError(f"backend must be a StateBackend, got {backend!r}")
+        self.function = function
+        self.backend = backend
+        self.config = config if config is not None else AecConfig()
+        if not isinstance(self.config, AecConfig):
+            raise TypeError(f"config must be an AecConfig, got {type(self.config).__name__}")
+        self.synchronous = not self.config.async_state
+        if executor is None:
+            if self.synchronous or not getattr(backend, "blocking", True):
+                executor = InlineExecutor()
+            else:
+                executor = ThreadPoolStateExecutor(self.config.executor_threads)
+        self.executor = executor
+        self.controller = AsyncExecutionController(
+            self.config, backend, executor, self._run_entry, self._next_timer, self._on_finished
+        )
+        self.epochs = EpochManager(self._fire_timers, self._emit_watermark)
+        self.event_timers = TimerQueue()
+        self.context = Context(self)
+        self._handles: dict[str, Any] = {}
+        self._outputs: list[Any] = []
+        self._side_outputs: dict[Any, list[Any]] = {}
+        self._watermark = -math.inf  # last watermark that arrived
+        self._sequence = 0
+        self._timers_fired = 0
+        self._records_in = 0
+        self._records_out = 0
+        self._watermarks_out = 0
+        self._started = 0.0
+        self._elapsed = 0.0
+        self._state = "new"  # new -> open -> finished | failed -> closed
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def open(self) -> None:
+        """Open the backend and the function. Idempotent; raises JobFailure if
+        ``function.open`` fails."""
+        if self._state != "new":
+            return
+        self._state = "open"
+        self._started = time.perf_counter()
+        try:
+            self.backend.open()
+            self.function.open(RuntimeContext(self))
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def close(self) -> None:
+        """Stop the executor threads and close the function. Idempotent."""
+        if self._state == "closed":
+            return
+        was_open = self._state in ("open", "finished")
+        self._state = "closed"
+        self.executor.close()
+        if was_open:
+            self.function.close()
+
+    def __enter__(self) -> KeyedProcessOperator:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # -- input ---------------------------------------------------------------------------------
+    def process(self, record: Record) -> None:
+        """Admit one record, first waiting (running mails) while at the in-flight limit.
+
+        Raises TypeError/ValueError for a bad key or timestamp, JobFailure on failure.
+        """
+        key = record.key
+        check_key(key)
+        timestamp = record.timestamp
+        if timestamp is not None:
+            check_timestamp(timestamp)
+        if self._state != "open":
+            self._require_open()
+        controller = self.controller
+        try:
+            self.executor.tick()
+            if controller.mailbox or controller.ready:
+                controller.run_available()
+            limit = self.config.in_flight_records_limit
+            while controller.in_flight >= limit:
+                if not controller.step():
+                    raise self._stuck()
+            controller.flush_if_timed_out()
+            self._sequence += 1
+            self._records_in += 1
+            epoch = self.epochs.active
+            epoch.ongoing += 1
+            context = RecordContext(
+                record.value, key, key_group_for(key, self.config.max_parallelism), timestamp,
+                self._sequence, epoch, self._watermark, controller.on_context_finished,
+            )  # fmt: skip
+            controller.admit(context, inline=True)
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def process_watermark(self, watermark: Watermark) -> None:
+        """Close the current epoch with ``watermark``; in serial mode wait until it left.
+
+        Raises TypeError for a non-Watermark, ValueError for NaN or a regressing
+        watermark, JobFailure on failure.
+        """
+        if not isinstance(watermark, Watermark):
+            raise TypeError(f"expected an aec.Watermark, got {type(watermark).__name__}")
+        check_timestamp(watermark.timestamp, "watermark timestamp")
+        if watermark.timestamp is None:
+            raise TypeError("watermark timestamp must be a number, got None")
+        if watermark.timestamp < self._watermark:
+            raise ValueError(
+                f"watermark {watermark.timestamp!r} arrived after {self._watermark!r}: "
+                "watermarks must not go backwards"
+            )
+        self._require_open()
+        try:
+            self._watermark = watermark.timestamp
+            self.epochs.close(watermark)
+            if self.config.watermark_order == "serial" or self.synchronous:
+                self._run_until_epochs_done()
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def finish(self) -> None:
+        """End of input: acts as ``Watermark(math.inf)`` (fires every remaining
+        event-time timer, emitted last), drains every record, then ``close()``s.
+
+        Raises JobFailure on failure, including a record that can never finish.
+        """
+        self._require_open()
+        try:
+            if self._watermark < math.inf:
+                self._watermark = math.inf
+                self.epochs.close(Watermark(math.inf))
+            self._run_until_epochs_done()
+            if self.controller.in_flight:
+                raise self._stuck()
+        except BaseException as exc:
+            self._raise_failure(exc)
+        self._elapsed = time.perf_counter() - self._started
+        self._state = "finished"
+        self.close()
+
+    def _run_until_epochs_done(self) -> None:
+        controller = self.controller
+        while not self.epochs.all_closed_done():
+            if not controller.step():
+                raise self._stuck()
+
+    # -- output --------------------------------------------------------------------------------
+    def drain_outputs(self) -> list[Any]:
+        """Values and ``Watermark``s emitted since the last call, in emission order."""
+        outputs, self._outputs = self._outputs, []
+        return outputs
+
+    def drain_side_outputs(self) -> dict[Any, list[Any]]:
+        """Side outputs emitted since the last call: ``{tag: [value, ...]}``."""
+        side, self._side_outputs = self._side_outputs, {}
+        return side
+
+    def emit(self, value: Any) -> None:
+        self._records_out += 1
+        self._outputs.append(value)
+
+    def emit_side(self, tag: Any, value: Any) -> None:
+        bucket = self._side_outputs.get(tag)
+        if bucket is None:
+            self._side_outputs[tag] = [value]
+        else:
+            bucket.append(value)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Counters of this run (records, batches, requests, in-flight, seconds)."""
+        c = self.controller
+        elapsed = self._elapsed or (time.perf_counter() - self._started if self._started else 0.0)
+        return {
+            "records_in": self._records_in,
+            "records_out": self._records_out,
+            "max_in_flight": c.max_in_flight,
+            "batches": c.batches,
+            "requests": c.requests,
+            "max_batch_size": c.max_batch_size if not self.synchronous else min(1, c.requests),
+            "mean_batch_size": (c.requests / c.batches) if c.batches else 0.0,
+            "blocked_requests": c.blocked,
+            "timers_fired": self._timers_fired,
+            "watermarks_out": self._watermarks_out,
+            "elapsed_s": elapsed,
+            "records_per_s": (self._records_in / elapsed) if elapsed > 0 else 0.0,
+        }
+
+    # -- state and timers (called by handles and the timer service) ------------------------------
+    def state_handle(self, descriptor: StateDescriptor) -> Any:
+        if not isinstance(descriptor, StateDescriptor):
+            raise TypeError(f"get_state takes a state descriptor, got {type(descriptor).__name__}")
+        handle = self._handles.get(descriptor.name)
+        if handle is not None:
+            if handle.descriptor != descriptor:
+                raise ValueError(
+                    f"state name {descriptor.name!r} is already used by {handle.descriptor!r}"
+                )
+            return handle
+        handle = make_handle(descriptor, self.controller.submit, self.controller.wait_for)
+        self._handles[descriptor.name] = handle
+        return handle
+
+    @property
+    def state_names(self) -> list[str]:
+        """Names of the states the function created."""
+        return list(self._handles)
+
+    def current_context(self) -> RecordContext:
+        context = self.controller.current
+        if context is None:
+            raise RuntimeError(
+                "no current record: called outside process_element, on_timer or callbacks"
+            )
+        return context
+
+    def register_event_timer(self, timestamp: float) -> None:
+        context = self.current_context()
+        self.event_timers.register(context.key, timestamp, context.epoch.sequence)
+
+    def delete_event_timer(self, timestamp: float) -> None:
+        self.event_timers.delete(self.current_context().key, timestamp)
+
+    # -- engine hooks --------------------------------------------------------------------------
+    def _run_entry(self, context: RecordContext) -> None:
+        if context.timer is None:
+            result = self.function.process_element(context.value, self.context)
+        else:
+            self._timers_fired += 1
+            result = self.function.on_timer(context.timestamp, self.context)
+        if result is None or type(result) is StateFuture:
+            return
+        if type(result) is CoroutineType or hasattr(result, "send"):
+            self._drive(result, None)
+        elif not isinstance(result, StateFuture):
+            entry = "process_element" if context.timer is None else "on_timer"
+            raise TypeError(
+                f"{entry} returned {describe(result)}; return None, a StateFuture, or use async def"
+            )
+
+    def _drive(self, coroutine: Any, value: Any) -> None:
+        """Advance an ``async def`` entry until it awaits a pending future."""
+        try:
+            awaited = coroutine.send(value)
+        except StopIteration:
+            return
+        if not isinstance(awaited, StateFuture):
+            coroutine.close()
+            raise TypeError(
+                f"async user code awaited {describe(awaited)}; only aec StateFutures can be "
+                "awaited in process_element/on_timer (use aec.async_io for asyncio calls)"
+            )
+        awaited.on_complete(lambda result: self._drive(coroutine, result))
+
+    def _timer_context(self, key: Any, timestamp: float, epoch: Epoch) -> RecordContext:
+        self._sequence += 1
+        epoch.ongoing += 1
+        return RecordContext(
+            None, key, key_group_for(key, self.config.max_parallelism), timestamp,
+            self._sequence, epoch, epoch.watermark.timestamp,
+            self.controller.on_context_finished, (_EVENT, timestamp),
+        )  # fmt: skip
+
+    def _fire_timers(self, epoch: Epoch) -> None:
+        """The head epoch's records are done: fire the event-time timers its watermark makes due.
+
+        Synchronous mode fires one timer at a time in (timestamp, registration)
+        order, like Flink's timer service. Async mode fires each key's timers as a
+        chain (the next starts when the previous finished), keys in parallel, so a
+        timer registered by ``on_timer`` at or below the watermark still fires in
+        timestamp order within its key.
+        """
+        limit = epoch.watermark.timestamp
+        timers = self.event_timers
+        controller = self.controller
+        if self.synchronous:
+            while (due := timers.pop_earliest(limit)) is not None:
+                controller.admit(self._timer_context(due[1], due[0], epoch), inline=True)
+            return
+        for key in timers.due_keys(limit, epoch.sequence):
+            timestamp = timers.pop_next_for_key(key, limit, epoch.sequence)
+            controller.admit(self._timer_context(key, timestamp, epoch), inline=False)
+
+    def _next_timer(self, context: RecordContext) -> RecordContext | None:
+        if context.timer is None or self.synchronous:
+            return None
+        epoch = context.epoch
+        timestamp = self.event_timers.pop_next_for_key(
+            context.key, epoch.watermark.timestamp, epoch.sequence
+        )
+        if timestamp is None:
+            return None
+        return self._timer_context(context.key, timestamp, epoch)
+
+    def _on_finished(self, context: RecordContext) -> None:
+        self.epochs.leave(context.epoch)
+
+    def _emit_watermark(self, epoch: Epoch) -> None:
+        self._watermarks_out += 1
+        self._outputs.append(epoch.watermark)
+
+    # -- failure -------------------------------------------------------------------------------
+    def _require_open(self) -> None:
+        if self._state == "new":
+            self.open()
+        elif self._state != "open":
+            raise RuntimeError(f"operator is {self._state}; it takes no more input")
+
+    def _stuck(self) -> StuckError:
+        keys = self.controller.stuck_keys()
+        shown = ", ".join(describe(k, 60) for k in keys[:10])
+        more = f" and {len(keys) - 10} more" if len(keys) > 10 else ""
+        return StuckError(
+            f"{self.controller.in_flight} record(s) can never finish: a future they wait for "
+            f"is never completed (keys: {shown}{more})"
+        )
+
+    def _raise_failure(self, exc: BaseException) -> None:
+        """Stop every engine thread, then raise ``JobFailure`` (KeyboardInterrupt,
+        SystemExit and an existing JobFailure are re-raised as they are)."""
+        context = self.controller.current
+        self._state = "failed"
+        self.executor.close()
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, JobFailure)):
+            raise exc
+        raise self._failure(exc, context) from _cause(exc)
+
+    def _failure(self, exc: BaseException, context: RecordContext | None) -> JobFailure:
+        if context is not None:
+            where = context.describe()
+            key, record = (
+                context.key,
+                (context.value if context.timer is None else f"timer@{context.timer[1]!r}"),
+            )
+        else:
+            where, key, record = "no current record", None, None
+        cause = _cause(exc)
+        what = "state backend failed" if isinstance(exc, BatchFailed) else "job failed"
+        return JobFailure(
+            f"{what} at {where}: {type(cause).__name__}: {cause}", key=key, record=record
+        )
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The original error behind an engine wrapper."""
+    if isinstance(exc, BatchFailed) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc

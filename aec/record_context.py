@@ -1,0 +1,79 @@
+"""RecordContext: one record (or firing timer) in flight, with its reference count.
+
+After Flink's ``RecordContext``/``ReferenceCounted`` (FLIP-425). Invariants:
+- ``ref_count`` counts what keeps the record unfinished: +1 while its entry call
+  (``process_element`` / ``on_timer``) runs, +1 per pending state future, +1 per
+  registered callback or coroutine step. It never goes below 0.
+- When it reaches 0 the record is finished: ``on_finished(context)`` runs once,
+  which releases the key and lets the next record of that key start.
+- ``in_batches`` counts this record's requests inside submitted, uncompleted
+  batches; while it is > 0, newer requests wait in ``deferred`` so that one
+  record's requests are never in two batches that run at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class RecordContext:
+    """The engine's handle on one record or timer firing (mailbox thread only).
+
+    Attributes:
+        value: the record's value (None for a timer).
+        key, key_group: the key and its key group.
+        timestamp: event time in seconds, or None.
+        sequence: arrival number (records) or firing number (timers).
+        epoch: the ``Epoch`` it counts in.
+        timer: None for a record; for a timer firing, ``(domain, timestamp)``.
+        watermark: the watermark current when it arrived (what user code sees).
+    """
+
+    __slots__ = (
+        "value", "key", "key_group", "timestamp", "sequence", "epoch", "timer",
+        "watermark", "ref_count", "in_batches", "batch_id", "deferred", "on_finished",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        value: Any,
+        key: Any,
+        key_group: int,
+        timestamp: float | None,
+        sequence: int,
+        epoch: Any,
+        watermark: float,
+        on_finished: Callable[[RecordContext], None],
+        timer: tuple[str, float] | None = None,
+    ) -> None:
+        self.value = value
+        self.key = key
+        self.key_group = key_group
+        self.timestamp = timestamp
+        self.sequence = sequence
+        self.epoch = epoch
+        self.watermark = watermark
+        self.timer = timer
+        self.ref_count = 0
+        self.in_batches = 0
+        self.batch_id = -1
+        self.deferred: list | None = None
+        self.on_finished = on_finished
+
+    def release(self) -> None:
+        """Drop one reference; at 0 the record is finished."""
+        count = self.ref_count - 1
+        self.ref_count = count
+        if count == 0:
+            self.on_finished(self)
+        elif count < 0:
+            raise RuntimeError(f"reference count of {self.describe()} went below 0")
+
+    def describe(self) -> str:
+        """``record <value> of key <key>`` or ``timer@<t> of key <key>``, for messages."""
+        from aec.errors import describe
+
+        if self.timer is not None:
+            return f"{self.timer[0]} timer@{self.timer[1]!r} of key {describe(self.key)}"
+        return f"record {describe(self.value)} of key {describe(self.key)}"

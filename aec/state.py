@@ -1,0 +1,361 @@
+"""Keyed state: descriptors and handles (FLIP-424's State V2 API, snake_case).
+
+Every ``async_*`` method returns a ``StateFuture``; the form without the prefix
+blocks: it runs the mailbox until the future completes (discouraged on remote
+backends: the record holds the mailbox thread meanwhile). State is scoped to
+the key of the record (or timer) whose code is running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aec.future import StateFuture, _as_future, combine_all
+from aec.requests import Op
+
+# -- descriptors ---------------------------------------------------------------------------
+
+
+class AggregateFunction:
+    """Incremental aggregation for ``AggregatingState`` (Flink's ``AggregateFunction``).
+
+    ``add`` and ``merge`` return the new accumulator (they may also mutate and
+    return the given one).
+    """
+
+    def create_accumulator(self) -> Any:
+        raise NotImplementedError
+
+    def add(self, value: Any, accumulator: Any) -> Any:
+        raise NotImplementedError
+
+    def get_result(self, accumulator: Any) -> Any:
+        raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class StateDescriptor:
+    """Base of all descriptors: a state ``name`` unique within one function and an
+    optional ``ttl`` in seconds of processing time (not supported yet)."""
+
+    name: str
+    ttl: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"state name must be a non-empty str, got {self.name!r}")
+        if self.ttl is not None:
+            raise NotImplementedError(
+                f"state {self.name!r}: ttl is not supported yet; pass ttl=None"
+            )
+
+
+@dataclass(frozen=True)
+class ValueStateDescriptor(StateDescriptor):
+    """A single value per key; ``default`` is what an absent value reads as."""
+
+    default: Any = None
+
+    def __init__(self, name: str, default: Any = None, ttl: float | None = None) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "ttl", ttl)
+        object.__setattr__(self, "default", default)
+        self.__post_init__()
+
+
+@dataclass(frozen=True)
+class ListStateDescriptor(StateDescriptor):
+    """A list per key."""
+
+
+@dataclass(frozen=True)
+class MapStateDescriptor(StateDescriptor):
+    """A map (user key -> value) per key."""
+
+
+@dataclass(frozen=True)
+class ReducingStateDescriptor(StateDescriptor):
+    """A value per key folded with ``reduce_function(old, new) -> combined``."""
+
+    reduce_function: Callable[[Any, Any], Any] | None = None
+
+    def __init__(
+        self, name: str, reduce_function: Callable[[Any, Any], Any], ttl: float | None = None
+    ) -> None:
+        if not callable(reduce_function):
+            raise TypeError(f"state {name!r}: reduce_function must be callable")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "ttl", ttl)
+        object.__setattr__(self, "reduce_function", reduce_function)
+        self.__post_init__()
+
+
+@dataclass(frozen=True)
+class AggregatingStateDescriptor(StateDescriptor):
+    """An accumulator per key driven by an ``AggregateFunction``."""
+
+    aggregate_function: AggregateFunction | None = None
+
+    def __init__(
+        self, name: str, aggregate_function: AggregateFunction, ttl: float | None = None
+    ) -> None:
+        for method in ("create_accumulator", "add", "get_result"):
+            if not callable(getattr(aggregate_function, method, None)):
+                raise TypeError(f"state {name!r}: aggregate_function lacks {method}()")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "ttl", ttl)
+        object.__setattr__(self, "aggregate_function", aggregate_function)
+        self.__post_init__()
+
+
+# -- iterator ------------------------------------------------------------------------------
+
+
+class StateIterator:
+    """The elements of a list state or a map's entries/keys/values (FLIP-424).
+
+    Iterate with ``on_next(fn)``: a future of ``[fn(e) for e in elements]``, where
+    a result that is itself a StateFuture is awaited. Also a plain Python iterable.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items
+
+    def on_next(self, fn: Callable[[Any], Any]) -> StateFuture:
+        results = [fn(item) for item in self._items]
+        if any(isinstance(r, StateFuture) for r in results):
+            return combine_all([_as_future(r, None) for r in results])
+        return _as_future(results, None)
+
+    def is_empty(self) -> bool:
+        return not self._items
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"StateIterator({self._items!r})"
+
+
+# -- handles -------------------------------------------------------------------------------
+
+
+class _Handle:
+    """Binds a state name to the controller's ``submit`` and ``wait_for``."""
+
+    __slots__ = ("_name", "_submit", "_wait", "descriptor")
+
+    def __init__(self, descriptor: StateDescriptor, submit: Callable, wait: Callable) -> None:
+        self.descriptor = descriptor
+        self._name = descriptor.name
+        self._submit = submit  # (op, state, user_key=None, value=None) -> StateFuture
+        self._wait = wait  # (StateFuture) -> result, running the mailbox
+
+    def async_clear(self) -> StateFuture:
+        return self._submit(self._clear_op, self._name)
+
+    def clear(self) -> None:
+        self._wait(self.async_clear())
+
+
+class ValueState(_Handle):
+    """``async_value()``, ``async_update(v)`` (None clears), ``async_clear()``."""
+
+    __slots__ = ()
+    _clear_op = Op.VALUE_CLEAR
+
+    def async_value(self) -> StateFuture:
+        future = self._submit(Op.VALUE_GET, self._name)
+        default = self.descriptor.default
+        if default is None:
+            return future
+        return future.then_apply(lambda v: default if v is None else v)
+
+    def async_update(self, value: Any) -> StateFuture:
+        return self._submit(Op.VALUE_PUT, self._name, None, value)
+
+    def value(self) -> Any:
+        return self._wait(self.async_value())
+
+    def update(self, value: Any) -> None:
+        self._wait(self.async_update(value))
+
+
+class ListState(_Handle):
+    """``async_get()`` -> StateIterator, ``async_add``, ``async_add_all``, ``async_update``."""
+
+    __slots__ = ()
+    _clear_op = Op.LIST_CLEAR
+
+    def async_get(self) -> StateFuture:
+        return self._submit(Op.LIST_GET, self._name).then_apply(StateIterator)
+
+    def async_add(self, value: Any) -> StateFuture:
+        return self._submit(Op.LIST_ADD, self._name, None, value)
+
+    def async_add_all(self, values: Iterable[Any]) -> StateFuture:
+        return self._submit(Op.LIST_ADD_ALL, self._name, None, list(values))
+
+    def async_update(self, values: Iterable[Any] | None) -> StateFuture:
+        return self._submit(Op.LIST_PUT, self._name, None, list(values or ()))
+
+    def get(self) -> StateIterator:
+        return self._wait(self.async_get())
+
+    def add(self, value: Any) -> None:
+        self._wait(self.async_add(value))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        self._wait(self.async_add_all(values))
+
+    def update(self, values: Iterable[Any] | None) -> None:
+        self._wait(self.async_update(values))
+
+
+class MapState(_Handle):
+    """Map state; iteration order is the backend's (insertion order in memory)."""
+
+    __slots__ = ()
+    _clear_op = Op.MAP_CLEAR
+
+    def async_get(self, user_key: Any) -> StateFuture:
+        return self._submit(Op.MAP_GET, self._name, user_key)
+
+    def async_put(self, user_key: Any, value: Any) -> StateFuture:
+        return self._submit(Op.MAP_PUT, self._name, user_key, value)
+
+    def async_put_all(self, entries: dict[Any, Any]) -> StateFuture:
+        return self._submit(Op.MAP_PUT_ALL, self._name, None, dict(entries))
+
+    def async_remove(self, user_key: Any) -> StateFuture:
+        return self._submit(Op.MAP_REMOVE, self._name, user_key)
+
+    def async_contains(self, user_key: Any) -> StateFuture:
+        return self._submit(Op.MAP_CONTAINS, self._name, user_key)
+
+    def async_is_empty(self) -> StateFuture:
+        return self._submit(Op.MAP_IS_EMPTY, self._name)
+
+    def async_entries(self) -> StateFuture:
+        """A future of a StateIterator of ``(user_key, value)`` tuples."""
+        return self._submit(Op.MAP_ITER, self._name).then_apply(StateIterator)
+
+    def async_keys(self) -> StateFuture:
+        return self._submit(Op.MAP_ITER, self._name).then_apply(
+            lambda entries: StateIterator([k for k, _ in entries])
+        )
+
+    def async_values(self) -> StateFuture:
+        return self._submit(Op.MAP_ITER, self._name).then_apply(
+            lambda entries: StateIterator([v for _, v in entries])
+        )
+
+    def get(self, user_key: Any) -> Any:
+        return self._wait(self.async_get(user_key))
+
+    def put(self, user_key: Any, value: Any) -> None:
+        self._wait(self.async_put(user_key, value))
+
+    def put_all(self, entries: dict[Any, Any]) -> None:
+        self._wait(self.async_put_all(entries))
+
+    def remove(self, user_key: Any) -> None:
+        self._wait(self.async_remove(user_key))
+
+    def contains(self, user_key: Any) -> bool:
+        return self._wait(self.async_contains(user_key))
+
+    def is_empty(self) -> bool:
+        return self._wait(self.async_is_empty())
+
+    def entries(self) -> StateIterator:
+        return self._wait(self.async_entries())
+
+    def keys(self) -> StateIterator:
+        return self._wait(self.async_keys())
+
+    def values(self) -> StateIterator:
+        return self._wait(self.async_values())
+
+
+class ReducingState(_Handle):
+    """``async_get()``, ``async_add(v)`` folds with the reduce function, ``async_clear()``."""
+
+    __slots__ = ()
+    _clear_op = Op.VALUE_CLEAR
+
+    def async_get(self) -> StateFuture:
+        return self._submit(Op.VALUE_GET, self._name)
+
+    def async_add(self, value: Any) -> StateFuture:
+        reduce = self.descriptor.reduce_function
+        submit, name = self._submit, self._name
+        return submit(Op.VALUE_GET, name).then_compose(
+            lambda old: submit(
+                Op.VALUE_PUT, name, None, value if old is None else reduce(old, value)
+            )
+        )
+
+    def get(self) -> Any:
+        return self._wait(self.async_get())
+
+    def add(self, value: Any) -> None:
+        self._wait(self.async_add(value))
+
+
+class AggregatingState(_Handle):
+    """``async_get()`` -> ``get_result(acc)`` (None if empty), ``async_add(v)``, ``async_clear()``."""
+
+    __slots__ = ()
+    _clear_op = Op.VALUE_CLEAR
+
+    def async_get(self) -> StateFuture:
+        fn = self.descriptor.aggregate_function
+        return self._submit(Op.VALUE_GET, self._name).then_apply(
+            lambda acc: None if acc is None else fn.get_result(acc)
+        )
+
+    def async_add(self, value: Any) -> StateFuture:
+        fn = self.descriptor.aggregate_function
+        submit, name = self._submit, self._name
+
+        def fold(acc: Any) -> StateFuture:
+            if acc is None:
+                acc = fn.create_accumulator()
+            return submit(Op.VALUE_PUT, name, None, fn.add(value, acc))
+
+        return submit(Op.VALUE_GET, name).then_compose(fold)
+
+    def get(self) -> Any:
+        return self._wait(self.async_get())
+
+    def add(self, value: Any) -> None:
+        self._wait(self.async_add(value))
+
+
+_HANDLES: dict[type, type] = {
+    ValueStateDescriptor: ValueState,
+    ListStateDescriptor: ListState,
+    MapStateDescriptor: MapState,
+    ReducingStateDescriptor: ReducingState,
+    AggregatingStateDescriptor: AggregatingState,
+}
+
+
+def make_handle(descriptor: StateDescriptor, submit: Callable, wait: Callable) -> _Handle:
+    """The handle for ``descriptor``. Raises TypeError for an unknown descriptor type."""
+    for kind in type(descriptor).__mro__:
+        handle = _HANDLES.get(kind)
+        if handle is not None:
+            return handle(descriptor, submit, wait)
+    raise TypeError(f"get_state takes a state descriptor, got {type(descriptor).__name__}")

@@ -1,0 +1,96 @@
+"""Timer queues: per-key timers of one time domain, in timestamp order.
+
+Backed by sortedcontainers (DESIGN rule 8). Invariants:
+- A (key, timestamp) pair is registered at most once (duplicates fire once).
+- ``pop_earliest`` yields timers in (timestamp, registration) order across keys.
+- Each timer remembers the epoch that registered it, so a firing can skip
+  timers registered by records that arrived after the firing watermark
+  (possible only in ``parallel`` watermark order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sortedcontainers import SortedList
+
+
+class TimerQueue:
+    """The timers of one time domain (event time or processing time)."""
+
+    __slots__ = ("_order", "_by_key", "_sequence")
+
+    def __init__(self) -> None:
+        self._order = SortedList()  # (timestamp, sequence, key)
+        self._by_key: dict[Any, dict[float, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
+        self._sequence = 0
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def register(self, key: Any, timestamp: float, epoch: int) -> bool:
+        """Add a timer; False (and no change) if ``(key, timestamp)`` is registered."""
+        timers = self._by_key.get(key)
+        if timers is None:
+            timers = self._by_key[key] = {}
+        elif timestamp in timers:
+            return False
+        self._sequence += 1
+        timers[timestamp] = (self._sequence, epoch)
+        self._order.add((timestamp, self._sequence, key))
+        return True
+
+    def delete(self, key: Any, timestamp: float) -> bool:
+        """Remove a timer; False if it was not registered."""
+        timers = self._by_key.get(key)
+        if not timers or timestamp not in timers:
+            return False
+        self._remove(key, timestamp, timers)
+        return True
+
+    def _remove(self, key: Any, timestamp: float, timers: dict) -> None:
+        sequence, _ = timers.pop(timestamp)
+        if not timers:
+            del self._by_key[key]
+        self._order.remove((timestamp, sequence, key))
+
+    def peek_time(self) -> float | None:
+        """The earliest registered timestamp, or None."""
+        return self._order[0][0] if self._order else None
+
+    def pop_earliest(self, limit: float) -> tuple[float, Any] | None:
+        """Remove and return the earliest ``(timestamp, key)`` with timestamp <= limit."""
+        if not self._order or self._order[0][0] > limit:
+            return None
+        timestamp, _, key = self._order[0]
+        self._remove(key, timestamp, self._by_key[key])
+        return timestamp, key
+
+    def due_keys(self, limit: float, max_epoch: int) -> list[Any]:
+        """Keys with a timer due at ``limit`` registered in an epoch <= ``max_epoch``,
+        in the order of their earliest such timer."""
+        keys: dict[Any, None] = {}
+        for timestamp, _, key in self._order.irange(maximum=(limit, float("inf"))):
+            if timestamp > limit:
+                break
+            if key not in keys and self._by_key[key][timestamp][1] <= max_epoch:
+                keys[key] = None
+        return list(keys)
+
+    def pop_next_for_key(self, key: Any, limit: float, max_epoch: int) -> float | None:
+        """Remove and return ``key``'s earliest timer <= ``limit`` registered in an
+        epoch <= ``max_epoch``; None if it has none."""
+        timers = self._by_key.get(key)
+        if not timers:
+            return None
+        best = None
+        for timestamp, (_, epoch) in timers.items():
+            if timestamp <= limit and epoch <= max_epoch and (best is None or timestamp < best):
+                best = timestamp
+        if best is not None:
+            self._remove(key, best, timers)
+        return best
+
+    def items(self) -> list[tuple[Any, float]]:
+        """All ``(key, timestamp)`` in timestamp order (for snapshots and tests)."""
+        return [(key, timestamp) for timestamp, _, key in self._order]
