@@ -5,6 +5,8 @@ batch of ``aec.requests.StateRequest`` in list order.
 """
 
 from backends.base import BackendSpec, StateBackend
+from backends.latency import LatencyBackend
 from backends.memory import MemoryBackend
+from backends.rocksdb import RocksDBBackend
 
-__all__ = ["BackendSpec", "MemoryBackend", "StateBackend"]
+__all__ = ["BackendSpec", "LatencyBackend", "MemoryBackend", "RocksDBBackend", "StateBackend"]
