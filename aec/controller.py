@@ -1,7 +1,7 @@
 """AsyncExecutionController: the AEC of FLIP-425, one per operator.
 
-It owns key accounting, the active and blocking buffers, the in-flight count
-and the mailbox loop; the operator owns user code, epochs and timers.
+It owns key accounting, the active and blocking buffers, the in-flight count,
+epoch accounting and the mailbox loop; the operator owns user code and timers.
 Invariants (mailbox thread only):
 - ``in_flight`` = records and timer firings admitted and not finished; input
   is admitted only below ``in_flight_records_limit`` (timers overdraw).
@@ -22,6 +22,7 @@ from typing import Any
 
 from aec.buffers import ActiveBuffer, BlockingBuffer
 from aec.config import AecConfig
+from aec.epochs import OPEN, EpochManager
 from aec.executor import StateExecutor
 from aec.future import StateFuture
 from aec.key_accounting import KeyAccountingUnit
@@ -49,11 +50,11 @@ class AsyncExecutionController:
         config: the operator's ``AecConfig``.
         backend: answers ``execute_batch``.
         executor: where batches run (``InlineExecutor``, thread pool, scripted).
+        epochs: the operator's ``EpochManager``; contexts count in ``context.epoch``.
         start: ``fn(context)`` runs the user entry (process_element/on_timer).
-        successor: ``fn(context) -> RecordContext | None`` on a finish, a context
-            that takes the key before any waiting record (the next timer of a
-            firing chain).
-        finished: ``fn(context)`` after a context finished and its key moved on.
+        timer_successor: ``fn(timer_context) -> RecordContext | None`` when a timer
+            firing finishes: the next firing of its key's chain, which takes the
+            key before any waiting record.
     """
 
     def __init__(
@@ -61,15 +62,16 @@ class AsyncExecutionController:
         config: AecConfig,
         backend: Any,
         executor: StateExecutor,
+        epochs: EpochManager,
         start: Callable[[RecordContext], None],
-        successor: Callable[[RecordContext], RecordContext | None],
-        finished: Callable[[RecordContext], None],
+        timer_successor: Callable[[RecordContext], RecordContext | None],
     ) -> None:
         self.synchronous = not config.async_state
         self.buffer_size = config.buffer_size
         self.buffer_timeout = config.buffer_timeout
         self.backend = backend
         self.executor = executor
+        self._concurrent = executor.concurrent
         self.mailbox = Mailbox()
         executor.start(backend, self.mailbox)
         self.keys = KeyAccountingUnit()
@@ -78,9 +80,9 @@ class AsyncExecutionController:
         self.ready: deque[RecordContext] = deque()  # contexts holding their key, not started
         self.current: RecordContext | None = None
         self.in_flight = 0
+        self.epochs = epochs
         self._start = start
-        self._successor = successor
-        self._finished = finished
+        self._timer_successor = timer_successor
         # metrics
         self.max_in_flight = 0
         self.batches = 0
@@ -90,12 +92,15 @@ class AsyncExecutionController:
 
     # -- admission -------------------------------------------------------------------------
     def admit(self, context: RecordContext, inline: bool) -> None:
-        """Count ``context`` in flight; start it now (``inline``) or soon if its key
-        is free, else queue it in the blocking buffer."""
+        """Count ``context`` in flight and in its epoch; start it now (``inline``)
+        or soon if its key is free, else queue it in the blocking buffer."""
         self.in_flight += 1
         if self.in_flight > self.max_in_flight:
             self.max_in_flight = self.in_flight
-        if self.keys.try_occupy(context):
+        context.epoch.ongoing += 1
+        holders = self.keys.holders
+        if context.key not in holders:
+            holders[context.key] = context
             if inline:
                 self.run_entry(context)
             else:
@@ -110,24 +115,36 @@ class AsyncExecutionController:
         context.ref_count += 1
         self._start(context)
         self.current = context  # callbacks run inside may have switched it
-        context.release()
+        count = context.ref_count - 1
+        context.ref_count = count
+        if count == 0:
+            self.on_context_finished(context)
 
     def on_context_finished(self, context: RecordContext) -> None:
-        """Reference count of ``context`` reached 0: pass its key on."""
+        """Reference count of ``context`` reached 0: pass its key on, leave its epoch."""
         self.in_flight -= 1
-        successor = self._successor(context)
-        if successor is not None:
-            self.in_flight += 1
-            if self.in_flight > self.max_in_flight:
-                self.max_in_flight = self.in_flight
-        else:
-            successor = self.blocking.pop_next(context.key)
+        key = context.key
+        successor = None
+        if context.timer is not None:
+            successor = self._timer_successor(context)
+            if successor is not None:
+                self.in_flight += 1
+                if self.in_flight > self.max_in_flight:
+                    self.max_in_flight = self.in_flight
+                successor.epoch.ongoing += 1
+        if successor is None and key in self.blocking.queues:
+            successor = self.blocking.pop_next(key)
+        holders = self.keys.holders
         if successor is None:
-            self.keys.release(context)
+            if holders.pop(key, None) is not context:
+                raise RuntimeError(f"{context.describe()} released a key it did not hold")
         else:
-            self.keys.transfer(context, successor)
+            holders[key] = successor
             self.ready.append(successor)
-        self._finished(context)
+        epoch = context.epoch
+        epoch.ongoing -= 1
+        if epoch.ongoing == 0 and epoch.status != OPEN:
+            self.epochs.advance()
 
     # -- state requests ---------------------------------------------------------------------
     def submit(self, op: int, state: str, user_key: Any = None, value: Any = None) -> StateFuture:
@@ -140,16 +157,13 @@ class AsyncExecutionController:
             raise RuntimeError(
                 "state accessed outside process_element, on_timer or their callbacks"
             )
-        future = StateFuture(context)
-        request = StateRequest(
-            op, state, context.key, context.key_group, user_key, value, future, context
-        )
+        request = StateRequest(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
         if self.synchronous:
             self.batches += 1
             self.backend.execute_batch((request,))
-            future._result = request.result
-            return future
+            request._result = request.result
+            return request
         context.ref_count += 1  # the pending future
         active = self.active
         if not active.requests:
@@ -157,21 +171,34 @@ class AsyncExecutionController:
         active.requests.append(request)
         if len(active.requests) >= self.buffer_size:
             self.flush()
-        return future
+        return request
 
     def flush(self) -> None:
         """Send up to ``buffer_size`` buffered requests to the executor as one batch.
 
-        A request whose record still has requests in an earlier, uncompleted batch
-        waits (``deferred``) so one record's requests never run in two batches at once.
+        With a concurrent executor, a request whose record still has requests in
+        an earlier, uncompleted batch waits (``deferred``) so one record's
+        requests never run in two batches at once.
         """
         active = self.active
         if not active.requests:
             return
+        batch = active.take(self.buffer_size)
+        if self._concurrent:
+            batch = self._hold_back_overlaps(batch)
+        if active.requests:
+            active.first_time = monotonic()
+        if batch:
+            self.batches += 1
+            if len(batch) > self.max_batch_size:
+                self.max_batch_size = len(batch)
+            self.executor.submit(batch)
+
+    def _hold_back_overlaps(self, requests: list[StateRequest]) -> list[StateRequest]:
         batch_id = self.batches
         batch = []
-        for request in active.take(self.buffer_size):
-            context = request.context
+        for request in requests:
+            context = request._context
             if context.deferred is not None or (
                 context.in_batches and context.batch_id != batch_id
             ):
@@ -183,13 +210,7 @@ class AsyncExecutionController:
             context.in_batches += 1
             context.batch_id = batch_id
             batch.append(request)
-        if active.requests:
-            active.first_time = monotonic()
-        if batch:
-            self.batches += 1
-            if len(batch) > self.max_batch_size:
-                self.max_batch_size = len(batch)
-            self.executor.submit(batch)
+        return batch
 
     def flush_if_timed_out(self) -> None:
         """Flush a partial batch whose oldest request waited ``buffer_timeout`` seconds."""
@@ -202,20 +223,28 @@ class AsyncExecutionController:
         batch, error = mail
         self.executor.completed()
         if error is not None:
-            self.current = batch[0].context if batch else None
+            self.current = batch[0]._context if batch else None
             raise BatchFailed(batch) from error
+        concurrent = self._concurrent
         for request in batch:
-            context = request.context
+            context = request._context
             self.current = context
-            context.in_batches -= 1
-            if context.in_batches == 0 and context.deferred is not None:
-                if not self.active.requests:
-                    self.active.first_time = monotonic()
-                self.active.push_front(context.deferred)
-                context.deferred = None
-            request.future.complete(request.result)
-            context.release()
+            if concurrent:
+                context.in_batches -= 1
+                if context.in_batches == 0 and context.deferred is not None:
+                    self._release_deferred(context)
+            request.complete(request.result)
+            count = context.ref_count - 1  # the request's own reference
+            context.ref_count = count
+            if count == 0:
+                self.on_context_finished(context)
         self.current = None
+
+    def _release_deferred(self, context: RecordContext) -> None:
+        if not self.active.requests:
+            self.active.first_time = monotonic()
+        self.active.push_front(context.deferred)
+        context.deferred = None
 
     def run_available(self) -> None:
         """Handle every completion mail and start every ready context; never blocks."""

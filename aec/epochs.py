@@ -42,7 +42,10 @@ class Epoch:
 
 
 class EpochManager:
-    """Counts records per epoch and finishes closed epochs in order.
+    """Finishes closed epochs in order.
+
+    The AEC counts each context in ``context.epoch.ongoing`` on admission and
+    calls ``advance()`` when a closed epoch's count drops to 0.
 
     Args:
         on_records_done: ``fn(epoch)`` when the head closed epoch's records are
@@ -62,16 +65,6 @@ class EpochManager:
         self._on_records_done = on_records_done
         self._on_epoch_done = on_epoch_done
         self._advancing = False
-
-    def join(self, epoch: Epoch) -> None:
-        """Count one more record or timer firing in ``epoch``."""
-        epoch.ongoing += 1
-
-    def leave(self, epoch: Epoch) -> None:
-        """One record or firing of ``epoch`` finished."""
-        epoch.ongoing -= 1
-        if epoch.ongoing == 0 and epoch.status != OPEN:
-            self.advance()
 
     def close(self, watermark: Any) -> Epoch:
         """Close the open epoch with ``watermark``; open the next one."""

@@ -21,7 +21,11 @@ class StateExecutor:
     Lifecycle: ``start(backend, mailbox)`` once, then ``submit`` batches, then
     ``close()`` (idempotent; waits for running batches, stops all threads).
     ``pending`` is the number of submitted batches whose mail has not been taken.
+    ``concurrent`` is False only when batches run one at a time in submission
+    order (then the AEC needs no cross-batch ordering of one record's requests).
     """
+
+    concurrent = True
 
     def __init__(self) -> None:
         self.pending = 0
@@ -60,6 +64,8 @@ class StateExecutor:
 
 class InlineExecutor(StateExecutor):
     """Runs each batch at once on the mailbox thread (for non-blocking backends)."""
+
+    concurrent = False
 
     def submit(self, batch: Sequence[Any]) -> None:
         self.pending += 1

@@ -31,7 +31,7 @@ class StateFuture:
 
     def __init__(self, context: Any = None) -> None:
         self._result: Any = _PENDING
-        self._callbacks: list[Callable[[Any], None]] | None = None
+        self._callbacks: Any = None  # None, one callable, or a list of them
         self._context = context  # the RecordContext whose reference count callbacks hold
 
     # -- state -------------------------------------------------------------------------
@@ -61,13 +61,18 @@ class StateFuture:
             raise RuntimeError(f"StateFuture completed twice (already {self._result!r})")
         self._result = result
         callbacks = self._callbacks
-        if callbacks is not None:
-            self._callbacks = None
-            context = self._context
-            for callback in callbacks:
-                callback(result)
-                if context is not None:
-                    context.release()
+        if callbacks is None:
+            return
+        self._callbacks = None
+        context = self._context
+        # one callback is stored bare (the common case), several as a list
+        for callback in callbacks if type(callbacks) is list else (callbacks,):
+            callback(result)
+            if context is not None:
+                count = context.ref_count - 1
+                context.ref_count = count
+                if count == 0:
+                    context.on_finished(context)
 
     def on_complete(self, callback: Callable[[Any], None]) -> None:
         """Run ``callback(result)`` on completion, inline if already complete."""
@@ -77,20 +82,20 @@ class StateFuture:
         context = self._context
         if context is not None:
             context.ref_count += 1
-        if self._callbacks is None:
-            self._callbacks = [callback]
+        callbacks = self._callbacks
+        if callbacks is None:
+            self._callbacks = callback
+        elif type(callbacks) is list:
+            callbacks.append(callback)
         else:
-            self._callbacks.append(callback)
-
-    def _derived(self) -> StateFuture:
-        return StateFuture(self._context)
+            self._callbacks = [callbacks, callback]
 
     # -- chaining (Flink's StateFuture API) ------------------------------------------------
     def then_apply(self, fn: Callable[[Any], Any]) -> StateFuture:
         """A future of ``fn(result)``."""
         if self._result is not _PENDING:
             return _done(fn(self._result), self._context)
-        out = self._derived()
+        out = StateFuture(self._context)
         self.on_complete(lambda r: out.complete(fn(r)))
         return out
 
@@ -99,7 +104,7 @@ class StateFuture:
         if self._result is not _PENDING:
             fn(self._result)
             return _done(None, self._context)
-        out = self._derived()
+        out = StateFuture(self._context)
 
         def run(r: Any) -> None:
             fn(r)
@@ -115,7 +120,7 @@ class StateFuture:
         """
         if self._result is not _PENDING:
             return _as_future(fn(self._result), self._context)
-        out = self._derived()
+        out = StateFuture(self._context)
         self.on_complete(lambda r: _forward(fn(r), out))
         return out
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import time
+from time import monotonic
 from types import CoroutineType
 from typing import Any
 
+from aec import gc_tuning
 from aec.config import AecConfig
 from aec.controller import AsyncExecutionController, BatchFailed, StuckError
 from aec.elements import Record, Watermark, check_key, check_timestamp
@@ -27,6 +29,7 @@ from aec.state import StateDescriptor, make_handle
 from aec.timers import TimerQueue
 
 _EVENT = "event-time"
+_KEY_GROUP_CACHE = 1 << 16  # keys whose group is remembered; cleared when full
 
 
 class KeyedProcessOperator:
@@ -71,13 +74,15 @@ class KeyedProcessOperator:
             else:
                 executor = ThreadPoolStateExecutor(self.config.executor_threads)
         self.executor = executor
-        self.controller = AsyncExecutionController(
-            self.config, backend, executor, self._run_entry, self._next_timer, self._on_finished
-        )
         self.epochs = EpochManager(self._fire_timers, self._emit_watermark)
+        self.controller = AsyncExecutionController(
+            self.config, backend, executor, self.epochs, self._run_entry, self._next_timer
+        )
         self.event_timers = TimerQueue()
         self.context = Context(self)
         self._handles: dict[str, Any] = {}
+        self._key_groups: dict[Any, int] = {}
+        self._ticks = type(executor).tick is not StateExecutor.tick
         self._outputs: list[Any] = []
         self._side_outputs: dict[Any, list[Any]] = {}
         self._watermark = -math.inf  # last watermark that arrived
@@ -98,6 +103,7 @@ class KeyedProcessOperator:
             return
         self._state = "open"
         self._started = time.perf_counter()
+        gc_tuning.acquire()
         try:
             self.backend.open()
             self.function.open(RuntimeContext(self))
@@ -109,10 +115,15 @@ class KeyedProcessOperator:
         if self._state == "closed":
             return
         was_open = self._state in ("open", "finished")
+        held_gc = self._state != "new"
         self._state = "closed"
-        self.executor.close()
-        if was_open:
-            self.function.close()
+        try:
+            self.executor.close()
+            if was_open:
+                self.function.close()
+        finally:
+            if held_gc:
+                gc_tuning.release()
 
     def __enter__(self) -> KeyedProcessOperator:
         self.open()
@@ -130,31 +141,46 @@ class KeyedProcessOperator:
         key = record.key
         check_key(key)
         timestamp = record.timestamp
-        if timestamp is not None:
+        if timestamp is not None and (type(timestamp) is not float or timestamp != timestamp):
             check_timestamp(timestamp)
         if self._state != "open":
             self._require_open()
         controller = self.controller
         try:
-            self.executor.tick()
+            if self._ticks:
+                self.executor.tick()
             if controller.mailbox or controller.ready:
                 controller.run_available()
             limit = self.config.in_flight_records_limit
             while controller.in_flight >= limit:
                 if not controller.step():
                     raise self._stuck()
-            controller.flush_if_timed_out()
+            active = controller.active
+            if active.requests and monotonic() - active.first_time >= controller.buffer_timeout:
+                controller.flush()
             self._sequence += 1
             self._records_in += 1
-            epoch = self.epochs.active
-            epoch.ongoing += 1
+            key_group = self._key_groups.get(key)
+            if key_group is None:
+                key_group = self._key_group(key)
             context = RecordContext(
-                record.value, key, key_group_for(key, self.config.max_parallelism), timestamp,
-                self._sequence, epoch, self._watermark, controller.on_context_finished,
+                record.value, key, key_group, timestamp, self._sequence,
+                self.epochs.active, self._watermark, controller.on_context_finished,
             )  # fmt: skip
             controller.admit(context, inline=True)
         except BaseException as exc:
             self._raise_failure(exc)
+
+    def _key_group(self, key: Any) -> int:
+        """Compute and cache the key group of ``key`` (the cache is bounded)."""
+        cache = self._key_groups
+        key_group = cache.get(key)
+        if key_group is not None:
+            return key_group
+        if len(cache) >= _KEY_GROUP_CACHE:
+            cache.clear()
+        key_group = cache[key] = key_group_for(key, self.config.max_parallelism)
+        return key_group
 
     def process_watermark(self, watermark: Watermark) -> None:
         """Close the current epoch with ``watermark``; in serial mode wait until it left.
@@ -317,9 +343,8 @@ class KeyedProcessOperator:
 
     def _timer_context(self, key: Any, timestamp: float, epoch: Epoch) -> RecordContext:
         self._sequence += 1
-        epoch.ongoing += 1
         return RecordContext(
-            None, key, key_group_for(key, self.config.max_parallelism), timestamp,
+            None, key, self._key_group(key), timestamp,
             self._sequence, epoch, epoch.watermark.timestamp,
             self.controller.on_context_finished, (_EVENT, timestamp),
         )  # fmt: skip
@@ -354,9 +379,6 @@ class KeyedProcessOperator:
         if timestamp is None:
             return None
         return self._timer_context(context.key, timestamp, epoch)
-
-    def _on_finished(self, context: RecordContext) -> None:
-        self.epochs.leave(context.epoch)
 
     def _emit_watermark(self, epoch: Epoch) -> None:
         self._watermarks_out += 1

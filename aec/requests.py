@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from aec.future import _PENDING, StateFuture
+
 
 class Op:
     """Request kinds (Flink's ``StateRequestType``), small ints for fast dispatch.
@@ -49,8 +51,11 @@ class Op:
     WRITES = frozenset({1, 2, 4, 5, 6, 7, 9, 10, 11, 15})
 
 
-class StateRequest:
-    """One state access of one record.
+class StateRequest(StateFuture):
+    """One state access of one record; it is also the future of its own result.
+
+    Being the future saves an allocation per access on the hot path; backends
+    see only the request attributes below.
 
     Attributes:
         op: an ``Op`` constant.
@@ -60,21 +65,10 @@ class StateRequest:
         user_key: the map key for MAP_GET/PUT/REMOVE/CONTAINS, else None.
         value: the payload for writes, else None.
         result: filled by the backend for reads.
-        future: the engine's ``StateFuture`` (backends must not touch it).
         context: the engine's ``RecordContext`` (backends must not touch it).
     """
 
-    __slots__ = (
-        "op",
-        "state",
-        "key",
-        "key_group",
-        "user_key",
-        "value",
-        "result",
-        "future",
-        "context",
-    )
+    __slots__ = ("op", "state", "key", "key_group", "user_key", "value", "result")
 
     def __init__(
         self,
@@ -84,9 +78,11 @@ class StateRequest:
         key_group: int,
         user_key: Any = None,
         value: Any = None,
-        future: Any = None,
         context: Any = None,
     ) -> None:
+        self._result = _PENDING
+        self._callbacks = None
+        self._context = context
         self.op = op
         self.state = state
         self.key = key
@@ -94,8 +90,15 @@ class StateRequest:
         self.user_key = user_key
         self.value = value
         self.result = None
-        self.future = future
-        self.context = context
+
+    @property
+    def context(self) -> Any:
+        return self._context
+
+    @property
+    def future(self) -> StateFuture:
+        """The future the engine completes with ``result`` (the request itself)."""
+        return self
 
     def __repr__(self) -> str:
         extra = "" if self.user_key is None else f", user_key={self.user_key!r}"

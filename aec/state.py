@@ -175,11 +175,12 @@ class ValueState(_Handle):
     _clear_op = Op.VALUE_CLEAR
 
     def async_value(self) -> StateFuture:
-        future = self._submit(Op.VALUE_GET, self._name)
         default = self.descriptor.default
         if default is None:
-            return future
-        return future.then_apply(lambda v: default if v is None else v)
+            return self._submit(Op.VALUE_GET, self._name)
+        return self._submit(Op.VALUE_GET, self._name).then_apply(
+            lambda v: default if v is None else v
+        )
 
     def async_update(self, value: Any) -> StateFuture:
         return self._submit(Op.VALUE_PUT, self._name, None, value)
