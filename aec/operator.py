@@ -81,6 +81,8 @@ class KeyedProcessOperator:
         self.event_timers = TimerQueue()
         self.context = Context(self)
         self._handles: dict[str, Any] = {}
+        # (kind, emitting RecordContext, value) per emission, for aec.testing; None = off
+        self.trace: list[tuple[str, Any, Any]] | None = None
         self._key_groups: dict[Any, int] = {}
         self._ticks = type(executor).tick is not StateExecutor.tick
         self._outputs: list[Any] = []
@@ -247,8 +249,12 @@ class KeyedProcessOperator:
     def emit(self, value: Any) -> None:
         self._records_out += 1
         self._outputs.append(value)
+        if self.trace is not None:
+            self.trace.append(("out", self.controller.current, value))
 
     def emit_side(self, tag: Any, value: Any) -> None:
+        if self.trace is not None:
+            self.trace.append(("side", self.controller.current, (tag, value)))
         bucket = self._side_outputs.get(tag)
         if bucket is None:
             self._side_outputs[tag] = [value]
@@ -305,10 +311,13 @@ class KeyedProcessOperator:
 
     def register_event_timer(self, timestamp: float) -> None:
         context = self.current_context()
-        self.event_timers.register(context.key, timestamp, context.epoch.sequence)
+        self.event_timers.register(
+            context.key, timestamp, context.epoch.sequence, context.watermark
+        )
 
     def delete_event_timer(self, timestamp: float) -> None:
-        self.event_timers.delete(self.current_context().key, timestamp)
+        context = self.current_context()
+        self.event_timers.delete(context.key, timestamp, context.epoch.sequence, context.watermark)
 
     # -- engine hooks --------------------------------------------------------------------------
     def _run_entry(self, context: RecordContext) -> None:
@@ -383,6 +392,8 @@ class KeyedProcessOperator:
     def _emit_watermark(self, epoch: Epoch) -> None:
         self._watermarks_out += 1
         self._outputs.append(epoch.watermark)
+        if self.trace is not None:
+            self.trace.append(("watermark", None, epoch.watermark))
 
     # -- failure -------------------------------------------------------------------------------
     def _require_open(self) -> None:

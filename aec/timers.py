@@ -6,10 +6,16 @@ Backed by sortedcontainers (DESIGN rule 8). Invariants:
 - Each timer remembers the epoch that registered it, so a firing can skip
   timers registered by records that arrived after the firing watermark
   (possible only in ``parallel`` watermark order).
+- In ``parallel`` order a record may register or delete a timer that, in the
+  synchronous run, had already fired before the record arrived (its timestamp
+  is at or below the record's arrival watermark). Such a registration is kept
+  aside ("re-armed") and added once the old timer fired; such a deletion only
+  cancels the re-armed one. So every order fires the same timers.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -18,33 +24,47 @@ from sortedcontainers import SortedList
 class TimerQueue:
     """The timers of one time domain (event time or processing time)."""
 
-    __slots__ = ("_order", "_by_key", "_sequence")
+    __slots__ = ("_order", "_by_key", "_sequence", "_rearmed")
 
     def __init__(self) -> None:
         self._order = SortedList()  # (timestamp, sequence, key)
         self._by_key: dict[Any, dict[float, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
         self._sequence = 0
+        self._rearmed: dict[tuple[Any, float], int] = {}  # (key, t) -> epoch of the new registration
 
     def __len__(self) -> int:
         return len(self._order)
 
-    def register(self, key: Any, timestamp: float, epoch: int) -> bool:
-        """Add a timer; False (and no change) if ``(key, timestamp)`` is registered."""
+    def register(
+        self, key: Any, timestamp: float, epoch: int, arrival_watermark: float = -math.inf
+    ) -> bool:
+        """Add a timer registered by a record of ``epoch`` that arrived after
+        ``arrival_watermark``; False (and no change) if it is a duplicate."""
         timers = self._by_key.get(key)
         if timers is None:
             timers = self._by_key[key] = {}
         elif timestamp in timers:
+            if timestamp <= arrival_watermark and timers[timestamp][1] < epoch:
+                self._rearmed.setdefault((key, timestamp), epoch)
+                return True
             return False
         self._sequence += 1
         timers[timestamp] = (self._sequence, epoch)
         self._order.add((timestamp, self._sequence, key))
         return True
 
-    def delete(self, key: Any, timestamp: float) -> bool:
-        """Remove a timer; False if it was not registered."""
+    def delete(
+        self, key: Any, timestamp: float, epoch: int = 0, arrival_watermark: float = -math.inf
+    ) -> bool:
+        """Remove a timer (as seen by a record of ``epoch`` that arrived after
+        ``arrival_watermark``); False if it was not registered."""
         timers = self._by_key.get(key)
         if not timers or timestamp not in timers:
             return False
+        if timestamp <= arrival_watermark and timers[timestamp][1] < epoch:
+            # in the synchronous run this timer fired before the record arrived
+            return self._rearmed.pop((key, timestamp), None) is not None
+        self._rearmed.pop((key, timestamp), None)
         self._remove(key, timestamp, timers)
         return True
 
@@ -53,6 +73,13 @@ class TimerQueue:
         if not timers:
             del self._by_key[key]
         self._order.remove((timestamp, sequence, key))
+
+    def _fired(self, key: Any, timestamp: float) -> None:
+        self._remove(key, timestamp, self._by_key[key])
+        if self._rearmed:
+            epoch = self._rearmed.pop((key, timestamp), None)
+            if epoch is not None:
+                self.register(key, timestamp, epoch)
 
     def peek_time(self) -> float | None:
         """The earliest registered timestamp, or None."""
@@ -63,7 +90,7 @@ class TimerQueue:
         if not self._order or self._order[0][0] > limit:
             return None
         timestamp, _, key = self._order[0]
-        self._remove(key, timestamp, self._by_key[key])
+        self._fired(key, timestamp)
         return timestamp, key
 
     def due_keys(self, limit: float, max_epoch: int) -> list[Any]:
@@ -88,7 +115,7 @@ class TimerQueue:
             if timestamp <= limit and epoch <= max_epoch and (best is None or timestamp < best):
                 best = timestamp
         if best is not None:
-            self._remove(key, best, timers)
+            self._fired(key, best)
         return best
 
     def items(self) -> list[tuple[Any, float]]:

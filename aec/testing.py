@@ -1,0 +1,223 @@
+"""Testing helpers for users: the synchronous reference run, an adversarial
+executor, and the equivalence check (the async run gives the sync answer).
+
+    from aec.testing import assert_equivalent
+    assert_equivalent(MyFunction, records_and_watermarks)
+
+``assert_equivalent`` runs ``function_factory()`` synchronously (the
+reference, ``async_state=False``) and asynchronously under scripted batch
+completion orders, and compares what DESIGN rule 11 promises: the output
+sequence per key (and per side-output tag and key), the watermark sequence,
+each output's position relative to the watermarks, and the final state.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from aec.config import AecConfig
+from aec.elements import Record, Watermark
+from aec.executor import StateExecutor
+from aec.functions import KeyedProcessFunction
+from aec.operator import KeyedProcessOperator
+from aec.run import RunResult, default_backend, run_keyed
+
+
+def run_sync(
+    source: Iterable[Record | Watermark], function: KeyedProcessFunction, backend: Any = None
+) -> RunResult:
+    """The reference run: ``run_keyed`` with ``AecConfig(async_state=False)``."""
+    return run_keyed(source, function, backend, AecConfig(async_state=False))
+
+
+class ScriptedExecutor(StateExecutor):
+    """Holds submitted batches and completes them in an order a driver chooses.
+
+    The driver is ``random.Random(seed)`` or, inside a hypothesis test, its
+    ``data`` object (then hypothesis shrinks schedules too). Before each input
+    element it completes a driver-chosen number of held batches, each chosen
+    among all held; when the engine has nothing else to do it completes one.
+    ``schedule`` records the choices: ``("tick", n_completed)`` and
+    ``("complete", index, held)``, which with the seed replays the run.
+    """
+
+    def __init__(self, seed: int | None = 0, *, data: Any = None) -> None:
+        super().__init__()
+        self._rng = random.Random(seed)
+        self._data = data
+        self._held: list[Any] = []
+        self.schedule: list[tuple] = []
+
+    def _integer(self, high: int) -> int:
+        if self._data is not None:
+            from hypothesis import strategies as st
+
+            return self._data.draw(st.integers(0, high), label="schedule")
+        return self._rng.randint(0, high)
+
+    def submit(self, batch: Sequence[Any]) -> None:
+        self.pending += 1
+        self._held.append(batch)
+
+    def _complete_one(self) -> None:
+        index = self._integer(len(self._held) - 1)
+        self.schedule.append(("complete", index, len(self._held)))
+        self._run(self._held.pop(index), self._mailbox.post_local)
+
+    def tick(self) -> None:
+        if not self._held:
+            return
+        count = self._integer(len(self._held))
+        self.schedule.append(("tick", count))
+        for _ in range(count):
+            self._complete_one()
+
+    def wait(self, timeout: float | None) -> None:
+        if self._held:
+            self._complete_one()
+
+    def close(self) -> None:
+        self._held.clear()
+
+
+DEFAULT_CONFIGS = (
+    AecConfig(buffer_size=2, in_flight_records_limit=8),
+    AecConfig(buffer_size=3, in_flight_records_limit=25, watermark_order="parallel"),
+    AecConfig(buffer_size=1, in_flight_records_limit=1),
+)
+
+
+class _Observed:
+    """What one run showed: outputs per key, watermarks, positions, final state.
+
+    ``per_key`` maps (kind, tag, key) to the key's output sequence; ``per_origin``
+    splits it further by (epoch, from a timer), which is what parallel watermark
+    order preserves: there a record after a watermark may run before that
+    watermark's timers of the same key.
+    """
+
+    def __init__(self, trace: list, backend: Any, state_names: list[str]) -> None:
+        self.watermarks: list[Any] = []
+        self.per_key: dict[tuple, list[Any]] = {}
+        self.per_origin: dict[tuple, list[Any]] = {}
+        self.positions: list[tuple[int, int, Any]] = []  # (epoch, watermarks before, value)
+        for kind, context, value in trace:
+            if kind == "watermark":
+                self.watermarks.append(value.timestamp)
+                continue
+            tag, item = value if kind == "side" else (None, value)
+            slot = (kind, tag, context.key)
+            self.per_key.setdefault(slot, []).append(item)
+            origin = (*slot, context.epoch.sequence, context.timer is not None)
+            self.per_origin.setdefault(origin, []).append(item)
+            self.positions.append((context.epoch.sequence, len(self.watermarks), value))
+        self.state = {name: _state_items(backend, name) for name in state_names}
+
+
+def _state_items(backend: Any, name: str) -> Any:
+    try:
+        return backend.state_items(name)
+    except NotImplementedError:
+        return None
+
+
+def _observe(
+    source: Sequence[Any], function: KeyedProcessFunction, backend: Any, config: AecConfig,
+    executor: StateExecutor | None,
+) -> _Observed:  # fmt: skip
+    operator = KeyedProcessOperator(function, backend, config, executor)
+    operator.trace = []
+    operator.open()
+    try:
+        for element in source:
+            if type(element) is Watermark:
+                operator.process_watermark(element)
+            else:
+                operator.process(element)
+        operator.finish()
+    finally:
+        operator.close()
+    return _Observed(operator.trace, backend, operator.state_names)
+
+
+def _divergence(reference: _Observed, run: _Observed, serial: bool) -> str | None:
+    """A description of the first difference, or None when equivalent."""
+    if run.watermarks != reference.watermarks:
+        return f"watermarks differ: sync {reference.watermarks}, async {run.watermarks}"
+    expected, observed = (
+        (reference.per_key, run.per_key) if serial else (reference.per_origin, run.per_origin)
+    )
+    for slot in sorted(set(expected) | set(observed), key=repr):
+        want, got = expected.get(slot, []), observed.get(slot, [])
+        if want != got:
+            kind, tag, key = slot[:3]
+            where = f"side output {tag!r} of key {key!r}" if kind == "side" else f"key {key!r}"
+            index = next(
+                (i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
+                min(len(want), len(got)),
+            )
+            return (
+                f"outputs of {where} differ at position {index}: "
+                f"sync {want[index:index + 3]!r}..., async {got[index:index + 3]!r}... "
+                f"(sync {len(want)} outputs, async {len(got)})"
+            )
+    for epoch, before, value in run.positions:
+        if before > epoch or (serial and before < epoch):
+            return (
+                f"output {value!r} of a record in epoch {epoch} left after {before} watermark(s): "
+                + ("serial mode requires exactly" if serial else "it must leave before watermark")
+                + f" {epoch}"
+            )
+    for name in reference.state:
+        if reference.state[name] != run.state[name]:
+            return f"final state {name!r} differs: sync {reference.state[name]!r}, async {run.state[name]!r}"
+    return None
+
+
+def assert_equivalent(
+    function_factory: Callable[[], KeyedProcessFunction],
+    source: Iterable[Record | Watermark],
+    *,
+    backend_factory: Callable[[], Any] | None = None,
+    configs: Iterable[AecConfig] | None = None,
+    data: Any = None,
+    seeds: Iterable[int] = (0, 1, 2),
+) -> None:
+    """Raise AssertionError unless every async run equals the synchronous run.
+
+    Args:
+        function_factory: makes a fresh function per run (a class works).
+        source: ``Record``s and ``Watermark``s (materialized once).
+        backend_factory: makes a fresh backend per run (default MemoryBackend).
+        configs: async configs to check (default: a small-buffer serial config,
+            a parallel-watermark config, and buffer/in-flight 1); ``async_state``
+            is forced True.
+        data: a hypothesis ``data`` object: schedules are drawn from it (and
+            shrunk by hypothesis) instead of from ``seeds``.
+        seeds: seeds of the scripted schedules when ``data`` is None.
+
+    The message names the config (so the watermark mode that diverges), the
+    seed or schedule, the input size and the first divergence.
+    """
+    source = list(source)
+    backend_factory = backend_factory or default_backend
+    configs = list(configs) if configs is not None else list(DEFAULT_CONFIGS)
+    reference = _observe(
+        source, function_factory(), backend_factory(), AecConfig(async_state=False), None
+    )
+    for config in configs:
+        if not config.async_state:
+            continue
+        for seed in [None] if data is not None else list(seeds):
+            executor = ScriptedExecutor(seed, data=data)
+            run = _observe(source, function_factory(), backend_factory(), config, executor)
+            problem = _divergence(reference, run, config.watermark_order == "serial")
+            if problem:
+                schedule = executor.schedule[:40]
+                raise AssertionError(
+                    f"async run differs from the synchronous run in {config.watermark_order} "
+                    f"watermark mode ({config}), seed {seed}, input of {len(source)} elements: "
+                    f"{problem}\nschedule (first 40 choices): {schedule}"
+                )

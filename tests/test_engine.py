@@ -1,0 +1,348 @@
+"""The AEC's mechanisms, one scenario each (issue 2, section 6)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+from engine_helpers import AsyncCounter, Counter, Logged, ManualExecutor
+
+from aec import (
+    AecConfig,
+    JobFailure,
+    KeyedProcessFunction,
+    KeyedProcessOperator,
+    Record,
+    ValueStateDescriptor,
+    Watermark,
+    completed_future,
+    run_keyed,
+)
+from aec.testing import run_sync
+from backends import MemoryBackend
+
+
+def operator(function, executor=None, **config):
+    op = KeyedProcessOperator(function, MemoryBackend(), AecConfig(**config), executor)
+    op.open()
+    return op
+
+
+def values(outputs):
+    return [o for o in outputs if not isinstance(o, Watermark)]
+
+
+def test_same_key_waits_in_blocking_buffer_until_first_record_finishes():
+    log, executor = [], ManualExecutor()
+    op = operator(Logged(log), executor, buffer_size=100)
+    op.process(Record("a", "a1"))
+    op.process(Record("a", "a2"))
+    op.process(Record("b", "b1"))
+    assert [e for e in log if e[0] == "start"] == [("start", "a", "a1"), ("start", "b", "b1")]
+    controller = op.controller
+    assert list(controller.blocking.queues) == ["a"]
+    first = controller.keys.holders["a"]
+    assert first.value == "a1" and first.ref_count > 0
+    # a1's read, then its write: only after a1 is fully done may a2 start
+    controller.flush()
+    executor.complete_all()
+    controller.run_available()
+    assert ("start", "a", "a2") not in log  # a1's write is buffered, not yet complete
+    controller.flush()
+    executor.complete_all()
+    controller.run_available()
+    assert first.ref_count == 0
+    assert log.index(("done", "a", "a1")) < log.index(("start", "a", "a2"))
+    op.finish()
+    outputs = values(op.drain_outputs())
+    assert [o for o in outputs if o[0] == "a"] == [("a", "a1"), ("a", "a2")]
+    assert ("b", "b1") in outputs
+    assert op.controller.in_flight == 0 and not op.controller.keys.holders
+
+
+def test_different_keys_interleave():
+    log, executor = [], ManualExecutor()
+    op = operator(Logged(log), executor, buffer_size=100)
+    for key in "abcd":
+        op.process(Record(key, key + "1"))
+    # all four started before any state request completed
+    assert [e[1] for e in log if e[0] == "start"] == list("abcd")
+    assert not any(e[0] == "done" for e in log)
+    assert op.controller.in_flight == 4
+    op.finish()
+    assert op.controller.in_flight == 0
+
+
+@pytest.mark.parametrize("limit", [1, 3, 17])
+def test_in_flight_limit_holds(limit):
+    executor = ManualExecutor()
+    op = operator(Counter(), executor, in_flight_records_limit=limit, buffer_size=4)
+    seen = []
+    for i in range(200):
+        op.process(Record(i % 13, i))
+        seen.append(op.controller.in_flight)
+    op.finish()
+    assert max(seen) <= limit
+    assert op.metrics["max_in_flight"] <= limit
+    assert op.metrics["records_out"] == 200
+
+
+def test_hot_key_degrades_to_batch_of_one_without_deadlock():
+    result = run_keyed(
+        [Record("hot", i) for i in range(300)],
+        Counter(),
+        config=AecConfig(in_flight_records_limit=50, buffer_size=20),
+    )
+    assert values(result.outputs) == [("hot", n) for n in range(1, 301)]
+    assert result.metrics["max_batch_size"] == 1
+    assert result.metrics["mean_batch_size"] == 1.0
+    assert result.metrics["blocked_requests"] > 0
+
+
+def test_partial_batch_flushes_after_buffer_timeout():
+    executor = ManualExecutor()
+    op = operator(Counter(), executor, buffer_size=100, buffer_timeout=0.05)
+    op.process(Record("a", 1))
+    assert executor.submitted == []  # one request buffered, below buffer_size
+    time.sleep(0.08)
+    op.process(Record("b", 2))  # the next input finds the buffer timed out
+    assert executor.submitted == [1]
+    op.finish()
+
+
+class CallbackTiming(KeyedProcessFunction):
+    """Registers callbacks on a future both before and after it completed."""
+
+    def __init__(self, contexts):
+        self.contexts = contexts
+
+    def open(self, ctx):
+        self.state = ctx.get_state(ValueStateDescriptor("v"))
+
+    def process_element(self, value, ctx):
+        self.contexts.append(self.operator_context())
+        future = self.state.async_value()
+        future.then_accept(lambda v: ctx.output(("before", v)))  # registered while pending
+        done = completed_future(value)
+        done.then_accept(lambda v: ctx.output(("inline", v)))  # already complete: runs inline
+
+        def later(v):
+            # now `future` is complete: a callback registered now runs inline
+            future.then_accept(lambda w: ctx.output(("after", w)))
+            return self.state.async_update(value)
+
+        return future.then_compose(later)
+
+    def operator_context(self):
+        return self.op.controller.current
+
+
+@pytest.mark.parametrize("async_state", [True, False])
+def test_callbacks_before_and_after_completion_end_at_ref_count_zero(async_state):
+    contexts = []
+    function = CallbackTiming(contexts)
+    op = operator(function, ManualExecutor() if async_state else None, async_state=async_state)
+    function.op = op
+    op.process(Record("k", 1))
+    op.process(Record("k", 2))
+    op.finish()
+    assert [c.ref_count for c in contexts] == [0, 0]
+    if async_state:  # the read is pending at registration: "before" runs on completion
+        want = [("inline", 1), ("before", None), ("after", None),
+                ("inline", 2), ("before", 1), ("after", 1)]  # fmt: skip
+    else:  # synchronous: every future is complete at once, all callbacks run inline
+        want = [("before", None), ("inline", 1), ("after", None),
+                ("before", 1), ("inline", 2), ("after", 1)]  # fmt: skip
+    assert values(op.drain_outputs()) == want
+    assert not op.controller.keys.holders
+
+
+def test_watermark_waits_for_earlier_records_and_its_timers():
+    log, executor = [], ManualExecutor()
+    op = operator(Logged(log), executor, buffer_size=100, watermark_order="parallel")
+    op.process(Record("a", 5))
+    op.process_watermark(Watermark(10))  # parallel: returns at once
+    assert Watermark(10) not in op.drain_outputs()
+    op.controller.flush()
+    executor.complete_all()  # a's read
+    op.controller.run_available()
+    op.controller.flush()
+    executor.complete_all()  # a's write: record done, the timer at 5 fires
+    op.controller.run_available()
+    assert ("timer", "a", 5) in log
+    out = op.drain_outputs()
+    assert Watermark(10) not in out  # its timer's state read is still pending
+    op.controller.flush()
+    executor.complete_all()
+    op.controller.run_available()
+    out += op.drain_outputs()
+    assert out[-1] == Watermark(10)
+    assert out.index(("timer", "a", 5, [5])) < out.index(Watermark(10))
+    op.finish()
+
+
+def test_serial_mode_holds_later_records_until_watermark_left():
+    log = []
+    result = run_keyed(
+        [Record("a", 1), Record("b", 2), Watermark(3), Record("c", 4), Record("a", 9)],
+        Logged(log),
+        config=AecConfig(buffer_size=10, watermark_order="serial"),
+    )
+    outputs = result.outputs
+    w = outputs.index(Watermark(3))
+    assert set(map(str, outputs[:w])) == set(
+        map(str, [("a", 1), ("b", 2), ("timer", "a", 1, [1]), ("timer", "b", 2, [2])])
+    )
+    assert log.index(("timer-done", "b", 2)) < log.index(("start", "c", 4))
+    assert outputs[-1] == Watermark(math.inf)
+
+
+def test_timer_waits_for_in_flight_record_of_its_key():
+    log, executor = [], ManualExecutor()
+    op = operator(Logged(log), executor, buffer_size=100, watermark_order="parallel")
+    op.process(Record("a", 1))  # registers a timer at 1
+    op.process_watermark(Watermark(2))
+    op.process(Record("a", 100))  # after the watermark, same key: queued behind a/1
+    op.finish()  # drains: a/1 done -> key to a/100 -> the timer waits for it
+    assert log.index(("done", "a", 100)) < log.index(("timer", "a", 1))
+    assert log.index(("done", "a", 1)) < log.index(("start", "a", 100))
+
+
+class Boom(Exception):
+    pass
+
+
+class Failing(KeyedProcessFunction):
+    def __init__(self, where):
+        self.where = where
+
+    def open(self, ctx):
+        if self.where == "open":
+            raise Boom("in open")
+        self.state = ctx.get_state(ValueStateDescriptor("v"))
+
+    def process_element(self, value, ctx):
+        if value == "bad" and self.where == "process_element":
+            raise Boom("in process_element")
+        if value == "bad" and self.where == "callback":
+            return self.state.async_value().then_accept(lambda v: 1 / 0)
+        if value == "bad" and self.where == "coroutine":
+            return self._coroutine()
+        ctx.timer_service.register_event_time_timer(1)
+        return self.state.async_update(value)
+
+    async def _coroutine(self):
+        await self.state.async_value()
+        raise Boom("in coroutine")
+
+    def on_timer(self, timestamp, ctx):
+        if self.where == "on_timer":
+            raise Boom("in on_timer")
+
+
+@pytest.mark.parametrize("where", ["process_element", "callback", "coroutine", "on_timer", "open"])
+@pytest.mark.parametrize("async_state", [True, False])
+def test_user_exception_becomes_job_failure(where, async_state):
+    source = [Record("good-key", "ok"), Record("bad-key", "bad"), Watermark(5)]
+    with pytest.raises(JobFailure) as info:
+        run_keyed(source, Failing(where), config=AecConfig(async_state=async_state))
+    failure = info.value
+    if where == "open":
+        assert isinstance(failure.__cause__, Boom)
+        return
+    assert isinstance(failure.__cause__, (Boom, ZeroDivisionError))
+    if where == "on_timer":
+        assert "timer@1" in str(failure)
+        assert failure.key in ("good-key", "bad-key")
+    else:
+        assert "'bad-key'" in str(failure) and "'bad'" in str(failure)
+        assert failure.key == "bad-key" and failure.record == "bad"
+
+
+class BrokenBackend(MemoryBackend):
+    blocking = True  # runs on the I/O thread pool
+
+    def execute_batch(self, requests):
+        if any(r.value == "poison" for r in requests):
+            raise OSError("disk on fire")
+        super().execute_batch(requests)
+
+
+def engine_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("aec-io")]
+
+
+def test_backend_failure_on_io_thread_fails_job_and_stops_threads():
+    source = [Record(i, i) for i in range(50)] + [Record("p", "poison")]
+    with pytest.raises(JobFailure) as info:
+        run_keyed(source, Failing("none"), backend=BrokenBackend(), config=AecConfig(buffer_size=7))
+    assert isinstance(info.value.__cause__, OSError)
+    assert "state backend failed" in str(info.value)
+    assert engine_threads() == []
+
+
+def test_threads_stop_after_a_successful_run():
+    backend = BrokenBackend()
+    result = run_keyed([Record(i % 5, i) for i in range(100)], Counter(), backend=backend)
+    assert result.metrics["records_out"] == 100
+    assert engine_threads() == []
+
+
+@pytest.mark.parametrize(
+    "element, error, text",
+    [
+        (Record(None, 1), TypeError, "None"),
+        (Record(["list"], 1), TypeError, "unhashable"),
+        (Record("k", 1, timestamp="noon"), TypeError, "timestamp"),
+        (Record("k", 1, timestamp=float("nan")), ValueError, "NaN"),
+        ("not a record", TypeError, "expected aec.Record"),
+    ],
+)
+def test_bad_input_is_rejected_at_the_boundary(element, error, text):
+    with pytest.raises(error, match=text):
+        run_keyed([Record("k", 0), element], Counter())
+    assert engine_threads() == []
+
+
+def test_regressing_watermark_is_rejected():
+    with pytest.raises(ValueError, match="backwards"):
+        run_keyed([Watermark(5), Watermark(4)], Counter())
+
+
+def test_sync_and_async_styles_agree():
+    source = [Record(i % 7, i) for i in range(500)]
+    want = values(run_sync(source, Counter()).outputs)
+    for function in (Counter(), AsyncCounter()):
+        got = values(run_keyed(source, function, config=AecConfig(buffer_size=16)).outputs)
+        assert sorted(got) == sorted(want)
+        for key in range(7):
+            assert [o for o in got if o[0] == key] == [o for o in want if o[0] == key]
+
+
+def test_returning_a_plain_value_is_an_error():
+    class Returns(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            return 42
+
+    with pytest.raises(JobFailure, match="returned 42"):
+        run_keyed([Record("k", 1)], Returns())
+
+
+def test_awaiting_a_foreign_awaitable_is_an_error():
+    import asyncio
+
+    class AwaitsAsyncio(KeyedProcessFunction):
+        async def process_element(self, value, ctx):
+            await asyncio.sleep(0)
+
+    with pytest.raises(JobFailure, match="only aec StateFutures"):
+        run_keyed([Record("k", 1)], AwaitsAsyncio())
+
+
+def test_end_of_input_emits_infinite_watermark_last_and_fires_all_timers():
+    log = []
+    result = run_keyed([Record("a", 100), Record("b", 1e9)], Logged(log))
+    assert result.outputs[-1] == Watermark(math.inf)
+    assert {e for e in log if e[0] == "timer"} == {("timer", "a", 100), ("timer", "b", 1e9)}
