@@ -312,12 +312,14 @@ class KeyedProcessOperator:
     def register_event_timer(self, timestamp: float) -> None:
         context = self.current_context()
         self.event_timers.register(
-            context.key, timestamp, context.epoch.sequence, context.watermark
+            context.key, timestamp, context.epoch.sequence, _arrival_watermark(context)
         )
 
     def delete_event_timer(self, timestamp: float) -> None:
         context = self.current_context()
-        self.event_timers.delete(context.key, timestamp, context.epoch.sequence, context.watermark)
+        self.event_timers.delete(
+            context.key, timestamp, context.epoch.sequence, _arrival_watermark(context)
+        )
 
     # -- engine hooks --------------------------------------------------------------------------
     def _run_entry(self, context: RecordContext) -> None:
@@ -435,6 +437,12 @@ class KeyedProcessOperator:
         return JobFailure(
             f"{what} at {where}: {type(cause).__name__}: {cause}", key=key, record=record
         )
+
+
+def _arrival_watermark(context: RecordContext) -> float:
+    """The watermark before a record's arrival; -inf for timer code, whose
+    firing watermark's due timers are all still to fire."""
+    return context.watermark if context.timer is None else -math.inf
 
 
 def _cause(exc: BaseException) -> BaseException:

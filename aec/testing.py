@@ -160,7 +160,7 @@ def _divergence(reference: _Observed, run: _Observed, serial: bool) -> str | Non
             )
             return (
                 f"outputs of {where} differ at position {index}: "
-                f"sync {want[index:index + 3]!r}..., async {got[index:index + 3]!r}... "
+                f"sync {want[index : index + 3]!r}..., async {got[index : index + 3]!r}... "
                 f"(sync {len(want)} outputs, async {len(got)})"
             )
     for epoch, before, value in run.positions:
@@ -184,6 +184,7 @@ def assert_equivalent(
     configs: Iterable[AecConfig] | None = None,
     data: Any = None,
     seeds: Iterable[int] = (0, 1, 2),
+    executor_factory: Callable[[int | None], StateExecutor] | None = None,
 ) -> None:
     """Raise AssertionError unless every async run equals the synchronous run.
 
@@ -197,6 +198,8 @@ def assert_equivalent(
         data: a hypothesis ``data`` object: schedules are drawn from it (and
             shrunk by hypothesis) instead of from ``seeds``.
         seeds: seeds of the scripted schedules when ``data`` is None.
+        executor_factory: ``fn(seed) -> StateExecutor`` replacing the scripted
+            executor, e.g. a real thread pool (then the schedule is the OS's).
 
     The message names the config (so the watermark mode that diverges), the
     seed or schedule, the input size and the first divergence.
@@ -211,11 +214,14 @@ def assert_equivalent(
         if not config.async_state:
             continue
         for seed in [None] if data is not None else list(seeds):
-            executor = ScriptedExecutor(seed, data=data)
+            if executor_factory is None:
+                executor = ScriptedExecutor(seed, data=data)
+            else:
+                executor = executor_factory(seed)
             run = _observe(source, function_factory(), backend_factory(), config, executor)
             problem = _divergence(reference, run, config.watermark_order == "serial")
             if problem:
-                schedule = executor.schedule[:40]
+                schedule = getattr(executor, "schedule", ["(not scripted)"])[:40]
                 raise AssertionError(
                     f"async run differs from the synchronous run in {config.watermark_order} "
                     f"watermark mode ({config}), seed {seed}, input of {len(source)} elements: "

@@ -30,7 +30,8 @@ class TimerQueue:
         self._order = SortedList()  # (timestamp, sequence, key)
         self._by_key: dict[Any, dict[float, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
         self._sequence = 0
-        self._rearmed: dict[tuple[Any, float], int] = {}  # (key, t) -> epoch of the new registration
+        # (key, t) -> epochs of registrations waiting for the current one to fire
+        self._rearmed: dict[tuple[Any, float], list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._order)
@@ -38,14 +39,14 @@ class TimerQueue:
     def register(
         self, key: Any, timestamp: float, epoch: int, arrival_watermark: float = -math.inf
     ) -> bool:
-        """Add a timer registered by a record of ``epoch`` that arrived after
-        ``arrival_watermark``; False (and no change) if it is a duplicate."""
+        """Add a timer registered by code of ``epoch``; ``arrival_watermark`` is the
+        registering record's (-inf for timer code). False if it is a duplicate."""
         timers = self._by_key.get(key)
         if timers is None:
             timers = self._by_key[key] = {}
         elif timestamp in timers:
-            if timestamp <= arrival_watermark and timers[timestamp][1] < epoch:
-                self._rearmed.setdefault((key, timestamp), epoch)
+            if self._fired_before(key, timestamp, timers, epoch, arrival_watermark):
+                self._rearmed.setdefault((key, timestamp), []).append(epoch)
                 return True
             return False
         self._sequence += 1
@@ -56,17 +57,32 @@ class TimerQueue:
     def delete(
         self, key: Any, timestamp: float, epoch: int = 0, arrival_watermark: float = -math.inf
     ) -> bool:
-        """Remove a timer (as seen by a record of ``epoch`` that arrived after
-        ``arrival_watermark``); False if it was not registered."""
+        """Remove a timer as seen by code of ``epoch`` (see ``register``); False if
+        there was none to remove."""
         timers = self._by_key.get(key)
         if not timers or timestamp not in timers:
             return False
-        if timestamp <= arrival_watermark and timers[timestamp][1] < epoch:
-            # in the synchronous run this timer fired before the record arrived
-            return self._rearmed.pop((key, timestamp), None) is not None
-        self._rearmed.pop((key, timestamp), None)
-        self._remove(key, timestamp, timers)
+        if self._fired_before(key, timestamp, timers, epoch, arrival_watermark):
+            return False
+        rearmed = self._rearmed.get((key, timestamp))
+        if rearmed:
+            rearmed.pop()
+            if not rearmed:
+                del self._rearmed[(key, timestamp)]
+        else:
+            self._remove(key, timestamp, timers)
         return True
+
+    def _fired_before(
+        self, key: Any, timestamp: float, timers: dict, epoch: int, arrival_watermark: float
+    ) -> bool:
+        """Whether, in the synchronous run, the latest registration of this timer
+        had fired before a record of ``epoch`` arrived after ``arrival_watermark``."""
+        if timestamp > arrival_watermark:
+            return False
+        rearmed = self._rearmed.get((key, timestamp))
+        latest = rearmed[-1] if rearmed else timers[timestamp][1]
+        return latest < epoch
 
     def _remove(self, key: Any, timestamp: float, timers: dict) -> None:
         sequence, _ = timers.pop(timestamp)
@@ -77,8 +93,11 @@ class TimerQueue:
     def _fired(self, key: Any, timestamp: float) -> None:
         self._remove(key, timestamp, self._by_key[key])
         if self._rearmed:
-            epoch = self._rearmed.pop((key, timestamp), None)
-            if epoch is not None:
+            rearmed = self._rearmed.get((key, timestamp))
+            if rearmed:
+                epoch = rearmed.pop(0)
+                if not rearmed:
+                    del self._rearmed[(key, timestamp)]
                 self.register(key, timestamp, epoch)
 
     def peek_time(self) -> float | None:

@@ -89,7 +89,11 @@ class Logged(KeyedProcessFunction):
             self.log.append(("done", key, value))
             ctx.output((key, value))
 
-        return self.seen.async_get().then_compose(lambda _: self.seen.async_add(value)).then_accept(done)
+        return (
+            self.seen.async_get()
+            .then_compose(lambda _: self.seen.async_add(value))
+            .then_accept(done)
+        )
 
     def on_timer(self, timestamp, ctx):
         key = ctx.current_key
