@@ -1,0 +1,20 @@
+"""Run aec inside Spark partitions: ``process_keyed`` and the ``aec`` command line.
+
+``process_keyed(df, function, key, output_schema, ...)`` runs a
+``KeyedProcessFunction`` per key over a DataFrame (one operator per Spark
+partition); ``side_output(result, tag)`` and ``partition_metrics(result)`` read
+the other streams of its result. See ``spark_glue.keyed`` for the design.
+"""
+
+import os
+import sys
+
+# Spark starts Python workers with ``$PYSPARK_PYTHON`` (default: ``python3`` on
+# PATH). They must run this interpreter: it has aec installed and unpickles the
+# functions this one pickled. Only a default: an explicit setting wins, and it
+# must happen before the SparkContext starts (importing spark_glue first does).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist  # noqa: E402
+
+__all__ = ["partition_metrics", "process_keyed", "side_output", "unpersist"]

