@@ -1,0 +1,170 @@
+"""LatencyBackend: any backend behind a modelled network round trip.
+
+Disaggregated state (FLIP-423) turns every state access into a remote call; the
+async state model pays off by batching and overlapping those calls. This wrapper
+models the cost: each batch first sleeps one round trip plus a per-request cost,
+with ``time.sleep`` (which releases the GIL, so batches on different I/O threads
+overlap as real remote calls would), then runs on the wrapped backend.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from numbers import Real
+from typing import Any
+
+from aec.requests import StateRequest
+from backends.base import BackendSpec, StateBackend
+
+# A latency: seconds, a zero-argument callable returning seconds, or a named
+# distribution ("uniform", lo, hi) / ("exponential", mean).
+Latency = float | Callable[[], float] | tuple
+
+
+def _check_seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise ValueError(f"{name} must be finite and >= 0 seconds, got {value!r}")
+    return seconds
+
+
+class LatencySampler:
+    """Draws one round-trip time in seconds per call; thread-safe.
+
+    ``latency`` is a number (constant), a zero-argument callable (called as is;
+    its result is checked), ``("uniform", lo, hi)`` or ``("exponential", mean)``;
+    named distributions draw from ``random.Random(seed)``, so a seed makes the
+    sequence of draws reproducible (in call order). Raises TypeError/ValueError
+    naming ``latency`` for a malformed or negative spec.
+    """
+
+    def __init__(self, latency: Latency, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()  # several I/O threads draw at once
+        self._draw = self._compile(latency)
+
+    def _compile(self, latency: Latency) -> Callable[[], float]:
+        if callable(latency):
+            return lambda: _check_seconds("latency() result", latency())
+        if isinstance(latency, tuple) and latency:
+            kind, *args = latency
+            if kind == "uniform" and len(args) == 2:
+                low = _check_seconds("latency lo", args[0])
+                high = _check_seconds("latency hi", args[1])
+                if low > high:
+                    raise ValueError(f"latency ('uniform', lo, hi) needs lo <= hi, got {latency!r}")
+                return lambda: self._rng.uniform(low, high)
+            if kind == "exponential" and len(args) == 1:
+                mean = _check_seconds("latency mean", args[0])
+                if mean == 0:
+                    return lambda: 0.0
+                return lambda: self._rng.expovariate(1.0 / mean)
+            raise ValueError(
+                f"latency must be ('uniform', lo, hi) or ('exponential', mean), got {latency!r}"
+            )
+        seconds = _check_seconds("latency", latency)
+        return lambda: seconds
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._draw()
+
+
+class LatencyBackend(StateBackend):
+    """Wraps ``inner``; each batch sleeps ``latency`` + ``per_request * len(batch)`` seconds.
+
+    Args:
+        inner: the backend that stores the state (opened, closed, snapshotted and
+            restored through this wrapper).
+        latency: the round trip per batch, drawn once per batch: seconds, a
+            zero-argument callable returning seconds, ``("uniform", lo, hi)`` or
+            ``("exponential", mean)``.
+        per_request: extra seconds per request of a batch (>= 0).
+        seed: seeds the named distributions (``random.Random(seed)``).
+
+    Always blocking. A non-blocking ``inner`` (such as ``MemoryBackend``) expects
+    batches one at a time on the mailbox thread, so calls into it are serialized
+    with a lock; the sleeps still overlap.
+
+    Raises:
+        TypeError/ValueError: malformed or negative ``latency`` or ``per_request``.
+    """
+
+    blocking = True
+
+    def __init__(
+        self,
+        inner: StateBackend,
+        latency: Latency,
+        per_request: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(inner, StateBackend):
+            raise TypeError(f"inner must be a StateBackend, got {type(inner).__name__}")
+        self.inner = inner
+        self.per_request = _check_seconds("per_request", per_request)
+        self._latency = latency
+        self._seed = seed
+        self._sampler = LatencySampler(latency, seed)
+        self._inner_lock = None if inner.blocking else threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LatencyBackend({self.inner!r}, latency={self._latency!r})"
+
+    def delay_for(self, requests: int) -> float:
+        """Seconds to sleep before a batch of ``requests`` requests (draws once)."""
+        return self._sampler() + self.per_request * requests
+
+    def execute_batch(self, requests: Sequence[StateRequest]) -> None:
+        delay = self.delay_for(len(requests))
+        if delay > 0:
+            time.sleep(delay)
+        if self._inner_lock is None:
+            self.inner.execute_batch(requests)
+        else:
+            with self._inner_lock:
+                self.inner.execute_batch(requests)
+
+    def open(self) -> None:
+        self.inner.open()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def snapshot(self, directory: str) -> None:
+        self.inner.snapshot(directory)
+
+    def restore(self, directory: str) -> None:
+        self.inner.restore(directory)
+
+    def spec(self) -> BackendSpec:
+        return LatencySpec(self.inner.spec(), self._latency, self.per_request, self._seed)
+
+    def state_items(self, state: str) -> dict[Any, Any]:
+        return self.inner.state_items(state)
+
+
+class LatencySpec(BackendSpec):
+    """Builds ``LatencyBackend(inner.build(p), latency, per_request, seed + p)``.
+
+    Each partition draws its own reproducible sequence (``seed + partition``; no
+    seed stays unseeded). A callable ``latency`` must pickle (cloudpickle for lambdas).
+    """
+
+    def __init__(
+        self, inner: BackendSpec, latency: Latency, per_request: float, seed: int | None
+    ) -> None:
+        self.inner = inner
+        self.latency = latency
+        self.per_request = per_request
+        self.seed = seed
+
+    def build(self, partition: int) -> StateBackend:
+        seed = None if self.seed is None else self.seed + partition
+        return LatencyBackend(self.inner.build(partition), self.latency, self.per_request, seed)

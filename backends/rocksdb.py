@@ -1,0 +1,602 @@
+"""RocksDBBackend: keyed state in a local RocksDB (rocksdict, raw mode).
+
+Layout (Flink's RocksDB state backend, simplified):
+
+* one column family per state, named ``"state/" + state name``, created on first use;
+  the default column family holds only a format marker;
+* DB keys are byte-ordered composites ``key group (2 bytes, big-endian) | len(key
+  bytes) (4 bytes, big-endian) | key bytes`` for value and list state, followed by
+  the user key's bytes for map state, so one key's map is one prefix range;
+* key bytes come from ``encode_key``: canonical (equal keys give equal bytes, so
+  ``1`` and ``1.0`` are one key, as in a dict) and decodable (``state_items`` and
+  map iteration give keys back); values are pickled (highest protocol).
+
+Value state is one entry per key; list state is one entry holding the pickled list
+(``LIST_ADD`` reads, appends and rewrites it); map state is one entry per
+``(key, user key)``. Map iteration (``MAP_ITER``) yields entries in the byte order
+of the encoded user keys, not in insertion order as ``MemoryBackend`` does (ints
+order by their decimal text: ``10`` before ``9``). Keys and user keys come back
+in canonical form: ``1`` for a key written as ``1.0`` or ``True``.
+
+The live directory is a working copy: writes skip the write-ahead log by default
+(as Flink does), so only ``snapshot`` directories are durable; a clean ``close``
+flushes, so reopening a closed directory sees its state.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import struct
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from aec.keygroups import stable_key_bytes
+from aec.requests import Op, StateRequest
+from backends.base import BackendSpec, StateBackend
+
+_CF_PREFIX = "state/"
+_FORMAT_KEY = b"aec/format"
+_FORMAT = b"aec-rocksdb-1"
+_SNAPSHOT_SUBDIR = "rocksdb"
+_HEAD = struct.Struct(">HI")  # key group, length of the key bytes
+_LEN = struct.Struct(">I")
+_ABSENT = object()  # "no entry" in a batch's overlay (None is a legal map value)
+
+OptionsHook = Callable[[Options], None]
+
+
+# --- key codec ---------------------------------------------------------------------
+
+
+def encode_key(key: Any) -> bytes:
+    """Canonical, decodable bytes for a state key or map user key.
+
+    str, int, float, bytes and bool use ``aec.keygroups.stable_key_bytes`` (so
+    ``1``, ``1.0`` and ``True`` share one form); tuples are encoded element by
+    element with a length prefix each, so they decode unambiguously; anything else
+    is pickled (protocol 4), which is canonical only if equal keys pickle equally.
+    """
+    if type(key) is tuple:
+        parts = [encode_key(element) for element in key]
+        return b"t" + b"".join(_LEN.pack(len(part)) + part for part in parts)
+    return stable_key_bytes(key)
+
+
+def decode_key(data: bytes) -> Any:
+    """Inverse of ``encode_key`` up to equality (``1.0`` comes back as ``1``).
+
+    Raises ValueError on bytes ``encode_key`` cannot produce.
+    """
+    tag, body = data[:1], data[1:]
+    if tag == b"s":
+        return body.decode("utf-8", "surrogatepass")
+    if tag == b"i":
+        return int(body)
+    if tag == b"f":
+        return struct.unpack(">d", body)[0]
+    if tag == b"b":
+        return bytes(body)
+    if tag == b"t":
+        elements, offset = [], 0
+        while offset < len(body):
+            (size,) = _LEN.unpack_from(body, offset)
+            offset += _LEN.size
+            elements.append(decode_key(body[offset : offset + size]))
+            offset += size
+        return tuple(elements)
+    if tag == b"p":
+        return pickle.loads(body)
+    raise ValueError(f"not an encoded key: {data[:20]!r}")
+
+
+def key_prefix(key_group: int, key: Any) -> bytes:
+    """The DB key of ``key``'s value or list entry; the prefix of its map entries."""
+    encoded = encode_key(key)
+    return _HEAD.pack(key_group, len(encoded)) + encoded
+
+
+def split_db_key(db_key: bytes) -> tuple[Any, bytes]:
+    """``(key, encoded user key)`` of a DB key; the user key part is b"" outside maps."""
+    _, size = _HEAD.unpack_from(db_key)
+    end = _HEAD.size + size
+    return decode_key(db_key[_HEAD.size : end]), db_key[end:]
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def _dumps(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+# --- storage -----------------------------------------------------------------------
+
+
+class _Table:
+    """One state's column family: ``rdict`` for reads and scans, ``handle`` for writes."""
+
+    __slots__ = ("state", "rdict", "handle")
+
+    def __init__(self, state: str, rdict: Rdict, handle: Any) -> None:
+        self.state = state
+        self.rdict = rdict
+        self.handle = handle
+
+
+def _scan(table: _Table, prefix: bytes, with_values: bool) -> Iterator[Any]:
+    """The DB keys (or ``(key, raw value)`` pairs) starting with ``prefix``, in order.
+
+    A generator, so the ReadOptions object outlives the iterator: rocksdict keeps
+    only a pointer to the upper bound it holds (a temporary ReadOptions silently
+    truncates the scan). The bound stops the scan early, skipping tombstones past
+    the prefix; the ``startswith`` check is a cheap second guard.
+    """
+    read_options = ReadOptions()
+    end = _prefix_end(prefix)
+    if end is not None:
+        read_options.set_iterate_upper_bound(end)
+    if with_values:
+        for pair in table.rdict.items(from_key=prefix, read_opt=read_options):
+            if not pair[0].startswith(prefix):
+                return
+            yield pair
+    else:
+        for db_key in table.rdict.keys(from_key=prefix, read_opt=read_options):
+            if not db_key.startswith(prefix):
+                return
+            yield db_key
+
+
+class _BatchView:
+    """The state as one batch sees it: the DB plus the batch's own earlier writes.
+
+    ``prefetch`` fills a cache with one multi-get per column family; ``get``/``set``
+    read and write through an overlay; ``commit`` writes the overlay as one
+    ``WriteBatch``. Map scans merge the DB range with the overlay's entries of that
+    map, so the batch never has to write early.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[_Table, bytes], Any] = {}  # current value or _ABSENT
+        self._dirty: dict[tuple[_Table, bytes], Any] = {}  # written in this batch
+        self._dirty_maps: dict[tuple[_Table, bytes], set[bytes]] = {}  # map prefix -> DB keys
+
+    def prefetch(self, table: _Table, db_keys: list[bytes]) -> None:
+        known = self._known
+        for db_key, raw in zip(db_keys, table.rdict.get(db_keys), strict=True):
+            known[table, db_key] = _ABSENT if raw is None else pickle.loads(raw)
+
+    def get(self, table: _Table, db_key: bytes) -> Any:
+        """The current value of ``db_key``, or ``_ABSENT``."""
+        slot = (table, db_key)
+        value = self._known.get(slot, _ABSENT)
+        if value is _ABSENT and slot not in self._known:  # not prefetched: read it now
+            raw = table.rdict.get(db_key)
+            value = self._known[slot] = _ABSENT if raw is None else pickle.loads(raw)
+        return value
+
+    def set(
+        self, table: _Table, db_key: bytes, value: Any, map_prefix: bytes | None = None
+    ) -> None:
+        """Write ``value`` (``_ABSENT`` deletes); ``map_prefix`` for map entries."""
+        slot = (table, db_key)
+        self._known[slot] = self._dirty[slot] = value
+        if map_prefix is not None:
+            self._dirty_maps.setdefault((table, map_prefix), set()).add(db_key)
+
+    def map_entries(self, table: _Table, prefix: bytes) -> list[tuple[bytes, Any]]:
+        """``(DB key, value)`` of every entry under ``prefix``, in DB key order."""
+        entries = {db_key: pickle.loads(raw) for db_key, raw in _scan(table, prefix, True)}
+        for db_key in self._dirty_maps.get((table, prefix), ()):
+            value = self._dirty[table, db_key]
+            if value is _ABSENT:
+                entries.pop(db_key, None)
+            else:
+                entries[db_key] = value
+        return sorted(entries.items(), key=_first)
+
+    def map_is_empty(self, table: _Table, prefix: bytes) -> bool:
+        dirty = self._dirty_maps.get((table, prefix), ())
+        if any(self._dirty[table, db_key] is not _ABSENT for db_key in dirty):
+            return False
+        # Every dirty entry is a deletion: the map is empty unless the DB has another.
+        return all(db_key in dirty for db_key in _scan(table, prefix, False))
+
+    def map_clear(self, table: _Table, prefix: bytes) -> None:
+        keys = set(_scan(table, prefix, False))
+        keys.update(self._dirty_maps.get((table, prefix), ()))
+        for db_key in keys:
+            self.set(table, db_key, _ABSENT, prefix)
+
+    def commit(self, db: Rdict, write_options: WriteOptions) -> None:
+        if not self._dirty:
+            return
+        batch = WriteBatch(raw_mode=True)
+        for (table, db_key), value in self._dirty.items():
+            if value is _ABSENT:
+                batch.delete(db_key, table.handle)
+            else:
+                batch.put(db_key, _dumps(value), table.handle)
+        db.write(batch, write_options)
+
+
+def _first(pair: tuple[bytes, Any]) -> bytes:
+    return pair[0]
+
+
+# --- ops: one small function per Op, (view, table, DB key, request) ------------------
+
+
+def _value_get(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    value = v.get(t, k)
+    r.result = None if value is _ABSENT else value
+
+
+def _value_put(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    v.set(t, k, _ABSENT if r.value is None else r.value)
+
+
+def _clear(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    v.set(t, k, _ABSENT)
+
+
+def _list_get(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    stored = v.get(t, k)
+    r.result = [] if stored is _ABSENT else list(stored)
+
+
+def _list_add(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    stored = v.get(t, k)
+    if stored is _ABSENT:
+        v.set(t, k, [r.value])
+    else:
+        # The overlay owns the lists it holds (decoded or copied): extend in place.
+        stored.append(r.value)
+        v.set(t, k, stored)
+
+
+def _list_add_all(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    if not r.value:
+        return
+    stored = v.get(t, k)
+    if stored is _ABSENT:
+        v.set(t, k, list(r.value))
+    else:
+        stored.extend(r.value)
+        v.set(t, k, stored)
+
+
+def _list_put(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    v.set(t, k, list(r.value) if r.value else _ABSENT)
+
+
+def _map_get(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    value = v.get(t, k)
+    r.result = None if value is _ABSENT else value
+
+
+def _map_put(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    v.set(t, k + encode_key(r.user_key), r.value, k)
+
+
+def _map_put_all(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    if not r.value:
+        return
+    for user_key, value in dict(r.value).items():
+        v.set(t, k + encode_key(user_key), value, k)
+
+
+def _map_remove(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    v.set(t, k + encode_key(r.user_key), _ABSENT, k)
+
+
+def _map_contains(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    r.result = v.get(t, k) is not _ABSENT
+
+
+def _map_is_empty(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    r.result = v.map_is_empty(t, k)
+
+
+def _map_iter(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    skip = len(k)
+    r.result = [(decode_key(db_key[skip:]), value) for db_key, value in v.map_entries(t, k)]
+
+
+def _map_clear(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    v.map_clear(t, k)
+
+
+_APPLY: list[Any] = [None] * len(Op.NAMES)
+for _op, _fn in (
+    (Op.VALUE_GET, _value_get), (Op.VALUE_PUT, _value_put), (Op.VALUE_CLEAR, _clear),
+    (Op.LIST_GET, _list_get), (Op.LIST_ADD, _list_add), (Op.LIST_ADD_ALL, _list_add_all),
+    (Op.LIST_PUT, _list_put), (Op.LIST_CLEAR, _clear),
+    (Op.MAP_GET, _map_get), (Op.MAP_PUT, _map_put), (Op.MAP_PUT_ALL, _map_put_all),
+    (Op.MAP_REMOVE, _map_remove), (Op.MAP_CONTAINS, _map_contains),
+    (Op.MAP_IS_EMPTY, _map_is_empty), (Op.MAP_ITER, _map_iter), (Op.MAP_CLEAR, _map_clear),
+):  # fmt: skip
+    _APPLY[_op] = _fn
+_APPLY_OPS = tuple(_APPLY)
+
+# Ops that read one DB key (prefetched); the key is prefix + user key for map gets.
+_POINT_READS = frozenset(
+    {Op.VALUE_GET, Op.LIST_GET, Op.LIST_ADD, Op.LIST_ADD_ALL, Op.MAP_GET, Op.MAP_CONTAINS}
+)
+_USER_KEY_OPS = frozenset({Op.MAP_GET, Op.MAP_CONTAINS})
+
+
+# --- backend -----------------------------------------------------------------------
+
+
+class RocksDBBackend(StateBackend):
+    """Keyed state in a RocksDB directory (one per partition in Spark).
+
+    Args:
+        path: the DB directory; created if missing. An existing aec DB is reopened
+            with its state unless ``fresh``.
+        options: optional ``(rocksdict.Options) -> None`` hook that tunes the
+            options of the DB and of every column family (compression, block cache,
+            ...); it gets ``Options(raw_mode=True)`` and must keep raw mode. Must be
+            picklable (a module-level function) for ``spec()`` to pickle.
+        disable_wal: skip the write-ahead log (default True, as in Flink); the live
+            directory then survives only clean closes; snapshots are always complete.
+        fresh: on ``open``, destroy any DB already at ``path`` (``spec()`` builds
+            fresh backends, since a Spark task must start from empty state).
+
+    Blocking: batches run on the engine's I/O threads, several at once (they never
+    share a key). Each batch does one multi-get per state it reads, applies its
+    requests in order over an overlay, and writes once (one ``WriteBatch``).
+    ``snapshot``/``restore``/``close`` must not overlap ``execute_batch``.
+
+    Raises:
+        RuntimeError: ``execute_batch`` before ``open`` or after ``close``.
+        ValueError: ``open`` on a RocksDB directory aec did not write.
+    """
+
+    blocking = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        options: OptionsHook | None = None,
+        disable_wal: bool = True,
+        fresh: bool = False,
+    ) -> None:
+        if options is not None and not callable(options):
+            raise TypeError(
+                f"options must be a callable (rocksdict.Options) -> None, got {type(options).__name__}"
+            )
+        self.path = os.fspath(path)
+        self._options_hook = options
+        self._disable_wal = disable_wal
+        self._fresh = fresh
+        self._write_options = WriteOptions()
+        self._write_options.disable_wal = disable_wal  # a property, though the stub says method
+        self._lock = threading.Lock()  # lifecycle and column-family creation
+        self._db: Rdict | None = None
+        self._tables: dict[str, _Table] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RocksDBBackend({self.path!r})"
+
+    # lifecycle
+
+    def open(self) -> None:
+        """Open (or create) the DB at ``path``; a second call does nothing."""
+        with self._lock:
+            self._check_not_closed()
+            if self._db is None:
+                if self._fresh and _holds_database(self.path):
+                    Rdict.destroy(self.path, self._make_options())
+                self._open_db()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._close_db()
+
+    def _check_not_closed(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+
+    def _make_options(self) -> Options:
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.set_atomic_flush(True)  # without a WAL, flush all states together
+        if self._options_hook is not None:
+            self._options_hook(options)
+        return options
+
+    def _open_db(self) -> None:
+        existed = _holds_database(self.path)
+        os.makedirs(self.path, exist_ok=True)
+        options = self._make_options()
+        # RocksDB refuses to open a DB without naming all its column families.
+        names = [n for n in Rdict.list_cf(self.path, options) if n != "default"] if existed else []
+        db = Rdict(self.path, options, column_families={n: self._make_options() for n in names})
+        if not existed:
+            db.put(_FORMAT_KEY, _FORMAT)
+        elif db.get(_FORMAT_KEY) != _FORMAT:
+            db.close()
+            raise ValueError(f"{self.path} holds a RocksDB database that aec did not write")
+        self._db = db
+        self._tables = {
+            name[len(_CF_PREFIX) :]: _Table(
+                name[len(_CF_PREFIX) :],
+                db.get_column_family(name),
+                db.get_column_family_handle(name),
+            )
+            for name in names
+            if name.startswith(_CF_PREFIX)
+        }
+
+    def _close_db(self) -> None:
+        # Column-family objects keep the DB (and its LOCK file) alive until closed or freed.
+        for table in self._tables.values():
+            table.rdict.close()
+        self._tables = {}
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _table(self, state: str) -> _Table:
+        table = self._tables.get(state)
+        if table is None:
+            with self._lock:
+                table = self._tables.get(state)
+                if table is None:
+                    name = _CF_PREFIX + state
+                    db = self._live_db()
+                    rdict = db.create_column_family(name, self._make_options())
+                    table = _Table(state, rdict, db.get_column_family_handle(name))
+                    self._tables = {**self._tables, state: table}  # readers see old or new
+        return table
+
+    def _live_db(self) -> Rdict:
+        db = self._db
+        if db is None:
+            self._check_not_closed()
+            raise RuntimeError(f"{self!r} is not open: call open() first")
+        return db
+
+    # batches
+
+    def execute_batch(self, requests: Sequence[StateRequest]) -> None:
+        db = self._live_db()
+        plan = []
+        reads: dict[_Table, dict[bytes, None]] = {}  # ordered sets of DB keys to multi-get
+        prefixes: dict[Any, bytes] = {}  # a record's requests share its key: encode it once
+        for request in requests:
+            table = self._table(request.state)
+            db_key = prefixes.get(request.key)
+            if db_key is None:
+                db_key = prefixes[request.key] = key_prefix(request.key_group, request.key)
+            op = request.op
+            if op in _POINT_READS:
+                if op in _USER_KEY_OPS:
+                    db_key += encode_key(request.user_key)
+                reads.setdefault(table, {})[db_key] = None
+            plan.append((op, table, db_key, request))
+        view = _BatchView()
+        for table, keys in reads.items():
+            view.prefetch(table, list(keys))
+        for op, table, db_key, request in plan:
+            _APPLY_OPS[op](view, table, db_key, request)
+        view.commit(db, self._write_options)
+
+    # snapshots
+
+    def snapshot(self, directory: str) -> None:
+        """Checkpoint all state into ``directory/rocksdb`` (hard links where possible)."""
+        with self._lock:
+            db = self._live_db()
+            os.makedirs(directory, exist_ok=True)
+            target = os.path.join(directory, _SNAPSHOT_SUBDIR)
+            staging = f"{target}.tmp-{uuid.uuid4().hex}"  # Checkpoint needs a new directory
+            Checkpoint(db).create_checkpoint(staging)  # flushes memtables first
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            os.replace(staging, target)
+
+    def restore(self, directory: str) -> None:
+        """Replace all state with ``directory/rocksdb``; opens the backend if needed.
+
+        Raises FileNotFoundError when the snapshot is missing and ValueError when it
+        is not an aec RocksDB checkpoint; the live state is untouched in both cases.
+        """
+        source = os.path.join(directory, _SNAPSHOT_SUBDIR)
+        if not os.path.isdir(source):
+            raise FileNotFoundError(f"no RocksDB snapshot at {source}")
+        if not _holds_database(source):
+            raise ValueError(f"{source} is not a RocksDB checkpoint (no CURRENT file)")
+        self.open()
+        with self._lock:
+            self._check_not_closed()
+            staging = f"{self.path}.restore-{uuid.uuid4().hex}"
+            shutil.copytree(source, staging)  # a copy: opening the DB appends to its MANIFEST
+            try:
+                _check_database(staging, self._options_hook)
+            except Exception:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            self._close_db()
+            shutil.rmtree(self.path)
+            os.replace(staging, self.path)
+            self._open_db()
+
+    # introspection
+
+    def spec(self) -> BackendSpec:
+        return RocksDBSpec(self.path, options=self._options_hook, disable_wal=self._disable_wal)
+
+    def state_items(self, state: str) -> dict[Any, Any]:
+        """``{key: value | list | dict}``; keys and user keys in canonical form."""
+        self._live_db()
+        table = self._tables.get(state)
+        if table is None:
+            return {}
+        items: dict[Any, Any] = {}
+        for db_key, raw in table.rdict.items():
+            key, user_key = split_db_key(db_key)
+            if user_key:
+                items.setdefault(key, {})[decode_key(user_key)] = pickle.loads(raw)
+            else:
+                items[key] = pickle.loads(raw)
+        return items
+
+
+def _holds_database(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "CURRENT"))  # every RocksDB directory has one
+
+
+def _check_database(path: str, options: OptionsHook | None) -> None:
+    """Raise ValueError unless ``path`` opens as an aec RocksDB database."""
+    probe = RocksDBBackend(path, options=options)
+    try:
+        probe.open()
+    except ValueError:
+        raise
+    except Exception as exc:  # rocksdict raises bare Exception for corrupt databases
+        raise ValueError(f"cannot open the RocksDB database at {path}: {exc}") from exc
+    finally:
+        probe.close()
+
+
+class RocksDBSpec(BackendSpec):
+    """Builds ``RocksDBBackend(os.path.join(base, f"partition-{partition}"), fresh=True)``.
+
+    Each partition gets its own directory under ``base`` and starts empty: durable
+    state comes back through ``restore``. ``options`` must be picklable.
+    """
+
+    def __init__(
+        self, base: str, *, options: OptionsHook | None = None, disable_wal: bool = True
+    ) -> None:
+        self.base = base
+        self.options = options
+        self.disable_wal = disable_wal
+
+    def path_for(self, partition: int) -> str:
+        if partition < 0:
+            raise ValueError(f"partition must be >= 0, got {partition}")
+        return os.path.join(self.base, f"partition-{partition}")
+
+    def build(self, partition: int) -> StateBackend:
+        return RocksDBBackend(
+            self.path_for(partition), options=self.options, disable_wal=self.disable_wal, fresh=True
+        )

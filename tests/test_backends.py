@@ -1,0 +1,674 @@
+"""Backend conformance: every backend answers batches exactly as MemoryBackend does."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aec.keygroups import key_group_for
+from aec.requests import Op, StateRequest
+from backends import LatencyBackend, MemoryBackend, RocksDBBackend, StateBackend
+from backends.latency import LatencySampler
+from backends.rocksdb import decode_key, encode_key, key_prefix, split_db_key
+
+MAX_PARALLELISM = 128
+
+
+def req(op: int, state: str, key, user_key=None, value=None) -> StateRequest:
+    return StateRequest(op, state, key, key_group_for(key, MAX_PARALLELISM), user_key, value)
+
+
+def run(backend: StateBackend, *requests: StateRequest) -> list:
+    """Execute ``requests`` as one batch; the results in order."""
+    backend.execute_batch(list(requests))
+    return [r.result for r in requests]
+
+
+BACKENDS: dict[str, Callable[[str], StateBackend]] = {
+    "memory": lambda tmp: MemoryBackend(),
+    "rocksdb": lambda tmp: RocksDBBackend(os.path.join(tmp, "db")),
+    "latency": lambda tmp: LatencyBackend(MemoryBackend(), 0.001),
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request, tmp_path) -> Iterator[StateBackend]:
+    instance = BACKENDS[request.param](str(tmp_path))
+    instance.open()
+    yield instance
+    instance.close()
+
+
+# --- hand-written conformance ---------------------------------------------------------
+
+
+class TestValueState:
+    def test_absent_reads_none(self, backend):
+        assert run(backend, req(Op.VALUE_GET, "v", "a")) == [None]
+
+    def test_put_then_get_in_one_batch(self, backend):
+        assert run(backend, req(Op.VALUE_PUT, "v", "a", value=1), req(Op.VALUE_GET, "v", "a")) == [
+            None,
+            1,
+        ]
+
+    def test_get_put_get_in_one_batch(self, backend):
+        run(backend, req(Op.VALUE_PUT, "v", "a", value=1))
+        results = run(
+            backend,
+            req(Op.VALUE_GET, "v", "a"),
+            req(Op.VALUE_PUT, "v", "a", value=2),
+            req(Op.VALUE_GET, "v", "a"),
+        )
+        assert results == [1, None, 2]
+
+    def test_put_none_clears(self, backend):
+        run(backend, req(Op.VALUE_PUT, "v", "a", value=1))
+        run(backend, req(Op.VALUE_PUT, "v", "a", value=None))
+        assert run(backend, req(Op.VALUE_GET, "v", "a")) == [None]
+        assert backend.state_items("v") == {}
+
+    def test_clear_and_clear_absent(self, backend):
+        run(backend, req(Op.VALUE_PUT, "v", "a", value=1), req(Op.VALUE_CLEAR, "v", "a"))
+        run(backend, req(Op.VALUE_CLEAR, "v", "never"))
+        assert run(backend, req(Op.VALUE_GET, "v", "a")) == [None]
+        assert backend.state_items("v") == {}
+
+    def test_states_and_keys_are_separate(self, backend):
+        run(
+            backend,
+            req(Op.VALUE_PUT, "v", "a", value=1),
+            req(Op.VALUE_PUT, "w", "a", value=2),
+            req(Op.VALUE_PUT, "v", ("a",), value=3),
+        )
+        assert backend.state_items("v") == {"a": 1, ("a",): 3}
+        assert backend.state_items("w") == {"a": 2}
+
+    def test_equal_keys_share_state(self, backend):
+        # 1 == 1.0 == True as dict keys; every backend must agree.
+        run(backend, req(Op.VALUE_PUT, "v", 1.0, value="x"))
+        assert run(backend, req(Op.VALUE_GET, "v", 1), req(Op.VALUE_GET, "v", True)) == ["x", "x"]
+
+    def test_values_of_any_picklable_type(self, backend):
+        value = {"nested": [1, 2.5, None, ("t", b"b")]}
+        run(backend, req(Op.VALUE_PUT, "v", "a", value=value))
+        assert run(backend, req(Op.VALUE_GET, "v", "a")) == [value]
+
+
+class TestListState:
+    def test_absent_reads_empty(self, backend):
+        assert run(backend, req(Op.LIST_GET, "l", "a")) == [[]]
+
+    def test_add_to_absent_then_get(self, backend):
+        assert run(backend, req(Op.LIST_ADD, "l", "a", value=1), req(Op.LIST_GET, "l", "a")) == [
+            None,
+            [1],
+        ]
+
+    def test_add_and_add_all_accumulate_across_batches(self, backend):
+        run(
+            backend,
+            req(Op.LIST_ADD, "l", "a", value=1),
+            req(Op.LIST_ADD_ALL, "l", "a", value=[2, 3]),
+        )
+        run(
+            backend,
+            req(Op.LIST_ADD, "l", "a", value=None),
+            req(Op.LIST_ADD_ALL, "l", "a", value=[]),
+        )
+        assert run(backend, req(Op.LIST_GET, "l", "a")) == [[1, 2, 3, None]]
+
+    def test_get_returns_a_copy(self, backend):
+        (first,) = run(backend, req(Op.LIST_ADD, "l", "a", value=1), req(Op.LIST_GET, "l", "a"))[1:]
+        first.append("mutated")
+        results = run(
+            backend,
+            req(Op.LIST_GET, "l", "a"),
+            req(Op.LIST_ADD, "l", "a", value=2),
+            req(Op.LIST_GET, "l", "a"),
+        )
+        assert results == [[1], None, [1, 2]]
+
+    def test_put_replaces_and_empty_put_clears(self, backend):
+        run(backend, req(Op.LIST_ADD, "l", "a", value=1))
+        assert run(
+            backend, req(Op.LIST_PUT, "l", "a", value=[7, 8]), req(Op.LIST_GET, "l", "a")
+        ) == [
+            None,
+            [7, 8],
+        ]
+        run(backend, req(Op.LIST_PUT, "l", "a", value=[]))
+        assert backend.state_items("l") == {}
+
+    def test_clear_and_clear_absent(self, backend):
+        results = run(
+            backend,
+            req(Op.LIST_ADD, "l", "a", value=1),
+            req(Op.LIST_CLEAR, "l", "a"),
+            req(Op.LIST_GET, "l", "a"),
+            req(Op.LIST_CLEAR, "l", "never"),
+        )
+        assert results == [None, None, [], None]
+        assert backend.state_items("l") == {}
+
+
+class TestMapState:
+    def test_absent_map(self, backend):
+        results = run(
+            backend,
+            req(Op.MAP_GET, "m", "a", user_key="x"),
+            req(Op.MAP_CONTAINS, "m", "a", user_key="x"),
+            req(Op.MAP_IS_EMPTY, "m", "a"),
+            req(Op.MAP_ITER, "m", "a"),
+            req(Op.MAP_REMOVE, "m", "a", user_key="x"),
+            req(Op.MAP_CLEAR, "m", "a"),
+        )
+        assert results == [None, False, True, [], None, None]
+
+    def test_put_get_contains_in_one_batch(self, backend):
+        results = run(
+            backend,
+            req(Op.MAP_PUT, "m", "a", user_key="x", value=1),
+            req(Op.MAP_GET, "m", "a", user_key="x"),
+            req(Op.MAP_CONTAINS, "m", "a", user_key="x"),
+            req(Op.MAP_CONTAINS, "m", "a", user_key="y"),
+            req(Op.MAP_IS_EMPTY, "m", "a"),
+        )
+        assert results == [None, 1, True, False, False]
+
+    def test_none_value_is_stored(self, backend):
+        results = run(
+            backend,
+            req(Op.MAP_PUT, "m", "a", user_key="x", value=None),
+            req(Op.MAP_GET, "m", "a", user_key="x"),
+            req(Op.MAP_CONTAINS, "m", "a", user_key="x"),
+        )
+        assert results == [None, None, True]
+
+    def test_put_all_and_iter(self, backend):
+        run(backend, req(Op.MAP_PUT_ALL, "m", "a", value={"x": 1, 2: "two", (3, "t"): None}))
+        run(
+            backend,
+            req(Op.MAP_PUT_ALL, "m", "a", value={}),
+            req(Op.MAP_PUT, "m", "b", user_key="x", value=9),
+        )
+        (entries,) = run(backend, req(Op.MAP_ITER, "m", "a"))
+        assert len(entries) == 3
+        assert dict(entries) == {"x": 1, 2: "two", (3, "t"): None}
+        assert backend.state_items("m") == {"a": {"x": 1, 2: "two", (3, "t"): None}, "b": {"x": 9}}
+
+    def test_iter_sees_earlier_writes_of_the_batch(self, backend):
+        run(backend, req(Op.MAP_PUT_ALL, "m", "a", value={"x": 1, "y": 2}))
+        results = run(
+            backend,
+            req(Op.MAP_PUT, "m", "a", user_key="z", value=3),
+            req(Op.MAP_REMOVE, "m", "a", user_key="x"),
+            req(Op.MAP_PUT, "m", "a", user_key="y", value=20),
+            req(Op.MAP_ITER, "m", "a"),
+        )
+        assert dict(results[3]) == {"y": 20, "z": 3}
+
+    def test_remove_last_entry_makes_empty(self, backend):
+        run(backend, req(Op.MAP_PUT, "m", "a", user_key="x", value=1))
+        results = run(
+            backend,
+            req(Op.MAP_IS_EMPTY, "m", "a"),
+            req(Op.MAP_REMOVE, "m", "a", user_key="x"),
+            req(Op.MAP_IS_EMPTY, "m", "a"),
+            req(Op.MAP_GET, "m", "a", user_key="x"),
+        )
+        assert results == [False, None, True, None]
+        assert backend.state_items("m") == {}
+
+    def test_clear_then_put_in_one_batch(self, backend):
+        run(backend, req(Op.MAP_PUT_ALL, "m", "a", value={"x": 1, "y": 2}))
+        results = run(
+            backend,
+            req(Op.MAP_PUT, "m", "a", user_key="w", value=0),
+            req(Op.MAP_CLEAR, "m", "a"),
+            req(Op.MAP_IS_EMPTY, "m", "a"),
+            req(Op.MAP_CONTAINS, "m", "a", user_key="x"),
+            req(Op.MAP_PUT, "m", "a", user_key="y", value=5),
+            req(Op.MAP_ITER, "m", "a"),
+        )
+        assert results == [None, None, True, False, None, [("y", 5)]]
+        assert backend.state_items("m") == {"a": {"y": 5}}
+
+    def test_maps_of_neighbouring_keys_do_not_mix(self, backend):
+        # "a" is a byte prefix of "ab": prefix scans must stop at the key's end.
+        run(
+            backend,
+            req(Op.MAP_PUT, "m", "a", user_key="x", value=1),
+            req(Op.MAP_PUT, "m", "ab", user_key="x", value=2),
+            req(Op.MAP_PUT, "m", "b", user_key="x", value=3),
+        )
+        results = run(backend, req(Op.MAP_CLEAR, "m", "a"), req(Op.MAP_ITER, "m", "ab"))
+        assert results == [None, [("x", 2)]]
+        assert backend.state_items("m") == {"ab": {"x": 2}, "b": {"x": 3}}
+
+
+def test_every_op_is_covered():
+    # Guards the suite against a new Op without conformance cases.
+    assert len(Op.NAMES) == 16 and Op.READS | Op.WRITES == frozenset(range(16))
+
+
+# --- property: RocksDB == Memory for random batches -------------------------------------
+
+# Few keys, so batches often touch one key several times; 1 == 1.0; "a" prefixes "ab".
+KEYS = st.sampled_from([1, 1.0, "a", "ab", (1, "a")])
+USER_KEYS = st.sampled_from([0, 1.0, "x", (2,), None])
+VALUES = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=3))
+SMALL_LISTS = st.lists(VALUES, max_size=3)
+
+
+NOTHING = st.none()
+
+
+def _op(op: int, state: str, keys, user_keys=NOTHING, value=NOTHING):
+    return st.builds(req, st.just(op), st.just(state), keys, user_keys, value)
+
+
+def _value_ops(keys):
+    return st.one_of(
+        _op(Op.VALUE_GET, "v", keys),
+        _op(Op.VALUE_PUT, "v", keys, value=VALUES),
+        _op(Op.VALUE_CLEAR, "v", keys),
+    )
+
+
+def _list_ops(keys):
+    return st.one_of(
+        _op(Op.LIST_GET, "l", keys),
+        _op(Op.LIST_ADD, "l", keys, value=VALUES),
+        _op(Op.LIST_ADD_ALL, "l", keys, value=SMALL_LISTS),
+        _op(Op.LIST_PUT, "l", keys, value=SMALL_LISTS),
+        _op(Op.LIST_CLEAR, "l", keys),
+    )
+
+
+def _map_ops(keys):
+    return st.one_of(
+        _op(Op.MAP_GET, "m", keys, USER_KEYS),
+        _op(Op.MAP_PUT, "m", keys, USER_KEYS, VALUES),
+        _op(Op.MAP_PUT_ALL, "m", keys, value=st.dictionaries(USER_KEYS, VALUES, max_size=3)),
+        _op(Op.MAP_REMOVE, "m", keys, USER_KEYS),
+        _op(Op.MAP_CONTAINS, "m", keys, USER_KEYS),
+        _op(Op.MAP_IS_EMPTY, "m", keys),
+        _op(Op.MAP_ITER, "m", keys),
+        _op(Op.MAP_CLEAR, "m", keys),
+    )
+
+
+def _batches(requests: st.SearchStrategy[StateRequest]):
+    return st.lists(st.lists(requests, min_size=1, max_size=16), min_size=1, max_size=5)
+
+
+# "mixed" covers every op on neighbouring keys; the single-key mixes make same-key
+# sequences inside one batch (write then read, write then scan) frequent.
+MIXES = {
+    "mixed": _batches(st.one_of(_value_ops(KEYS), _list_ops(KEYS), _map_ops(KEYS))),
+    "one-map": _batches(_map_ops(st.sampled_from(["a", "ab"]))),
+    "one-list": _batches(_list_ops(st.just("a"))),
+}
+
+
+def _clone(request: StateRequest) -> StateRequest:
+    return StateRequest(
+        request.op, request.state, request.key, request.key_group, request.user_key, request.value
+    )
+
+
+def _normalized(request: StateRequest):
+    if request.op == Op.MAP_ITER:  # RocksDB iterates in key-byte order
+        assert len(request.result) == len(dict(request.result))
+        return dict(request.result)
+    return request.result
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_rocksdb_matches_memory_on_random_batches(mix):
+    @given(batches=MIXES[mix])
+    def check(batches):
+        directory = tempfile.mkdtemp(prefix="aec-rocks-prop-")
+        memory, rocks = MemoryBackend(), RocksDBBackend(os.path.join(directory, "db"))
+        rocks.open()
+        try:
+            for batch in batches:
+                mine = [_clone(r) for r in batch]
+                memory.execute_batch(batch)
+                rocks.execute_batch(mine)
+                assert [_normalized(r) for r in mine] == [_normalized(r) for r in batch], batch
+            for state in ("v", "l", "m"):
+                assert rocks.state_items(state) == memory.state_items(state), state
+        finally:
+            rocks.close()
+            shutil.rmtree(directory)
+
+    check()
+
+
+# --- key codec ---------------------------------------------------------------------------
+
+CODEC_KEYS = st.recursive(
+    st.one_of(
+        st.integers(),
+        st.floats(allow_nan=False),
+        st.text(),
+        st.binary(),
+        st.booleans(),
+        st.none(),
+        st.frozensets(st.integers(), max_size=2),
+    ),
+    lambda inner: st.tuples(inner, inner) | st.tuples(inner),
+    max_leaves=6,
+)
+
+
+@given(key=CODEC_KEYS, key_group=st.integers(0, 2**15))
+def test_key_codec_round_trips(key, key_group):
+    assert decode_key(encode_key(key)) == key
+    db_key = key_prefix(key_group, key) + encode_key("user")
+    assert split_db_key(db_key) == (key, encode_key("user"))
+
+
+@given(a=CODEC_KEYS, b=CODEC_KEYS)
+def test_key_codec_is_canonical_for_equality(a, b):
+    if type(a) is not frozenset and type(b) is not frozenset:  # pickled: not canonical
+        assert (encode_key(a) == encode_key(b)) == (a == b)
+
+
+def test_decode_rejects_foreign_bytes():
+    with pytest.raises(ValueError, match="not an encoded key"):
+        decode_key(b"?junk")
+
+
+# --- RocksDB lifecycle ---------------------------------------------------------------------
+
+
+def test_rocksdb_reopen_keeps_state(tmp_path):
+    path = str(tmp_path / "db")
+    first = RocksDBBackend(path)
+    first.open()
+    run(
+        first,
+        req(Op.VALUE_PUT, "v", "a", value=1),
+        req(Op.LIST_ADD, "l", "a", value=2),
+        req(Op.MAP_PUT, "m", "a", user_key="x", value=3),
+    )
+    first.close()
+    second = RocksDBBackend(path)
+    second.open()
+    try:
+        assert second.state_items("v") == {"a": 1}
+        assert run(second, req(Op.LIST_GET, "l", "a"), req(Op.MAP_ITER, "m", "a")) == [
+            [2],
+            [("x", 3)],
+        ]
+    finally:
+        second.close()
+    fresh = RocksDBBackend(path, fresh=True)
+    fresh.open()
+    assert fresh.state_items("v") == {}
+    fresh.close()
+
+
+def test_rocksdb_close_is_idempotent_and_final(tmp_path):
+    backend = RocksDBBackend(str(tmp_path / "db"))
+    with pytest.raises(RuntimeError, match="not open"):
+        run(backend, req(Op.VALUE_GET, "v", "a"))
+    backend.open()
+    backend.close()
+    backend.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        run(backend, req(Op.VALUE_GET, "v", "a"))
+    with pytest.raises(RuntimeError, match="closed"):
+        backend.open()
+
+
+def test_rocksdb_rejects_a_foreign_database(tmp_path):
+    from rocksdict import Options, Rdict
+
+    path = str(tmp_path / "foreign")
+    db = Rdict(path, Options(raw_mode=True))
+    db[b"k"] = b"v"
+    db.close()
+    with pytest.raises(ValueError, match="did not write"):
+        RocksDBBackend(path).open()
+
+
+def test_rocksdb_options_hook_and_validation(tmp_path):
+    with pytest.raises(TypeError, match="options"):
+        RocksDBBackend(str(tmp_path / "db"), options="lz4")
+    backend = RocksDBBackend(str(tmp_path / "db"), options=_tune)
+    backend.open()
+    assert run(backend, req(Op.VALUE_PUT, "v", 1, value=2), req(Op.VALUE_GET, "v", 1)) == [None, 2]
+    backend.close()
+
+
+def _tune(options) -> None:
+    options.set_write_buffer_size(8 << 20)
+
+
+def test_rocksdb_concurrent_batches_of_disjoint_keys(tmp_path):
+    backend = RocksDBBackend(str(tmp_path / "db"))
+    backend.open()
+    errors: list[BaseException] = []
+
+    def worker(thread: int) -> None:
+        try:
+            for i in range(50):
+                key = (thread, i % 5)
+                run(
+                    backend,
+                    req(Op.LIST_ADD, "l", key, value=i),
+                    req(Op.MAP_PUT, f"m{i % 3}", key, user_key=i, value=thread),
+                )
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    lists = backend.state_items("l")
+    assert lists == {(t, k): list(range(k, 50, 5)) for t in range(4) for k in range(5)}
+    backend.close()
+
+
+# --- snapshots ---------------------------------------------------------------------------
+
+SNAPSHOTTING = {
+    "memory": BACKENDS["memory"],
+    "rocksdb": BACKENDS["rocksdb"],
+    "latency-rocksdb": lambda tmp: LatencyBackend(RocksDBBackend(os.path.join(tmp, "db")), 0),
+}
+
+
+@pytest.fixture(params=sorted(SNAPSHOTTING))
+def snapshotting(request, tmp_path) -> Iterator[StateBackend]:
+    instance = SNAPSHOTTING[request.param](str(tmp_path))
+    instance.open()
+    yield instance
+    instance.close()
+
+
+def test_snapshot_then_restore_rolls_back(snapshotting, tmp_path):
+    backend = snapshotting
+    run(
+        backend,
+        req(Op.VALUE_PUT, "v", "a", value=1),
+        req(Op.LIST_ADD_ALL, "l", "a", value=[1, 2]),
+        req(Op.MAP_PUT_ALL, "m", "a", value={"x": 1}),
+    )
+    snap = str(tmp_path / "snap")
+    backend.snapshot(snap)
+    expected = {s: backend.state_items(s) for s in ("v", "l", "m", "new")}
+    run(
+        backend,
+        req(Op.VALUE_PUT, "v", "a", value=99),
+        req(Op.VALUE_PUT, "v", "b", value=5),
+        req(Op.LIST_ADD, "l", "a", value=3),
+        req(Op.MAP_CLEAR, "m", "a"),
+        req(Op.VALUE_PUT, "new", "a", value="later"),
+    )
+    backend.restore(snap)
+    assert {s: backend.state_items(s) for s in expected} == expected
+    # Still writable after a restore, and a second snapshot to the same directory replaces it.
+    run(backend, req(Op.VALUE_PUT, "v", "c", value=3))
+    backend.snapshot(snap)
+    backend.restore(snap)
+    assert backend.state_items("v") == {"a": 1, "c": 3}
+
+
+def test_restore_from_missing_directory(snapshotting, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        snapshotting.restore(str(tmp_path / "nowhere"))
+
+
+def test_rocksdb_restore_rejects_invalid_snapshot(tmp_path):
+    backend = RocksDBBackend(str(tmp_path / "db"))
+    backend.open()
+    run(backend, req(Op.VALUE_PUT, "v", "a", value=1))
+    empty = tmp_path / "empty" / "rocksdb"
+    empty.mkdir(parents=True)
+    with pytest.raises(ValueError, match="CURRENT"):
+        backend.restore(str(tmp_path / "empty"))
+    assert backend.state_items("v") == {"a": 1}  # untouched
+    backend.close()
+
+
+def test_rocksdb_restore_into_a_new_backend(tmp_path):
+    source = RocksDBBackend(str(tmp_path / "a"))
+    source.open()
+    run(source, req(Op.MAP_PUT, "m", "k", user_key=1, value="one"))
+    source.snapshot(str(tmp_path / "snap"))
+    source.close()
+    target = RocksDBBackend(str(tmp_path / "b"))
+    target.restore(str(tmp_path / "snap"))  # opens it
+    assert run(target, req(Op.MAP_GET, "m", "k", user_key=1)) == ["one"]
+    target.close()
+
+
+# --- specs ---------------------------------------------------------------------------------
+
+
+def test_rocksdb_spec_pickles_and_separates_partitions(tmp_path):
+    spec = pickle.loads(pickle.dumps(RocksDBBackend(str(tmp_path / "base"), options=_tune).spec()))
+    zero, one = spec.build(0), spec.build(1)
+    assert zero.path != one.path
+    assert zero.path == os.path.join(str(tmp_path / "base"), "partition-0")
+    zero.open()
+    one.open()
+    run(zero, req(Op.VALUE_PUT, "v", "a", value=0))
+    run(one, req(Op.VALUE_PUT, "v", "a", value=1))
+    assert (zero.state_items("v"), one.state_items("v")) == ({"a": 0}, {"a": 1})
+    zero.close()
+    one.close()
+    rebuilt = spec.build(0)  # a new task attempt starts empty
+    rebuilt.open()
+    assert rebuilt.state_items("v") == {}
+    rebuilt.close()
+
+
+def test_latency_spec_pickles_and_builds(tmp_path):
+    backend = LatencyBackend(MemoryBackend(), ("uniform", 0, 0.001), per_request=0.0, seed=7)
+    spec = pickle.loads(pickle.dumps(backend.spec()))
+    built = spec.build(3)
+    assert isinstance(built, LatencyBackend) and isinstance(built.inner, MemoryBackend)
+    built.open()
+    assert run(built, req(Op.VALUE_PUT, "v", 1, value=1), req(Op.VALUE_GET, "v", 1)) == [None, 1]
+    built.close()
+    # Partition p draws from seed + p: reproducible, different per partition.
+    third = spec.build(3)
+    assert [third.delay_for(0) for _ in range(5)] == _draws(("uniform", 0, 0.001), 10, 5)
+    assert spec.build(4).delay_for(0) != spec.build(3).delay_for(0)
+    assert LatencyBackend(MemoryBackend(), 0.001, 0.002).delay_for(10) == pytest.approx(0.021)
+
+
+def _draws(latency, seed, n) -> list[float]:
+    sampler = LatencySampler(latency, seed)
+    return [sampler() for _ in range(n)]
+
+
+# --- latency -----------------------------------------------------------------------------
+
+
+def test_latency_delays_each_batch():
+    backend = LatencyBackend(MemoryBackend(), 0.05, per_request=0.01)
+    backend.open()
+    started = time.perf_counter()
+    run(backend, req(Op.VALUE_PUT, "v", 1, value=1), req(Op.VALUE_GET, "v", 1))
+    assert time.perf_counter() - started >= 0.05 + 2 * 0.01
+    assert backend.state_items("v") == {1: 1}
+
+
+def test_latency_callable_is_drawn_once_per_batch():
+    calls = []
+
+    def latency() -> float:
+        calls.append(1)
+        return 0.0
+
+    backend = LatencyBackend(MemoryBackend(), latency)
+    run(backend, req(Op.VALUE_GET, "v", 1), req(Op.VALUE_GET, "v", 2))
+    assert len(calls) == 1
+
+
+def test_seeded_distributions_are_reproducible():
+    for latency in (("uniform", 0.001, 0.002), ("exponential", 0.001)):
+        first, second = _draws(latency, 42, 20), _draws(latency, 42, 20)
+        assert first == second
+        assert first != _draws(latency, 43, 20)
+        assert all(d >= 0 for d in first)
+    assert all(0.001 <= d <= 0.002 for d in _draws(("uniform", 0.001, 0.002), 1, 50))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"latency": -0.1}, ValueError, "latency"),
+        ({"latency": 0.0, "per_request": -1}, ValueError, "per_request"),
+        ({"latency": ("uniform", 0.2, 0.1)}, ValueError, "lo <= hi"),
+        ({"latency": ("uniform", -1, 0.1)}, ValueError, "latency lo"),
+        ({"latency": ("gamma", 1.0)}, ValueError, "uniform"),
+        ({"latency": "fast"}, TypeError, "latency"),
+        ({"latency": float("nan")}, ValueError, "latency"),
+    ],
+)
+def test_latency_rejects_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        LatencyBackend(MemoryBackend(), **kwargs)
+
+
+def test_latency_callable_returning_negative_fails_the_batch():
+    backend = LatencyBackend(MemoryBackend(), lambda: -1.0)
+    with pytest.raises(ValueError, match="latency"):
+        run(backend, req(Op.VALUE_GET, "v", 1))
+
+
+def test_latency_serializes_a_non_blocking_inner_backend():
+    # MemoryBackend expects one batch at a time; the sleeps may still overlap.
+    backend = LatencyBackend(MemoryBackend(), 0.02)
+    threads = [
+        threading.Thread(target=run, args=(backend, req(Op.LIST_ADD, f"s{t % 2}", t % 3, value=t)))
+        for t in range(12)
+    ]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert time.perf_counter() - started < 12 * 0.02  # sleeps overlapped
+    total = sum(len(v) for s in ("s0", "s1") for v in backend.state_items(s).values())
+    assert total == 12
