@@ -32,10 +32,21 @@ class Watermark:
     timestamp: float
 
 
+@dataclass(frozen=True, slots=True)
+class ClockTick:
+    """Internal: the processing-time clock advanced to ``timestamp`` (seconds) while
+    event time stood at ``watermark``; closes an epoch, never emitted."""
+
+    timestamp: float
+    watermark: float
+
+
 def check_key(key: Any) -> None:
-    """Raise TypeError unless ``key`` can key state (hashable and not None)."""
+    """Raise TypeError unless ``key`` can key state (hashable, not None); ValueError for NaN."""
     if key is None:
         raise TypeError("record key is None: every record needs a hashable, non-None key")
+    if type(key) is float and key != key:
+        raise ValueError("record key is NaN: NaN is not equal to itself, so it cannot key state")
     try:
         hash(key)
     except TypeError:

@@ -24,16 +24,19 @@ class Epoch:
 
     Attributes:
         sequence: 0, 1, 2, ... in arrival order.
-        watermark: the closing element (a ``Watermark``), None while open.
+        watermark: the closing element (a ``Watermark`` or a processing-time
+            ``ClockTick``), None while open.
+        processing_time: the clock reading when it closed (seconds).
         ongoing: unfinished records and timer firings counted in it.
         status: OPEN, CLOSED (waiting for records) or FIRING (waiting for timers).
     """
 
-    __slots__ = ("sequence", "watermark", "ongoing", "status")
+    __slots__ = ("sequence", "watermark", "ongoing", "status", "processing_time")
 
     def __init__(self, sequence: int) -> None:
         self.sequence = sequence
         self.watermark: Any = None
+        self.processing_time = 0.0
         self.ongoing = 0
         self.status = OPEN
 
@@ -66,10 +69,11 @@ class EpochManager:
         self._on_epoch_done = on_epoch_done
         self._advancing = False
 
-    def close(self, watermark: Any) -> Epoch:
+    def close(self, watermark: Any, processing_time: float = 0.0) -> Epoch:
         """Close the open epoch with ``watermark``; open the next one."""
         epoch = self.active
         epoch.watermark = watermark
+        epoch.processing_time = processing_time
         epoch.status = CLOSED
         self.closed.append(epoch)
         self.active = Epoch(epoch.sequence + 1)

@@ -8,7 +8,6 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from aec.elements import check_timestamp
@@ -65,30 +64,41 @@ class TimerService:
         """Fire ``on_timer(timestamp)`` for this key once the watermark reaches
         ``timestamp``; registering the same (key, timestamp) again is a no-op.
         Raises TypeError/ValueError for a timestamp that is not a number."""
-        check_timestamp(timestamp, "event-time timer timestamp")
-        if timestamp is None:
-            raise TypeError("event-time timer timestamp must be a number, got None")
-        self._operator.register_event_timer(timestamp)
+        self._operator.register_timer("event-time", _checked(timestamp, "event-time"))
 
     def delete_event_time_timer(self, timestamp: float) -> None:
         """Forget this key's event-time timer at ``timestamp`` (no-op if absent)."""
-        self._operator.delete_event_timer(timestamp)
+        self._operator.delete_timer("event-time", _checked(timestamp, "event-time"))
 
     def register_processing_time_timer(self, timestamp: float) -> None:
-        raise NotImplementedError("processing-time timers are not supported yet")
+        """Fire ``on_timer(timestamp)`` for this key once the operator's clock reads
+        ``timestamp`` or later (checked between input elements; the firing waits
+        for the records that arrived before, like a watermark). Pending
+        processing-time timers do not fire at end of input (as in Flink)."""
+        self._operator.register_timer("processing-time", _checked(timestamp, "processing-time"))
 
     def delete_processing_time_timer(self, timestamp: float) -> None:
-        raise NotImplementedError("processing-time timers are not supported yet")
+        """Forget this key's processing-time timer at ``timestamp`` (no-op if absent)."""
+        self._operator.delete_timer("processing-time", _checked(timestamp, "processing-time"))
 
     def current_watermark(self) -> float:
         """The watermark the running code sees, in seconds (-inf before the first):
         for a record, the last watermark that arrived before it; for a timer,
-        the watermark that fired it."""
+        the watermark that fired it (for a processing-time timer, the last one
+        before the clock advance that fired it)."""
         return self._operator.current_context().watermark
 
     def current_processing_time(self) -> float:
-        """Wall-clock seconds since the epoch."""
-        return time.time()
+        """The operator clock's reading when the running record arrived (or its
+        timer fired), in seconds."""
+        return self._operator.current_context().processing_time
+
+
+def _checked(timestamp: Any, domain: str) -> float:
+    if timestamp is None:
+        raise TypeError(f"{domain} timer timestamp must be a number, got None")
+    check_timestamp(timestamp, f"{domain} timer timestamp")
+    return timestamp
 
 
 class Context:

@@ -15,9 +15,10 @@ from types import CoroutineType
 from typing import Any
 
 from aec import gc_tuning
+from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
 from aec.controller import AsyncExecutionController, BatchFailed, StuckError
-from aec.elements import Record, Watermark, check_key, check_timestamp
+from aec.elements import ClockTick, Record, Watermark, check_key, check_timestamp
 from aec.epochs import Epoch, EpochManager
 from aec.errors import JobFailure, describe
 from aec.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
@@ -27,8 +28,10 @@ from aec.keygroups import key_group_for
 from aec.record_context import RecordContext
 from aec.state import StateDescriptor, make_handle
 from aec.timers import TimerQueue
+from aec.ttl import with_ttl
 
 _EVENT = "event-time"
+_PROCESSING = "processing-time"
 _KEY_GROUP_CACHE = 1 << 16  # keys whose group is remembered; cleared when full
 
 
@@ -42,6 +45,8 @@ class KeyedProcessOperator:
         config: ``AecConfig`` (default ``AecConfig()``).
         executor: a ``StateExecutor``; default inline for non-blocking backends,
             a thread pool of ``config.executor_threads`` for blocking ones.
+        clock: the processing-time ``Clock`` (default ``SystemClock()``); see
+            ``aec.clock`` for when it is read and how advances cut epochs.
 
     Errors: bad input raises TypeError/ValueError and leaves the operator usable;
     any failure of user code or the backend raises ``JobFailure`` (key and record
@@ -55,6 +60,7 @@ class KeyedProcessOperator:
         backend: Any,
         config: AecConfig | None = None,
         executor: StateExecutor | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if not isinstance(function, KeyedProcessFunction):
             raise TypeError(
@@ -79,6 +85,12 @@ class KeyedProcessOperator:
             self.config, backend, executor, self.epochs, self._run_entry, self._next_timer
         )
         self.event_timers = TimerQueue()
+        self.processing_timers = TimerQueue()
+        self.clock = clock if clock is not None else SystemClock()
+        # poll the clock per input element: always for deterministic clocks, else
+        # once processing-time timers or TTL state are in use
+        self._poll = self.clock.deterministic
+        self._now = -math.inf  # last clock reading
         self.context = Context(self)
         self._handles: dict[str, Any] = {}
         # (kind, emitting RecordContext, value) per emission, for aec.testing; None = off
@@ -107,6 +119,8 @@ class KeyedProcessOperator:
         self._started = time.perf_counter()
         gc_tuning.acquire()
         try:
+            if not self.clock.deterministic:  # a deterministic clock is read per element only
+                self._now = self.clock.now()
             self.backend.open()
             self.function.open(RuntimeContext(self))
         except BaseException as exc:
@@ -160,6 +174,8 @@ class KeyedProcessOperator:
             active = controller.active
             if active.requests and monotonic() - active.first_time >= controller.buffer_timeout:
                 controller.flush()
+            if self._poll:
+                self._poll_clock()
             self._sequence += 1
             self._records_in += 1
             key_group = self._key_groups.get(key)
@@ -168,6 +184,7 @@ class KeyedProcessOperator:
             context = RecordContext(
                 record.value, key, key_group, timestamp, self._sequence,
                 self.epochs.active, self._watermark, controller.on_context_finished,
+                None, self._now,
             )  # fmt: skip
             controller.admit(context, inline=True)
         except BaseException as exc:
@@ -183,6 +200,22 @@ class KeyedProcessOperator:
             cache.clear()
         key_group = cache[key] = key_group_for(key, self.config.max_parallelism)
         return key_group
+
+    def _poll_clock(self) -> None:
+        """Read the clock; an advance with a due processing-time timer (any
+        advance, for a deterministic clock) closes the epoch with a ClockTick."""
+        now = self.clock.now()
+        if now <= self._now:
+            return
+        first, self._now = self._now == -math.inf, now
+        if first:
+            return
+        if self.clock.deterministic or (
+            (due := self.processing_timers.peek_time()) is not None and due <= now
+        ):
+            self.epochs.close(ClockTick(now, self._watermark), now)
+            if self.config.watermark_order == "serial" or self.synchronous:
+                self._run_until_epochs_done()
 
     def process_watermark(self, watermark: Watermark) -> None:
         """Close the current epoch with ``watermark``; in serial mode wait until it left.
@@ -202,8 +235,10 @@ class KeyedProcessOperator:
             )
         self._require_open()
         try:
+            if self._poll:
+                self._poll_clock()
             self._watermark = watermark.timestamp
-            self.epochs.close(watermark)
+            self.epochs.close(watermark, self._now)
             if self.config.watermark_order == "serial" or self.synchronous:
                 self._run_until_epochs_done()
         except BaseException as exc:
@@ -219,7 +254,7 @@ class KeyedProcessOperator:
         try:
             if self._watermark < math.inf:
                 self._watermark = math.inf
-                self.epochs.close(Watermark(math.inf))
+                self.epochs.close(Watermark(math.inf), self._now)
             self._run_until_epochs_done()
             if self.controller.in_flight:
                 raise self._stuck()
@@ -293,6 +328,9 @@ class KeyedProcessOperator:
                 )
             return handle
         handle = make_handle(descriptor, self.controller.submit, self.controller.wait_for)
+        if descriptor.ttl is not None:
+            self.use_processing_time()
+            handle = with_ttl(handle, descriptor, lambda: self.current_context().processing_time)
         self._handles[descriptor.name] = handle
         return handle
 
@@ -309,17 +347,28 @@ class KeyedProcessOperator:
             )
         return context
 
-    def register_event_timer(self, timestamp: float) -> None:
+    def register_timer(self, domain: str, timestamp: float) -> None:
+        """Register a timer of the current key in ``domain`` (event or processing time)."""
         context = self.current_context()
-        self.event_timers.register(
-            context.key, timestamp, context.epoch.sequence, _arrival_watermark(context)
+        if domain == _PROCESSING:
+            self._poll = True
+        self._timer_queue(domain).register(
+            context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
         )
 
-    def delete_event_timer(self, timestamp: float) -> None:
+    def delete_timer(self, domain: str, timestamp: float) -> None:
+        """Delete the current key's timer at ``timestamp`` in ``domain`` (no-op if absent)."""
         context = self.current_context()
-        self.event_timers.delete(
-            context.key, timestamp, context.epoch.sequence, _arrival_watermark(context)
+        self._timer_queue(domain).delete(
+            context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
         )
+
+    def _timer_queue(self, domain: str) -> TimerQueue:
+        return self.event_timers if domain == _EVENT else self.processing_timers
+
+    def use_processing_time(self) -> None:
+        """Something (TTL state) needs fresh clock readings per input element."""
+        self._poll = True
 
     # -- engine hooks --------------------------------------------------------------------------
     def _run_entry(self, context: RecordContext) -> None:
@@ -352,46 +401,57 @@ class KeyedProcessOperator:
             )
         awaited.on_complete(lambda result: self._drive(coroutine, result))
 
-    def _timer_context(self, key: Any, timestamp: float, epoch: Epoch) -> RecordContext:
+    def _timer_context(
+        self, domain: str, key: Any, timestamp: float, epoch: Epoch
+    ) -> RecordContext:
         self._sequence += 1
+        element = epoch.watermark
+        watermark = element.timestamp if domain == _EVENT else element.watermark
         return RecordContext(
-            None, key, self._key_group(key), timestamp,
-            self._sequence, epoch, epoch.watermark.timestamp,
-            self.controller.on_context_finished, (_EVENT, timestamp),
+            None, key, self._key_group(key), timestamp, self._sequence, epoch, watermark,
+            self.controller.on_context_finished, (domain, timestamp), epoch.processing_time,
         )  # fmt: skip
 
     def _fire_timers(self, epoch: Epoch) -> None:
-        """The head epoch's records are done: fire the event-time timers its watermark makes due.
+        """The head epoch's records are done: fire the timers its closing element
+        (a Watermark: event time; a ClockTick: processing time) makes due.
 
         Synchronous mode fires one timer at a time in (timestamp, registration)
         order, like Flink's timer service. Async mode fires each key's timers as a
         chain (the next starts when the previous finished), keys in parallel, so a
-        timer registered by ``on_timer`` at or below the watermark still fires in
+        timer registered by ``on_timer`` at or below the limit still fires in
         timestamp order within its key.
         """
+        domain = _EVENT if type(epoch.watermark) is Watermark else _PROCESSING
         limit = epoch.watermark.timestamp
-        timers = self.event_timers
+        timers = self._timer_queue(domain)
         controller = self.controller
         if self.synchronous:
             while (due := timers.pop_earliest(limit)) is not None:
-                controller.admit(self._timer_context(due[1], due[0], epoch), inline=True)
+                context = self._timer_context(domain, due[1], due[0], epoch)
+                controller.admit(context, inline=True)
             return
         for key in timers.due_keys(limit, epoch.sequence):
             timestamp = timers.pop_next_for_key(key, limit, epoch.sequence)
-            controller.admit(self._timer_context(key, timestamp, epoch), inline=False)
+            controller.admit(self._timer_context(domain, key, timestamp, epoch), inline=False)
 
     def _next_timer(self, context: RecordContext) -> RecordContext | None:
-        if context.timer is None or self.synchronous:
+        if self.synchronous:
             return None
+        domain = context.timer[0]
         epoch = context.epoch
-        timestamp = self.event_timers.pop_next_for_key(
+        timestamp = self._timer_queue(domain).pop_next_for_key(
             context.key, epoch.watermark.timestamp, epoch.sequence
         )
         if timestamp is None:
             return None
-        return self._timer_context(context.key, timestamp, epoch)
+        return self._timer_context(domain, context.key, timestamp, epoch)
 
     def _emit_watermark(self, epoch: Epoch) -> None:
+        if type(epoch.watermark) is not Watermark:  # a ClockTick is internal
+            if self.trace is not None:
+                self.trace.append(("tick", None, epoch.watermark))
+            return
         self._watermarks_out += 1
         self._outputs.append(epoch.watermark)
         if self.trace is not None:
@@ -439,10 +499,13 @@ class KeyedProcessOperator:
         )
 
 
-def _arrival_watermark(context: RecordContext) -> float:
-    """The watermark before a record's arrival; -inf for timer code, whose
-    firing watermark's due timers are all still to fire."""
-    return context.watermark if context.timer is None else -math.inf
+def _arrival_limit(context: RecordContext, domain: str) -> float:
+    """The time (event or processing) that had passed before a record arrived:
+    its timers at or below it fired before the record in the synchronous run.
+    -inf for timer code, whose firing's due timers are all still to fire."""
+    if context.timer is not None:
+        return -math.inf
+    return context.watermark if domain == _EVENT else context.processing_time
 
 
 def _cause(exc: BaseException) -> BaseException:

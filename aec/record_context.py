@@ -28,11 +28,14 @@ class RecordContext:
         epoch: the ``Epoch`` it counts in.
         timer: None for a record; for a timer firing, ``(domain, timestamp)``.
         watermark: the watermark current when it arrived (what user code sees).
+        processing_time: the clock reading when it arrived (what user code and
+            state TTL see), seconds.
     """
 
     __slots__ = (
         "value", "key", "key_group", "timestamp", "sequence", "epoch", "timer",
-        "watermark", "ref_count", "in_batches", "batch_id", "deferred", "on_finished",
+        "watermark", "processing_time", "ref_count", "in_batches", "batch_id", "deferred",
+        "on_finished",
     )  # fmt: skip
 
     def __init__(
@@ -46,6 +49,7 @@ class RecordContext:
         watermark: float,
         on_finished: Callable[[RecordContext], None],
         timer: tuple[str, float] | None = None,
+        processing_time: float = 0.0,
     ) -> None:
         self.value = value
         self.key = key
@@ -55,6 +59,7 @@ class RecordContext:
         self.epoch = epoch
         self.watermark = watermark
         self.timer = timer
+        self.processing_time = processing_time
         self.ref_count = 0
         self.in_batches = 0
         self.batch_id = -1

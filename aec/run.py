@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aec.clock import Clock
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
 from aec.executor import StateExecutor
@@ -47,6 +48,7 @@ def run_keyed(
     backend: Any = None,
     config: AecConfig | None = None,
     executor: StateExecutor | None = None,
+    clock: Clock | None = None,
 ) -> RunResult:
     """Run ``function`` over ``source`` to the end of input.
 
@@ -57,6 +59,7 @@ def run_keyed(
             backend is opened and left open so its final state can be read.
         config: ``AecConfig``; None is ``AecConfig()``.
         executor: a ``StateExecutor`` (tests pass ``aec.testing.ScriptedExecutor``).
+        clock: the processing-time ``aec.clock.Clock`` (default: the system clock).
 
     Raises:
         TypeError / ValueError: bad input (an element that is not a Record or
@@ -66,7 +69,7 @@ def run_keyed(
     """
     if backend is None:
         backend = default_backend()
-    operator = KeyedProcessOperator(function, backend, config, executor)
+    operator = KeyedProcessOperator(function, backend, config, executor, clock)
     operator.open()
     try:
         for position, element in enumerate(source):

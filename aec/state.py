@@ -41,7 +41,7 @@ class AggregateFunction:
 @dataclass(frozen=True)
 class StateDescriptor:
     """Base of all descriptors: a state ``name`` unique within one function and an
-    optional ``ttl`` in seconds of processing time (not supported yet)."""
+    optional ``ttl`` in seconds of processing time (see ``aec.ttl``)."""
 
     name: str
     ttl: float | None = None
@@ -49,9 +49,12 @@ class StateDescriptor:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"state name must be a non-empty str, got {self.name!r}")
-        if self.ttl is not None:
-            raise NotImplementedError(
-                f"state {self.name!r}: ttl is not supported yet; pass ttl=None"
+        ttl = self.ttl
+        if ttl is not None and (
+            isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
+        ):
+            raise ValueError(
+                f"state {self.name!r}: ttl must be a number of seconds > 0, got {ttl!r}"
             )
 
 

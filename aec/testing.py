@@ -17,6 +17,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from aec.clock import Clock, ScriptedClock
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
 from aec.executor import StateExecutor
@@ -26,10 +27,13 @@ from aec.run import RunResult, default_backend, run_keyed
 
 
 def run_sync(
-    source: Iterable[Record | Watermark], function: KeyedProcessFunction, backend: Any = None
+    source: Iterable[Record | Watermark],
+    function: KeyedProcessFunction,
+    backend: Any = None,
+    clock: Clock | None = None,
 ) -> RunResult:
     """The reference run: ``run_keyed`` with ``AecConfig(async_state=False)``."""
-    return run_keyed(source, function, backend, AecConfig(async_state=False))
+    return run_keyed(source, function, backend, AecConfig(async_state=False), clock=clock)
 
 
 class ScriptedExecutor(StateExecutor):
@@ -102,17 +106,20 @@ class _Observed:
         self.watermarks: list[Any] = []
         self.per_key: dict[tuple, list[Any]] = {}
         self.per_origin: dict[tuple, list[Any]] = {}
-        self.positions: list[tuple[int, int, Any]] = []  # (epoch, watermarks before, value)
+        self.positions: list[tuple[int, int, Any]] = []  # (epoch, epochs done before, value)
+        boundaries = 0  # epochs finished so far: watermarks and processing-time ticks
         for kind, context, value in trace:
-            if kind == "watermark":
-                self.watermarks.append(value.timestamp)
+            if kind == "watermark" or kind == "tick":
+                boundaries += 1
+                if kind == "watermark":
+                    self.watermarks.append(value.timestamp)
                 continue
             tag, item = value if kind == "side" else (None, value)
             slot = (kind, tag, context.key)
             self.per_key.setdefault(slot, []).append(item)
             origin = (*slot, context.epoch.sequence, context.timer is not None)
             self.per_origin.setdefault(origin, []).append(item)
-            self.positions.append((context.epoch.sequence, len(self.watermarks), value))
+            self.positions.append((context.epoch.sequence, boundaries, value))
         self.state = {name: _state_items(backend, name) for name in state_names}
 
 
@@ -125,9 +132,10 @@ def _state_items(backend: Any, name: str) -> Any:
 
 def _observe(
     source: Sequence[Any], function: KeyedProcessFunction, backend: Any, config: AecConfig,
-    executor: StateExecutor | None,
+    executor: StateExecutor | None, clock_advances: Sequence[float],
 ) -> _Observed:  # fmt: skip
-    operator = KeyedProcessOperator(function, backend, config, executor)
+    clock = ScriptedClock(clock_advances)
+    operator = KeyedProcessOperator(function, backend, config, executor, clock)
     operator.trace = []
     operator.open()
     try:
@@ -166,8 +174,13 @@ def _divergence(reference: _Observed, run: _Observed, serial: bool) -> str | Non
     for epoch, before, value in run.positions:
         if before > epoch or (serial and before < epoch):
             return (
-                f"output {value!r} of a record in epoch {epoch} left after {before} watermark(s): "
-                + ("serial mode requires exactly" if serial else "it must leave before watermark")
+                f"output {value!r} of a record in epoch {epoch} left after {before} epoch(s) "
+                "had finished (watermarks and processing-time advances): "
+                + (
+                    "serial mode requires exactly"
+                    if serial
+                    else "it must leave before epoch boundary"
+                )
                 + f" {epoch}"
             )
     for name in reference.state:
@@ -185,6 +198,7 @@ def assert_equivalent(
     data: Any = None,
     seeds: Iterable[int] = (0, 1, 2),
     executor_factory: Callable[[int | None], StateExecutor] | None = None,
+    clock_advances: Sequence[float] = (),
 ) -> None:
     """Raise AssertionError unless every async run equals the synchronous run.
 
@@ -200,6 +214,9 @@ def assert_equivalent(
         seeds: seeds of the scripted schedules when ``data`` is None.
         executor_factory: ``fn(seed) -> StateExecutor`` replacing the scripted
             executor, e.g. a real thread pool (then the schedule is the OS's).
+        clock_advances: seconds the processing-time clock advances at each input
+            element (element i: ``clock_advances[i]``, 0 past the end); every run
+            gets the same ``ScriptedClock``, starting at 0.
 
     The message names the config (so the watermark mode that diverges), the
     seed or schedule, the input size and the first divergence.
@@ -207,9 +224,11 @@ def assert_equivalent(
     source = list(source)
     backend_factory = backend_factory or default_backend
     configs = list(configs) if configs is not None else list(DEFAULT_CONFIGS)
+    clock_advances = list(clock_advances)
     reference = _observe(
-        source, function_factory(), backend_factory(), AecConfig(async_state=False), None
-    )
+        source, function_factory(), backend_factory(), AecConfig(async_state=False), None,
+        clock_advances,
+    )  # fmt: skip
     for config in configs:
         if not config.async_state:
             continue
@@ -218,7 +237,9 @@ def assert_equivalent(
                 executor = ScriptedExecutor(seed, data=data)
             else:
                 executor = executor_factory(seed)
-            run = _observe(source, function_factory(), backend_factory(), config, executor)
+            run = _observe(
+                source, function_factory(), backend_factory(), config, executor, clock_advances
+            )
             problem = _divergence(reference, run, config.watermark_order == "serial")
             if problem:
                 schedule = getattr(executor, "schedule", ["(not scripted)"])[:40]

@@ -238,6 +238,8 @@ def test_config_validation_names_the_option(kwargs, error):
         AecConfig(**kwargs)
 
 
-def test_ttl_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="ttl"):
-        ValueStateDescriptor("v", ttl=10)
+def test_bad_ttl_is_refused_clearly():
+    with pytest.raises(ValueError, match="ttl"):
+        ValueStateDescriptor("v", ttl=0)
+    with pytest.raises(ValueError, match="ttl"):
+        ListStateDescriptor("v", ttl="1h")

@@ -1,0 +1,200 @@
+"""State TTL: values that expire after ``ttl`` seconds of processing time.
+
+Like Flink's ``StateTtlConfig`` with ``OnCreateAndWrite`` updates and
+``NeverReturnExpired`` visibility (Spark's ``ttlDurationMs`` is the same idea):
+each value (each list element, each map entry) is stored with its expiry time
+``written_at + ttl``; reads drop expired ones and clean them up in the same
+record (a clear, put or remove request), so expiry never scans other keys.
+Keys that are never read again keep their expired bytes until overwritten.
+Time is the record's arrival reading of the operator clock (``aec.clock``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aec.future import StateFuture, _done
+from aec.requests import Op
+from aec.state import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    StateDescriptor,
+    StateIterator,
+    ValueState,
+)
+
+
+class _Ttl:
+    """Stamping and checking (value, expires_at) pairs for one state."""
+
+    __slots__ = ("ttl", "now")
+
+    def __init__(self, ttl: float, now: Callable[[], float]) -> None:
+        self.ttl = ttl
+        self.now = now  # -> the running record's processing time, seconds
+
+    def stamp(self, value: Any) -> tuple[Any, float]:
+        return (value, self.now() + self.ttl)
+
+    def alive(self, pair: Any) -> bool:
+        return pair is not None and pair[1] > self.now()
+
+
+class TtlValueState(ValueState):
+    __slots__ = ("_ttl",)
+
+    def async_value(self) -> StateFuture:
+        default, ttl, submit, name = self.descriptor.default, self._ttl, self._submit, self._name
+
+        def read(pair: Any) -> Any:
+            if pair is None:
+                return _done(default, None)
+            if ttl.alive(pair):
+                return _done(pair[0], None)
+            return submit(Op.VALUE_CLEAR, name).then_apply(lambda _: default)
+
+        return submit(Op.VALUE_GET, name).then_compose(read)
+
+    def async_update(self, value: Any) -> StateFuture:
+        stored = None if value is None else self._ttl.stamp(value)
+        return self._submit(Op.VALUE_PUT, self._name, None, stored)
+
+
+class TtlListState(ListState):
+    __slots__ = ("_ttl",)
+
+    def async_get(self) -> StateFuture:
+        ttl, submit, name = self._ttl, self._submit, self._name
+
+        def read(pairs: list) -> Any:
+            alive = [p for p in pairs if ttl.alive(p)]
+            iterator = StateIterator([p[0] for p in alive])
+            if len(alive) == len(pairs):
+                return _done(iterator, None)
+            return submit(Op.LIST_PUT, name, None, alive).then_apply(lambda _: iterator)
+
+        return submit(Op.LIST_GET, name).then_compose(read)
+
+    def async_add(self, value: Any) -> StateFuture:
+        return self._submit(Op.LIST_ADD, self._name, None, self._ttl.stamp(value))
+
+    def async_add_all(self, values: Iterable[Any]) -> StateFuture:
+        stamped = [self._ttl.stamp(v) for v in values]
+        return self._submit(Op.LIST_ADD_ALL, self._name, None, stamped)
+
+    def async_update(self, values: Iterable[Any] | None) -> StateFuture:
+        stamped = [self._ttl.stamp(v) for v in values or ()]
+        return self._submit(Op.LIST_PUT, self._name, None, stamped)
+
+
+class TtlMapState(MapState):
+    __slots__ = ("_ttl",)
+
+    def async_get(self, user_key: Any) -> StateFuture:
+        ttl, submit, name = self._ttl, self._submit, self._name
+
+        def read(pair: Any) -> Any:
+            if pair is None:
+                return _done(None, None)
+            if ttl.alive(pair):
+                return _done(pair[0], None)
+            return submit(Op.MAP_REMOVE, name, user_key).then_apply(lambda _: None)
+
+        return submit(Op.MAP_GET, name, user_key).then_compose(read)
+
+    def async_put(self, user_key: Any, value: Any) -> StateFuture:
+        return self._submit(Op.MAP_PUT, self._name, user_key, self._ttl.stamp(value))
+
+    def async_put_all(self, entries: dict[Any, Any]) -> StateFuture:
+        stamped = {k: self._ttl.stamp(v) for k, v in entries.items()}
+        return self._submit(Op.MAP_PUT_ALL, self._name, None, stamped)
+
+    def async_contains(self, user_key: Any) -> StateFuture:
+        return self.async_get(user_key).then_apply(lambda v: v is not None)
+
+    def _alive_entries(self) -> StateFuture:
+        """A future of the alive ``(user_key, value)`` list; removes expired entries."""
+        ttl, submit, name = self._ttl, self._submit, self._name
+
+        def read(entries: list) -> Any:
+            alive = [(k, p[0]) for k, p in entries if ttl.alive(p)]
+            if len(alive) == len(entries):
+                return _done(alive, None)
+            dead = [submit(Op.MAP_REMOVE, name, k) for k, p in entries if not ttl.alive(p)]
+            return dead[-1].then_apply(lambda _: alive)
+
+        return submit(Op.MAP_ITER, name).then_compose(read)
+
+    def async_is_empty(self) -> StateFuture:
+        return self._alive_entries().then_apply(lambda alive: not alive)
+
+    def async_entries(self) -> StateFuture:
+        return self._alive_entries().then_apply(StateIterator)
+
+    def async_keys(self) -> StateFuture:
+        return self._alive_entries().then_apply(lambda es: StateIterator([k for k, _ in es]))
+
+    def async_values(self) -> StateFuture:
+        return self._alive_entries().then_apply(lambda es: StateIterator([v for _, v in es]))
+
+
+class _TtlFolding:
+    """Shared by reducing and aggregating TTL state: the stored value is the
+    (accumulator, expiry) pair; an expired accumulator reads as absent."""
+
+    def _read_alive(self) -> StateFuture:
+        ttl = self._ttl
+        return self._submit(Op.VALUE_GET, self._name).then_apply(
+            lambda pair: pair[0] if ttl.alive(pair) else None
+        )
+
+    def _write(self, value: Any) -> StateFuture:
+        return self._submit(Op.VALUE_PUT, self._name, None, self._ttl.stamp(value))
+
+
+class TtlReducingState(_TtlFolding, ReducingState):
+    __slots__ = ("_ttl",)
+
+    def async_get(self) -> StateFuture:
+        return self._read_alive()
+
+    def async_add(self, value: Any) -> StateFuture:
+        reduce = self.descriptor.reduce_function
+        return self._read_alive().then_compose(
+            lambda old: self._write(value if old is None else reduce(old, value))
+        )
+
+
+class TtlAggregatingState(_TtlFolding, AggregatingState):
+    __slots__ = ("_ttl",)
+
+    def async_get(self) -> StateFuture:
+        fn = self.descriptor.aggregate_function
+        return self._read_alive().then_apply(
+            lambda acc: None if acc is None else fn.get_result(acc)
+        )
+
+    def async_add(self, value: Any) -> StateFuture:
+        fn = self.descriptor.aggregate_function
+        return self._read_alive().then_compose(
+            lambda acc: self._write(fn.add(value, fn.create_accumulator() if acc is None else acc))
+        )
+
+
+TTL_HANDLES: dict[type, type] = {
+    ValueState: TtlValueState,
+    ListState: TtlListState,
+    MapState: TtlMapState,
+    ReducingState: TtlReducingState,
+    AggregatingState: TtlAggregatingState,
+}
+
+
+def with_ttl(handle: Any, descriptor: StateDescriptor, now: Callable[[], float]) -> Any:
+    """The TTL variant of ``handle`` (same descriptor, submit and wait)."""
+    ttl_handle = TTL_HANDLES[type(handle)](descriptor, handle._submit, handle._wait)
+    ttl_handle._ttl = _Ttl(descriptor.ttl, now)
+    return ttl_handle

@@ -1,0 +1,189 @@
+"""Processing-time timers (injectable clock) and state TTL."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aec import (
+    AecConfig,
+    AggregatingStateDescriptor,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    Record,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+    Watermark,
+    run_keyed,
+)
+from aec.clock import ManualClock, ScriptedClock, SystemClock
+from aec.testing import assert_equivalent
+from backends import MemoryBackend
+
+MODES = [
+    pytest.param(AecConfig(async_state=False), id="sync"),
+    pytest.param(AecConfig(buffer_size=2, in_flight_records_limit=3), id="async"),
+]
+
+
+class Reminders(KeyedProcessFunction):
+    """Record value = seconds from now for a processing-time reminder; negative
+    values delete the reminder at -value from now. A reminder at t sets the next
+    at t + 99 (a timer registering a timer)."""
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, value, ctx):
+        timers = ctx.timer_service
+        now = timers.current_processing_time()
+        if value >= 0:
+            timers.register_processing_time_timer(now + value)
+        else:
+            timers.delete_processing_time_timer(now - value)
+        return self.count.async_value().then_compose(lambda n: self.count.async_update(n + 1))
+
+    def on_timer(self, timestamp, ctx):
+        ctx.timer_service.register_processing_time_timer(timestamp + 99)
+
+        def emit(n):
+            ctx.output(
+                (
+                    "timer",
+                    ctx.current_key,
+                    timestamp,
+                    n,
+                    ctx.timer_service.current_processing_time(),
+                )
+            )
+
+        return self.count.async_value().then_accept(emit)
+
+
+def outputs(result):
+    return [o for o in result.outputs if not isinstance(o, Watermark)]
+
+
+@pytest.mark.parametrize("config", MODES)
+def test_processing_time_timers_fire_after_the_clock_passes_them(config):
+    # the clock reads 0 for the first three elements, 5 from the fourth, 305 at the last
+    clock = ScriptedClock([0, 0, 0, 5, 0, 0, 300])
+    source = [
+        Record("a", 5),  # t=0: reminder at 5
+        Record("a", 5),  # t=0: the same reminder again: fires once
+        Record("b", 10),  # t=0: reminder at 10
+        Record("a", 0),  # t=5: the advance fires a@5 first (count 2), then: reminder at 5 again
+        Record("b", -10),  # t=5: deletes b's reminder at 15 (none: no-op)
+        Record("c", 1),  # t=5: reminder at 6
+        Record(
+            "a", 0
+        ),  # t=305: everything due fires before it; its own reminder at 305 never fires
+    ]
+    got = outputs(run_keyed(source, Reminders(), config=config, clock=clock))
+    assert got == [
+        ("timer", "a", 5, 2, 5),
+        ("timer", "a", 5, 3, 305),  # re-registered after it fired
+        ("timer", "c", 6, 1, 305),
+        ("timer", "b", 10, 2, 305),
+        ("timer", "a", 104, 3, 305),  # each timer registers one 99 s later ...
+        ("timer", "c", 105, 1, 305),
+        ("timer", "b", 109, 2, 305),
+        ("timer", "a", 203, 3, 305),
+        ("timer", "c", 204, 1, 305),
+        ("timer", "b", 208, 2, 305),
+        ("timer", "a", 302, 3, 305),
+        ("timer", "c", 303, 1, 305),  # ... until past the clock (b's 307 waits)
+    ]
+
+
+def test_pending_processing_time_timers_do_not_fire_at_end_of_input():
+    result = run_keyed([Record("a", 50)], Reminders(), clock=ManualClock(0))
+    assert outputs(result) == []
+
+
+@given(
+    rows=st.lists(st.tuples(st.sampled_from("abc"), st.integers(-20, 20)), max_size=25),
+    advances=st.lists(st.sampled_from([0, 0, 0, 1, 7, 30]), max_size=25),
+    data=st.data(),
+)
+def test_processing_time_is_equivalent_under_a_scripted_clock(rows, advances, data):
+    source = [Record(k, v) for k, v in rows]
+    assert_equivalent(
+        Reminders, source, configs=[AecConfig(buffer_size=2, in_flight_records_limit=5)],
+        data=data, clock_advances=advances,
+    )  # fmt: skip
+
+
+class Expiring(KeyedProcessFunction):
+    """Every state type with a 10 s TTL; emits what it reads before writing."""
+
+    def open(self, ctx):
+        ttl = 10
+
+        self.value = ctx.get_state(ValueStateDescriptor("value", default="none", ttl=ttl))
+        self.list = ctx.get_state(ListStateDescriptor("list", ttl=ttl))
+        self.map = ctx.get_state(MapStateDescriptor("map", ttl=ttl))
+        self.total = ctx.get_state(ReducingStateDescriptor("total", lambda a, b: a + b, ttl=ttl))
+        from engine_helpers import Everything  # noqa: F401  (keeps helpers importable)
+        from test_state import Sum
+
+        self.mean = ctx.get_state(AggregatingStateDescriptor("mean", Sum(), ttl=ttl))
+
+    async def process_element(self, value, ctx):
+        seen = (
+            await self.value.async_value(),
+            list(await self.list.async_get()),
+            sorted(await self.map.async_entries()),
+            await self.map.async_contains("x"),
+            await self.map.async_is_empty(),
+            await self.total.async_get(),
+            await self.mean.async_get(),
+        )
+        ctx.output((ctx.current_key, value, seen))
+        await self.value.async_update(value)
+        await self.list.async_add(value)
+        await self.map.async_put("x" if value % 2 else "y", value)
+        await self.total.async_add(value)
+        await self.mean.async_add(value)
+
+
+@pytest.mark.parametrize("config", MODES)
+def test_ttl_expires_values_and_cleans_them_on_read(config):
+    clock = ManualClock(1000)
+    backend = MemoryBackend()
+    from aec import KeyedProcessOperator
+
+    op = KeyedProcessOperator(Expiring(), backend, config, clock=clock)
+    op.open()
+    op.process(Record("k", 1))
+    clock.advance(6)
+    op.process(Record("k", 2))  # nothing expired yet (written at 1000, expires 1010)
+    clock.advance(6)  # now 1012: the first writes expired, the second (1006) live until 1016
+    op.process(Record("k", 3))
+    clock.advance(20)
+    op.process(Record("k", 4))  # everything expired
+    op.finish()
+    got = [o for o in op.drain_outputs() if not isinstance(o, Watermark)]
+    assert got[0] == ("k", 1, ("none", [], [], False, True, None, None))
+    assert got[1] == ("k", 2, (1, [1], [("x", 1)], True, False, 1, 1.0))
+    assert got[2] == (
+        "k",
+        3,
+        (2, [2], [("y", 2)], False, False, 3, 1.5),
+    )  # folded state was rewritten at 1006
+    assert got[3] == ("k", 4, ("none", [], [], False, True, None, None))
+    # the reads at 1032 removed what had expired, without touching other keys
+    assert backend.state_items("list") == {"k": [(4, 1042)]}
+    assert backend.state_items("map") == {"k": {"y": (4, 1042)}}
+
+
+def test_system_clock_is_quantized():
+    clock = SystemClock(granularity=0.5)
+    assert clock.now() % 0.5 == 0
+    with pytest.raises(ValueError):
+        SystemClock(granularity=0)
+    manual = ManualClock(3)
+    with pytest.raises(ValueError):
+        manual.advance(-1)
