@@ -39,15 +39,19 @@ class Op:
     MAP_IS_EMPTY = 13  # result: bool
     MAP_ITER = 14  # result: a list of (user_key, value) tuples
     MAP_CLEAR = 15
+    # Partial loading (Flink's ITERATOR_LOADING): value = (cursor, limit); cursor None
+    # starts; result = (up to ``limit`` items, next cursor or None at the end).
+    LIST_GET_CHUNK = 16  # items: list elements; cursor: the backend's position
+    MAP_ITER_CHUNK = 17  # items: (user_key, value) tuples in the backend's map order
 
     NAMES = (
         "VALUE_GET", "VALUE_PUT", "VALUE_CLEAR",
         "LIST_GET", "LIST_ADD", "LIST_ADD_ALL", "LIST_PUT", "LIST_CLEAR",
         "MAP_GET", "MAP_PUT", "MAP_PUT_ALL", "MAP_REMOVE", "MAP_CONTAINS",
-        "MAP_IS_EMPTY", "MAP_ITER", "MAP_CLEAR",
+        "MAP_IS_EMPTY", "MAP_ITER", "MAP_CLEAR", "LIST_GET_CHUNK", "MAP_ITER_CHUNK",
     )  # fmt: skip
 
-    READS = frozenset({0, 3, 8, 12, 13, 14})
+    READS = frozenset({0, 3, 8, 12, 13, 14, 16, 17})
     WRITES = frozenset({1, 2, 4, 5, 6, 7, 9, 10, 11, 15})
 
 

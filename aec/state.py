@@ -119,35 +119,68 @@ class AggregatingStateDescriptor(StateDescriptor):
 # -- iterator ------------------------------------------------------------------------------
 
 
+ITERATOR_CHUNK = 1000  # elements per partial load of a list or map (Flink's ITERATOR_LOADING)
+
+
 class StateIterator:
     """The elements of a list state or a map's entries/keys/values (FLIP-424).
 
-    Iterate with ``on_next(fn)``: a future of ``[fn(e) for e in elements]``, where
-    a result that is itself a StateFuture is awaited. Also a plain Python iterable.
+    Loaded in chunks of ``ITERATOR_CHUNK`` elements: only the current chunk is
+    held, and the next is requested (one state request) once it is consumed.
+    Iterate with ``on_next(fn)``: a future of ``[fn(e) for e in elements]`` in
+    order, where a result that is itself a StateFuture is awaited. Plain Python
+    iteration also works; it loads further chunks with blocking requests.
+    Changing the state while iterating it may skip or repeat elements of later
+    chunks (as in Flink).
     """
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_cursor", "_load", "_wait", "_project")
 
-    def __init__(self, items: list[Any]) -> None:
-        self._items = items
+    def __init__(
+        self,
+        items: list[Any],
+        cursor: Any = None,
+        load: Callable[[Any], StateFuture] | None = None,
+        wait: Callable[[StateFuture], Any] | None = None,
+        project: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self._items = items  # the current chunk, as stored (before ``project``)
+        self._cursor = cursor  # where the next chunk starts; None: this is the last
+        self._load = load  # cursor -> future of (items, next cursor)
+        self._wait = wait
+        self._project = project
+
+    def _view(self, items: list[Any]) -> list[Any]:
+        project = self._project
+        return items if project is None else [project(i) for i in items]
 
     def on_next(self, fn: Callable[[Any], Any]) -> StateFuture:
-        results = [fn(item) for item in self._items]
-        if any(isinstance(r, StateFuture) for r in results):
-            return combine_all([_as_future(r, None) for r in results])
-        return _as_future(results, None)
+        results: list[Any] = []
+
+        def consume(items: list[Any], cursor: Any) -> Any:
+            results.extend(fn(item) for item in self._view(items))
+            if cursor is None:
+                if any(isinstance(r, StateFuture) for r in results):
+                    return combine_all([_as_future(r, None) for r in results])
+                return results
+            return self._load(cursor).then_compose(lambda chunk: consume(*chunk))
+
+        return _as_future(consume(self._items, self._cursor), None)
 
     def is_empty(self) -> bool:
         return not self._items
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
+        items, cursor = self._items, self._cursor
+        while True:
+            yield from self._view(items)
+            if cursor is None:
+                return
+            items, cursor = self._wait(self._load(cursor))
 
     def __repr__(self) -> str:
-        return f"StateIterator({self._items!r})"
+        more = ", ..." if self._cursor is not None else ""
+        return f"StateIterator({self._view(self._items)!r}{more})"
 
 
 # -- handles -------------------------------------------------------------------------------
@@ -169,6 +202,17 @@ class _Handle:
 
     def clear(self) -> None:
         self._wait(self.async_clear())
+
+    def _iterate(self, op: int, project: Callable[[Any], Any] | None) -> StateFuture:
+        """A future of a chunked StateIterator over this state (list or map)."""
+        submit, name, wait = self._submit, self._name, self._wait
+
+        def load(cursor: Any) -> StateFuture:
+            return submit(op, name, None, (cursor, ITERATOR_CHUNK))
+
+        return load(None).then_apply(
+            lambda chunk: StateIterator(chunk[0], chunk[1], load, wait, project)
+        )
 
 
 class ValueState(_Handle):
@@ -202,7 +246,7 @@ class ListState(_Handle):
     _clear_op = Op.LIST_CLEAR
 
     def async_get(self) -> StateFuture:
-        return self._submit(Op.LIST_GET, self._name).then_apply(StateIterator)
+        return self._iterate(Op.LIST_GET_CHUNK, None)
 
     def async_add(self, value: Any) -> StateFuture:
         return self._submit(Op.LIST_ADD, self._name, None, value)
@@ -252,17 +296,13 @@ class MapState(_Handle):
 
     def async_entries(self) -> StateFuture:
         """A future of a StateIterator of ``(user_key, value)`` tuples."""
-        return self._submit(Op.MAP_ITER, self._name).then_apply(StateIterator)
+        return self._iterate(Op.MAP_ITER_CHUNK, None)
 
     def async_keys(self) -> StateFuture:
-        return self._submit(Op.MAP_ITER, self._name).then_apply(
-            lambda entries: StateIterator([k for k, _ in entries])
-        )
+        return self._iterate(Op.MAP_ITER_CHUNK, _first)
 
     def async_values(self) -> StateFuture:
-        return self._submit(Op.MAP_ITER, self._name).then_apply(
-            lambda entries: StateIterator([v for _, v in entries])
-        )
+        return self._iterate(Op.MAP_ITER_CHUNK, _second)
 
     def get(self, user_key: Any) -> Any:
         return self._wait(self.async_get(user_key))
@@ -345,6 +385,14 @@ class AggregatingState(_Handle):
 
     def add(self, value: Any) -> None:
         self._wait(self.async_add(value))
+
+
+def _first(pair: tuple[Any, Any]) -> Any:
+    return pair[0]
+
+
+def _second(pair: tuple[Any, Any]) -> Any:
+    return pair[1]
 
 
 _HANDLES: dict[type, type] = {

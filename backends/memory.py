@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 from aec.requests import Op, StateRequest
@@ -164,6 +165,23 @@ def _map_iter(t: dict, r: StateRequest) -> None:
     r.result = list(stored.items()) if stored else []
 
 
+def _list_get_chunk(t: dict, r: StateRequest) -> None:
+    offset, limit = r.value
+    offset = offset or 0
+    stored = t.get(r.key) or ()
+    end = offset + limit
+    r.result = (list(stored[offset:end]), end if end < len(stored) else None)
+
+
+def _map_iter_chunk(t: dict, r: StateRequest) -> None:
+    offset, limit = r.value
+    offset = offset or 0
+    stored = t.get(r.key) or {}
+    end = offset + limit
+    # insertion order; a cursor is an offset, so entries added while iterating may shift it
+    r.result = (list(islice(stored.items(), offset, end)), end if end < len(stored) else None)
+
+
 _APPLY = [None] * len(Op.NAMES)
 for _op, _fn in (
     (Op.VALUE_GET, _value_get), (Op.VALUE_PUT, _value_put), (Op.VALUE_CLEAR, _clear),
@@ -172,6 +190,7 @@ for _op, _fn in (
     (Op.MAP_GET, _map_get), (Op.MAP_PUT, _map_put), (Op.MAP_PUT_ALL, _map_put_all),
     (Op.MAP_REMOVE, _map_remove), (Op.MAP_CONTAINS, _map_contains),
     (Op.MAP_IS_EMPTY, _map_is_empty), (Op.MAP_ITER, _map_iter), (Op.MAP_CLEAR, _clear),
+    (Op.LIST_GET_CHUNK, _list_get_chunk), (Op.MAP_ITER_CHUNK, _map_iter_chunk),
 ):  # fmt: skip
     _APPLY[_op] = _fn
 _APPLY = tuple(_APPLY)

@@ -134,25 +134,29 @@ class _Table:
         self.handle = handle
 
 
-def _scan(table: _Table, prefix: bytes, with_values: bool) -> Iterator[Any]:
+def _scan(
+    table: _Table, prefix: bytes, with_values: bool, start: bytes | None = None
+) -> Iterator[Any]:
     """The DB keys (or ``(key, raw value)`` pairs) starting with ``prefix``, in order.
 
     A generator, so the ReadOptions object outlives the iterator: rocksdict keeps
     only a pointer to the upper bound it holds (a temporary ReadOptions silently
     truncates the scan). The bound stops the scan early, skipping tombstones past
-    the prefix; the ``startswith`` check is a cheap second guard.
+    the prefix; the ``startswith`` check is a cheap second guard. ``start`` (a key
+    under ``prefix``) resumes a scan.
     """
+    from_key = prefix if start is None else start
     read_options = ReadOptions()
     end = _prefix_end(prefix)
     if end is not None:
         read_options.set_iterate_upper_bound(end)
     if with_values:
-        for pair in table.rdict.items(from_key=prefix, read_opt=read_options):
+        for pair in table.rdict.items(from_key=from_key, read_opt=read_options):
             if not pair[0].startswith(prefix):
                 return
             yield pair
     else:
-        for db_key in table.rdict.keys(from_key=prefix, read_opt=read_options):
+        for db_key in table.rdict.keys(from_key=from_key, read_opt=read_options):
             if not db_key.startswith(prefix):
                 return
             yield db_key
@@ -205,6 +209,25 @@ class _BatchView:
             else:
                 entries[db_key] = value
         return sorted(entries.items(), key=_first)
+
+    def map_chunk(
+        self, table: _Table, prefix: bytes, after: bytes | None, limit: int
+    ) -> tuple[list[tuple[bytes, Any]], bytes | None]:
+        """Up to ``limit`` ``(DB key, value)`` entries under ``prefix`` with DB key
+        greater than ``after`` (None: from the start), and the last one's DB key if
+        more follow. Scans only what it returns unless this batch wrote the map."""
+        if (table, prefix) in self._dirty_maps:  # merge with this batch's writes
+            entries = [e for e in self.map_entries(table, prefix) if after is None or e[0] > after]
+        else:
+            start = prefix if after is None else after + b"\x00"
+            entries = []
+            for db_key, raw in _scan(table, prefix, True, start):
+                entries.append((db_key, pickle.loads(raw)))
+                if len(entries) > limit:
+                    break
+        if len(entries) > limit:
+            return entries[:limit], entries[limit - 1][0]
+        return entries, None
 
     def map_is_empty(self, table: _Table, prefix: bytes) -> bool:
         dirty = self._dirty_maps.get((table, prefix), ())
@@ -318,6 +341,24 @@ def _map_clear(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
     v.map_clear(t, k)
 
 
+def _list_get_chunk(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    # the list is one value: read whole, hand out a slice (bounded on the engine side)
+    offset, limit = r.value
+    offset = offset or 0
+    stored = v.get(t, k)
+    stored = () if stored is _ABSENT else stored
+    end = offset + limit
+    r.result = (list(stored[offset:end]), end if end < len(stored) else None)
+
+
+def _map_iter_chunk(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
+    after, limit = r.value
+    skip = len(k)
+    entries, last = v.map_chunk(t, k, None if after is None else k + after, limit)
+    items = [(decode_key(db_key[skip:]), value) for db_key, value in entries]
+    r.result = (items, None if last is None else last[skip:])
+
+
 _APPLY: list[Any] = [None] * len(Op.NAMES)
 for _op, _fn in (
     (Op.VALUE_GET, _value_get), (Op.VALUE_PUT, _value_put), (Op.VALUE_CLEAR, _clear),
@@ -326,13 +367,22 @@ for _op, _fn in (
     (Op.MAP_GET, _map_get), (Op.MAP_PUT, _map_put), (Op.MAP_PUT_ALL, _map_put_all),
     (Op.MAP_REMOVE, _map_remove), (Op.MAP_CONTAINS, _map_contains),
     (Op.MAP_IS_EMPTY, _map_is_empty), (Op.MAP_ITER, _map_iter), (Op.MAP_CLEAR, _map_clear),
+    (Op.LIST_GET_CHUNK, _list_get_chunk), (Op.MAP_ITER_CHUNK, _map_iter_chunk),
 ):  # fmt: skip
     _APPLY[_op] = _fn
 _APPLY_OPS = tuple(_APPLY)
 
 # Ops that read one DB key (prefetched); the key is prefix + user key for map gets.
 _POINT_READS = frozenset(
-    {Op.VALUE_GET, Op.LIST_GET, Op.LIST_ADD, Op.LIST_ADD_ALL, Op.MAP_GET, Op.MAP_CONTAINS}
+    {
+        Op.VALUE_GET,
+        Op.LIST_GET,
+        Op.LIST_ADD,
+        Op.LIST_ADD_ALL,
+        Op.LIST_GET_CHUNK,
+        Op.MAP_GET,
+        Op.MAP_CONTAINS,
+    }
 )
 _USER_KEY_OPS = frozenset({Op.MAP_GET, Op.MAP_CONTAINS})
 

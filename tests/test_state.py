@@ -243,3 +243,46 @@ def test_bad_ttl_is_refused_clearly():
         ValueStateDescriptor("v", ttl=0)
     with pytest.raises(ValueError, match="ttl"):
         ListStateDescriptor("v", ttl="1h")
+
+
+class BigCollections(KeyedProcessFunction):
+    """Fills a list and a map past one chunk, then iterates both ways."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def open(self, ctx):
+        self.list = ctx.get_state(ListStateDescriptor("list"))
+        self.map = ctx.get_state(MapStateDescriptor("map"))
+
+    async def process_element(self, value, ctx):
+        await self.list.async_add_all(range(self.size))
+        await self.map.async_put_all({i: i * i for i in range(self.size)})
+        doubled = await (await self.list.async_get()).on_next(lambda v: v * 2)
+        looked_up = await (await self.map.async_keys()).on_next(lambda k: self.map.async_get(k))
+        ctx.output(
+            (
+                len(doubled),
+                sum(doubled),
+                sorted(looked_up) == sorted(i * i for i in range(self.size)),
+            )
+        )
+        ctx.output(
+            sum(1 for _ in self.list.get())
+        )  # plain iteration loads chunks with blocking calls
+        ctx.output(sorted(self.map.values())[-1])
+
+
+@pytest.mark.parametrize("config", MODES)
+@pytest.mark.parametrize("backend_name", ["memory", "rocksdb"])
+def test_iterators_load_big_collections_in_chunks(config, backend_name, tmp_path):
+    from aec.state import ITERATOR_CHUNK
+    from backends import RocksDBBackend
+
+    size = ITERATOR_CHUNK * 2 + 500
+    backend = MemoryBackend() if backend_name == "memory" else RocksDBBackend(str(tmp_path / "db"))
+    result = run_keyed([Record("k", 0)], BigCollections(size), backend, config)
+    assert result.outputs[:3] == [(size, size * (size - 1), True), size, (size - 1) ** 2]
+    # 2 writes + 3 list chunks + 3 key chunks + size map gets + 3 + 3 blocking chunk loads
+    assert result.metrics["requests"] == 2 + 3 + 3 + size + 3 + 3
+    backend.close()
