@@ -30,6 +30,11 @@ class AecConfig:
         executor_threads: I/O threads for blocking backends, >= 1.
             [``state.backend.forst.executor.read-io-parallelism``]
         max_parallelism: number of key groups, 1..32768. [``pipeline.max-parallelism``]
+        state_ordered: advanced. FLIP-425's state-ordered mode: a record's code runs
+            at once, before the previous record of its key finished; its first state
+            request takes the key, so state requests and the callbacks after them keep
+            same-key order, while code before the first state request (and what it
+            outputs) may run out of order. Default False: record-ordered.
 
     Raises:
         ValueError / TypeError: on construction, naming the option that is out of range.
@@ -42,10 +47,12 @@ class AecConfig:
     watermark_order: WatermarkOrder = "serial"
     executor_threads: int = 4
     max_parallelism: int = 128
+    state_ordered: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.async_state, bool):
-            raise TypeError(f"AecConfig.async_state must be a bool, got {self.async_state!r}")
+        for flag in ("async_state", "state_ordered"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"AecConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
         for name, low, high in (
             ("in_flight_records_limit", 1, None),
             ("buffer_size", 1, None),

@@ -30,6 +30,8 @@ from aec.mailbox import Mailbox
 from aec.record_context import RecordContext
 from aec.requests import StateRequest
 
+_REQUESTS_MOVED = object()  # _next_holder's answer when a waiting record took the key
+
 
 class BatchFailed(Exception):
     """A backend raised on a batch; carries the batch for the error message."""
@@ -74,6 +76,8 @@ class AsyncExecutionController:
         self._concurrent = executor.concurrent
         self.mailbox = Mailbox()
         executor.start(backend, self.mailbox)
+        self.state_ordered = config.state_ordered and not self.synchronous
+        self.waiting_requests: dict[Any, deque[StateRequest]] = {}  # state-ordered mode
         self.keys = KeyAccountingUnit()
         self.active = ActiveBuffer()
         self.blocking = BlockingBuffer()
@@ -98,6 +102,13 @@ class AsyncExecutionController:
         if self.in_flight > self.max_in_flight:
             self.max_in_flight = self.in_flight
         context.epoch.ongoing += 1
+        if self.state_ordered and context.timer is None:
+            # runs at once; its first state request takes the key (see submit)
+            if inline:
+                self.run_entry(context)
+            else:
+                self.ready.append(context)
+            return
         holders = self.keys.holders
         if context.key not in holders:
             holders[context.key] = context
@@ -132,13 +143,19 @@ class AsyncExecutionController:
                 if self.in_flight > self.max_in_flight:
                     self.max_in_flight = self.in_flight
                 successor.epoch.ongoing += 1
-        if successor is None and key in self.blocking.queues:
-            successor = self.blocking.pop_next(key)
         holders = self.keys.holders
+        if self.state_ordered and holders.get(key) is not context:
+            successor = None  # a record that never made a state request holds nothing
+        elif successor is None and self.state_ordered and key in self.waiting_requests:
+            successor = self._next_holder(key)
+        elif successor is None and key in self.blocking.queues:
+            successor = self.blocking.pop_next(key)
         if successor is None:
-            if holders.pop(key, None) is not context:
+            if holders.get(key) is context:
+                del holders[key]
+            elif not self.state_ordered:
                 raise RuntimeError(f"{context.describe()} released a key it did not hold")
-        else:
+        elif successor is not _REQUESTS_MOVED:
             holders[key] = successor
             self.ready.append(successor)
         epoch = context.epoch
@@ -165,6 +182,18 @@ class AsyncExecutionController:
             request._result = request.result
             return request
         context.ref_count += 1  # the pending future
+        if self.state_ordered:
+            holders = self.keys.holders
+            holder = holders.get(context.key)
+            if holder is None:
+                holders[context.key] = context
+            elif holder is not context:  # wait, in order, for the key
+                queue = self.waiting_requests.get(context.key)
+                if queue is None:
+                    queue = self.waiting_requests[context.key] = deque()
+                queue.append(request)
+                self.blocked += 1
+                return request
         active = self.active
         if not active.requests:
             active.first_time = monotonic()
@@ -172,6 +201,31 @@ class AsyncExecutionController:
         if len(active.requests) >= self.buffer_size:
             self.flush()
         return request
+
+    def _next_holder(self, key: Any) -> Any:
+        """State-ordered mode: give the freed ``key`` to whoever waited first, a
+        timer firing (blocking buffer) or a record with queued requests; for the
+        latter, move its requests to the active buffer. Returns the timer context,
+        or ``_REQUESTS_MOVED``."""
+        queue = self.waiting_requests[key]
+        waiter = queue[0]._context
+        timers = self.blocking.queues.get(key)
+        if timers and timers[0].sequence < waiter.sequence:
+            return self.blocking.pop_next(key)
+        mine = [r for r in queue if r._context is waiter]
+        rest = deque(r for r in queue if r._context is not waiter)
+        if rest:
+            self.waiting_requests[key] = rest
+        else:
+            del self.waiting_requests[key]
+        self.keys.holders[key] = waiter
+        active = self.active
+        if not active.requests:
+            active.first_time = monotonic()
+        active.requests.extend(mine)
+        if len(active.requests) >= self.buffer_size:
+            self.flush()
+        return _REQUESTS_MOVED
 
     def flush(self) -> None:
         """Send up to ``buffer_size`` buffered requests to the executor as one batch.

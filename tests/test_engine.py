@@ -346,3 +346,52 @@ def test_end_of_input_emits_infinite_watermark_last_and_fires_all_timers():
     result = run_keyed([Record("a", 100), Record("b", 1e9)], Logged(log))
     assert result.outputs[-1] == Watermark(math.inf)
     assert {e for e in log if e[0] == "timer"} == {("timer", "a", 100), ("timer", "b", 1e9)}
+
+
+def test_state_ordered_mode_overlaps_code_but_keeps_state_order():
+    log, executor = [], ManualExecutor()
+    op = operator(Logged(log), executor, buffer_size=100, state_ordered=True)
+    op.process(Record("a", "a1"))
+    op.process(Record("a", "a2"))
+    # a2's code ran before a1 finished (record-ordered mode would hold a2 back) ...
+    assert [e for e in log if e[0] == "start"] == [("start", "a", "a1"), ("start", "a", "a2")]
+    op.finish()
+    # ... but its state request waited: a1's read-modify-write, then a2's
+    assert log.index(("done", "a", "a1")) < log.index(("done", "a", "a2"))
+    assert op.controller.in_flight == 0 and not op.controller.keys.holders
+    assert not op.controller.waiting_requests
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_state_ordered_counter_equals_sync(seed):
+    from aec.testing import assert_equivalent
+
+    source = (
+        [Record(i % 3, i) for i in range(60)]
+        + [Watermark(5)]
+        + [Record(i % 2, i) for i in range(20)]
+    )
+    config = AecConfig(buffer_size=4, in_flight_records_limit=10, state_ordered=True)
+    assert_equivalent(Counter, source, configs=[config], seeds=[seed])
+    assert_equivalent(AsyncCounter, source, configs=[config], seeds=[seed])
+
+
+def test_blocking_state_calls_at_the_in_flight_limit_do_not_deadlock():
+    class BlockingCounter(KeyedProcessFunction):
+        def open(self, ctx):
+            self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+        def process_element(self, value, ctx):
+            n = self.count.value() + 1  # runs the mailbox until the read completes
+            self.count.update(n)
+            ctx.output((ctx.current_key, n))
+
+    source = [Record(i % 4, i) for i in range(100)]
+    for limit in (1, 2, 5):
+        result = run_keyed(
+            source, BlockingCounter(), backend=BrokenBackend(),  # an I/O-thread backend
+            config=AecConfig(in_flight_records_limit=limit, buffer_size=3),
+        )  # fmt: skip
+        got = values(result.outputs)
+        for key in range(4):
+            assert [n for k, n in got if k == key] == list(range(1, 26))
