@@ -47,8 +47,10 @@ class StateExecutor:
         """Block until a completion mail may be there or ``timeout`` seconds pass."""
         self._mailbox.wait(timeout)
 
-    def tick(self) -> None:
-        """Called by the operator before each input element; scripted executors act here."""
+    def tick(self, controller: Any) -> None:
+        """Called by the operator before each input element with its
+        ``AsyncExecutionController``; scripted executors act here (complete held
+        batches, flush the active buffer early)."""
 
     def close(self) -> None:
         pass

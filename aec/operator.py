@@ -164,7 +164,7 @@ class KeyedProcessOperator:
         controller = self.controller
         try:
             if self._ticks:
-                self.executor.tick()
+                self.executor.tick(controller)
             if controller.mailbox or controller.ready:
                 controller.run_available()
             limit = self.config.in_flight_records_limit
@@ -399,6 +399,9 @@ class KeyedProcessOperator:
                 f"async user code awaited {describe(awaited)}; only aec StateFutures can be "
                 "awaited in process_element/on_timer (use aec.async_io for asyncio calls)"
             )
+        if awaited._context is None and not awaited.is_done():
+            # a future the user made: the awaiting record now depends on it
+            awaited._context = self.controller.current
         awaited.on_complete(lambda result: self._drive(coroutine, result))
 
     def _timer_context(

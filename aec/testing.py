@@ -42,8 +42,9 @@ class ScriptedExecutor(StateExecutor):
     The driver is ``random.Random(seed)`` or, inside a hypothesis test, its
     ``data`` object (then hypothesis shrinks schedules too). Before each input
     element it completes a driver-chosen number of held batches, each chosen
-    among all held; when the engine has nothing else to do it completes one.
-    ``schedule`` records the choices: ``("tick", n_completed)`` and
+    among all held, and may flush a partial active buffer; when the engine has
+    nothing else to do it completes one. ``schedule`` records the choices:
+    ``("tick", n_completed)``, ``("flush", n_buffered)`` and
     ``("complete", index, held)``, which with the seed replays the run.
     """
 
@@ -70,7 +71,11 @@ class ScriptedExecutor(StateExecutor):
         self.schedule.append(("complete", index, len(self._held)))
         self._run(self._held.pop(index), self._mailbox.post_local)
 
-    def tick(self) -> None:
+    def tick(self, controller: Any) -> None:
+        buffered = len(controller.active)
+        if buffered and self._integer(3) == 0:
+            self.schedule.append(("flush", buffered))
+            controller.flush()
         if not self._held:
             return
         count = self._integer(len(self._held))
@@ -223,28 +228,64 @@ def assert_equivalent(
     """
     source = list(source)
     backend_factory = backend_factory or default_backend
+
+    def problem_with(elements: list[Any], config: AecConfig, seed: int | None) -> tuple:
+        reference = _observe(
+            elements, function_factory(), backend_factory(), AecConfig(async_state=False), None,
+            clock_advances,
+        )  # fmt: skip
+        if executor_factory is None:
+            executor = ScriptedExecutor(seed, data=data)
+        else:
+            executor = executor_factory(seed)
+        run = _observe(
+            elements, function_factory(), backend_factory(), config, executor, clock_advances
+        )
+        return _divergence(reference, run, config.watermark_order == "serial"), executor
+
     configs = list(configs) if configs is not None else list(DEFAULT_CONFIGS)
     clock_advances = list(clock_advances)
-    reference = _observe(
-        source, function_factory(), backend_factory(), AecConfig(async_state=False), None,
-        clock_advances,
-    )  # fmt: skip
     for config in configs:
         if not config.async_state:
             continue
         for seed in [None] if data is not None else list(seeds):
-            if executor_factory is None:
-                executor = ScriptedExecutor(seed, data=data)
-            else:
-                executor = executor_factory(seed)
-            run = _observe(
-                source, function_factory(), backend_factory(), config, executor, clock_advances
-            )
-            problem = _divergence(reference, run, config.watermark_order == "serial")
-            if problem:
-                schedule = getattr(executor, "schedule", ["(not scripted)"])[:40]
-                raise AssertionError(
-                    f"async run differs from the synchronous run in {config.watermark_order} "
-                    f"watermark mode ({config}), seed {seed}, input of {len(source)} elements: "
-                    f"{problem}\nschedule (first 40 choices): {schedule}"
+            problem, executor = problem_with(source, config, seed)
+            if not problem:
+                continue
+            smallest = source
+            if data is None:  # hypothesis shrinks its own draws; shrink seeded runs here
+                smallest = _shrink(
+                    source, lambda e, c=config, s=seed: bool(problem_with(e, c, s)[0])
                 )
+                if len(smallest) < len(source):
+                    problem, executor = problem_with(smallest, config, seed)
+            schedule = getattr(executor, "schedule", ["(not scripted)"])[:40]
+            raise AssertionError(
+                f"async run differs from the synchronous run in {config.watermark_order} "
+                f"watermark mode ({config}), seed {seed}, input of {len(source)} elements; "
+                f"smallest failing input found ({len(smallest)} elements): {smallest!r}\n"
+                f"{problem}\nschedule (first 40 choices): {schedule}"
+            )
+
+
+def _shrink(source: list[Any], fails: Callable[[list[Any]], bool], budget: int = 200) -> list[Any]:
+    """A smaller input that still ``fails``: drop ever smaller slices while the
+    failure remains, trying at most ``budget`` candidates (a simple ddmin)."""
+    current = list(source)
+    size = max(1, len(current) // 2)
+    while size >= 1 and budget > 0:
+        start, removed = 0, False
+        while start < len(current) and budget > 0:
+            candidate = current[:start] + current[start + size :]
+            budget -= 1
+            try:
+                still = fails(candidate)
+            except Exception:  # e.g. a candidate the function rejects: not a smaller example
+                still = False
+            if still:
+                current, removed = candidate, True
+            else:
+                start += size
+        if not removed:
+            size //= 2
+    return current

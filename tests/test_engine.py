@@ -395,3 +395,62 @@ def test_blocking_state_calls_at_the_in_flight_limit_do_not_deadlock():
         got = values(result.outputs)
         for key in range(4):
             assert [n for k, n in got if k == key] == list(range(1, 26))
+
+
+def test_a_future_nobody_completes_is_reported_with_its_key_not_a_hang():
+    from aec import StateFuture
+
+    class Forgetful(KeyedProcessFunction):
+        async def process_element(self, value, ctx):
+            if value == "stuck":
+                await StateFuture()  # nothing will ever complete it
+            ctx.output(value)
+
+    for config in (AecConfig(), AecConfig(async_state=False)):
+        with pytest.raises(JobFailure, match="can never finish.*'k2'"):
+            run_keyed(
+                [Record("k1", "ok"), Record("k2", "stuck"), Record("k3", "ok")],
+                Forgetful(),
+                config=config,
+            )
+    assert engine_threads() == []
+
+
+@pytest.mark.parametrize("async_state", [True, False])
+def test_keyboard_interrupt_stops_cleanly(async_state):
+    class Interrupted(KeyedProcessFunction):
+        def open(self, ctx):
+            self.state = ctx.get_state(ValueStateDescriptor("v"))
+
+        def process_element(self, value, ctx):
+            if value == 50:
+                raise KeyboardInterrupt
+            return self.state.async_update(value)
+
+    source = [Record(i % 7, i) for i in range(100)]
+    with pytest.raises(KeyboardInterrupt):
+        run_keyed(
+            source,
+            Interrupted(),
+            backend=BrokenBackend(),
+            config=AecConfig(async_state=async_state),
+        )
+    assert engine_threads() == []
+
+
+def test_failure_inside_a_blocked_io_thread_is_bounded_in_time():
+    class SlowThenBroken(MemoryBackend):
+        blocking = True
+
+        def execute_batch(self, requests):
+            time.sleep(0.01)
+            if any(r.value == 13 for r in requests):
+                raise OSError("remote store went away")
+            super().execute_batch(requests)
+
+    start = time.monotonic()
+    with pytest.raises(JobFailure, match="remote store went away"):
+        run_keyed([Record(i, i) for i in range(40)], Failing("none"), backend=SlowThenBroken(),
+                  config=AecConfig(buffer_size=2, executor_threads=4))  # fmt: skip
+    assert time.monotonic() - start < 10
+    assert engine_threads() == []
