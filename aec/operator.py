@@ -246,7 +246,8 @@ class KeyedProcessOperator:
 
     def finish(self) -> None:
         """End of input: acts as ``Watermark(math.inf)`` (fires every remaining
-        event-time timer, emitted last), drains every record, then ``close()``s.
+        event-time timer, emitted last), drains every record, makes the backend's
+        writes durable (``backend.flush()``), then ``close()``s.
 
         Raises JobFailure on failure, including a record that can never finish.
         """
@@ -258,6 +259,9 @@ class KeyedProcessOperator:
             self._run_until_epochs_done()
             if self.controller.in_flight:
                 raise self._stuck()
+            flush = getattr(self.backend, "flush", None)
+            if flush is not None:  # write-back tiers and remote stores make writes durable
+                flush()
         except BaseException as exc:
             self._raise_failure(exc)
         self._elapsed = time.perf_counter() - self._started

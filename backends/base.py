@@ -49,6 +49,14 @@ class StateBackend(ABC):
         hold requests of the same key.
         """
 
+    def flush(self) -> None:
+        """Make every acknowledged write durable (write-back caches, remote stores).
+
+        Called by the engine at the end of input (a drain) and before snapshots,
+        on the mailbox thread with no batch running. Raises on failure; the engine
+        then fails the run, so no acknowledged write is silently lost.
+        """
+
     @abstractmethod
     def snapshot(self, directory: str) -> None:
         """Write a consistent copy of all state into ``directory`` (created if missing)."""
