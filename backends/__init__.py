@@ -1,4 +1,4 @@
-"""State backends for aec: memory, RocksDB, modelled latency (more to come).
+"""State backends for aec: memory, RocksDB, Redis, SlateDB, modelled latency, a local cache tier.
 
 Each implements ``backends.base.StateBackend``: ``execute_batch`` answers a
 batch of ``aec.requests.StateRequest`` in list order.
@@ -7,6 +7,17 @@ batch of ``aec.requests.StateRequest`` in list order.
 from backends.base import BackendSpec, StateBackend
 from backends.latency import LatencyBackend
 from backends.memory import MemoryBackend
+from backends.redis import RedisBackend, RedisSpec
+from backends.redis_server import LocalRedisServer
 from backends.rocksdb import RocksDBBackend
 
-__all__ = ["BackendSpec", "LatencyBackend", "MemoryBackend", "RocksDBBackend", "StateBackend"]
+__all__ = [
+    "BackendSpec",
+    "LatencyBackend",
+    "LocalRedisServer",
+    "MemoryBackend",
+    "RedisBackend",
+    "RedisSpec",
+    "RocksDBBackend",
+    "StateBackend",
+]
