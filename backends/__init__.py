@@ -5,6 +5,7 @@ batch of ``aec.requests.StateRequest`` in list order.
 """
 
 from backends.base import BackendSpec, StateBackend
+from backends.cache import CachedBackend, CachedSpec
 from backends.latency import LatencyBackend
 from backends.memory import MemoryBackend
 from backends.redis import RedisBackend, RedisSpec
@@ -13,6 +14,8 @@ from backends.rocksdb import RocksDBBackend
 
 __all__ = [
     "BackendSpec",
+    "CachedBackend",
+    "CachedSpec",
     "LatencyBackend",
     "LocalRedisServer",
     "MemoryBackend",

@@ -4,7 +4,9 @@ Disaggregated state (FLIP-423) turns every state access into a remote call; the
 async state model pays off by batching and overlapping those calls. This wrapper
 models the cost: each batch first sleeps one round trip plus a per-request cost,
 with ``time.sleep`` (which releases the GIL, so batches on different I/O threads
-overlap as real remote calls would), then runs on the wrapped backend.
+overlap as real remote calls would), then runs on the wrapped backend. An optional
+``max_concurrency`` bounds how many batches are in their round trip at once (a
+connection pool, or a store's request concurrency limit).
 """
 
 from __future__ import annotations
@@ -76,6 +78,16 @@ class LatencySampler:
             return self._draw()
 
 
+def _check_concurrency(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_concurrency must be an int or None, got {value!r}")
+    if value < 1:
+        raise ValueError(f"max_concurrency must be >= 1 or None, got {value!r}")
+    return value
+
+
 class LatencyBackend(StateBackend):
     """Wraps ``inner``; each batch sleeps ``latency`` + ``per_request * len(batch)`` seconds.
 
@@ -87,13 +99,18 @@ class LatencyBackend(StateBackend):
             ``("exponential", mean)``.
         per_request: extra seconds per request of a batch (>= 0).
         seed: seeds the named distributions (``random.Random(seed)``).
+        max_concurrency: at most this many batches in their modelled round trip
+            (the sleep and the call into ``inner``) at once; further batches wait
+            for a free slot (a ``threading.BoundedSemaphore``). None: unlimited.
 
     Always blocking. A non-blocking ``inner`` (such as ``MemoryBackend``) expects
     batches one at a time on the mailbox thread, so calls into it are serialized
-    with a lock; the sleeps still overlap.
+    with a lock; the sleeps still overlap (up to ``max_concurrency``). ``flush``
+    is passed on to ``inner``.
 
     Raises:
-        TypeError/ValueError: malformed or negative ``latency`` or ``per_request``.
+        TypeError/ValueError: malformed or negative ``latency`` or ``per_request``;
+            ``max_concurrency`` not an int >= 1 or None.
     """
 
     blocking = True
@@ -104,32 +121,52 @@ class LatencyBackend(StateBackend):
         latency: Latency,
         per_request: float = 0.0,
         seed: int | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
         if not isinstance(inner, StateBackend):
             raise TypeError(f"inner must be a StateBackend, got {type(inner).__name__}")
         self.inner = inner
         self.per_request = _check_seconds("per_request", per_request)
+        self.max_concurrency = _check_concurrency(max_concurrency)
         self._latency = latency
         self._seed = seed
         self._sampler = LatencySampler(latency, seed)
         self._inner_lock = None if inner.blocking else threading.Lock()
+        self._slots = (
+            None if max_concurrency is None else threading.BoundedSemaphore(max_concurrency)
+        )
 
     def __repr__(self) -> str:
-        return f"LatencyBackend({self.inner!r}, latency={self._latency!r})"
+        limit = "" if self.max_concurrency is None else f", max_concurrency={self.max_concurrency}"
+        return f"LatencyBackend({self.inner!r}, latency={self._latency!r}{limit})"
 
     def delay_for(self, requests: int) -> float:
         """Seconds to sleep before a batch of ``requests`` requests (draws once)."""
         return self._sampler() + self.per_request * requests
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        delay = self.delay_for(len(requests))
+        delay = self.delay_for(len(requests))  # drawn in call order: seeded runs repeat
+        if self._slots is None:
+            self._round_trip(delay, requests)
+        else:
+            with self._slots:
+                self._round_trip(delay, requests)
+
+    def _round_trip(self, delay: float, requests: Sequence[StateRequest]) -> None:
         if delay > 0:
-            time.sleep(delay)
+            time.sleep(delay)  # releases the GIL
         if self._inner_lock is None:
             self.inner.execute_batch(requests)
         else:
             with self._inner_lock:
                 self.inner.execute_batch(requests)
+
+    def flush(self) -> None:
+        if self._inner_lock is None:
+            self.inner.flush()
+        else:
+            with self._inner_lock:
+                self.inner.flush()
 
     def open(self) -> None:
         self.inner.open()
@@ -144,27 +181,46 @@ class LatencyBackend(StateBackend):
         self.inner.restore(directory)
 
     def spec(self) -> BackendSpec:
-        return LatencySpec(self.inner.spec(), self._latency, self.per_request, self._seed)
+        return LatencySpec(
+            self.inner.spec(),
+            self._latency,
+            self.per_request,
+            self._seed,
+            max_concurrency=self.max_concurrency,
+        )
 
     def state_items(self, state: str) -> dict[Any, Any]:
         return self.inner.state_items(state)
 
 
 class LatencySpec(BackendSpec):
-    """Builds ``LatencyBackend(inner.build(p), latency, per_request, seed + p)``.
+    """Builds ``LatencyBackend(inner.build(p), latency, per_request, seed + p, max_concurrency)``.
 
     Each partition draws its own reproducible sequence (``seed + partition``; no
-    seed stays unseeded). A callable ``latency`` must pickle (cloudpickle for lambdas).
+    seed stays unseeded) and has its own concurrency limit. A callable ``latency``
+    must pickle (cloudpickle for lambdas).
     """
 
     def __init__(
-        self, inner: BackendSpec, latency: Latency, per_request: float, seed: int | None
+        self,
+        inner: BackendSpec,
+        latency: Latency,
+        per_request: float,
+        seed: int | None,
+        max_concurrency: int | None = None,
     ) -> None:
         self.inner = inner
         self.latency = latency
         self.per_request = per_request
         self.seed = seed
+        self.max_concurrency = max_concurrency
 
     def build(self, partition: int) -> StateBackend:
         seed = None if self.seed is None else self.seed + partition
-        return LatencyBackend(self.inner.build(partition), self.latency, self.per_request, seed)
+        return LatencyBackend(
+            self.inner.build(partition),
+            self.latency,
+            self.per_request,
+            seed,
+            self.max_concurrency,
+        )

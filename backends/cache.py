@@ -1,0 +1,783 @@
+"""CachedBackend: a local write-back tier in front of a remote backend (FLIP-429 style).
+
+Disaggregated state pays a round trip per miss; a local cache of hot state turns
+most accesses into dictionary lookups. ``CachedBackend`` keeps state entries in
+memory, keyed by ``(state, key)``:
+
+* value state: the value (or known absence);
+* list state: the whole list (or known absence, an empty list);
+* map state: the known user-key entries (present values and known absences) plus a
+  "complete" flag when the whole map is in memory, so ``MAP_ITER``,
+  ``MAP_ITER_CHUNK`` and ``MAP_IS_EMPTY`` are answered locally only when the map
+  is complete.
+
+A batch is answered in three steps:
+
+1. plan (under the lock): walk the batch in order and find what it cannot answer
+   from memory, taking into account its own earlier writes (a ``VALUE_PUT``
+   followed by a ``VALUE_GET`` needs no remote read); pin the entries it touches so
+   no other thread evicts them;
+2. one remote ``execute_batch`` (outside the lock) with every missing read of the
+   batch, duplicates folded (one ``VALUE_GET``/``LIST_GET`` per key, one
+   ``MAP_ITER`` per map that must be complete, one ``MAP_CONTAINS`` + ``MAP_GET``
+   per missing map entry), preceded by the write-backs of dirty entries evicted
+   earlier (they ride along instead of costing a round trip of their own);
+3. merge and answer (under the lock): fetched data fills only what memory did
+   not know (memory is never older than the remote), then the requests are
+   applied in list order, exactly as ``MemoryBackend`` applies them.
+
+A batch whose reads all hit makes no remote call at all.
+
+Writes are write-back: applied in memory and marked dirty, never sent per batch.
+``flush()`` writes every dirty entry to the remote (a few large batches) and is
+called by the engine at the end of input, before snapshots (``snapshot`` flushes)
+and on ``close``. Every write-back is idempotent (whole values and lists, map
+puts/removes, a cleared map as ``MAP_CLEAR`` + ``MAP_PUT_ALL``), so a failed
+flush leaves its entries dirty, raises, and can be retried. Evicting a dirty
+entry moves it to a write-back queue that stays readable (a later access revives
+it without a remote read); the queue rides along with the next remote call, or
+is sent on its own once it holds ``WRITEBACK_QUEUE_LIMIT`` entries, or at flush.
+An entry whose write-back is in flight blocks a batch of its key until the
+write-back landed (so a read never overtakes a write).
+
+Map iteration order (``MAP_ITER`` and ``MAP_ITER_CHUNK``) is the byte order of
+``backends.rocksdb.encode_key`` of the user keys, the same order as
+``RocksDBBackend``: it does not depend on which entries were evicted and loaded
+again, so a chunk cursor (the encoded last user key) stays valid across
+evictions, and writes between chunks behave as on RocksDB.
+"""
+
+from __future__ import annotations
+
+import bisect
+import pickle
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from aec.requests import Op, StateRequest
+from backends.base import BackendSpec, StateBackend
+from backends.rocksdb import encode_key
+
+WRITEBACK_QUEUE_LIMIT = 256  # evicted dirty entries held before they are sent on their own
+FLUSH_BATCH_REQUESTS = 1000  # remote requests per flush batch (a flush may send several)
+_SLOT_OVERHEAD_BYTES = 100  # rough per-entry bookkeeping cost added to pickled sizes
+
+_ABSENT = object()  # a map entry known to be absent (None is a legal map value)
+
+_VALUE, _LIST, _MAP = 0, 1, 2
+_KIND = {
+    Op.VALUE_GET: _VALUE, Op.VALUE_PUT: _VALUE, Op.VALUE_CLEAR: _VALUE,
+    Op.LIST_GET: _LIST, Op.LIST_ADD: _LIST, Op.LIST_ADD_ALL: _LIST, Op.LIST_PUT: _LIST,
+    Op.LIST_CLEAR: _LIST, Op.LIST_GET_CHUNK: _LIST,
+    Op.MAP_GET: _MAP, Op.MAP_PUT: _MAP, Op.MAP_PUT_ALL: _MAP, Op.MAP_REMOVE: _MAP,
+    Op.MAP_CONTAINS: _MAP, Op.MAP_IS_EMPTY: _MAP, Op.MAP_ITER: _MAP, Op.MAP_CLEAR: _MAP,
+    Op.MAP_ITER_CHUNK: _MAP,
+}  # fmt: skip
+_KIND_NAMES = ("value", "list", "map")
+_OVERWRITES = frozenset({Op.VALUE_PUT, Op.VALUE_CLEAR, Op.LIST_PUT, Op.LIST_CLEAR})
+_MAP_POINT_READS = frozenset({Op.MAP_GET, Op.MAP_CONTAINS})
+_MAP_WHOLE_READS = frozenset({Op.MAP_ITER, Op.MAP_ITER_CHUNK, Op.MAP_IS_EMPTY})
+
+# Knowledge of a value or list entry while planning a batch.
+_UNKNOWN, _FETCHED, _LOCAL = 0, 1, 2
+
+
+class _Slot:
+    """One cached state entry: ``(state, key)`` of value, list or map state.
+
+    ``data``: value state: the value or None (absent); list state: the list ([]
+    when absent); map state: ``{user key: value | _ABSENT}``, with no ``_ABSENT``
+    once ``complete``. ``known``: value/list data is loaded (maps use ``complete``
+    and per-entry knowledge). Dirty state: ``dirty``; maps also ``cleared`` (the
+    remote map must be cleared first) and ``dirty_keys``.
+    """
+
+    __slots__ = (
+        "sid", "state", "key", "key_group", "kind", "known", "data", "complete",
+        "cleared", "dirty_keys", "dirty", "pins", "version", "weight", "nbytes", "order",
+    )  # fmt: skip
+
+    def __init__(self, sid: tuple, state: str, key: Any, key_group: int, kind: int) -> None:
+        self.sid = sid
+        self.state = state
+        self.key = key
+        self.key_group = key_group
+        self.kind = kind
+        self.known = False
+        self.data: Any = {} if kind == _MAP else [] if kind == _LIST else None
+        self.complete = False
+        self.cleared = False
+        self.dirty_keys: set[Any] = set()
+        self.dirty = False
+        self.pins = 0
+        self.version = 0  # bumped by every write: flush marks clean only what it wrote
+        self.weight = 1
+        self.nbytes = 0
+        self.order: tuple[list[bytes], list[Any]] | None = None  # sorted map keys, lazily
+
+    def request(self, op: int, user_key: Any = None, value: Any = None) -> StateRequest:
+        return StateRequest(op, self.state, self.key, self.key_group, user_key, value)
+
+    def writebacks(self) -> list[StateRequest]:
+        """Idempotent remote requests that store this entry's dirty data."""
+        if self.kind == _VALUE:
+            return [self.request(Op.VALUE_PUT, value=self.data)]  # None clears
+        if self.kind == _LIST:
+            return [self.request(Op.LIST_PUT, value=list(self.data))]  # [] clears
+        entries = self.data
+        requests = []
+        if self.cleared:  # complete: no _ABSENT entries
+            requests.append(self.request(Op.MAP_CLEAR))
+            puts = dict(entries)
+        else:
+            puts = {}
+            for user_key in self.dirty_keys:
+                value = entries.get(user_key, _ABSENT)
+                if value is _ABSENT:
+                    requests.append(self.request(Op.MAP_REMOVE, user_key))
+                else:
+                    puts[user_key] = value
+        if puts:
+            requests.append(self.request(Op.MAP_PUT_ALL, value=puts))
+        return requests
+
+    def mark_clean(self) -> None:
+        self.dirty = self.cleared = False
+        if self.dirty_keys:
+            self.dirty_keys = set()
+
+    def map_order(self) -> tuple[list[bytes], list[Any]]:
+        """The map's user keys sorted by encoded bytes: (encodings, user keys)."""
+        if self.order is None:
+            pairs = sorted((encode_key(user_key), user_key) for user_key in self.data)
+            self.order = ([p[0] for p in pairs], [p[1] for p in pairs])
+        return self.order
+
+
+class _Plan:
+    """What one batch needs of one slot: the fetches to send and how to count hits."""
+
+    __slots__ = ("slot", "state", "fetch", "complete", "full", "local_keys", "points")
+
+    def __init__(self, slot: _Slot) -> None:
+        self.slot = slot
+        self.state = _LOCAL if slot.known else _UNKNOWN  # value and list
+        self.fetch = False  # value and list: one VALUE_GET / LIST_GET
+        self.complete = slot.complete  # map: complete without this batch's fetch
+        self.full = False  # map: fetch the whole map (MAP_ITER)
+        self.local_keys: set[Any] | None = None  # map: user keys this batch wrote
+        self.points: dict[Any, None] | None = None  # map: user keys to fetch, in order
+
+
+class CachedBackend(StateBackend):
+    """A local LRU write-back cache in front of ``remote`` (FLIP-429's local tier).
+
+    Args:
+        remote: the backend holding the state (opened, closed, snapshotted and
+            restored through this one).
+        capacity_entries: at most about this many state entries in memory (a value
+            or a list counts 1, a map counts its entries); None: unbounded.
+        capacity_bytes: at most about this many bytes of state in memory (pickled
+            sizes plus a per-entry overhead); None: unbounded.
+        policy: the eviction policy; only ``"lru"``.
+
+    Answers every sequence of batches exactly as ``MemoryBackend`` does, except
+    that maps iterate in encoded-key order (see the module docstring).
+    ``blocking`` is ``remote.blocking``: misses block on the remote, so a cache
+    over a remote store runs on I/O threads. Concurrent batches (of different
+    keys) share the cache under one lock, never held during a remote call; calls
+    into a non-blocking remote are serialized. ``flush``, ``snapshot``,
+    ``restore``, ``state_items`` and ``close`` must not overlap ``execute_batch``.
+    Entries pinned by running batches are not evicted, so the cache may exceed
+    its capacity by what the running batches touch.
+
+    Metrics: ``hits`` and ``misses`` (reads and read-modify-writes answered from
+    memory, or needing this batch's remote read), ``hit_rate``, ``evictions``,
+    ``flushes`` (successful ``flush`` calls), ``fetches`` (remote read requests
+    sent), ``written_back`` (entries written to the remote), ``entries`` and
+    ``bytes`` (the current size).
+
+    Raises:
+        TypeError: ``remote`` is not a StateBackend, a capacity is not an int.
+        ValueError: a capacity < 1, or an unknown ``policy``.
+    """
+
+    def __init__(
+        self,
+        remote: StateBackend,
+        capacity_entries: int | None = None,
+        capacity_bytes: int | None = None,
+        policy: str = "lru",
+    ) -> None:
+        if not isinstance(remote, StateBackend):
+            raise TypeError(f"remote must be a StateBackend, got {type(remote).__name__}")
+        self.capacity_entries = _check_capacity("capacity_entries", capacity_entries)
+        self.capacity_bytes = _check_capacity("capacity_bytes", capacity_bytes)
+        if policy != "lru":
+            raise ValueError(f"policy must be 'lru' (the only policy so far), got {policy!r}")
+        self.policy = policy
+        self.remote = remote
+        self.blocking = remote.blocking
+        self._lock = threading.Lock()
+        self._landed = threading.Condition(self._lock)  # in-flight write-backs finished
+        self._remote_lock = None if remote.blocking else threading.Lock()
+        self._index: OrderedDict[tuple, _Slot] = OrderedDict()  # LRU first
+        self._dirty: dict[tuple, _Slot] = {}  # dirty slots of the index
+        self._queue: OrderedDict[tuple, _Slot] = OrderedDict()  # evicted, not yet sent
+        self._in_flight: dict[tuple, _Slot] = {}  # evicted, being written back
+        self._closed = False
+        self.entries = 0
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.flushes = 0
+        self.fetches = 0
+        self.written_back = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"CachedBackend({self.remote!r}, capacity_entries={self.capacity_entries}, "
+            f"capacity_bytes={self.capacity_bytes})"
+        )
+
+    @property
+    def hit_rate(self) -> float:
+        """``hits / (hits + misses)``; 0.0 before any read."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    # lifecycle
+
+    def open(self) -> None:
+        self.remote.open()
+
+    def close(self) -> None:
+        """Flush, then close the remote (also when the flush raised). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush()
+        finally:
+            self.remote.close()
+
+    # batches
+
+    def execute_batch(self, requests: Sequence[StateRequest]) -> None:
+        if not requests:
+            return
+        with self._lock:
+            while self._in_flight and any((r.state, r.key) in self._in_flight for r in requests):
+                self._landed.wait()  # a write-back of one of our keys is on its way
+            plans, slots = self._plan(requests)
+            fetches = self._fetch_requests(plans)
+            if fetches:  # queued write-backs ride along with the one remote call
+                sending = self._take_queue(0)
+            else:  # every read hits: answer now, no remote call
+                self._answer(requests, slots, plans)
+                sending = self._take_queue(WRITEBACK_QUEUE_LIMIT)
+        if fetches:
+            # in-flight slots are this thread's alone: build their requests unlocked
+            remote = [w for slot in sending for w in slot.writebacks()]
+            remote.extend(f for _, _, group in fetches for f in group)
+            try:
+                self._call_remote(remote)
+            except BaseException:
+                with self._lock:
+                    self._requeue(sending)
+                    for plan in plans.values():
+                        plan.slot.pins -= 1
+                raise
+            with self._lock:
+                self._landed_ok(sending)
+                self._answer(requests, slots, plans, fetches)
+                sending = self._take_queue(WRITEBACK_QUEUE_LIMIT)
+        if sending:
+            self._send_writebacks(sending)
+
+    def _plan(self, requests: Sequence[StateRequest]) -> tuple[dict[tuple, _Plan], list[_Slot]]:
+        """Pin the batch's slots (creating or reviving them) and decide the fetches.
+
+        Walks the batch in order, so a read after a write of the batch needs no fetch.
+        """
+        plans: dict[tuple, _Plan] = {}
+        slots: list[_Slot] = []
+        hits = misses = 0
+        try:
+            for request in requests:
+                sid = (request.state, request.key)
+                plan = plans.get(sid)
+                op = request.op
+                if plan is None:
+                    slot = self._pin(sid, request, _KIND[op])
+                    plan = plans[sid] = _Plan(slot)
+                slot = plan.slot
+                if slot.kind != _KIND[op]:
+                    raise ValueError(
+                        f"state {request.state!r} of key {request.key!r} is {_KIND_NAMES[slot.kind]} "
+                        f"state; {Op.NAMES[op]} is a {_KIND_NAMES[_KIND[op]]} state request"
+                    )
+                slots.append(slot)
+                if slot.kind != _MAP:
+                    if op in _OVERWRITES:
+                        plan.state = _LOCAL
+                    elif op == Op.LIST_ADD_ALL and not request.value:
+                        pass  # a no-op: reads nothing
+                    elif plan.state == _LOCAL:
+                        hits += 1
+                    else:  # a read (or LIST_ADD, a read-modify-write) needing remote data
+                        misses += 1
+                        plan.state = _FETCHED
+                        plan.fetch = True
+                elif op in _MAP_POINT_READS:
+                    user_key = request.user_key
+                    if (
+                        plan.complete
+                        or (plan.local_keys is not None and user_key in plan.local_keys)
+                        or user_key in slot.data
+                    ):
+                        hits += 1
+                    else:
+                        misses += 1
+                        if not plan.full:
+                            if plan.points is None:
+                                plan.points = {}
+                            plan.points[user_key] = None
+                elif op in _MAP_WHOLE_READS:
+                    if plan.complete:
+                        hits += 1
+                    else:
+                        misses += 1
+                        plan.full = True
+                        plan.points = None
+                elif op == Op.MAP_CLEAR:
+                    plan.complete = True
+                else:  # MAP_PUT, MAP_PUT_ALL, MAP_REMOVE: blind writes
+                    if plan.local_keys is None:
+                        plan.local_keys = set()
+                    if op == Op.MAP_PUT_ALL:
+                        if request.value:
+                            plan.local_keys.update(dict(request.value))
+                    else:
+                        plan.local_keys.add(request.user_key)
+        except BaseException:
+            for plan in plans.values():
+                plan.slot.pins -= 1
+            raise
+        self.hits += hits
+        self.misses += misses
+        return plans, slots
+
+    def _pin(self, sid: tuple, request: StateRequest, kind: int) -> _Slot:
+        slot = self._index.get(sid)
+        if slot is None:
+            slot = self._queue.pop(sid, None)
+            if slot is None:
+                slot = _Slot(sid, request.state, request.key, request.key_group, kind)
+                if self.capacity_bytes is not None:
+                    slot.nbytes = _SLOT_OVERHEAD_BYTES
+            else:  # evicted but not yet written back: still dirty, still ours
+                self._dirty[sid] = slot
+            self._index[sid] = slot
+            self.entries += slot.weight
+            self.bytes += slot.nbytes
+        slot.pins += 1
+        return slot
+
+    def _fetch_requests(self, plans: dict[tuple, _Plan]) -> list[tuple]:
+        """``(slot, kind of fetch, [remote requests])`` for every slot needing data."""
+        fetches = []
+        for plan in plans.values():
+            slot = plan.slot
+            if slot.kind != _MAP:
+                if plan.fetch:
+                    op = Op.VALUE_GET if slot.kind == _VALUE else Op.LIST_GET
+                    fetches.append((slot, None, [slot.request(op)]))
+            elif plan.full:
+                fetches.append((slot, None, [slot.request(Op.MAP_ITER)]))
+            elif plan.points:
+                group = []
+                for user_key in plan.points:
+                    group.append(slot.request(Op.MAP_CONTAINS, user_key))
+                    group.append(slot.request(Op.MAP_GET, user_key))
+                fetches.append((slot, list(plan.points), group))
+        self.fetches += sum(len(group) for _, _, group in fetches)
+        return fetches
+
+    def _merge(self, fetches: list[tuple]) -> None:
+        """Fill what memory did not know with the remote's answers."""
+        for slot, user_keys, group in fetches:
+            if slot.kind == _VALUE:
+                if not slot.known:
+                    slot.data, slot.known = group[0].result, True
+            elif slot.kind == _LIST:
+                if not slot.known:
+                    slot.data, slot.known = list(group[0].result), True
+            elif user_keys is None:  # the whole map
+                if not slot.complete:
+                    entries = dict(group[0].result)
+                    for user_key, value in slot.data.items():  # memory is never older
+                        if value is _ABSENT:
+                            entries.pop(user_key, None)
+                        else:
+                            entries[user_key] = value
+                    slot.data, slot.complete, slot.order = entries, True, None
+            elif not slot.complete:
+                entries = slot.data
+                for index, user_key in enumerate(user_keys):
+                    if user_key not in entries:
+                        contains, get = group[2 * index], group[2 * index + 1]
+                        entries[user_key] = get.result if contains.result else _ABSENT
+
+    def _answer(
+        self,
+        requests: Sequence[StateRequest],
+        slots: list[_Slot],
+        plans: dict[tuple, _Plan],
+        fetches: list[tuple] | None = None,
+    ) -> None:
+        """Merge ``fetches``, apply the batch in order; unpin, account and touch its
+        slots; evict.
+
+        A request that raises (a malformed payload) stops the batch there, as on
+        ``MemoryBackend``; the slots are released all the same.
+        """
+        try:
+            if fetches:
+                self._merge(fetches)
+            for request, slot in zip(requests, slots, strict=True):
+                _APPLY[request.op](slot, request)
+        finally:
+            self._release(plans)
+        self._evict()
+
+    def _release(self, plans: dict[tuple, _Plan]) -> None:
+        measure = self.capacity_bytes is not None
+        index, dirty = self._index, self._dirty
+        for sid, plan in plans.items():
+            slot = plan.slot
+            slot.pins -= 1
+            if slot.kind == _MAP:
+                weight = len(slot.data) or 1
+                self.entries += weight - slot.weight
+                slot.weight = weight
+            if measure:
+                nbytes = _approx_bytes(slot)
+                self.bytes += nbytes - slot.nbytes
+                slot.nbytes = nbytes
+            if slot.dirty:
+                dirty[sid] = slot
+            index.move_to_end(sid)
+
+    def _evict(self) -> None:
+        over_entries = 0 if self.capacity_entries is None else self.entries - self.capacity_entries
+        over_bytes = 0 if self.capacity_bytes is None else self.bytes - self.capacity_bytes
+        if over_entries <= 0 and over_bytes <= 0:
+            return
+        victims = []
+        for slot in self._index.values():  # least recently used first
+            if slot.pins:
+                continue
+            victims.append(slot)
+            over_entries -= slot.weight
+            over_bytes -= slot.nbytes
+            if over_entries <= 0 and over_bytes <= 0:
+                break
+        for slot in victims:
+            del self._index[slot.sid]
+            self.entries -= slot.weight
+            self.bytes -= slot.nbytes
+            if slot.dirty:
+                del self._dirty[slot.sid]
+                self._queue[slot.sid] = slot
+        self.evictions += len(victims)
+
+    # write-backs
+
+    def _take_queue(self, limit: int) -> list[_Slot]:
+        """Move the write-back queue in flight when it holds at least ``limit`` entries
+        (and at least one)."""
+        queue = self._queue
+        if not queue or len(queue) < limit:
+            return []
+        sending = list(queue.values())
+        queue.clear()
+        for slot in sending:
+            self._in_flight[slot.sid] = slot
+        return sending
+
+    def _landed_ok(self, sending: list[_Slot]) -> None:
+        if sending:
+            for slot in sending:
+                del self._in_flight[slot.sid]
+            self.written_back += len(sending)
+            self._landed.notify_all()
+
+    def _requeue(self, sending: list[_Slot]) -> None:
+        """A write-back failed: its entries stay dirty in the queue, readable."""
+        if sending:
+            for slot in sending:
+                del self._in_flight[slot.sid]
+                self._queue[slot.sid] = slot
+            self._landed.notify_all()
+
+    def _send_writebacks(self, sending: list[_Slot]) -> None:
+        try:
+            self._call_remote([w for slot in sending for w in slot.writebacks()])
+        except BaseException:
+            with self._lock:
+                self._requeue(sending)
+            raise
+        with self._lock:
+            self._landed_ok(sending)
+
+    def _call_remote(self, requests: list[StateRequest]) -> None:
+        if self._remote_lock is None:
+            self.remote.execute_batch(requests)
+        else:
+            with self._remote_lock:
+                self.remote.execute_batch(requests)
+
+    def flush(self) -> None:
+        """Write every dirty entry to the remote, then ``remote.flush()``.
+
+        Sends batches of about ``FLUSH_BATCH_REQUESTS`` requests; entries are
+        marked clean batch by batch. Raises what the remote raised; the entries
+        not yet written stay dirty (and a later flush writes them).
+        """
+        with self._lock:
+            while self._in_flight:
+                self._landed.wait()
+            queued = self._take_queue(0)  # in flight: a stray batch waits for them
+            dirty = list(self._dirty.values())
+        groups: list[tuple[list[tuple[_Slot, int]], list[StateRequest]]] = []
+        members: list[tuple[_Slot, int]] = []
+        requests: list[StateRequest] = []
+        for slot in queued + dirty:
+            members.append((slot, slot.version))
+            requests.extend(slot.writebacks())
+            if len(requests) >= FLUSH_BATCH_REQUESTS:
+                groups.append((members, requests))
+                members, requests = [], []
+        if requests:
+            groups.append((members, requests))
+        queued_ids = {id(slot) for slot in queued}
+        try:
+            for members, requests in groups:
+                self._call_remote(requests)
+                with self._lock:
+                    for slot, version in members:
+                        if id(slot) in queued_ids:
+                            del self._in_flight[slot.sid]
+                        elif slot.version == version:
+                            slot.mark_clean()
+                            self._dirty.pop(slot.sid, None)
+                    self.written_back += len(members)
+                    self._landed.notify_all()
+        except BaseException:
+            with self._lock:
+                self._requeue([s for s in queued if s.sid in self._in_flight])
+            raise
+        self.remote.flush()
+        self.flushes += 1
+
+    # snapshots and introspection
+
+    def snapshot(self, directory: str) -> None:
+        """Flush, then ``remote.snapshot(directory)``."""
+        self.flush()
+        self.remote.snapshot(directory)
+
+    def restore(self, directory: str) -> None:
+        """``remote.restore(directory)``, then drop the cache (dirty entries too).
+
+        When the remote raises, the cache is left as it was.
+        """
+        self.remote.restore(directory)
+        with self._lock:
+            self._index.clear()
+            self._dirty.clear()
+            self._queue.clear()
+            self.entries = self.bytes = 0
+
+    def spec(self) -> BackendSpec:
+        return CachedSpec(
+            self.remote.spec(), self.capacity_entries, self.capacity_bytes, self.policy
+        )
+
+    def state_items(self, state: str) -> dict[Any, Any]:
+        """Flush, then ``remote.state_items(state)``."""
+        self.flush()
+        return self.remote.state_items(state)
+
+
+class CachedSpec(BackendSpec):
+    """Builds ``CachedBackend(remote.build(p), capacity_entries, capacity_bytes, policy)``."""
+
+    def __init__(
+        self,
+        remote: BackendSpec,
+        capacity_entries: int | None = None,
+        capacity_bytes: int | None = None,
+        policy: str = "lru",
+    ) -> None:
+        self.remote = remote
+        self.capacity_entries = capacity_entries
+        self.capacity_bytes = capacity_bytes
+        self.policy = policy
+
+    def build(self, partition: int) -> StateBackend:
+        return CachedBackend(
+            self.remote.build(partition), self.capacity_entries, self.capacity_bytes, self.policy
+        )
+
+
+def _check_capacity(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or None, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1 or None, got {value!r}")
+    return value
+
+
+def _approx_bytes(slot: _Slot) -> int:
+    data = slot.data
+    if slot.kind == _MAP and not slot.complete:
+        data = {k: v for k, v in data.items() if v is not _ABSENT}
+    try:
+        size = len(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # an unpicklable value: the remote will complain; estimate here
+        size = sys.getsizeof(data)
+    return size + _SLOT_OVERHEAD_BYTES
+
+
+# --- ops: (slot, request), after the plan made the data each one reads available -----
+
+
+def _value_get(s: _Slot, r: StateRequest) -> None:
+    r.result = s.data
+
+
+def _value_put(s: _Slot, r: StateRequest) -> None:
+    s.data, s.known, s.dirty = r.value, True, True  # None clears
+    s.version += 1
+
+
+def _value_clear(s: _Slot, r: StateRequest) -> None:
+    s.data, s.known, s.dirty = None, True, True
+    s.version += 1
+
+
+def _list_get(s: _Slot, r: StateRequest) -> None:
+    r.result = list(s.data)
+
+
+def _list_add(s: _Slot, r: StateRequest) -> None:
+    s.data.append(r.value)
+    s.dirty = True
+    s.version += 1
+
+
+def _list_add_all(s: _Slot, r: StateRequest) -> None:
+    if r.value:
+        s.data.extend(r.value)
+        s.dirty = True
+        s.version += 1
+
+
+def _list_put(s: _Slot, r: StateRequest) -> None:
+    s.data, s.known, s.dirty = (list(r.value) if r.value else []), True, True
+    s.version += 1
+
+
+def _list_clear(s: _Slot, r: StateRequest) -> None:
+    s.data, s.known, s.dirty = [], True, True
+    s.version += 1
+
+
+def _list_get_chunk(s: _Slot, r: StateRequest) -> None:
+    offset, limit = r.value
+    offset = offset or 0
+    stored = s.data
+    end = offset + limit
+    r.result = (stored[offset:end], end if end < len(stored) else None)
+
+
+def _map_get(s: _Slot, r: StateRequest) -> None:
+    value = s.data.get(r.user_key, _ABSENT)
+    r.result = None if value is _ABSENT else value
+
+
+def _map_contains(s: _Slot, r: StateRequest) -> None:
+    r.result = s.data.get(r.user_key, _ABSENT) is not _ABSENT
+
+
+def _map_put(s: _Slot, r: StateRequest) -> None:
+    s.data[r.user_key] = r.value
+    s.dirty_keys.add(r.user_key)
+    s.dirty, s.order = True, None
+    s.version += 1
+
+
+def _map_put_all(s: _Slot, r: StateRequest) -> None:
+    if r.value:
+        entries = dict(r.value)
+        s.data.update(entries)
+        s.dirty_keys.update(entries)
+        s.dirty, s.order = True, None
+        s.version += 1
+
+
+def _map_remove(s: _Slot, r: StateRequest) -> None:
+    if s.complete:
+        s.data.pop(r.user_key, None)
+    else:
+        s.data[r.user_key] = _ABSENT
+    s.dirty_keys.add(r.user_key)
+    s.dirty, s.order = True, None
+    s.version += 1
+
+
+def _map_is_empty(s: _Slot, r: StateRequest) -> None:
+    r.result = not s.data  # complete: no _ABSENT entries
+
+
+def _map_iter(s: _Slot, r: StateRequest) -> None:
+    entries = s.data
+    r.result = [(user_key, entries[user_key]) for user_key in s.map_order()[1]]
+
+
+def _map_clear(s: _Slot, r: StateRequest) -> None:
+    s.data, s.complete, s.cleared, s.dirty, s.order = {}, True, True, True, None
+    s.dirty_keys = set()
+    s.version += 1
+
+
+def _map_iter_chunk(s: _Slot, r: StateRequest) -> None:
+    after, limit = r.value  # after: the encoded user key the last chunk ended with
+    encoded, user_keys = s.map_order()
+    start = 0 if after is None else bisect.bisect_right(encoded, after)
+    end = start + limit
+    entries = s.data
+    items = [(user_key, entries[user_key]) for user_key in user_keys[start:end]]
+    r.result = (items, encoded[end - 1] if end < len(encoded) else None)
+
+
+_APPLY: list[Any] = [None] * len(Op.NAMES)
+for _op, _fn in (
+    (Op.VALUE_GET, _value_get), (Op.VALUE_PUT, _value_put), (Op.VALUE_CLEAR, _value_clear),
+    (Op.LIST_GET, _list_get), (Op.LIST_ADD, _list_add), (Op.LIST_ADD_ALL, _list_add_all),
+    (Op.LIST_PUT, _list_put), (Op.LIST_CLEAR, _list_clear),
+    (Op.MAP_GET, _map_get), (Op.MAP_PUT, _map_put), (Op.MAP_PUT_ALL, _map_put_all),
+    (Op.MAP_REMOVE, _map_remove), (Op.MAP_CONTAINS, _map_contains),
+    (Op.MAP_IS_EMPTY, _map_is_empty), (Op.MAP_ITER, _map_iter), (Op.MAP_CLEAR, _map_clear),
+    (Op.LIST_GET_CHUNK, _list_get_chunk), (Op.MAP_ITER_CHUNK, _map_iter_chunk),
+):  # fmt: skip
+    _APPLY[_op] = _fn
+_APPLY = tuple(_APPLY)
