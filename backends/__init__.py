@@ -12,6 +12,16 @@ from backends.redis import RedisBackend, RedisSpec
 from backends.redis_server import LocalRedisServer
 from backends.rocksdb import RocksDBBackend
 
+
+def __getattr__(name: str):
+    # SlateDB loads a 28 MB native library: import it only when asked for
+    if name in ("SlateDBBackend", "SlateDBSpec"):
+        from backends import slatedb
+
+        return getattr(slatedb, name)
+    raise AttributeError(f"module 'backends' has no attribute {name!r}")
+
+
 __all__ = [
     "BackendSpec",
     "CachedBackend",
@@ -22,5 +32,7 @@ __all__ = [
     "RedisBackend",
     "RedisSpec",
     "RocksDBBackend",
+    "SlateDBBackend",
+    "SlateDBSpec",
     "StateBackend",
 ]

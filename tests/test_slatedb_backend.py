@@ -1,0 +1,487 @@
+"""SlateDBBackend: the backend conformance suite, engine runs, durability and snapshots.
+
+Everything runs on ``file://`` object stores under ``tmp_path`` (the only kind
+reachable here); the S3 path is checked up to building its object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import tempfile
+import threading
+
+import pytest
+from engine_helpers import AsyncCounter, Counter, Everything
+from hypothesis import given
+from hypothesis import strategies as st
+from slatedb import uniffi as sdb
+from test_backends import (  # noqa: F401  (pytest collects the imported tests here)
+    KEYS,
+    MIXES,
+    USER_KEYS,
+    TestListState,
+    TestMapState,
+    TestValueState,
+    _batches,
+    _clone,
+    _map_ops,
+    _normalized,
+    _op,
+    req,
+    run,
+    test_list_chunks_concatenate_to_the_list,
+    test_map_chunks_concatenate_to_the_map,
+    test_restore_from_missing_directory,
+    test_snapshot_then_restore_rolls_back,
+)
+
+from aec import AecConfig, JobFailure, KeyedProcessOperator, Record, Watermark
+from aec.executor import ThreadPoolStateExecutor
+from aec.requests import Op
+from aec.testing import assert_equivalent
+from backends.memory import MemoryBackend
+from backends.rocksdb import RocksDBBackend, encode_key
+from backends.slatedb import SlateDBBackend, SlateDBSpec, _object_store
+
+LOOP_THREAD = "aec-slatedb-loop"
+
+
+def url_of(path) -> str:
+    return f"file://{path}"
+
+
+def make(path, name: str = "db", **kwargs) -> SlateDBBackend:
+    backend = SlateDBBackend(url_of(path), name, **kwargs)
+    backend.open()
+    return backend
+
+
+def loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == LOOP_THREAD]
+
+
+@pytest.fixture
+def backend(tmp_path):
+    instance = make(tmp_path)
+    yield instance
+    instance.close()
+
+
+@pytest.fixture
+def snapshotting(backend):
+    return backend
+
+
+@pytest.fixture(autouse=True)
+def no_threads_left_behind():
+    before = set(loop_threads())
+    yield
+    assert set(loop_threads()) <= before, "a SlateDB loop thread outlived its test"
+
+
+# --- randomized conformance against MemoryBackend -------------------------------------
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_matches_memory_on_random_batches(mix):
+    @given(batches=MIXES[mix])
+    def check(batches):
+        with tempfile.TemporaryDirectory(prefix="aec-slate-prop-") as directory:
+            memory, slate = MemoryBackend(), make(directory)
+            try:
+                for batch in batches:
+                    mine = [_clone(r) for r in batch]
+                    memory.execute_batch(batch)
+                    slate.execute_batch(mine)
+                    assert [_normalized(r) for r in mine] == [_normalized(r) for r in batch]
+                for state in ("v", "l", "m"):
+                    assert slate.state_items(state) == memory.state_items(state), state
+            finally:
+                slate.close()
+
+    check()
+
+
+# Chunked reads mixed with writes: RocksDB shares SlateDB's cursors (encoded user
+# keys) and map order, so the two must agree exactly, chunk by chunk.
+CURSORS = st.one_of(st.none(), USER_KEYS.map(encode_key))
+CHUNKED = _batches(
+    st.one_of(
+        _map_ops(KEYS),
+        _op(Op.MAP_ITER_CHUNK, "m", KEYS, value=st.tuples(CURSORS, st.integers(1, 3))),
+        _op(Op.LIST_GET_CHUNK, "l", KEYS, value=st.tuples(st.integers(0, 3), st.integers(1, 3))),
+        _op(Op.LIST_ADD_ALL, "l", KEYS, value=st.lists(st.integers(), max_size=3)),
+    )
+)
+
+
+@given(batches=CHUNKED)
+def test_chunked_reads_match_rocksdb_on_random_batches(batches):
+    with tempfile.TemporaryDirectory(prefix="aec-slate-chunks-") as directory:
+        rocks, slate = RocksDBBackend(os.path.join(directory, "rocks")), make(directory)
+        rocks.open()
+        try:
+            for batch in batches:
+                mine = [_clone(r) for r in batch]
+                rocks.execute_batch(batch)
+                slate.execute_batch(mine)
+                assert [r.result for r in mine] == [r.result for r in batch], batch
+            for state in ("l", "m"):
+                assert slate.state_items(state) == rocks.state_items(state), state
+        finally:
+            slate.close()
+            rocks.close()
+
+
+def test_map_chunks_after_writes_and_emptiness_in_one_batch(backend):
+    run(backend, req(Op.MAP_PUT_ALL, "m", "a", value={f"k{i}": i for i in range(5)}))
+    first = run(
+        backend,
+        req(Op.MAP_IS_EMPTY, "m", "a"),  # a one-row probe
+        req(Op.MAP_ITER_CHUNK, "m", "a", value=(None, 2)),  # a two-row range read
+        req(Op.MAP_CLEAR, "m", "a"),
+        req(Op.MAP_IS_EMPTY, "m", "a"),  # after a write: the whole map, merged
+        req(Op.MAP_PUT, "m", "a", user_key="z", value=1),
+        req(Op.MAP_ITER_CHUNK, "m", "a", value=(None, 2)),
+        req(Op.MAP_IS_EMPTY, "m", "nobody"),
+    )
+    assert first[0] is False and first[3] is True and first[6] is True
+    assert first[1] == ([("k0", 0), ("k1", 1)], first[1][1]) and first[1][1] is not None
+    assert first[5] == ([("z", 1)], None)
+
+
+def test_concurrent_batches_of_disjoint_keys(backend):
+    errors: list[BaseException] = []
+
+    def worker(thread: int) -> None:
+        try:
+            for i in range(30):
+                key = (thread, i % 5)
+                run(
+                    backend,
+                    req(Op.LIST_ADD, "l", key, value=i),
+                    req(Op.MAP_PUT, f"m{i % 3}", key, user_key=i, value=thread),
+                    req(Op.VALUE_GET, "v", key),
+                )
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert backend.state_items("l") == {
+        (t, k): list(range(k, 30, 5)) for t in range(4) for k in range(5)
+    }
+
+
+# --- engine ---------------------------------------------------------------------------
+
+
+class Backends:
+    """A backend factory for ``assert_equivalent`` that closes what it made."""
+
+    def __init__(self, directory) -> None:
+        self.directory = directory
+        self.made: list[SlateDBBackend] = []
+
+    def __call__(self) -> SlateDBBackend:
+        backend = SlateDBBackend(url_of(self.directory), f"run-{len(self.made)}")
+        self.made.append(backend)
+        return backend
+
+    def close(self) -> None:
+        for backend in self.made:
+            backend.close()
+
+
+def stream(n: int, keys=("a", "b", "c", 1, (2, "x"))) -> list:
+    elements: list = []
+    for i in range(n):
+        elements.append(Record(keys[i * 7 % len(keys)], i % 13, timestamp=i))
+        if i % 9 == 8:
+            elements.append(Watermark(i - 3))
+    return elements
+
+
+SERIAL = AecConfig(buffer_size=4, in_flight_records_limit=12)
+PARALLEL = AecConfig(buffer_size=3, in_flight_records_limit=25, watermark_order="parallel")
+
+
+# Everything's timers read state later records write: equivalent in serial mode only.
+@pytest.mark.parametrize(
+    ("function", "configs"),
+    [(Counter, [SERIAL, PARALLEL]), (AsyncCounter, [SERIAL, PARALLEL]), (Everything, [SERIAL])],
+)
+def test_engine_runs_equal_the_sync_run(function, configs, tmp_path):
+    factory = Backends(tmp_path)
+    try:
+        assert_equivalent(
+            function,
+            stream(40),
+            backend_factory=factory,
+            configs=configs,
+            seeds=(0,),
+            executor_factory=lambda _: ThreadPoolStateExecutor(2),
+        )
+    finally:
+        factory.close()
+
+
+def run_engine(backend, elements, function=Counter) -> list:
+    operator = KeyedProcessOperator(
+        function(), backend, AecConfig(buffer_size=8), ThreadPoolStateExecutor(2)
+    )
+    operator.open()
+    try:
+        for element in elements:
+            if type(element) is Watermark:
+                operator.process_watermark(element)
+            else:
+                operator.process(element)
+        operator.finish()  # drains, then backend.flush()
+    finally:
+        operator.close()
+    return operator.drain_outputs()
+
+
+# --- durability -----------------------------------------------------------------------
+
+
+NO_TIMED_FLUSH = {"flush_interval": "3600s"}  # only explicit flushes reach the store
+
+
+def test_engine_drain_makes_writes_durable(tmp_path):
+    """finish() drains and calls backend.flush(): a successor writer (as after a
+    crash of the first, which never closes cleanly) sees every write."""
+    first = make(tmp_path, settings=NO_TIMED_FLUSH)
+    run_engine(first, stream(30))
+    expected = first.state_items("count")
+    assert sum(expected.values()) == 30
+    successor = make(tmp_path)  # fences the first writer
+    assert successor.state_items("count") == expected
+    with pytest.raises(sdb.Error):
+        first.close()  # fenced: its final flush fails
+    successor.close()
+    reopened = make(tmp_path)  # and a clean close/reopen keeps it too
+    try:
+        assert reopened.state_items("count") == expected
+    finally:
+        reopened.close()
+
+
+def test_unflushed_writes_are_not_durable_yet(tmp_path):
+    # The control for the durability tests: without a flush a successor sees nothing.
+    first = make(tmp_path, settings=NO_TIMED_FLUSH)
+    run(first, req(Op.VALUE_PUT, "v", "a", value=1))
+    successor = make(tmp_path)
+    try:
+        assert successor.state_items("v") == {}
+    finally:
+        successor.close()
+        with pytest.raises(sdb.Error):
+            first.close()
+
+
+def test_flushed_writes_survive_a_writer_that_never_closed(tmp_path):
+    """flush() alone makes writes durable: a second writer (as after a crash) sees
+    them; it fences the first, whose next flush then fails."""
+    crashed = make(tmp_path, settings=NO_TIMED_FLUSH)
+    run(
+        crashed,
+        req(Op.VALUE_PUT, "v", "a", value=1),
+        req(Op.MAP_PUT_ALL, "m", "a", value={"x": 1, "y": 2}),
+        req(Op.LIST_ADD_ALL, "l", "a", value=[1, 2]),
+    )
+    crashed.flush()
+    successor = make(tmp_path)
+    try:
+        assert successor.state_items("v") == {"a": 1}
+        assert successor.state_items("m") == {"a": {"x": 1, "y": 2}}
+        assert successor.state_items("l") == {"a": [1, 2]}
+        # Fenced: a write still lands in its memtable, but the flush that would make
+        # it durable fails, and so does an engine run on it (JobFailure).
+        run(crashed, req(Op.VALUE_PUT, "v", "b", value=2))
+        with pytest.raises(sdb.Error, match="FENCED|newer"):
+            crashed.flush()
+        with pytest.raises(JobFailure) as failure:
+            run_engine(crashed, stream(3))
+        assert isinstance(failure.value.__cause__, sdb.Error)
+        with pytest.raises(sdb.Error):
+            crashed.close()  # its final flush fails, yet it releases everything
+        crashed.close()
+    finally:
+        successor.close()
+    assert not loop_threads()
+
+
+def test_close_is_idempotent_final_and_stops_the_loop_thread(tmp_path):
+    backend = SlateDBBackend(url_of(tmp_path), "db")
+    with pytest.raises(RuntimeError, match="not open"):
+        run(backend, req(Op.VALUE_GET, "v", "a"))
+    with pytest.raises(RuntimeError, match="not open"):
+        backend.flush()
+    backend.open()
+    backend.open()
+    assert len(loop_threads()) == 1
+    backend.close()
+    backend.close()
+    assert not loop_threads()
+    with pytest.raises(RuntimeError, match="closed"):
+        run(backend, req(Op.VALUE_GET, "v", "a"))
+    with pytest.raises(RuntimeError, match="closed"):
+        backend.open()
+
+
+def test_rejects_a_database_aec_did_not_write(tmp_path):
+    async def foreign() -> None:
+        store, _ = _object_store(url_of(tmp_path), {})
+        db = await sdb.DbBuilder("foreign", store).build()
+        await db.put(b"k", b"v")
+        await db.shutdown()
+
+    asyncio.run(foreign())
+    with pytest.raises(ValueError, match="did not write"):
+        make(tmp_path, "foreign")
+
+
+def test_configuration_is_validated_and_applied(tmp_path):
+    with pytest.raises(ValueError, match="absolute path"):
+        SlateDBBackend("file://relative/dir")
+    with pytest.raises(ValueError, match="unsupported"):
+        SlateDBBackend("ftp://host/dir")
+    with pytest.raises(ValueError, match="block_cache_bytes"):
+        SlateDBBackend(url_of(tmp_path), block_cache_bytes=-1)
+    with pytest.raises(ValueError, match="setting"):
+        SlateDBBackend(url_of(tmp_path), settings={"flush_interval": "soon"})
+    for cache in (0, None, 1 << 20):
+        backend = make(
+            tmp_path, f"cache-{cache}", block_cache_bytes=cache, settings={"flush_interval": "5ms"}
+        )
+        assert run(backend, req(Op.VALUE_PUT, "v", 1, value=2), req(Op.VALUE_GET, "v", 1)) == [
+            None,
+            2,
+        ]
+        backend.close()
+
+
+def test_s3_url_builds_an_object_store_without_touching_the_network():
+    backend = SlateDBBackend("s3://bucket/some/prefix", "job", object_store_options={"region": "x"})
+    assert backend.db_path == "some/prefix/job"
+    store, prefix = _object_store(
+        "s3://bucket/some/prefix",
+        {"endpoint": "http://127.0.0.1:9", "allow_http": "true", "region": "us-east-1"},
+    )
+    assert store is not None and prefix == "some/prefix"
+    spec = pickle.loads(pickle.dumps(backend.spec()))
+    assert spec.build(2).db_path == "some/prefix/job/partition-2"
+
+
+# --- snapshots ------------------------------------------------------------------------
+
+
+def test_snapshot_of_an_engine_run_restores_after_more_writes(tmp_path):
+    backend = make(tmp_path)
+    try:
+        run_engine(backend, stream(20), Everything)
+        names = ("last", "items", "by_parity", "total", "mean")
+        expected = {name: backend.state_items(name) for name in names}
+        snap = str(tmp_path / "snap")
+        backend.snapshot(snap)
+        manifest = json.loads((tmp_path / "snap" / "slatedb-snapshot.json").read_text())
+        assert manifest["db_path"] == "db" and manifest["checkpoint"]
+        run_engine(backend, stream(25)[5:], Everything)
+        assert {name: backend.state_items(name) for name in names} != expected
+        backend.restore(snap)
+        assert {name: backend.state_items(name) for name in names} == expected
+    finally:
+        backend.close()
+
+
+def test_restore_into_another_backend_and_after_a_fresh_rebuild(tmp_path):
+    spec = SlateDBSpec(url_of(tmp_path), "job")
+    source = spec.build(0)
+    source.open()
+    run(source, req(Op.MAP_PUT, "m", "k", user_key=1, value="one"))
+    source.snapshot(str(tmp_path / "snap"))
+    run(source, req(Op.MAP_PUT, "m", "k", user_key=2, value="two"))
+    source.close()
+    # A task retry rebuilds the partition fresh (empty); the checkpoint survives.
+    retry = spec.build(0)
+    retry.open()
+    assert retry.state_items("m") == {}
+    retry.restore(str(tmp_path / "snap"))
+    assert run(retry, req(Op.MAP_ITER, "m", "k")) == [[(1, "one")]]
+    retry.close()
+    other = SlateDBBackend(url_of(tmp_path / "elsewhere"), "copy")
+    other.restore(str(tmp_path / "snap"))  # opens it; reads another object store
+    assert other.state_items("m") == {"k": {1: "one"}}
+    other.close()
+
+
+def test_restore_rejects_invalid_snapshots_and_leaves_state_alone(backend, tmp_path):
+    run(backend, req(Op.VALUE_PUT, "v", "a", value=1))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "slatedb-snapshot.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a SlateDB snapshot"):
+        backend.restore(str(bad))
+    (bad / "slatedb-snapshot.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="not an aec SlateDB snapshot"):
+        backend.restore(str(bad))
+    snap = tmp_path / "snap"
+    backend.snapshot(str(snap))
+    manifest = json.loads((snap / "slatedb-snapshot.json").read_text())
+    manifest["checkpoint"] = "00000000-0000-0000-0000-000000000000"
+    (bad / "slatedb-snapshot.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="cannot open checkpoint"):
+        backend.restore(str(bad))
+    assert backend.state_items("v") == {"a": 1}
+
+
+def test_snapshotting_again_into_a_directory_drops_the_replaced_checkpoint(backend, tmp_path):
+    snap = str(tmp_path / "snap")
+    run(backend, req(Op.VALUE_PUT, "v", "a", value=1))
+    backend.snapshot(snap)
+    backend.snapshot(str(tmp_path / "other"))
+    run(backend, req(Op.VALUE_PUT, "v", "a", value=2))
+    backend.snapshot(snap)
+
+    async def checkpoints() -> list[str]:
+        store, _ = _object_store(url_of(tmp_path), {})
+        return [c.id for c in await sdb.AdminBuilder("db", store).build().list_checkpoints(None)]
+
+    live = asyncio.run(checkpoints())
+    manifests = [
+        json.loads(open(os.path.join(d, "slatedb-snapshot.json")).read())
+        for d in (snap, str(tmp_path / "other"))
+    ]
+    assert sorted(live) == sorted(m["checkpoint"] for m in manifests)
+    backend.restore(str(tmp_path / "other"))
+    assert backend.state_items("v") == {"a": 1}
+
+
+# --- specs ----------------------------------------------------------------------------
+
+
+def test_spec_pickles_and_separates_partitions(tmp_path):
+    backend = SlateDBBackend(url_of(tmp_path), "base", block_cache_bytes=1 << 20)
+    spec = pickle.loads(pickle.dumps(backend.spec()))
+    zero, one = spec.build(0), spec.build(1)
+    assert (zero.path, one.path) == ("base/partition-0", "base/partition-1")
+    assert zero.block_cache_bytes == 1 << 20
+    zero.open()
+    one.open()
+    run(zero, req(Op.VALUE_PUT, "v", "a", value=0))
+    run(one, req(Op.VALUE_PUT, "v", "a", value=1))
+    assert (zero.state_items("v"), one.state_items("v")) == ({"a": 0}, {"a": 1})
+    zero.close()
+    one.close()
+    assert not loop_threads()
+    with pytest.raises(ValueError, match="partition"):
+        spec.build(-1)
