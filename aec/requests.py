@@ -10,6 +10,7 @@ backend that applies each batch in list order gives the sequential answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aec.future import _PENDING, StateFuture
@@ -53,6 +54,26 @@ class Op:
 
     READS = frozenset({0, 3, 8, 12, 13, 14, 16, 17})
     WRITES = frozenset({1, 2, 4, 5, 6, 7, 9, 10, 11, 15})
+
+
+def op_table(namespace: Mapping[str, Any]) -> tuple[Callable[..., Any], ...]:
+    """A backend's handlers indexed by ``Op`` code, found by name in ``namespace``
+    (the backend module's ``globals()``): ``_value_get`` for VALUE_GET and so on;
+    VALUE_CLEAR, LIST_CLEAR and MAP_CLEAR fall back to ``_clear``.
+
+    Raises LookupError naming every op without a handler.
+    """
+    table, missing = [], []
+    for name in Op.NAMES:
+        handler = namespace.get("_" + name.lower())
+        if handler is None and name.endswith("_CLEAR"):
+            handler = namespace.get("_clear")
+        if handler is None:
+            missing.append(name)
+        table.append(handler)
+    if missing:
+        raise LookupError(f"no handler for {', '.join(missing)} in {namespace.get('__name__')}")
+    return tuple(table)
 
 
 class StateRequest(StateFuture):

@@ -37,7 +37,7 @@ from typing import Any
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from aec.keygroups import stable_key_bytes
-from aec.requests import Op, StateRequest
+from aec.requests import Op, StateRequest, op_table
 from backends.base import BackendSpec, StateBackend
 
 _CF_PREFIX = "state/"
@@ -359,18 +359,7 @@ def _map_iter_chunk(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None
     r.result = (items, None if last is None else last[skip:])
 
 
-_APPLY: list[Any] = [None] * len(Op.NAMES)
-for _op, _fn in (
-    (Op.VALUE_GET, _value_get), (Op.VALUE_PUT, _value_put), (Op.VALUE_CLEAR, _clear),
-    (Op.LIST_GET, _list_get), (Op.LIST_ADD, _list_add), (Op.LIST_ADD_ALL, _list_add_all),
-    (Op.LIST_PUT, _list_put), (Op.LIST_CLEAR, _clear),
-    (Op.MAP_GET, _map_get), (Op.MAP_PUT, _map_put), (Op.MAP_PUT_ALL, _map_put_all),
-    (Op.MAP_REMOVE, _map_remove), (Op.MAP_CONTAINS, _map_contains),
-    (Op.MAP_IS_EMPTY, _map_is_empty), (Op.MAP_ITER, _map_iter), (Op.MAP_CLEAR, _map_clear),
-    (Op.LIST_GET_CHUNK, _list_get_chunk), (Op.MAP_ITER_CHUNK, _map_iter_chunk),
-):  # fmt: skip
-    _APPLY[_op] = _fn
-_APPLY_OPS = tuple(_APPLY)
+_APPLY_OPS = op_table(globals())
 
 # Ops that read one DB key (prefetched); the key is prefix + user key for map gets.
 _POINT_READS = frozenset(

@@ -712,3 +712,13 @@ def test_latency_serializes_a_non_blocking_inner_backend():
     assert time.perf_counter() - started < 12 * 0.02  # sleeps overlapped
     total = sum(len(v) for s in ("s0", "s1") for v in backend.state_items(s).values())
     assert total == 12
+
+
+def test_op_table_names_missing_handlers():
+    from aec.requests import op_table
+
+    def _clear(*_):
+        pass
+
+    with pytest.raises(LookupError, match="VALUE_GET.*MAP_ITER_CHUNK"):
+        op_table({"__name__": "partial", "_clear": _clear})
