@@ -1,11 +1,14 @@
 """The ``aec`` command line.
 
-``aec flights --out DIR [--backend memory|rocksdb] [--partitions N]
-[--watermark-delay 2h] [--sync] [--limit N]`` runs the flights job (see
-``spark_glue.flights``) on a local Spark (``local[*]``; an already active
-SparkSession is used as it is), writes Parquet, summary.md and a PNG into DIR,
-and shows a progress bar of its stages on stderr. Exit status 0 on success,
-1 when the job fails, 2 on bad arguments.
+``aec flights --out DIR [--backend memory|rocksdb|remote-latency|slatedb|redis]
+[--latency 1ms] [--object-store URL] [--redis-url URL] [--compare-sync]
+[--partitions N] [--watermark-delay 2h] [--sync] [--limit N]`` runs the flights
+job (see ``spark_glue.flights``) on a local Spark (``local[*]``; an already
+active SparkSession is used as it is), writes Parquet, summary.md and a PNG into
+DIR, and shows a progress bar of its stages on stderr. ``--compare-sync`` runs
+the job a second time synchronously (outputs in DIR/sync) and puts both times in
+summary.md. Exit status 0 on success, 1 when the job fails (or, with
+``--compare-sync``, when the two runs' outputs differ), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -15,15 +18,27 @@ import re
 import sys
 from collections.abc import Sequence
 
-_PART = r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|d|h|m|s)?"  # longest units first
+BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")  # as spark_glue.flights
+DEFAULT_LATENCY = 0.001  # seconds; as spark_glue.flights.DEFAULT_LATENCY
+
+_PART = r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|us|min|d|h|m|s)?"  # longest units first
 _DURATION = re.compile(rf"(?:{_PART}\s*)+")
-_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0, "ms": 0.001}
+_SECONDS = {
+    "d": 86400.0,
+    "h": 3600.0,
+    "m": 60.0,
+    "min": 60.0,
+    "s": 1.0,
+    "ms": 0.001,
+    "us": 0.000001,
+}
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in a duration such as ``"2h"``, ``"90m"``, ``"1h30m"``, ``"45s"``, ``"7200"``.
+    """Seconds in a duration such as ``"2h"``, ``"90m"``, ``"1h30m"``, ``"45s"``,
+    ``"1ms"``, ``"7200"``.
 
-    Units: d, h, m or min, s, ms; a bare number is seconds; parts add up.
+    Units: d, h, m or min, s, ms, us; a bare number is seconds; parts add up.
 
     Raises:
         ValueError: anything else (negative, empty, unknown unit).
@@ -49,9 +64,40 @@ def build_parser() -> argparse.ArgumentParser:
     flights.add_argument("--out", required=True, help="output directory (created)")
     flights.add_argument(
         "--backend",
-        choices=["memory", "rocksdb"],
+        choices=list(BACKENDS),
         default="rocksdb",
-        help="state backend (default: rocksdb under OUT/state)",
+        help="state backend (default: rocksdb under OUT/state); remote-latency: that "
+        "RocksDB behind a modelled round trip per state batch (--latency); slatedb: SlateDB "
+        "on an object store (--object-store); redis: a Redis server (--redis-url)",
+    )
+    flights.add_argument(
+        "--latency",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="remote-latency only: round trip per state batch, e.g. 1ms, 250us, 0.005 "
+        "(default: 1ms)",
+    )
+    flights.add_argument(
+        "--object-store",
+        default=None,
+        metavar="URL",
+        help="slatedb only: object store URL, file:///dir or s3://bucket/prefix "
+        "(default: file://OUT/object-store, emptied first)",
+    )
+    flights.add_argument(
+        "--redis-url",
+        default=None,
+        metavar="URL",
+        help="redis only: redis://host:port/db (default: start a throwaway redis-server "
+        "on a free loopback port and stop it at the end)",
+    )
+    flights.add_argument(
+        "--compare-sync",
+        action="store_true",
+        help="run the job twice on fresh state of the same backend, async then --sync; "
+        "write the async outputs (the sync ones into OUT/sync), check they are equal and put "
+        "both times in summary.md",
     )
     flights.add_argument(
         "--partitions", type=_positive_int, default=2, help="Spark partitions (default: 2)"
@@ -93,10 +139,25 @@ def _duration(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``aec`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "flights":
+        _check_flights_args(parser, args)
         return _flights(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
+
+
+def _check_flights_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options that only make sense together; exits with status 2 otherwise."""
+    only = {"latency": "remote-latency", "object_store": "slatedb", "redis_url": "redis"}
+    for name, backend in only.items():
+        if getattr(args, name) is not None and args.backend != backend:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} applies to --backend {backend} only")
+    if args.compare_sync and args.sync:
+        parser.error("--compare-sync runs both modes: leave out --sync")
+    if args.latency is None:
+        args.latency = DEFAULT_LATENCY
 
 
 def _flights(args: argparse.Namespace) -> int:
@@ -112,19 +173,39 @@ def _flights(args: argparse.Namespace) -> int:
         watermark_delay=args.watermark_delay,
         sync=args.sync,
         limit=args.limit,
+        latency=args.latency,
+        object_store=args.object_store,
+        redis_url=args.redis_url,
     )
-    with tqdm(total=5, desc="aec flights", unit="step", file=sys.stderr) as bar:
+    try:
+        flights.validate(options)
+    except ValueError as exc:
+        print(f"aec flights: error: {exc}", file=sys.stderr)
+        return 2
+    runs = ["async", "sync"] if args.compare_sync else [""]
+    labels = [
+        f"{mode} {stage}".strip()
+        for mode in runs
+        for stage in ("load", "route_hourly", "rotations")
+    ]
+    labels.append("report")
+    if args.compare_sync:
+        labels.insert(0, "warm-up")
+    with tqdm(total=len(labels) + 1, desc="aec flights", unit="step", file=sys.stderr) as bar:
         spark, owned = _spark_session(options.partitions)
-        bar.set_postfix_str("route_hourly")
+        following = iter(labels[1:])
+        bar.set_postfix_str(labels[0])
         bar.update(1)
 
-        def step(done: str) -> None:
-            following = {"loaded the flights table": "route_hourly", "route_hourly": "rotations"}
-            bar.set_postfix_str(following.get(done, "report"))
+        def step(_done: str) -> None:
+            bar.set_postfix_str(next(following, "report"))
             bar.update(1)
 
         try:
-            run = flights.run(spark, options, step)
+            if args.compare_sync:
+                run = flights.compare_sync(spark, options, step)
+            else:
+                run = flights.run(spark, options, step)
             summary, plot = flights_report.write(run)
             bar.set_postfix_str("done")
             bar.update(1)
@@ -136,6 +217,19 @@ def _flights(args: argparse.Namespace) -> int:
             if owned:
                 spark.stop()
     print(f"wrote {summary} and {plot} ({run.wall_s:.1f} s)")
+    if run.sync_run is not None:
+        sync_s = run.sync_run.wall_s
+        print(
+            f"{options.backend}: async {run.wall_s:.1f} s, sync {sync_s:.1f} s, "
+            f"speed-up {sync_s / run.wall_s:.1f}x"
+        )
+        if run.sync_mismatches:
+            print(
+                "aec flights failed: the sync and async runs wrote different rows in "
+                + ", ".join(run.sync_mismatches),
+                file=sys.stderr,
+            )
+            return 1
     return 0
 
 

@@ -12,17 +12,29 @@
 Times are float seconds with naive local timestamps read as UTC (see
 ``spark_glue.flights_data``); the output schemas turn them back into naive
 ``timestamp_ntz`` values.
+
+State backends (``FlightsOptions.backend``, one per operator, built per
+partition on the executors from its picklable spec): ``memory``, ``rocksdb``
+(under ``out/state``), ``remote-latency`` (``LatencyBackend`` over that RocksDB:
+every batch pays a modelled round trip), ``slatedb`` (an LSM on an object
+store, by default the local directory ``out/object-store``) and ``redis`` (a
+given server, or a throwaway local ``redis-server`` started for the run).
+``compare_sync`` runs the job twice, async then synchronous on fresh state, and
+checks that both wrote the same rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
@@ -33,12 +45,18 @@ from aec import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
-from backends import MemoryBackend, RocksDBBackend
+from backends import LatencyBackend, LocalRedisServer, MemoryBackend, RedisBackend, RocksDBBackend
 from spark_glue import flights_data
 from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
 
 HOUR = 3600
 DELAYED_MINUTES = 15  # FAA's definition of a delayed flight
+BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")
+DEFAULT_LATENCY = 0.001  # seconds per batch round trip (remote-latency)
+OBJECT_STORE_DIR = "object-store"  # the default SlateDB store: a directory in out
+SYNC_DIR = "sync"  # compare_sync: the synchronous run's outputs, in out/sync
+DATASETS = ("route_hourly", "late", "rotations", "no_tailnum")
+WARM_UP_ROWS = 200  # compare_sync's untimed warm-up run
 
 ROUTE_HOURLY_SCHEMA = (
     "origin string, dest string, window_start timestamp_ntz, flights long, cancelled long, "
@@ -205,11 +223,22 @@ class FlightsOptions:
 
     Attributes:
         out: output directory (created; Parquet datasets, summary.md, the plot).
-        backend: ``"rocksdb"`` (state under ``out/state/<operator>``) or ``"memory"``.
+        backend: one of ``BACKENDS``: ``"rocksdb"`` (state under
+            ``out/state/<operator>``), ``"memory"``, ``"remote-latency"``
+            (``LatencyBackend`` over that RocksDB, ``latency`` seconds per batch),
+            ``"slatedb"`` (on ``object_store``) or ``"redis"`` (at ``redis_url``).
         partitions: Spark partitions, one operator each, >= 1.
         watermark_delay: bounded out-of-orderness in seconds.
         sync: run with ``AecConfig(async_state=False)`` (the synchronous reference).
         limit: use only the first ``limit`` rows of the table (None: all).
+        latency: seconds of modelled round trip per state batch (``remote-latency``).
+        object_store: SlateDB's object store URL (``file:///dir``, ``s3://bucket/prefix``);
+            None: ``file://<out>/object-store``, emptied at the start of the run.
+            Databases go under ``aec-flights/<async|sync>/<operator>/partition-<p>``.
+        redis_url: the Redis server (``redis://host:port/db``); None: a throwaway
+            ``redis-server`` on a free loopback port, stopped after the run. Keys are
+            prefixed ``aec-flights.<async|sync>.<operator>`` (cleared per partition
+            when it starts).
     """
 
     out: str
@@ -218,6 +247,9 @@ class FlightsOptions:
     watermark_delay: float = 2 * HOUR
     sync: bool = False
     limit: int | None = None
+    latency: float = DEFAULT_LATENCY
+    object_store: str | None = None
+    redis_url: str | None = None
 
 
 @dataclass
@@ -233,13 +265,23 @@ class StageResult:
 
 @dataclass
 class FlightsRun:
-    """What ``run`` did; ``spark_glue.flights_report`` turns it into summary.md."""
+    """What ``run`` (or ``compare_sync``) did; ``spark_glue.flights_report`` turns it
+    into summary.md.
+
+    ``backend_note`` says where the state lived. After ``compare_sync`` this is the
+    async run: ``sync_run`` is the synchronous one (outputs in ``out/sync``) and
+    ``sync_mismatches`` lists the datasets whose rows differ between the two
+    (empty: identical).
+    """
 
     options: FlightsOptions
     input_rows: int
     stages: list[StageResult] = field(default_factory=list)
     load_s: float = 0.0
     wall_s: float = 0.0
+    backend_note: str = ""
+    sync_run: FlightsRun | None = None
+    sync_mismatches: list[str] = field(default_factory=list)
 
 
 def run(
@@ -253,21 +295,140 @@ def run(
 
     Raises:
         ValueError: bad options. Spark's error (carrying ``aec.JobFailure``'s
-        message) when an operator fails.
+        message) when an operator fails. FileNotFoundError / RuntimeError: the
+        local redis-server would not start.
     """
-    if options.backend not in ("memory", "rocksdb"):
-        raise ValueError(f"backend must be 'memory' or 'rocksdb', got {options.backend!r}")
+    validate(options)
+    with _state_service(options) as service:
+        return _run(spark, options, service, step)
+
+
+def compare_sync(
+    spark: SparkSession, options: FlightsOptions, step: Callable[[str], None] = lambda _: None
+) -> FlightsRun:
+    """Run the job async (outputs in ``out``), then synchronously on fresh state of the
+    same backend kind (outputs in ``out/sync``), and compare the two runs' rows.
+
+    Returns the async run with ``sync_run`` and ``sync_mismatches`` set. A small
+    untimed ``warm_up`` run goes first, so neither timed run pays for starting
+    Spark's Python workers and loading the backend. ``step`` is called after the warm-up and then as in ``run``, once per stage of each
+    run.
+
+    Raises:
+        ValueError: bad options, or ``options.sync`` set (this runs both modes).
+        Otherwise as ``run``.
+    """
+    if options.sync:
+        raise ValueError("compare_sync runs both modes: options.sync must be False")
+    validate(options)
+    with _state_service(options) as service:
+        warm_up(spark, options, service)
+        step("warm-up")
+        first = _run(spark, options, service, step)
+        sync_options = replace(options, out=os.path.join(options.out, SYNC_DIR), sync=True)
+        second = _run(spark, sync_options, service, step)
+    first.sync_run = second
+    first.sync_mismatches = differing_datasets(first, second)
+    return first
+
+
+def warm_up(
+    spark: SparkSession, options: FlightsOptions, service: _Service, rows: int = WARM_UP_ROWS
+) -> None:
+    """Run the whole job, untimed, on the first ``rows`` rows into a temporary
+    directory (same backend kind, async): starts Spark's Python workers, loads the
+    backend's modules there and runs every Spark code path once, so that neither
+    timed run of ``compare_sync`` pays for that."""
+    with tempfile.TemporaryDirectory(prefix="aec-flights-warm-up-") as scratch:
+        limit = rows if options.limit is None else min(rows, options.limit)
+        _run(spark, replace(options, out=scratch, limit=limit), service, lambda _: None)
+
+
+def validate(options: FlightsOptions) -> None:
+    """Raise ValueError for options the job cannot run with."""
+    if options.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {options.backend!r}")
     if options.partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {options.partitions}")
+    latency = options.latency
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)):
+        raise ValueError(f"latency must be a number of seconds, got {latency!r}")
+    if not (0 <= latency < math.inf):
+        raise ValueError(f"latency must be finite and >= 0 seconds, got {latency!r}")
+    if options.object_store is not None:
+        if options.backend != "slatedb":
+            raise ValueError("object_store applies to the slatedb backend only")
+        _slatedb_backend()(options.object_store, "aec-flights")  # checks the URL
+    if options.redis_url is not None:
+        if options.backend != "redis":
+            raise ValueError("redis_url applies to the redis backend only")
+        scheme = urlsplit(options.redis_url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(
+                f"redis_url must be redis://host:port/db (or rediss://, unix://), "
+                f"got {redact_url(options.redis_url)!r}"
+            )
+
+
+def differing_datasets(first: FlightsRun, second: FlightsRun) -> list[str]:
+    """Datasets whose Parquet rows differ between two runs (as multisets: row order
+    within a dataset is Spark's and does not count; values must match exactly)."""
+    paths = {name: path for stage in second.stages for name, path in stage.outputs.items()}
+    differing = []
+    for stage in first.stages:
+        for name, path in stage.outputs.items():
+            if name not in paths or _rows(path) != _rows(paths[name]):
+                differing.append(name)
+    return differing
+
+
+def _rows(path: str) -> tuple[list[str], list[str]]:
+    frame = pd.read_parquet(path)
+    rows = sorted(repr(row) for row in frame.itertuples(index=False, name=None))
+    return list(frame.columns), rows  # repr: exact floats, NaN equals NaN, None stays None
+
+
+@dataclass(frozen=True)
+class _Service:
+    """What a run's backends need beyond its options: the Redis server in use."""
+
+    redis_url: str | None = None
+    redis_note: str = ""
+
+
+@contextlib.contextmanager
+def _state_service(options: FlightsOptions) -> Iterator[_Service]:
+    """Starts (and finally stops) a throwaway redis-server when ``redis`` has no URL."""
+    if options.backend != "redis":
+        yield _Service()
+    elif options.redis_url is not None:
+        yield _Service(options.redis_url, f"Redis at {redact_url(options.redis_url)}")
+    else:
+        with LocalRedisServer() as server:
+            note = (
+                f"a throwaway local redis-server on 127.0.0.1:{server.port}, stopped after the run"
+            )
+            yield _Service(server.url, note)
+
+
+def _run(
+    spark: SparkSession,
+    options: FlightsOptions,
+    service: _Service,
+    step: Callable[[str], None],
+) -> FlightsRun:
     started = time.perf_counter()
     os.makedirs(options.out, exist_ok=True)
     state_dir = os.path.join(options.out, "state")
     shutil.rmtree(state_dir, ignore_errors=True)  # state is per run; stale partitions confuse
+    if options.backend == "slatedb" and options.object_store is None:
+        shutil.rmtree(os.path.join(options.out, OBJECT_STORE_DIR), ignore_errors=True)
+    backends = _Backends(options, service, state_dir)
 
     prepared = flights_data.load(options.limit)
     source = flights_data.to_spark(spark, prepared).cache()
     source.count()  # materialise the cache now, so the stage timings below are the operators'
-    report = FlightsRun(options=options, input_rows=len(prepared))
+    report = FlightsRun(options=options, input_rows=len(prepared), backend_note=backends.note)
     report.load_s = time.perf_counter() - started
     step("loaded the flights table")
 
@@ -283,7 +444,7 @@ def run(
         RouteHourly(),
         key="route",
         output_schema=ROUTE_HOURLY_SCHEMA,
-        backend=_backend(options, state_dir, "route_hourly"),
+        backend=backends.build("route_hourly"),
         side_outputs={"late": LATE_SCHEMA},
         **common,
     )
@@ -294,7 +455,7 @@ def run(
         Rotations(),
         key="aircraft",
         output_schema=ROTATIONS_SCHEMA,
-        backend=_backend(options, state_dir, "rotations"),
+        backend=backends.build("rotations"),
         side_outputs={"no_tailnum": NO_TAILNUM_SCHEMA},
         **common,
     )
@@ -305,10 +466,87 @@ def run(
     return report
 
 
-def _backend(options: FlightsOptions, state_dir: str, name: str) -> Any:
-    if options.backend == "memory":
-        return MemoryBackend()
-    return RocksDBBackend(os.path.join(state_dir, name))
+class _Backends:
+    """Builds each operator's backend (the glue ships its picklable ``spec()``)."""
+
+    def __init__(self, options: FlightsOptions, service: _Service, state_dir: str) -> None:
+        self.options = options
+        self.service = service
+        self.state_dir = state_dir
+        self.mode = "sync" if options.sync else "async"  # fresh state per mode
+        kind = options.backend
+        if kind == "memory":
+            self.note = "in-process dicts"
+        elif kind == "rocksdb":
+            self.note = f"RocksDB under {state_dir}"
+        elif kind == "remote-latency":
+            self.note = (
+                f"RocksDB under {state_dir} behind LatencyBackend: a modelled "
+                f"{format_seconds(options.latency)} round trip per state batch"
+            )
+        elif kind == "slatedb":
+            self.note = f"SlateDB on {self.object_store}, databases under aec-flights/{self.mode}"
+        else:
+            self.note = service.redis_note
+
+    @property
+    def object_store(self) -> str:
+        if self.options.object_store is not None:
+            return self.options.object_store
+        return "file://" + os.path.join(os.path.abspath(self.options.out), OBJECT_STORE_DIR)
+
+    def build(self, name: str) -> Any:
+        kind = self.options.backend
+        if kind == "memory":
+            return MemoryBackend()
+        if kind == "rocksdb":
+            return RocksDBBackend(os.path.join(self.state_dir, name))
+        if kind == "remote-latency":
+            return LatencyBackend(
+                RocksDBBackend(os.path.join(self.state_dir, name)), self.options.latency
+            )
+        if kind == "slatedb":
+            return _slatedb_backend()(self.object_store, f"aec-flights/{self.mode}/{name}")
+        if kind == "redis":
+            if self.service.redis_url is None:
+                raise AssertionError("no Redis server: _state_service provides one")
+            return RedisBackend(self.service.redis_url, prefix=f"aec-flights.{self.mode}.{name}")
+        raise ValueError(f"unknown backend {kind!r}")  # validate() rejects it first
+
+
+def _slatedb_backend() -> Any:
+    """``backends.slatedb.SlateDBBackend``, imported when needed (it loads SlateDB's
+    native library)."""
+    try:
+        from backends.slatedb import SlateDBBackend
+    except ImportError as exc:
+        raise ValueError(f"the slatedb backend is not available: {exc}") from exc
+    return SlateDBBackend
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.001`` -> ``"1 ms"``, ``0.00025`` -> ``"250 us"``, ``2.5`` -> ``"2.5 s"``."""
+    if seconds == 0:
+        return "0 s"
+    if seconds < 0.001:
+        return f"{seconds * 1e6:g} us"
+    if seconds < 1:
+        return f"{seconds * 1000:g} ms"
+    return f"{seconds:g} s"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (for notes and error messages)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparsable url>"
+    if password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + host))
 
 
 def _write_stage(out: str, name: str, result: DataFrame, sides: list[str]) -> StageResult:

