@@ -75,6 +75,7 @@ class AsyncExecutionController:
         self.executor = executor
         self._concurrent = executor.concurrent
         self.mailbox = Mailbox()
+        self.mails = self.mailbox.mails  # completion mails, popped on this thread only
         executor.start(backend, self.mailbox)
         self.state_ordered = config.state_ordered and not self.synchronous
         self.waiting_requests: dict[Any, deque[StateRequest]] = {}  # state-ordered mode
@@ -164,9 +165,17 @@ class AsyncExecutionController:
             self.epochs.advance()
 
     # -- state requests ---------------------------------------------------------------------
-    def submit(self, op: int, state: str, user_key: Any = None, value: Any = None) -> StateFuture:
+    def submit(
+        self,
+        op: int,
+        state: str,
+        user_key: Any = None,
+        value: Any = None,
+        kind: type[StateRequest] = StateRequest,
+    ) -> StateFuture:
         """A state request of the current record; a future of its result.
 
+        ``kind`` is the request class (``DefaultedGet`` for reads with a default).
         Raises RuntimeError outside process_element, on_timer or their callbacks.
         """
         context = self.current
@@ -174,12 +183,15 @@ class AsyncExecutionController:
             raise RuntimeError(
                 "state accessed outside process_element, on_timer or their callbacks"
             )
-        request = StateRequest(op, state, context.key, context.key_group, user_key, value, context)
+        request = kind(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
         if self.synchronous:
             self.batches += 1
             self.backend.execute_batch((request,))
-            request._result = request.result
+            if kind is StateRequest:
+                request._result = request.result
+            else:
+                request.complete(request.result)
             return request
         context.ref_count += 1  # the pending future
         if self.state_ordered:
@@ -275,7 +287,7 @@ class AsyncExecutionController:
     def complete_batch(self, mail: tuple[list[StateRequest], BaseException | None]) -> None:
         """Complete the futures of a finished batch, in request order."""
         batch, error = mail
-        self.executor.completed()
+        self.executor.pending -= 1
         if error is not None:
             self.current = batch[0]._context if batch else None
             raise BatchFailed(batch) from error
@@ -302,12 +314,11 @@ class AsyncExecutionController:
 
     def run_available(self) -> None:
         """Handle every completion mail and start every ready context; never blocks."""
-        mailbox = self.mailbox
+        mails = self.mails
         ready = self.ready
         while True:
-            mail = mailbox.take()
-            if mail is not None:
-                self.complete_batch(mail)
+            if mails:
+                self.complete_batch(mails.popleft())
             elif ready:
                 self.run_entry(ready.popleft())
             else:
@@ -320,7 +331,7 @@ class AsyncExecutionController:
         Returns False when nothing can progress (no mail, nothing ready, nothing
         buffered, no batch pending).
         """
-        if self.mailbox or self.ready:
+        if self.mails or self.ready:
             self.run_available()
             return True
         if self.active.requests:

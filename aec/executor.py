@@ -20,7 +20,8 @@ class StateExecutor:
 
     Lifecycle: ``start(backend, mailbox)`` once, then ``submit`` batches, then
     ``close()`` (idempotent; waits for running batches, stops all threads).
-    ``pending`` is the number of submitted batches whose mail has not been taken.
+    ``pending`` is the number of submitted batches whose mail has not been taken
+    (the AEC decrements it when it takes the mail).
     ``concurrent`` is False only when batches run one at a time in submission
     order (then the AEC needs no cross-batch ordering of one record's requests).
     """
@@ -38,10 +39,6 @@ class StateExecutor:
 
     def submit(self, batch: Sequence[Any]) -> None:
         raise NotImplementedError
-
-    def completed(self) -> None:
-        """The mailbox thread took one completion mail."""
-        self.pending -= 1
 
     def wait(self, timeout: float | None) -> None:
         """Block until a completion mail may be there or ``timeout`` seconds pass."""

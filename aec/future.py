@@ -65,8 +65,15 @@ class StateFuture:
             return
         self._callbacks = None
         context = self._context
-        # one callback is stored bare (the common case), several as a list
-        for callback in callbacks if type(callbacks) is list else (callbacks,):
+        if type(callbacks) is not list:  # one callback is stored bare: the common case
+            callbacks(result)
+            if context is not None:
+                count = context.ref_count - 1
+                context.ref_count = count
+                if count == 0:
+                    context.on_finished(context)
+            return
+        for callback in callbacks:
             callback(result)
             if context is not None:
                 count = context.ref_count - 1

@@ -17,10 +17,13 @@ from typing import Any
 class Mailbox:
     """FIFO of completion mails; any thread may post, one thread takes."""
 
-    __slots__ = ("_mails", "_signal")
+    __slots__ = ("_mails", "_signal", "mails")
 
     def __init__(self) -> None:
+        # ``mails`` is the same deque, for the mailbox thread's hot loop to test and
+        # pop without a method call; other threads use ``post`` only
         self._mails: deque[Any] = deque()
+        self.mails = self._mails
         self._signal = threading.Event()
 
     def post(self, mail: Any) -> None:

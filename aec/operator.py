@@ -165,7 +165,7 @@ class KeyedProcessOperator:
         try:
             if self._ticks:
                 self.executor.tick(controller)
-            if controller.mailbox or controller.ready:
+            if controller.mails or controller.ready:
                 controller.run_available()
             limit = self.config.in_flight_records_limit
             while controller.in_flight >= limit:

@@ -24,7 +24,7 @@ class Op:
     Map state: a dict of user keys (``user_key``) to values; absent reads as empty.
     """
 
-    VALUE_GET = 0  # result: the value or None
+    VALUE_GET = 0  # result: the value or None (value: a default the engine applies; ignore it)
     VALUE_PUT = 1  # value: the new value; None clears
     VALUE_CLEAR = 2
     LIST_GET = 3  # result: a new list (empty if absent)
@@ -128,3 +128,13 @@ class StateRequest(StateFuture):
     def __repr__(self) -> str:
         extra = "" if self.user_key is None else f", user_key={self.user_key!r}"
         return f"StateRequest({Op.NAMES[self.op]}, {self.state!r}, key={self.key!r}{extra})"
+
+
+class DefaultedGet(StateRequest):
+    """A VALUE_GET whose future completes with ``value`` (the descriptor's default)
+    when the backend finds nothing: no extra future per read for defaults."""
+
+    __slots__ = ()
+
+    def complete(self, result: Any) -> None:
+        StateFuture.complete(self, self.value if result is None else result)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aec.future import StateFuture, _as_future, combine_all
-from aec.requests import Op
+from aec.requests import DefaultedGet, Op
 
 # -- descriptors ---------------------------------------------------------------------------
 
@@ -225,9 +225,7 @@ class ValueState(_Handle):
         default = self.descriptor.default
         if default is None:
             return self._submit(Op.VALUE_GET, self._name)
-        return self._submit(Op.VALUE_GET, self._name).then_apply(
-            lambda v: default if v is None else v
-        )
+        return self._submit(Op.VALUE_GET, self._name, None, default, DefaultedGet)
 
     def async_update(self, value: Any) -> StateFuture:
         return self._submit(Op.VALUE_PUT, self._name, None, value)
