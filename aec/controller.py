@@ -28,7 +28,7 @@ from aec.future import StateFuture
 from aec.key_accounting import KeyAccountingUnit
 from aec.mailbox import Mailbox
 from aec.record_context import RecordContext
-from aec.requests import StateRequest
+from aec.requests import RmwRead, RmwWrite, StateRequest
 
 _REQUESTS_MOVED = object()  # _next_holder's answer when a waiting record took the key
 
@@ -194,6 +194,52 @@ class AsyncExecutionController:
                 request.complete(request.result)
             return request
         context.ref_count += 1  # the pending future
+        if (context.lanes is not None or kind is not StateRequest) and self._hold(
+            context, request, kind
+        ):
+            return request
+        self._enqueue(request)
+        return request
+
+    def _hold(self, context: RecordContext, request: StateRequest, kind: type) -> bool:
+        """Read-modify-write lanes: True if ``request`` must wait behind an unfinished
+        read-modify-write of its state by the same record (then it is held)."""
+        lanes = context.lanes
+        state = request.state
+        if kind is RmwWrite:
+            self._enqueue(request)
+            self._release(context, state)
+            return True
+        held = None if lanes is None else lanes.get(state)
+        if held is not None:
+            held.append(request)
+            return True
+        if kind is RmwRead:
+            if lanes is None:
+                lanes = context.lanes = {}
+            lanes[state] = deque()
+        return False
+
+    def release_lane(self, state: str) -> None:
+        """The running record's read-modify-write of ``state`` ended without a write."""
+        self._release(self.current, state)
+
+    def _release(self, context: RecordContext, state: str) -> None:
+        lanes = context.lanes
+        held = None if lanes is None else lanes.pop(state, None)
+        while held:
+            request = held.popleft()
+            self._enqueue(request)
+            if type(request) is RmwRead:  # busy again: the rest wait for its write
+                lanes[state] = held
+                return
+        if lanes is not None and not lanes:
+            context.lanes = None
+
+    def _enqueue(self, request: StateRequest) -> None:
+        """Put a submitted request in the active buffer (or, in state-ordered mode,
+        behind the key's holder)."""
+        context = request._context
         if self.state_ordered:
             holders = self.keys.holders
             holder = holders.get(context.key)
@@ -205,14 +251,13 @@ class AsyncExecutionController:
                     queue = self.waiting_requests[context.key] = deque()
                 queue.append(request)
                 self.blocked += 1
-                return request
+                return
         active = self.active
         if not active.requests:
             active.first_time = monotonic()
         active.requests.append(request)
         if len(active.requests) >= self.buffer_size:
             self.flush()
-        return request
 
     def _next_holder(self, key: Any) -> Any:
         """State-ordered mode: give the freed ``key`` to whoever waited first, a

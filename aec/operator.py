@@ -331,7 +331,10 @@ class KeyedProcessOperator:
                     f"state name {descriptor.name!r} is already used by {handle.descriptor!r}"
                 )
             return handle
-        handle = make_handle(descriptor, self.controller.submit, self.controller.wait_for)
+        controller = self.controller
+        handle = make_handle(
+            descriptor, controller.submit, controller.wait_for, controller.release_lane
+        )
         if descriptor.ttl is not None:
             self.use_processing_time()
             handle = with_ttl(handle, descriptor, lambda: self.current_context().processing_time)

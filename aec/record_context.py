@@ -35,7 +35,7 @@ class RecordContext:
     __slots__ = (
         "value", "key", "key_group", "timestamp", "sequence", "epoch", "timer",
         "watermark", "processing_time", "ref_count", "in_batches", "batch_id", "deferred",
-        "on_finished",
+        "on_finished", "lanes",
     )  # fmt: skip
 
     def __init__(
@@ -65,6 +65,8 @@ class RecordContext:
         self.batch_id = -1
         self.deferred: list | None = None
         self.on_finished = on_finished
+        # state name -> requests held behind an unfinished read-modify-write (see RmwRead)
+        self.lanes: dict[str, Any] | None = None
 
     def release(self) -> None:
         """Drop one reference; at 0 the record is finished."""

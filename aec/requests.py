@@ -130,6 +130,21 @@ class StateRequest(StateFuture):
         return f"StateRequest({Op.NAMES[self.op]}, {self.state!r}, key={self.key!r}{extra})"
 
 
+class RmwRead(StateRequest):
+    """The read of a read-modify-write (reducing/aggregating add, a TTL read that
+    may clean up): until its write (``RmwWrite``) is submitted, or the lane is
+    released without one, later requests of the same record on the same state
+    are held, so they reach the backend after the write, as in program order."""
+
+    __slots__ = ()
+
+
+class RmwWrite(StateRequest):
+    """The write that ends a read-modify-write; it releases the held requests."""
+
+    __slots__ = ()
+
+
 class DefaultedGet(StateRequest):
     """A VALUE_GET whose future completes with ``value`` (the descriptor's default)
     when the backend finds nothing: no extra future per read for defaults."""

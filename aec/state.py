@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aec.future import StateFuture, _as_future, combine_all
-from aec.requests import DefaultedGet, Op
+from aec.requests import DefaultedGet, Op, RmwRead, RmwWrite
 
 # -- descriptors ---------------------------------------------------------------------------
 
@@ -189,13 +189,21 @@ class StateIterator:
 class _Handle:
     """Binds a state name to the controller's ``submit`` and ``wait_for``."""
 
-    __slots__ = ("_name", "_submit", "_wait", "descriptor")
+    __slots__ = ("_name", "_submit", "_wait", "_release", "descriptor")
 
-    def __init__(self, descriptor: StateDescriptor, submit: Callable, wait: Callable) -> None:
+    def __init__(
+        self,
+        descriptor: StateDescriptor,
+        submit: Callable,
+        wait: Callable,
+        release: Callable[[str], None] | None = None,
+    ) -> None:
         self.descriptor = descriptor
         self._name = descriptor.name
-        self._submit = submit  # (op, state, user_key=None, value=None) -> StateFuture
+        self._submit = submit  # (op, state, user_key=None, value=None, kind=...) -> StateFuture
         self._wait = wait  # (StateFuture) -> result, running the mailbox
+        # (state) -> None: ends a read-modify-write that wrote nothing (see RmwRead)
+        self._release = release or _no_lane
 
     def async_clear(self) -> StateFuture:
         return self._submit(self._clear_op, self._name)
@@ -342,9 +350,9 @@ class ReducingState(_Handle):
     def async_add(self, value: Any) -> StateFuture:
         reduce = self.descriptor.reduce_function
         submit, name = self._submit, self._name
-        return submit(Op.VALUE_GET, name).then_compose(
+        return submit(Op.VALUE_GET, name, None, None, RmwRead).then_compose(
             lambda old: submit(
-                Op.VALUE_PUT, name, None, value if old is None else reduce(old, value)
+                Op.VALUE_PUT, name, None, value if old is None else reduce(old, value), RmwWrite
             )
         )
 
@@ -374,9 +382,9 @@ class AggregatingState(_Handle):
         def fold(acc: Any) -> StateFuture:
             if acc is None:
                 acc = fn.create_accumulator()
-            return submit(Op.VALUE_PUT, name, None, fn.add(value, acc))
+            return submit(Op.VALUE_PUT, name, None, fn.add(value, acc), RmwWrite)
 
-        return submit(Op.VALUE_GET, name).then_compose(fold)
+        return submit(Op.VALUE_GET, name, None, None, RmwRead).then_compose(fold)
 
     def get(self) -> Any:
         return self._wait(self.async_get())
@@ -402,10 +410,19 @@ _HANDLES: dict[type, type] = {
 }
 
 
-def make_handle(descriptor: StateDescriptor, submit: Callable, wait: Callable) -> _Handle:
+def _no_lane(state: str) -> None:
+    pass
+
+
+def make_handle(
+    descriptor: StateDescriptor,
+    submit: Callable,
+    wait: Callable,
+    release: Callable[[str], None] | None = None,
+) -> _Handle:
     """The handle for ``descriptor``. Raises TypeError for an unknown descriptor type."""
     for kind in type(descriptor).__mro__:
         handle = _HANDLES.get(kind)
         if handle is not None:
-            return handle(descriptor, submit, wait)
+            return handle(descriptor, submit, wait, release)
     raise TypeError(f"get_state takes a state descriptor, got {type(descriptor).__name__}")

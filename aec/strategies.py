@@ -89,13 +89,15 @@ def keyed_streams(
         st.integers(0, max_value),
         st.integers(0, step),
     )
-    return st.lists(element, min_size=min_size, max_size=max_size).map(_build_stream)
+    return _streams(st.lists(element, min_size=min_size, max_size=max_size))
 
 
-def _build_stream(elements: list[tuple[int, Any, int, int]]) -> list[Record | Watermark]:
+@st.composite
+def _streams(draw: Any, elements: st.SearchStrategy) -> list[Record | Watermark]:
+    # composite rather than .map(), so failing examples print as Records and Watermarks
     stream: list[Record | Watermark] = []
     watermark = -1
-    for kind, key, value, step in elements:
+    for kind, key, value, step in draw(elements):
         if kind == 5:
             watermark += step
             stream.append(Watermark(watermark))

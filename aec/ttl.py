@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from aec.future import StateFuture, _done
-from aec.requests import Op
+from aec.requests import Op, RmwRead, RmwWrite, StateRequest
 from aec.state import (
     AggregatingState,
     ListState,
@@ -50,13 +50,12 @@ class TtlValueState(ValueState):
         default, ttl, submit, name = self.descriptor.default, self._ttl, self._submit, self._name
 
         def read(pair: Any) -> Any:
-            if pair is None:
-                return _done(default, None)
-            if ttl.alive(pair):
-                return _done(pair[0], None)
-            return submit(Op.VALUE_CLEAR, name).then_apply(lambda _: default)
+            if pair is None or ttl.alive(pair):
+                self._release(name)
+                return _done(default if pair is None else pair[0], None)
+            return submit(Op.VALUE_CLEAR, name, None, None, RmwWrite).then_apply(lambda _: default)
 
-        return submit(Op.VALUE_GET, name).then_compose(read)
+        return submit(Op.VALUE_GET, name, None, None, RmwRead).then_compose(read)
 
     def async_update(self, value: Any) -> StateFuture:
         stored = None if value is None else self._ttl.stamp(value)
@@ -73,10 +72,11 @@ class TtlListState(ListState):
             alive = [p for p in pairs if ttl.alive(p)]
             iterator = StateIterator([p[0] for p in alive])
             if len(alive) == len(pairs):
+                self._release(name)
                 return _done(iterator, None)
-            return submit(Op.LIST_PUT, name, None, alive).then_apply(lambda _: iterator)
+            return submit(Op.LIST_PUT, name, None, alive, RmwWrite).then_apply(lambda _: iterator)
 
-        return submit(Op.LIST_GET, name).then_compose(read)
+        return submit(Op.LIST_GET, name, None, None, RmwRead).then_compose(read)
 
     def async_add(self, value: Any) -> StateFuture:
         return self._submit(Op.LIST_ADD, self._name, None, self._ttl.stamp(value))
@@ -97,13 +97,12 @@ class TtlMapState(MapState):
         ttl, submit, name = self._ttl, self._submit, self._name
 
         def read(pair: Any) -> Any:
-            if pair is None:
-                return _done(None, None)
-            if ttl.alive(pair):
-                return _done(pair[0], None)
-            return submit(Op.MAP_REMOVE, name, user_key).then_apply(lambda _: None)
+            if pair is None or ttl.alive(pair):
+                self._release(name)
+                return _done(None if pair is None else pair[0], None)
+            return submit(Op.MAP_REMOVE, name, user_key, None, RmwWrite).then_apply(lambda _: None)
 
-        return submit(Op.MAP_GET, name, user_key).then_compose(read)
+        return submit(Op.MAP_GET, name, user_key, None, RmwRead).then_compose(read)
 
     def async_put(self, user_key: Any, value: Any) -> StateFuture:
         return self._submit(Op.MAP_PUT, self._name, user_key, self._ttl.stamp(value))
@@ -122,11 +121,16 @@ class TtlMapState(MapState):
         def read(entries: list) -> Any:
             alive = [(k, p[0]) for k, p in entries if ttl.alive(p)]
             if len(alive) == len(entries):
+                self._release(name)
                 return _done(alive, None)
-            dead = [submit(Op.MAP_REMOVE, name, k) for k, p in entries if not ttl.alive(p)]
+            dead = [
+                submit(Op.MAP_REMOVE, name, k, None, RmwWrite)
+                for k, p in entries
+                if not ttl.alive(p)
+            ]
             return dead[-1].then_apply(lambda _: alive)
 
-        return submit(Op.MAP_ITER, name).then_compose(read)
+        return submit(Op.MAP_ITER, name, None, None, RmwRead).then_compose(read)
 
     def async_is_empty(self) -> StateFuture:
         return self._alive_entries().then_apply(lambda alive: not alive)
@@ -145,14 +149,15 @@ class _TtlFolding:
     """Shared by reducing and aggregating TTL state: the stored value is the
     (accumulator, expiry) pair; an expired accumulator reads as absent."""
 
-    def _read_alive(self) -> StateFuture:
+    def _read_alive(self, kind: type = StateRequest) -> StateFuture:
+        """A future of the alive accumulator; ``kind=RmwRead`` when a ``_write`` follows."""
         ttl = self._ttl
-        return self._submit(Op.VALUE_GET, self._name).then_apply(
+        return self._submit(Op.VALUE_GET, self._name, None, None, kind).then_apply(
             lambda pair: pair[0] if ttl.alive(pair) else None
         )
 
     def _write(self, value: Any) -> StateFuture:
-        return self._submit(Op.VALUE_PUT, self._name, None, self._ttl.stamp(value))
+        return self._submit(Op.VALUE_PUT, self._name, None, self._ttl.stamp(value), RmwWrite)
 
 
 class TtlReducingState(_TtlFolding, ReducingState):
@@ -163,7 +168,7 @@ class TtlReducingState(_TtlFolding, ReducingState):
 
     def async_add(self, value: Any) -> StateFuture:
         reduce = self.descriptor.reduce_function
-        return self._read_alive().then_compose(
+        return self._read_alive(RmwRead).then_compose(
             lambda old: self._write(value if old is None else reduce(old, value))
         )
 
@@ -179,7 +184,7 @@ class TtlAggregatingState(_TtlFolding, AggregatingState):
 
     def async_add(self, value: Any) -> StateFuture:
         fn = self.descriptor.aggregate_function
-        return self._read_alive().then_compose(
+        return self._read_alive(RmwRead).then_compose(
             lambda acc: self._write(fn.add(value, fn.create_accumulator() if acc is None else acc))
         )
 
@@ -195,6 +200,8 @@ TTL_HANDLES: dict[type, type] = {
 
 def with_ttl(handle: Any, descriptor: StateDescriptor, now: Callable[[], float]) -> Any:
     """The TTL variant of ``handle`` (same descriptor, submit and wait)."""
-    ttl_handle = TTL_HANDLES[type(handle)](descriptor, handle._submit, handle._wait)
+    ttl_handle = TTL_HANDLES[type(handle)](
+        descriptor, handle._submit, handle._wait, handle._release
+    )
     ttl_handle._ttl = _Ttl(descriptor.ttl, now)
     return ttl_handle

@@ -286,3 +286,46 @@ def test_iterators_load_big_collections_in_chunks(config, backend_name, tmp_path
     # 2 writes + 3 list chunks + 3 key chunks + size map gets + 3 + 3 blocking chunk loads
     assert result.metrics["requests"] == 2 + 3 + 3 + size + 3 + 3
     backend.close()
+
+
+class Unawaited(KeyedProcessFunction):
+    """Read-modify-writes followed at once, without waiting, by more requests on
+    the same state: program order must hold (found by the generated programs)."""
+
+    def open(self, ctx):
+        self.total = ctx.get_state(ReducingStateDescriptor("total", lambda a, b: a + b))
+        self.mean = ctx.get_state(AggregatingStateDescriptor("mean", Sum()))
+        self.value = ctx.get_state(ValueStateDescriptor("value", ttl=5))
+
+    def process_element(self, value, ctx):
+        return combine_all(
+            [
+                self.total.async_add(value),
+                self.total.async_add(1),
+                self.total.async_get(),  # sees both adds
+                self.mean.async_add(value),
+                self.mean.async_get(),
+                self.value.async_value(),  # a TTL read that may clean up ...
+                self.value.async_update(value),  # ... must not overwrite this write
+            ]
+        ).then_accept(
+            lambda results: ctx.output((ctx.current_key, results[2], results[4], results[5]))
+        )
+
+
+@pytest.mark.parametrize("config", MODES + [pytest.param(AecConfig(buffer_size=1), id="async-b1")])
+def test_unawaited_requests_after_a_read_modify_write_keep_program_order(config):
+    from aec.clock import ScriptedClock
+
+    rows = [("a", 1), ("a", 2), ("b", 5), ("a", 3)]
+    clock = ScriptedClock([0, 0, 10, 0])  # the third record finds the TTL value expired
+    result = run_keyed(
+        [Record(k, v) for k, v in rows], Unawaited(), MemoryBackend(), config, clock=clock
+    )
+    outputs = [o for o in result.outputs if not isinstance(o, Watermark)]
+    assert [o for o in outputs if o[0] == "a"] == [
+        ("a", 2, 1.0, None),
+        ("a", 5, 1.5, 1),
+        ("a", 9, 2.0, None),
+    ]
+    assert [o for o in outputs if o[0] == "b"] == [("b", 6, 5.0, None)]
