@@ -289,3 +289,12 @@ def _shrink(source: list[Any], fails: Callable[[list[Any]], bool], budget: int =
         if not removed:
             size //= 2
     return current
+
+
+def __getattr__(name: str) -> Any:
+    # the hypothesis strategies, re-exported lazily: hypothesis is optional for aec
+    if name in ("keyed_streams", "configs"):
+        from aec import strategies
+
+        return getattr(strategies, name)
+    raise AttributeError(f"module 'aec.testing' has no attribute {name!r}")
