@@ -2,10 +2,10 @@
 
 Not one hand-written function: hypothesis draws *programs*, lists of steps that
 read and write Value/List/Map/Reducing/Aggregating state, chain with
-``then_compose``, ``combine_all`` several accesses in flight at once, iterate a list with nested
-reads, fire requests without waiting for them, emit outputs and side outputs of
-what they read, register (and delete) timers, and, in ``on_timer``, read,
-clear and register more timers. ``GeneratedFunction(program)`` interprets a
+``then_compose``, join several reads and writes in flight at once with
+``combine_all``, iterate a list with nested reads, write without waiting for
+the write, emit outputs and side outputs of what they read, register (and
+delete) timers, and, in ``on_timer``, read, clear and register more timers. ``GeneratedFunction(program)`` interprets a
 program in callback style (one ``then_compose`` chain per entry) or as
 ``async def`` (one ``await`` per step), the style drawn per entry point.
 
@@ -123,7 +123,7 @@ def _steps(parallel_safe: bool, in_timer: bool) -> st.SearchStrategy[tuple]:
         st.tuples(st.just("chain"), st.integers(1, 4)),
         st.tuples(st.just("conditional"), st.integers(0, 5)),
         st.tuples(st.just("iterate"), states),
-        st.tuples(st.just("forget"), st.integers(0, 5)),
+        st.tuples(st.just("forget"), states, st.integers(0, 5)),
     ]
     extra = timer_log if in_timer else []
     return st.one_of(*emit, *state_steps, *timers, *extra)
@@ -329,9 +329,9 @@ class GeneratedFunction(KeyedProcessFunction):
     def _cb_value_none(self, ctx, x):
         return self.states["v"].async_update(None).then_apply(lambda _: x)  # None clears
 
-    def _cb_forget(self, ctx, x, c):
+    def _cb_forget(self, ctx, x, name, c):
         """A write nobody waits for: later requests of the record must still see it."""
-        self.states["l"].async_add(x + c)
+        self._write(name, x, c)
         return x
 
     # -- composites ----------------------------------------------------------------------------
@@ -503,13 +503,14 @@ def test_generated_programs_do_something():
     ids=["reducing-add-then-get", "reducing-add-twice", "aggregating-add-then-get"],
 )
 def test_adds_in_flight_with_other_requests_keep_program_order(accesses):
-    """The smallest divergence the generator found (an engine bug while this fails).
+    """Regression: the smallest divergence the generator found (engine at 14ac418).
 
     ``ReducingState.async_add`` and ``AggregatingState.async_add`` are a VALUE_GET
-    and, from its callback, a VALUE_PUT. A request the same record issues before
-    the add completed (here through ``combine_all``) runs between the two, while
-    the synchronous run finishes the add first: the read misses the add, or one
-    of two adds is lost. Same record, default config, no adversarial schedule.
+    and, from its callback, a VALUE_PUT. A request the same record issued before
+    the add completed (here through ``combine_all``) ran between the two, while
+    the synchronous run finishes the add first: the read missed the add, or one
+    of two adds was lost, with one record and any schedule. Fixed by the
+    read-modify-write lanes of 6a765fa.
     """
     program = Program(
         process=(("combine", accesses), ("out",)),
