@@ -85,8 +85,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aec import AecConfig, KeyedProcessFunction, Record, ValueStateDescriptor, run_keyed
+from aec import AecConfig, Record, run_keyed
 from backends import CachedBackend, LatencyBackend, MemoryBackend, RedisBackend, RocksDBBackend
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_core import Counter  # noqa: E402  (the same counter as bench_core)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "perf" / "results"
@@ -111,20 +114,6 @@ FLINK = {  # FLIP-423's measurements, records/s, for context
 
 
 # --- the keyed functions --------------------------------------------------------------------
-
-
-class Counter(KeyedProcessFunction):
-    """The README's counter, callback style: read, write n + 1, emit (key, n + 1)."""
-
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
-
-    def process_element(self, value: Any, ctx: Any) -> Any:
-        return self.count.async_value().then_compose(
-            lambda n: self.count.async_update(n + 1).then_accept(
-                lambda _: ctx.output((ctx.current_key, n + 1))
-            )
-        )
 
 
 class Loader(Counter):

@@ -498,32 +498,51 @@ def _tune(options) -> None:
     options.set_write_buffer_size(8 << 20)
 
 
-def test_rocksdb_concurrent_batches_of_disjoint_keys(tmp_path):
-    backend = RocksDBBackend(str(tmp_path / "db"))
-    backend.open()
+def run_in_threads(worker, threads: int) -> None:
+    """Run ``worker(t)`` for t in range(threads) on threads; raise the first error."""
     errors: list[BaseException] = []
 
-    def worker(thread: int) -> None:
+    def guarded(thread: int) -> None:
         try:
-            for i in range(50):
-                key = (thread, i % 5)
-                run(
-                    backend,
-                    req(Op.LIST_ADD, "l", key, value=i),
-                    req(Op.MAP_PUT, f"m{i % 3}", key, user_key=i, value=thread),
-                )
+            worker(thread)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for thread in threads:
+    pool = [threading.Thread(target=guarded, args=(t,)) for t in range(threads)]
+    for thread in pool:
         thread.start()
-    for thread in threads:
+    for thread in pool:
         thread.join()
-    assert not errors
-    lists = backend.state_items("l")
-    assert lists == {(t, k): list(range(k, 50, 5)) for t in range(4) for k in range(5)}
-    backend.close()
+    if errors:
+        raise errors[0]
+
+
+def check_concurrent_batches_of_disjoint_keys(backend, threads: int = 4, rounds: int = 50) -> None:
+    """Batches on disjoint keys from several threads at once keep every write."""
+
+    def worker(thread: int) -> None:
+        for i in range(rounds):
+            key = (thread, i % 5)
+            run(
+                backend,
+                req(Op.LIST_ADD, "l", key, value=i),
+                req(Op.MAP_PUT, f"m{i % 3}", key, user_key=i, value=thread),
+                req(Op.VALUE_GET, "v", key),
+            )
+
+    run_in_threads(worker, threads)
+    assert backend.state_items("l") == {
+        (t, k): list(range(k, rounds, 5)) for t in range(threads) for k in range(5)
+    }
+
+
+def test_rocksdb_concurrent_batches_of_disjoint_keys(tmp_path):
+    backend = RocksDBBackend(str(tmp_path / "db"))
+    backend.open()
+    try:
+        check_concurrent_batches_of_disjoint_keys(backend)
+    finally:
+        backend.close()
 
 
 # --- snapshots ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from test_backends import (
     _value_ops,
     req,
     run,
+    run_in_threads,
     test_list_chunks_concatenate_to_the_list,
     test_map_chunks_concatenate_to_the_map,
     test_restore_from_missing_directory,
@@ -513,28 +514,19 @@ def test_concurrent_batches_of_disjoint_keys_share_a_tiny_cache():
     cache = CachedBackend(LatencyBackend(MemoryBackend(), 0.0002), capacity_entries=3)
     reference = MemoryBackend()
     reference_lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def worker(thread: int) -> None:
         rng = random.Random(thread)
         keys = [(thread, k) for k in range(4)]
-        try:
-            for _ in range(60):
-                batch = _random_batch(rng, keys)
-                mine = [_clone(r) for r in batch]
-                cache.execute_batch(mine)
-                with reference_lock:
-                    reference.execute_batch(batch)
-                assert [_normalized(r) for r in mine] == [_normalized(r) for r in batch]
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        for _ in range(60):
+            batch = _random_batch(rng, keys)
+            mine = [_clone(r) for r in batch]
+            cache.execute_batch(mine)
+            with reference_lock:
+                reference.execute_batch(batch)
+            assert [_normalized(r) for r in mine] == [_normalized(r) for r in batch]
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors[0]
+    run_in_threads(worker, 4)
     assert cache.evictions > 0 and cache.written_back > 0
     for state in ("v", "l", "m"):
         assert cache.state_items(state) == reference.state_items(state)

@@ -29,6 +29,7 @@ from test_backends import (
     TestValueState,
     _clone,
     _normalized,
+    check_concurrent_batches_of_disjoint_keys,
     drain_chunks,
     req,
     run,
@@ -490,31 +491,11 @@ def test_partitions_and_prefixes_are_isolated(redis_server, client):
 
 def test_concurrent_batches_of_disjoint_keys(redis_server):
     backend = _open(redis_server.url, max_connections=4)
-    errors: list[BaseException] = []
-
-    def worker(thread: int) -> None:
-        try:
-            for i in range(50):
-                key = (thread, i % 5)
-                run(
-                    backend,
-                    req(Op.LIST_ADD, "l", key, value=i),
-                    req(Op.MAP_PUT, f"m{i % 3}", key, user_key=i, value=thread),
-                )
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert backend.state_items("l") == {
-        (t, k): list(range(k, 50, 5)) for t in range(6) for k in range(5)
-    }
-    backend.clear()
-    backend.close()
+    try:
+        check_concurrent_batches_of_disjoint_keys(backend, threads=6)
+    finally:
+        backend.clear()
+        backend.close()
 
 
 def test_spec_pickles_builds_partitions_and_starts_fresh(redis_server):

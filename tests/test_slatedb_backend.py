@@ -30,6 +30,7 @@ from test_backends import (  # noqa: F401  (pytest collects the imported tests h
     _map_ops,
     _normalized,
     _op,
+    check_concurrent_batches_of_disjoint_keys,
     req,
     run,
     test_list_chunks_concatenate_to_the_list,
@@ -154,30 +155,7 @@ def test_map_chunks_after_writes_and_emptiness_in_one_batch(backend):
 
 
 def test_concurrent_batches_of_disjoint_keys(backend):
-    errors: list[BaseException] = []
-
-    def worker(thread: int) -> None:
-        try:
-            for i in range(30):
-                key = (thread, i % 5)
-                run(
-                    backend,
-                    req(Op.LIST_ADD, "l", key, value=i),
-                    req(Op.MAP_PUT, f"m{i % 3}", key, user_key=i, value=thread),
-                    req(Op.VALUE_GET, "v", key),
-                )
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert backend.state_items("l") == {
-        (t, k): list(range(k, 30, 5)) for t in range(4) for k in range(5)
-    }
+    check_concurrent_batches_of_disjoint_keys(backend, rounds=30)
 
 
 # --- engine ---------------------------------------------------------------------------
