@@ -253,19 +253,6 @@ def test_engine_drain_makes_writes_durable(tmp_path):
         reopened.close()
 
 
-def test_unflushed_writes_are_not_durable_yet(tmp_path):
-    # The control for the durability tests: without a flush a successor sees nothing.
-    first = make(tmp_path, settings=NO_TIMED_FLUSH)
-    run(first, req(Op.VALUE_PUT, "v", "a", value=1))
-    successor = make(tmp_path)
-    try:
-        assert successor.state_items("v") == {}
-    finally:
-        successor.close()
-        with pytest.raises(sdb.Error):
-            first.close()
-
-
 def test_flushed_writes_survive_a_writer_that_never_closed(tmp_path):
     """flush() alone makes writes durable: a second writer (as after a crash) sees
     them; it fences the first, whose next flush then fails."""
