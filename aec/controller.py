@@ -194,11 +194,19 @@ class AsyncExecutionController:
                 request.complete(request.result)
             return request
         context.ref_count += 1  # the pending future
-        if (context.lanes is not None or kind is not StateRequest) and self._hold(
-            context, request, kind
-        ):
+        if context.lanes is not None or kind is RmwRead or kind is RmwWrite:
+            if self._hold(context, request, kind):
+                return request
+        if self.state_ordered:
+            self._enqueue(request)
             return request
-        self._enqueue(request)
+        # _enqueue's common case, inlined: this is the per-request hot path
+        active = self.active
+        if not active.requests:
+            active.first_time = monotonic()
+        active.requests.append(request)
+        if len(active.requests) >= self.buffer_size:
+            self.flush()
         return request
 
     def _hold(self, context: RecordContext, request: StateRequest, kind: type) -> bool:
