@@ -31,7 +31,7 @@ import shutil
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
@@ -201,14 +201,8 @@ class _BatchView:
 
     def map_entries(self, table: _Table, prefix: bytes) -> list[tuple[bytes, Any]]:
         """``(DB key, value)`` of every entry under ``prefix``, in DB key order."""
-        entries = {db_key: pickle.loads(raw) for db_key, raw in _scan(table, prefix, True)}
-        for db_key in self._dirty_maps.get((table, prefix), ()):
-            value = self._dirty[table, db_key]
-            if value is _ABSENT:
-                entries.pop(db_key, None)
-            else:
-                entries[db_key] = value
-        return sorted(entries.items(), key=_first)
+        dirty = {k: self._dirty[table, k] for k in self._dirty_maps.get((table, prefix), ())}
+        return merge_map_overlay(_scan(table, prefix, True), dirty)
 
     def map_chunk(
         self, table: _Table, prefix: bytes, after: bytes | None, limit: int
@@ -252,6 +246,20 @@ class _BatchView:
             else:
                 batch.put(db_key, _dumps(value), table.handle)
         db.write(batch, write_options)
+
+
+def merge_map_overlay(
+    stored: Iterable[tuple[bytes, bytes]], dirty: dict[bytes, Any]
+) -> list[tuple[bytes, Any]]:
+    """A map's ``(DB key, value)`` entries in DB key order: the stored (pickled)
+    entries with a batch's own writes applied (``_ABSENT`` deletes)."""
+    entries = {db_key: pickle.loads(raw) for db_key, raw in stored}
+    for db_key, value in dirty.items():
+        if value is _ABSENT:
+            entries.pop(db_key, None)
+        else:
+            entries[db_key] = value
+    return sorted(entries.items(), key=_first)
 
 
 def _first(pair: tuple[bytes, Any]) -> bytes:

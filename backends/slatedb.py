@@ -80,6 +80,7 @@ from backends.rocksdb import (
     decode_key,
     encode_key,
     key_prefix,
+    merge_map_overlay,
     split_db_key,
 )
 
@@ -240,14 +241,8 @@ class _BatchView:
             self._dirty_maps.setdefault(map_prefix, set()).add(db_key)
 
     def map_entries(self, table: Any, prefix: bytes) -> list[tuple[bytes, Any]]:
-        entries = {db_key: pickle.loads(raw) for db_key, raw in self._full[prefix]}
-        for db_key in self._dirty_maps.get(prefix, ()):
-            value = self._dirty[db_key]
-            if value is _ABSENT:
-                entries.pop(db_key, None)
-            else:
-                entries[db_key] = value
-        return sorted(entries.items(), key=_first)
+        dirty = {k: self._dirty[k] for k in self._dirty_maps.get(prefix, ())}
+        return merge_map_overlay(self._full[prefix], dirty)
 
     def map_chunk(
         self, table: Any, prefix: bytes, after: bytes | None, limit: int

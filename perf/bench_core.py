@@ -265,6 +265,13 @@ def machine_facts() -> dict[str, Any]:
             facts[f"{package}_version"] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             facts[f"{package}_version"] = None
+    facts["git_commit"] = git_commit()
+    return facts
+
+
+def git_commit() -> str | None:
+    """The short HEAD commit, marked ``+dirty(aec/backends)`` when the engine or
+    backends have uncommitted changes; None outside a git checkout."""
     try:
         head = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -274,10 +281,9 @@ def machine_facts() -> dict[str, Any]:
             ["git", "-C", str(ROOT), "status", "--porcelain", "--", "aec", "backends"],
             capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
-        facts["git_commit"] = head + ("+dirty(aec/backends)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        facts["git_commit"] = None
-    return facts
+        return None
+    return head + ("+dirty(aec/backends)" if dirty else "")
 
 
 def fmt_rate(rate: float) -> str:

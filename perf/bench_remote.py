@@ -89,7 +89,7 @@ from aec import AecConfig, Record, run_keyed
 from backends import CachedBackend, LatencyBackend, MemoryBackend, RedisBackend, RocksDBBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_core import Counter  # noqa: E402  (the same counter as bench_core)
+from bench_core import Counter, git_commit  # noqa: E402  (shared with bench_core)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "perf" / "results"
@@ -488,18 +488,7 @@ def machine_facts(redis_version: str | None) -> dict[str, Any]:
             facts[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             facts[package] = None
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "aec", "backends"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        facts["git_commit"] = head + ("+dirty(aec/backends)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        facts["git_commit"] = None
+    facts["git_commit"] = git_commit()
     return facts
 
 
