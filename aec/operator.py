@@ -14,7 +14,7 @@ from time import monotonic
 from types import CoroutineType
 from typing import Any
 
-from aec import gc_tuning
+from aec import interpreter_tuning
 from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
 from aec.controller import AsyncExecutionController, BatchFailed, StuckError
@@ -117,7 +117,7 @@ class KeyedProcessOperator:
             return
         self._state = "open"
         self._started = time.perf_counter()
-        gc_tuning.acquire()
+        interpreter_tuning.acquire()
         try:
             if not self.clock.deterministic:  # a deterministic clock is read per element only
                 self._now = self.clock.now()
@@ -139,7 +139,7 @@ class KeyedProcessOperator:
                 self.function.close()
         finally:
             if held_gc:
-                gc_tuning.release()
+                interpreter_tuning.release()
 
     def __enter__(self) -> KeyedProcessOperator:
         self.open()

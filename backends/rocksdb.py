@@ -20,7 +20,9 @@ in canonical form: ``1`` for a key written as ``1.0`` or ``True``.
 
 The live directory is a working copy: writes skip the write-ahead log by default
 (as Flink does), so only ``snapshot`` directories are durable; a clean ``close``
-flushes, so reopening a closed directory sees its state.
+flushes, so reopening a closed directory sees its state. The memtable updates values
+in place (``inplace_update_support``): state overwrites the same keys, and a version
+per write made reads and writes slower as the memtable filled.
 """
 
 from __future__ import annotations
@@ -465,6 +467,13 @@ class RocksDBBackend(StateBackend):
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         options.set_atomic_flush(True)  # without a WAL, flush all states together
+        # State overwrites the same keys (a counter, a running sum): update them in
+        # the memtable in place while the new value is no larger, instead of adding a
+        # version per write. Measured: a read+write pair stays at ~1.4 us instead of
+        # growing to 3.2 us as the memtable fills with versions. Needs serialized
+        # memtable writes; RocksDB snapshots (unused here) would see in-place updates.
+        options.set_allow_concurrent_memtable_write(False)
+        options.set_inplace_update_support(True)
         if self._options_hook is not None:
             self._options_hook(options)
         return options
@@ -525,25 +534,41 @@ class RocksDBBackend(StateBackend):
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         db = self._live_db()
-        plan = []
-        reads: dict[_Table, dict[bytes, None]] = {}  # ordered sets of DB keys to multi-get
+        # Plan each request's table and DB key and collect the keys to multi-get per
+        # table. Locals and the same-state check keep this loop cheap: it runs per
+        # request on an I/O thread that shares the GIL with the mailbox thread.
+        tables = self._tables
         prefixes: dict[Any, bytes] = {}  # a record's requests share its key: encode it once
+        plan_tables: list[_Table] = []
+        plan_keys: list[bytes] = []
+        reads: dict[_Table, dict[bytes, None]] = {}  # ordered sets of DB keys to multi-get
+        last_state, table, table_reads = None, None, None
         for request in requests:
-            table = self._table(request.state)
-            db_key = prefixes.get(request.key)
+            state = request.state
+            if state is not last_state:
+                table = tables.get(state) or self._table(state)
+                table_reads = reads.get(table)
+                if table_reads is None:
+                    table_reads = reads[table] = {}
+                last_state = state
+            key = request.key
+            db_key = prefixes.get(key)
             if db_key is None:
-                db_key = prefixes[request.key] = key_prefix(request.key_group, request.key)
+                db_key = prefixes[key] = key_prefix(request.key_group, key)
             op = request.op
             if op in _POINT_READS:
                 if op in _USER_KEY_OPS:
                     db_key += encode_key(request.user_key)
-                reads.setdefault(table, {})[db_key] = None
-            plan.append((op, table, db_key, request))
+                table_reads[db_key] = None
+            plan_tables.append(table)
+            plan_keys.append(db_key)
         view = _BatchView()
         for table, keys in reads.items():
-            view.prefetch(table, list(keys))
-        for op, table, db_key, request in plan:
-            _APPLY_OPS[op](view, table, db_key, request)
+            if keys:
+                view.prefetch(table, list(keys))
+        apply = _APPLY_OPS
+        for request, table, db_key in zip(requests, plan_tables, plan_keys):
+            apply[request.op](view, table, db_key, request)
         view.commit(db, self._write_options)
 
     # snapshots
