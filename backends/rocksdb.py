@@ -567,7 +567,7 @@ class RocksDBBackend(StateBackend):
             if keys:
                 view.prefetch(table, list(keys))
         apply = _APPLY_OPS
-        for request, table, db_key in zip(requests, plan_tables, plan_keys):
+        for request, table, db_key in zip(requests, plan_tables, plan_keys, strict=True):
             apply[request.op](view, table, db_key, request)
         view.commit(db, self._write_options)
 
