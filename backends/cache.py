@@ -41,7 +41,7 @@ An entry whose write-back is in flight blocks a batch of its key until the
 write-back landed (so a read never overtakes a write).
 
 Map iteration order (``MAP_ITER`` and ``MAP_ITER_CHUNK``) is the byte order of
-``backends.rocksdb.encode_key`` of the user keys, the same order as
+``backends.keycodec.encode_key`` of the user keys, the same order as
 ``RocksDBBackend``: it does not depend on which entries were evicted and loaded
 again, so a chunk cursor (the encoded last user key) stays valid across
 evictions, and writes between chunks behave as on RocksDB.
@@ -59,7 +59,7 @@ from typing import Any
 
 from aec.requests import Op, StateRequest, op_table
 from backends.base import BackendSpec, StateBackend
-from backends.rocksdb import encode_key
+from backends.keycodec import encode_key
 
 WRITEBACK_QUEUE_LIMIT = 256  # evicted dirty entries held before they are sent on their own
 FLUSH_BATCH_REQUESTS = 1000  # remote requests per flush batch (a flush may send several)

@@ -7,7 +7,7 @@ Key layout (one Redis serves many operators and partitions)::
 ``prefix`` is restricted to ``[A-Za-z0-9_.-]`` and the state name is
 length-prefixed, so no two (prefix, partition, state) triples share a key space
 and ``SCAN MATCH {prefix}:{partition}:*`` finds exactly one partition's keys.
-Keys (and map user keys) are encoded with ``backends.rocksdb.encode_key``:
+Keys (and map user keys) are encoded with ``backends.keycodec.encode_key``:
 canonical (``1``, ``1.0`` and ``True`` are one key, as in a dict) and decodable
 (``state_items`` and map iteration give them back, in canonical form). Values are
 pickled (highest protocol). One Redis key per (state, key):
@@ -86,7 +86,7 @@ from redis.retry import Retry
 
 from aec.requests import Op, StateRequest, op_table
 from backends.base import BackendSpec, StateBackend
-from backends.rocksdb import decode_key, encode_key
+from backends.keycodec import decode_key, encode_key
 
 __all__ = ["DEFAULT_URL", "RedisBackend", "RedisSpec"]
 

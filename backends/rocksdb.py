@@ -4,12 +4,12 @@ Layout (Flink's RocksDB state backend, simplified):
 
 * one column family per state, named ``"state/" + state name``, created on first use;
   the default column family holds only a format marker;
-* DB keys are byte-ordered composites ``key group (2 bytes, big-endian) | len(key
-  bytes) (4 bytes, big-endian) | key bytes`` for value and list state, followed by
-  the user key's bytes for map state, so one key's map is one prefix range;
-* key bytes come from ``encode_key``: canonical (equal keys give equal bytes, so
-  ``1`` and ``1.0`` are one key, as in a dict) and decodable (``state_items`` and
-  map iteration give keys back); values are pickled (highest protocol).
+* DB keys are ``backends.keycodec`` keys: ``key group | len(key bytes) | key bytes``
+  for value and list state, followed by the encoded user key for map state, so one
+  key's map is one prefix range; values are pickled (highest protocol);
+* a batch's requests run over ``backends.overlay``'s op functions (shared with
+  SlateDB), against ``_BatchView``: one multi-get per column family, one
+  ``WriteBatch`` at the end.
 
 Value state is one entry per key; list state is one entry holding the pickled list
 (``LIST_ADD`` reads, appends and rewrites it); map state is one entry per
@@ -30,96 +30,32 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import struct
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from aec.keygroups import stable_key_bytes
-from aec.requests import Op, StateRequest, op_table
+from aec.requests import StateRequest
 from backends.base import BackendSpec, StateBackend
+from backends.keycodec import decode_key, encode_key, key_prefix, prefix_end, split_db_key
+from backends.overlay import (
+    ABSENT,
+    APPLY_OPS,
+    POINT_READS,
+    USER_KEY_OPS,
+    BatchView,
+    dumps,
+    merge_map_overlay,
+)
 
 _CF_PREFIX = "state/"
 _FORMAT_KEY = b"aec/format"
 _FORMAT = b"aec-rocksdb-1"
 _SNAPSHOT_SUBDIR = "rocksdb"
-_HEAD = struct.Struct(">HI")  # key group, length of the key bytes
-_LEN = struct.Struct(">I")
-_ABSENT = object()  # "no entry" in a batch's overlay (None is a legal map value)
 
 OptionsHook = Callable[[Options], None]
-
-
-# --- key codec ---------------------------------------------------------------------
-
-
-def encode_key(key: Any) -> bytes:
-    """Canonical, decodable bytes for a state key or map user key.
-
-    str, int, float, bytes and bool use ``aec.keygroups.stable_key_bytes`` (so
-    ``1``, ``1.0`` and ``True`` share one form); tuples are encoded element by
-    element with a length prefix each, so they decode unambiguously; anything else
-    is pickled (protocol 4), which is canonical only if equal keys pickle equally.
-    """
-    if type(key) is tuple:
-        parts = [encode_key(element) for element in key]
-        return b"t" + b"".join(_LEN.pack(len(part)) + part for part in parts)
-    return stable_key_bytes(key)
-
-
-def decode_key(data: bytes) -> Any:
-    """Inverse of ``encode_key`` up to equality (``1.0`` comes back as ``1``).
-
-    Raises ValueError on bytes ``encode_key`` cannot produce.
-    """
-    tag, body = data[:1], data[1:]
-    if tag == b"s":
-        return body.decode("utf-8", "surrogatepass")
-    if tag == b"i":
-        return int(body)
-    if tag == b"f":
-        return struct.unpack(">d", body)[0]
-    if tag == b"b":
-        return bytes(body)
-    if tag == b"t":
-        elements, offset = [], 0
-        while offset < len(body):
-            (size,) = _LEN.unpack_from(body, offset)
-            offset += _LEN.size
-            elements.append(decode_key(body[offset : offset + size]))
-            offset += size
-        return tuple(elements)
-    if tag == b"p":
-        return pickle.loads(body)
-    raise ValueError(f"not an encoded key: {data[:20]!r}")
-
-
-def key_prefix(key_group: int, key: Any) -> bytes:
-    """The DB key of ``key``'s value or list entry; the prefix of its map entries."""
-    encoded = encode_key(key)
-    return _HEAD.pack(key_group, len(encoded)) + encoded
-
-
-def split_db_key(db_key: bytes) -> tuple[Any, bytes]:
-    """``(key, encoded user key)`` of a DB key; the user key part is b"" outside maps."""
-    _, size = _HEAD.unpack_from(db_key)
-    end = _HEAD.size + size
-    return decode_key(db_key[_HEAD.size : end]), db_key[end:]
-
-
-def _prefix_end(prefix: bytes) -> bytes | None:
-    """The smallest byte string greater than every string starting with ``prefix``."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-def _dumps(value: Any) -> bytes:
-    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 # --- storage -----------------------------------------------------------------------
@@ -149,7 +85,7 @@ def _scan(
     """
     from_key = prefix if start is None else start
     read_options = ReadOptions()
-    end = _prefix_end(prefix)
+    end = prefix_end(prefix)
     if end is not None:
         read_options.set_iterate_upper_bound(end)
     if with_values:
@@ -164,7 +100,7 @@ def _scan(
             yield db_key
 
 
-class _BatchView:
+class _BatchView(BatchView):
     """The state as one batch sees it: the DB plus the batch's own earlier writes.
 
     ``prefetch`` fills a cache with one multi-get per column family; ``get``/``set``
@@ -174,28 +110,28 @@ class _BatchView:
     """
 
     def __init__(self) -> None:
-        self._known: dict[tuple[_Table, bytes], Any] = {}  # current value or _ABSENT
+        self._known: dict[tuple[_Table, bytes], Any] = {}  # current value or ABSENT
         self._dirty: dict[tuple[_Table, bytes], Any] = {}  # written in this batch
         self._dirty_maps: dict[tuple[_Table, bytes], set[bytes]] = {}  # map prefix -> DB keys
 
     def prefetch(self, table: _Table, db_keys: list[bytes]) -> None:
         known = self._known
         for db_key, raw in zip(db_keys, table.rdict.get(db_keys), strict=True):
-            known[table, db_key] = _ABSENT if raw is None else pickle.loads(raw)
+            known[table, db_key] = ABSENT if raw is None else pickle.loads(raw)
 
     def get(self, table: _Table, db_key: bytes) -> Any:
-        """The current value of ``db_key``, or ``_ABSENT``."""
+        """The current value of ``db_key``, or ``ABSENT``."""
         slot = (table, db_key)
-        value = self._known.get(slot, _ABSENT)
-        if value is _ABSENT and slot not in self._known:  # not prefetched: read it now
+        value = self._known.get(slot, ABSENT)
+        if value is ABSENT and slot not in self._known:  # not prefetched: read it now
             raw = table.rdict.get(db_key)
-            value = self._known[slot] = _ABSENT if raw is None else pickle.loads(raw)
+            value = self._known[slot] = ABSENT if raw is None else pickle.loads(raw)
         return value
 
     def set(
         self, table: _Table, db_key: bytes, value: Any, map_prefix: bytes | None = None
     ) -> None:
-        """Write ``value`` (``_ABSENT`` deletes); ``map_prefix`` for map entries."""
+        """Write ``value`` (``ABSENT`` deletes); ``map_prefix`` for map entries."""
         slot = (table, db_key)
         self._known[slot] = self._dirty[slot] = value
         if map_prefix is not None:
@@ -227,7 +163,7 @@ class _BatchView:
 
     def map_is_empty(self, table: _Table, prefix: bytes) -> bool:
         dirty = self._dirty_maps.get((table, prefix), ())
-        if any(self._dirty[table, db_key] is not _ABSENT for db_key in dirty):
+        if any(self._dirty[table, db_key] is not ABSENT for db_key in dirty):
             return False
         # Every dirty entry is a deletion: the map is empty unless the DB has another.
         return all(db_key in dirty for db_key in _scan(table, prefix, False))
@@ -236,154 +172,18 @@ class _BatchView:
         keys = set(_scan(table, prefix, False))
         keys.update(self._dirty_maps.get((table, prefix), ()))
         for db_key in keys:
-            self.set(table, db_key, _ABSENT, prefix)
+            self.set(table, db_key, ABSENT, prefix)
 
     def commit(self, db: Rdict, write_options: WriteOptions) -> None:
         if not self._dirty:
             return
         batch = WriteBatch(raw_mode=True)
         for (table, db_key), value in self._dirty.items():
-            if value is _ABSENT:
+            if value is ABSENT:
                 batch.delete(db_key, table.handle)
             else:
-                batch.put(db_key, _dumps(value), table.handle)
+                batch.put(db_key, dumps(value), table.handle)
         db.write(batch, write_options)
-
-
-def merge_map_overlay(
-    stored: Iterable[tuple[bytes, bytes]], dirty: dict[bytes, Any]
-) -> list[tuple[bytes, Any]]:
-    """A map's ``(DB key, value)`` entries in DB key order: the stored (pickled)
-    entries with a batch's own writes applied (``_ABSENT`` deletes)."""
-    entries = {db_key: pickle.loads(raw) for db_key, raw in stored}
-    for db_key, value in dirty.items():
-        if value is _ABSENT:
-            entries.pop(db_key, None)
-        else:
-            entries[db_key] = value
-    return sorted(entries.items(), key=_first)
-
-
-def _first(pair: tuple[bytes, Any]) -> bytes:
-    return pair[0]
-
-
-# --- ops: one small function per Op, (view, table, DB key, request) ------------------
-
-
-def _value_get(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    value = v.get(t, k)
-    r.result = None if value is _ABSENT else value
-
-
-def _value_put(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    v.set(t, k, _ABSENT if r.value is None else r.value)
-
-
-def _clear(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    v.set(t, k, _ABSENT)
-
-
-def _list_get(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    stored = v.get(t, k)
-    r.result = [] if stored is _ABSENT else list(stored)
-
-
-def _list_add(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    stored = v.get(t, k)
-    if stored is _ABSENT:
-        v.set(t, k, [r.value])
-    else:
-        # The overlay owns the lists it holds (decoded or copied): extend in place.
-        stored.append(r.value)
-        v.set(t, k, stored)
-
-
-def _list_add_all(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    if not r.value:
-        return
-    stored = v.get(t, k)
-    if stored is _ABSENT:
-        v.set(t, k, list(r.value))
-    else:
-        stored.extend(r.value)
-        v.set(t, k, stored)
-
-
-def _list_put(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    v.set(t, k, list(r.value) if r.value else _ABSENT)
-
-
-def _map_get(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    value = v.get(t, k)
-    r.result = None if value is _ABSENT else value
-
-
-def _map_put(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    v.set(t, k + encode_key(r.user_key), r.value, k)
-
-
-def _map_put_all(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    if not r.value:
-        return
-    for user_key, value in dict(r.value).items():
-        v.set(t, k + encode_key(user_key), value, k)
-
-
-def _map_remove(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    v.set(t, k + encode_key(r.user_key), _ABSENT, k)
-
-
-def _map_contains(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    r.result = v.get(t, k) is not _ABSENT
-
-
-def _map_is_empty(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    r.result = v.map_is_empty(t, k)
-
-
-def _map_iter(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    skip = len(k)
-    r.result = [(decode_key(db_key[skip:]), value) for db_key, value in v.map_entries(t, k)]
-
-
-def _map_clear(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    v.map_clear(t, k)
-
-
-def _list_get_chunk(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    # the list is one value: read whole, hand out a slice (bounded on the engine side)
-    offset, limit = r.value
-    offset = offset or 0
-    stored = v.get(t, k)
-    stored = () if stored is _ABSENT else stored
-    end = offset + limit
-    r.result = (list(stored[offset:end]), end if end < len(stored) else None)
-
-
-def _map_iter_chunk(v: _BatchView, t: _Table, k: bytes, r: StateRequest) -> None:
-    after, limit = r.value
-    skip = len(k)
-    entries, last = v.map_chunk(t, k, None if after is None else k + after, limit)
-    items = [(decode_key(db_key[skip:]), value) for db_key, value in entries]
-    r.result = (items, None if last is None else last[skip:])
-
-
-_APPLY_OPS = op_table(globals())
-
-# Ops that read one DB key (prefetched); the key is prefix + user key for map gets.
-_POINT_READS = frozenset(
-    {
-        Op.VALUE_GET,
-        Op.LIST_GET,
-        Op.LIST_ADD,
-        Op.LIST_ADD_ALL,
-        Op.LIST_GET_CHUNK,
-        Op.MAP_GET,
-        Op.MAP_CONTAINS,
-    }
-)
-_USER_KEY_OPS = frozenset({Op.MAP_GET, Op.MAP_CONTAINS})
 
 
 # --- backend -----------------------------------------------------------------------
@@ -556,8 +356,8 @@ class RocksDBBackend(StateBackend):
             if db_key is None:
                 db_key = prefixes[key] = key_prefix(request.key_group, key)
             op = request.op
-            if op in _POINT_READS:
-                if op in _USER_KEY_OPS:
+            if op in POINT_READS:
+                if op in USER_KEY_OPS:
                     db_key += encode_key(request.user_key)
                 table_reads[db_key] = None
             plan_tables.append(table)
@@ -566,7 +366,7 @@ class RocksDBBackend(StateBackend):
         for table, keys in reads.items():
             if keys:
                 view.prefetch(table, list(keys))
-        apply = _APPLY_OPS
+        apply = APPLY_OPS
         for request, table, db_key in zip(requests, plan_tables, plan_keys, strict=True):
             apply[request.op](view, table, db_key, request)
         view.commit(db, self._write_options)

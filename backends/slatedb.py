@@ -6,7 +6,7 @@ Flink's ForSt on DFS. One ``Db`` per backend (one per partition in Spark).
 
 Layout: one keyspace of byte-ordered keys. A state key is
 ``b"s" | len(state name) (2 bytes, big-endian) | state name (UTF-8) |``
-``backends.rocksdb.key_prefix(key group, key)``, followed by the encoded user key
+``backends.keycodec.key_prefix(key group, key)``, followed by the encoded user key
 for map entries, so one key's map is one prefix range and one state is one prefix
 range. Value and list state are one entry per key (a list is one pickled list);
 map state is one entry per ``(key, user key)``; values are pickled. ``MAP_ITER``
@@ -18,7 +18,7 @@ Execution: the backend owns an asyncio event loop running in one thread
 ``execute_batch`` (blocking, on the engine's I/O threads) hands the batch to that
 loop and waits: the batch's point reads and map range scans are issued
 concurrently (``asyncio.gather``), its requests are then applied in list order
-over a per-batch overlay (``backends.rocksdb``'s op functions, so reads after a
+over a per-batch overlay (``backends.overlay``'s op functions, so reads after a
 write of the same key in the batch see the write), and its writes go out as one
 SlateDB ``WriteBatch`` without waiting for durability. Batches of concurrent I/O
 threads interleave on the loop (they never share a key).
@@ -71,17 +71,15 @@ from slatedb import uniffi as sdb
 
 from aec.requests import Op, StateRequest
 from backends.base import BackendSpec, StateBackend
-from backends.rocksdb import (
-    _ABSENT,
-    _APPLY_OPS,
-    _POINT_READS,
-    _USER_KEY_OPS,
-    _prefix_end,
-    decode_key,
-    encode_key,
-    key_prefix,
+from backends.keycodec import decode_key, encode_key, key_prefix, prefix_end, split_db_key
+from backends.overlay import (
+    ABSENT,
+    APPLY_OPS,
+    POINT_READS,
+    USER_KEY_OPS,
+    BatchView,
+    dumps,
     merge_map_overlay,
-    split_db_key,
 )
 
 _FORMAT_KEY = b"\x00aec/format"
@@ -151,7 +149,7 @@ def _range(prefix: bytes, after: bytes | None = None) -> Any:
     return sdb.KeyRange(
         start=(prefix or None) if after is None else after,
         start_inclusive=after is None,
-        end=_prefix_end(prefix),
+        end=prefix_end(prefix),
         end_inclusive=False,
     )
 
@@ -210,11 +208,11 @@ class _Writer:
 # --- one batch ---------------------------------------------------------------------------
 
 
-class _BatchView:
+class _BatchView(BatchView):
     """The state as one batch sees it: what the batch prefetched plus its own writes.
 
-    Speaks ``backends.rocksdb._BatchView``'s interface (the ``table`` argument is
-    unused: the state is part of every key), so RocksDB's op functions run on it.
+    A ``backends.overlay.BatchView`` (the ``table`` argument is unused: the state is
+    part of every key), so the shared op functions run on it.
     Map reads use prefetched ranges: ``full`` holds whole maps (raw values) read at
     the batch's start, ``ranges`` holds ``(prefix, after) -> rows`` for chunked
     reads and emptiness checks of maps the batch had not written before them.
@@ -226,10 +224,10 @@ class _BatchView:
         full: dict[bytes, list[tuple[bytes, bytes]]],
         ranges: dict[tuple[bytes, bytes | None], list[tuple[bytes, bytes]]],
     ) -> None:
-        self._known = known  # DB key -> current value or _ABSENT
+        self._known = known  # DB key -> current value or ABSENT
         self._full = full
         self._ranges = ranges
-        self._dirty: dict[bytes, Any] = {}  # written in this batch (value or _ABSENT)
+        self._dirty: dict[bytes, Any] = {}  # written in this batch (value or ABSENT)
         self._dirty_maps: dict[bytes, set[bytes]] = {}  # map prefix -> DB keys written
 
     def get(self, table: Any, db_key: bytes) -> Any:
@@ -265,7 +263,7 @@ class _BatchView:
         keys = {db_key for db_key, _ in self._full[prefix]}
         keys.update(self._dirty_maps.get(prefix, ()))
         for db_key in keys:
-            self.set(table, db_key, _ABSENT, prefix)
+            self.set(table, db_key, ABSENT, prefix)
 
     def write_batch(self) -> Any:
         """The batch's writes as one SlateDB ``WriteBatch``, or None."""
@@ -273,15 +271,11 @@ class _BatchView:
             return None
         batch = sdb.WriteBatch()
         for db_key, value in self._dirty.items():
-            if value is _ABSENT:
+            if value is ABSENT:
                 batch.delete(db_key)
             else:
-                batch.put(db_key, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+                batch.put(db_key, dumps(value))
         return batch
-
-
-def _first(pair: tuple[bytes, Any]) -> bytes:
-    return pair[0]
 
 
 # --- backend -----------------------------------------------------------------------------
@@ -528,8 +522,8 @@ class SlateDBBackend(StateBackend):
                 key_bytes = key_prefixes[request.key] = key_prefix(request.key_group, request.key)
             db_key = self._state_prefix(request.state) + key_bytes
             op = request.op
-            if op in _POINT_READS:
-                if op in _USER_KEY_OPS:  # MAP_GET, MAP_CONTAINS read one map entry
+            if op in POINT_READS:
+                if op in USER_KEY_OPS:  # MAP_GET, MAP_CONTAINS read one map entry
                     db_key += encode_key(request.user_key)
                 points[db_key] = None
             elif op in _MAP_SCANS:
@@ -555,7 +549,7 @@ class SlateDBBackend(StateBackend):
         )
         offset = len(point_keys)
         known = {
-            key: _ABSENT if raw is None else pickle.loads(raw)
+            key: ABSENT if raw is None else pickle.loads(raw)
             for key, raw in zip(point_keys, results[:offset], strict=True)
         }
         view = _BatchView(
@@ -565,7 +559,7 @@ class SlateDBBackend(StateBackend):
         )
         # Apply in list order over the overlay, then write once, not waiting for durability.
         for op, db_key, request in plan:
-            _APPLY_OPS[op](view, None, db_key, request)
+            APPLY_OPS[op](view, None, db_key, request)
         batch = view.write_batch()
         if batch is not None:
             await db.write(batch)

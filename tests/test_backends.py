@@ -18,7 +18,7 @@ from aec.keygroups import key_group_for
 from aec.requests import Op, StateRequest
 from backends import LatencyBackend, MemoryBackend, RocksDBBackend, StateBackend
 from backends.latency import LatencySampler
-from backends.rocksdb import decode_key, encode_key, key_prefix, split_db_key
+from backends.keycodec import decode_key, encode_key, key_prefix, split_db_key
 
 MAX_PARALLELISM = 128
 

@@ -45,7 +45,8 @@ from backends.base import StateBackend
 from backends.cache import CachedBackend, CachedSpec
 from backends.latency import LatencyBackend
 from backends.memory import MemoryBackend
-from backends.rocksdb import RocksDBBackend, encode_key
+from backends.keycodec import encode_key
+from backends.rocksdb import RocksDBBackend
 
 __all__ = [  # the imported conformance tests run here against the fixtures below
     "TestListState",

@@ -44,7 +44,8 @@ from aec.executor import ThreadPoolStateExecutor
 from aec.requests import Op
 from aec.testing import assert_equivalent
 from backends.memory import MemoryBackend
-from backends.rocksdb import RocksDBBackend, encode_key
+from backends.keycodec import encode_key
+from backends.rocksdb import RocksDBBackend
 from backends.slatedb import SlateDBBackend, SlateDBSpec, _object_store
 
 LOOP_THREAD = "aec-slatedb-loop"

@@ -1,0 +1,81 @@
+"""The byte layout of state keys in the byte-store backends (RocksDB, SlateDB, Redis).
+
+A DB key is ``key group (2 bytes, big-endian) | len(key bytes) (4 bytes, big-endian) |
+key bytes``, followed by the encoded user key for map entries, so one key's map is one
+prefix range and keys sort by key group first (Flink's RocksDB layout, simplified).
+Key bytes come from ``encode_key``: canonical (equal keys give equal bytes, so ``1``
+and ``1.0`` are one key, as in a dict) and decodable (``decode_key``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from typing import Any
+
+from aec.keygroups import stable_key_bytes
+
+_HEAD = struct.Struct(">HI")  # key group, length of the key bytes
+_LEN = struct.Struct(">I")
+
+
+def encode_key(key: Any) -> bytes:
+    """Canonical, decodable bytes for a state key or map user key.
+
+    str, int, float, bytes and bool use ``aec.keygroups.stable_key_bytes`` (so
+    ``1``, ``1.0`` and ``True`` share one form); tuples are encoded element by
+    element with a length prefix each, so they decode unambiguously; anything else
+    is pickled (protocol 4), which is canonical only if equal keys pickle equally.
+    """
+    if type(key) is tuple:
+        parts = [encode_key(element) for element in key]
+        return b"t" + b"".join(_LEN.pack(len(part)) + part for part in parts)
+    return stable_key_bytes(key)
+
+
+def decode_key(data: bytes) -> Any:
+    """Inverse of ``encode_key`` up to equality (``1.0`` comes back as ``1``).
+
+    Raises ValueError on bytes ``encode_key`` cannot produce.
+    """
+    tag, body = data[:1], data[1:]
+    if tag == b"s":
+        return body.decode("utf-8", "surrogatepass")
+    if tag == b"i":
+        return int(body)
+    if tag == b"f":
+        return struct.unpack(">d", body)[0]
+    if tag == b"b":
+        return bytes(body)
+    if tag == b"t":
+        elements, offset = [], 0
+        while offset < len(body):
+            (size,) = _LEN.unpack_from(body, offset)
+            offset += _LEN.size
+            elements.append(decode_key(body[offset : offset + size]))
+            offset += size
+        return tuple(elements)
+    if tag == b"p":
+        return pickle.loads(body)
+    raise ValueError(f"not an encoded key: {data[:20]!r}")
+
+
+def key_prefix(key_group: int, key: Any) -> bytes:
+    """The DB key of ``key``'s value or list entry; the prefix of its map entries."""
+    encoded = encode_key(key)
+    return _HEAD.pack(key_group, len(encoded)) + encoded
+
+
+def split_db_key(db_key: bytes) -> tuple[Any, bytes]:
+    """``(key, encoded user key)`` of a DB key; the user key part is b"" outside maps."""
+    _, size = _HEAD.unpack_from(db_key)
+    end = _HEAD.size + size
+    return decode_key(db_key[_HEAD.size : end]), db_key[end:]
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
