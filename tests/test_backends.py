@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from aec.keygroups import key_group_for
 from aec.requests import Op, StateRequest
 from backends import LatencyBackend, MemoryBackend, RocksDBBackend, StateBackend
-from backends.latency import LatencySampler
 from backends.keycodec import decode_key, encode_key, key_prefix, split_db_key
+from backends.latency import LatencySampler
 
 MAX_PARALLELISM = 128
 
@@ -313,61 +313,61 @@ SMALL_LISTS = st.lists(VALUES, max_size=3)
 NOTHING = st.none()
 
 
-def _op(op: int, state: str, keys, user_keys=NOTHING, value=NOTHING):
+def one_op(op: int, state: str, keys, user_keys=NOTHING, value=NOTHING):
     return st.builds(req, st.just(op), st.just(state), keys, user_keys, value)
 
 
-def _value_ops(keys):
+def value_ops(keys):
     return st.one_of(
-        _op(Op.VALUE_GET, "v", keys),
-        _op(Op.VALUE_PUT, "v", keys, value=VALUES),
-        _op(Op.VALUE_CLEAR, "v", keys),
+        one_op(Op.VALUE_GET, "v", keys),
+        one_op(Op.VALUE_PUT, "v", keys, value=VALUES),
+        one_op(Op.VALUE_CLEAR, "v", keys),
     )
 
 
-def _list_ops(keys):
+def list_ops(keys):
     return st.one_of(
-        _op(Op.LIST_GET, "l", keys),
-        _op(Op.LIST_ADD, "l", keys, value=VALUES),
-        _op(Op.LIST_ADD_ALL, "l", keys, value=SMALL_LISTS),
-        _op(Op.LIST_PUT, "l", keys, value=SMALL_LISTS),
-        _op(Op.LIST_CLEAR, "l", keys),
+        one_op(Op.LIST_GET, "l", keys),
+        one_op(Op.LIST_ADD, "l", keys, value=VALUES),
+        one_op(Op.LIST_ADD_ALL, "l", keys, value=SMALL_LISTS),
+        one_op(Op.LIST_PUT, "l", keys, value=SMALL_LISTS),
+        one_op(Op.LIST_CLEAR, "l", keys),
     )
 
 
-def _map_ops(keys):
+def map_ops(keys):
     return st.one_of(
-        _op(Op.MAP_GET, "m", keys, USER_KEYS),
-        _op(Op.MAP_PUT, "m", keys, USER_KEYS, VALUES),
-        _op(Op.MAP_PUT_ALL, "m", keys, value=st.dictionaries(USER_KEYS, VALUES, max_size=3)),
-        _op(Op.MAP_REMOVE, "m", keys, USER_KEYS),
-        _op(Op.MAP_CONTAINS, "m", keys, USER_KEYS),
-        _op(Op.MAP_IS_EMPTY, "m", keys),
-        _op(Op.MAP_ITER, "m", keys),
-        _op(Op.MAP_CLEAR, "m", keys),
+        one_op(Op.MAP_GET, "m", keys, USER_KEYS),
+        one_op(Op.MAP_PUT, "m", keys, USER_KEYS, VALUES),
+        one_op(Op.MAP_PUT_ALL, "m", keys, value=st.dictionaries(USER_KEYS, VALUES, max_size=3)),
+        one_op(Op.MAP_REMOVE, "m", keys, USER_KEYS),
+        one_op(Op.MAP_CONTAINS, "m", keys, USER_KEYS),
+        one_op(Op.MAP_IS_EMPTY, "m", keys),
+        one_op(Op.MAP_ITER, "m", keys),
+        one_op(Op.MAP_CLEAR, "m", keys),
     )
 
 
-def _batches(requests: st.SearchStrategy[StateRequest]):
+def request_batches(requests: st.SearchStrategy[StateRequest]):
     return st.lists(st.lists(requests, min_size=1, max_size=16), min_size=1, max_size=5)
 
 
 # "mixed" covers every op on neighbouring keys; the single-key mixes make same-key
 # sequences inside one batch (write then read, write then scan) frequent.
 MIXES = {
-    "mixed": _batches(st.one_of(_value_ops(KEYS), _list_ops(KEYS), _map_ops(KEYS))),
-    "one-map": _batches(_map_ops(st.sampled_from(["a", "ab"]))),
-    "one-list": _batches(_list_ops(st.just("a"))),
+    "mixed": request_batches(st.one_of(value_ops(KEYS), list_ops(KEYS), map_ops(KEYS))),
+    "one-map": request_batches(map_ops(st.sampled_from(["a", "ab"]))),
+    "one-list": request_batches(list_ops(st.just("a"))),
 }
 
 
-def _clone(request: StateRequest) -> StateRequest:
+def clone_request(request: StateRequest) -> StateRequest:
     return StateRequest(
         request.op, request.state, request.key, request.key_group, request.user_key, request.value
     )
 
 
-def _normalized(request: StateRequest):
+def normalized(request: StateRequest):
     if request.op == Op.MAP_ITER:  # RocksDB iterates in key-byte order
         assert len(request.result) == len(dict(request.result))
         return dict(request.result)
@@ -383,10 +383,10 @@ def test_rocksdb_matches_memory_on_random_batches(mix):
         rocks.open()
         try:
             for batch in batches:
-                mine = [_clone(r) for r in batch]
+                mine = [clone_request(r) for r in batch]
                 memory.execute_batch(batch)
                 rocks.execute_batch(mine)
-                assert [_normalized(r) for r in mine] == [_normalized(r) for r in batch], batch
+                assert [normalized(r) for r in mine] == [normalized(r) for r in batch], batch
             for state in ("v", "l", "m"):
                 assert rocks.state_items(state) == memory.state_items(state), state
         finally:

@@ -20,20 +20,20 @@ from test_backends import (
     TestListState,
     TestMapState,
     TestValueState,
-    _batches,
-    _clone,
-    _list_ops,
-    _map_ops,
-    _normalized,
-    _op,
-    _value_ops,
+    clone_request,
+    list_ops,
+    map_ops,
+    normalized,
+    one_op,
     req,
+    request_batches,
     run,
     run_in_threads,
     test_list_chunks_concatenate_to_the_list,
     test_map_chunks_concatenate_to_the_map,
     test_restore_from_missing_directory,
     test_snapshot_then_restore_rolls_back,
+    value_ops,
 )
 
 from aec import AecConfig, Record, Watermark
@@ -43,9 +43,9 @@ from aec.run import run_keyed
 from aec.testing import assert_equivalent
 from backends.base import StateBackend
 from backends.cache import CachedBackend, CachedSpec
+from backends.keycodec import encode_key
 from backends.latency import LatencyBackend
 from backends.memory import MemoryBackend
-from backends.keycodec import encode_key
 from backends.rocksdb import RocksDBBackend
 
 __all__ = [  # the imported conformance tests run here against the fixtures below
@@ -128,12 +128,12 @@ class Recording(StateBackend):
 # --- property: CachedBackend == MemoryBackend ---------------------------------------------
 
 CHUNK_READS = st.one_of(
-    _op(Op.LIST_GET_CHUNK, "l", KEYS, value=st.tuples(st.none(), st.integers(1, 3))),
-    _op(Op.MAP_ITER_CHUNK, "m", KEYS, value=st.tuples(st.none(), st.integers(1, 3))),
+    one_op(Op.LIST_GET_CHUNK, "l", KEYS, value=st.tuples(st.none(), st.integers(1, 3))),
+    one_op(Op.MAP_ITER_CHUNK, "m", KEYS, value=st.tuples(st.none(), st.integers(1, 3))),
 )
 CACHE_MIXES = {
     **MIXES,
-    "with-chunks": _batches(st.one_of(_value_ops(KEYS), _list_ops(KEYS), _map_ops(KEYS), CHUNK_READS)),
+    "with-chunks": request_batches(st.one_of(value_ops(KEYS), list_ops(KEYS), map_ops(KEYS), CHUNK_READS)),
 }  # fmt: skip
 
 
@@ -145,12 +145,12 @@ def _comparable(request):
     if request.op == Op.MAP_ITER_CHUNK:
         items, cursor = request.result
         return len(items), cursor is None, dict(items) if cursor is None else None
-    return _normalized(request)
+    return normalized(request)
 
 
 def _check_same(cached: CachedBackend, memory: MemoryBackend, batches, flushes) -> None:
     for batch, flush in zip(batches, flushes, strict=False):
-        mine = [_clone(r) for r in batch]
+        mine = [clone_request(r) for r in batch]
         memory.execute_batch(batch)
         cached.execute_batch(mine)
         assert [_comparable(r) for r in mine] == [_comparable(r) for r in batch], batch
@@ -521,11 +521,11 @@ def test_concurrent_batches_of_disjoint_keys_share_a_tiny_cache():
         keys = [(thread, k) for k in range(4)]
         for _ in range(60):
             batch = _random_batch(rng, keys)
-            mine = [_clone(r) for r in batch]
+            mine = [clone_request(r) for r in batch]
             cache.execute_batch(mine)
             with reference_lock:
                 reference.execute_batch(batch)
-            assert [_normalized(r) for r in mine] == [_normalized(r) for r in batch]
+            assert [normalized(r) for r in mine] == [normalized(r) for r in batch]
 
     run_in_threads(worker, 4)
     assert cache.evictions > 0 and cache.written_back > 0

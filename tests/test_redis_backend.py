@@ -27,10 +27,10 @@ from test_backends import (
     TestListState,
     TestMapState,
     TestValueState,
-    _clone,
-    _normalized,
     check_concurrent_batches_of_disjoint_keys,
+    clone_request,
     drain_chunks,
+    normalized,
     req,
     run,
     test_list_chunks_concatenate_to_the_list,
@@ -130,10 +130,10 @@ def test_redis_matches_memory_on_random_batches(redis_server, mix, transaction, 
         memory = MemoryBackend()
         backend.clear()
         for batch in batches:
-            mine = [_clone(r) for r in batch]
+            mine = [clone_request(r) for r in batch]
             memory.execute_batch(batch)
             backend.execute_batch(mine)
-            assert [_normalized(r) for r in mine] == [_normalized(r) for r in batch], batch
+            assert [normalized(r) for r in mine] == [normalized(r) for r in batch], batch
         for state in ("v", "l", "m"):
             assert backend.state_items(state) == memory.state_items(state), state
 

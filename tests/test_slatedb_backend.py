@@ -25,13 +25,13 @@ from test_backends import (  # noqa: F401  (pytest collects the imported tests h
     TestListState,
     TestMapState,
     TestValueState,
-    _batches,
-    _clone,
-    _map_ops,
-    _normalized,
-    _op,
     check_concurrent_batches_of_disjoint_keys,
+    clone_request,
+    map_ops,
+    normalized,
+    one_op,
     req,
+    request_batches,
     run,
     test_list_chunks_concatenate_to_the_list,
     test_map_chunks_concatenate_to_the_map,
@@ -43,8 +43,8 @@ from aec import AecConfig, JobFailure, KeyedProcessOperator, Record, Watermark
 from aec.executor import ThreadPoolStateExecutor
 from aec.requests import Op
 from aec.testing import assert_equivalent
-from backends.memory import MemoryBackend
 from backends.keycodec import encode_key
+from backends.memory import MemoryBackend
 from backends.rocksdb import RocksDBBackend
 from backends.slatedb import SlateDBBackend, SlateDBSpec, _object_store
 
@@ -95,10 +95,10 @@ def test_matches_memory_on_random_batches(mix):
             memory, slate = MemoryBackend(), make(directory)
             try:
                 for batch in batches:
-                    mine = [_clone(r) for r in batch]
+                    mine = [clone_request(r) for r in batch]
                     memory.execute_batch(batch)
                     slate.execute_batch(mine)
-                    assert [_normalized(r) for r in mine] == [_normalized(r) for r in batch]
+                    assert [normalized(r) for r in mine] == [normalized(r) for r in batch]
                 for state in ("v", "l", "m"):
                     assert slate.state_items(state) == memory.state_items(state), state
             finally:
@@ -110,12 +110,12 @@ def test_matches_memory_on_random_batches(mix):
 # Chunked reads mixed with writes: RocksDB shares SlateDB's cursors (encoded user
 # keys) and map order, so the two must agree exactly, chunk by chunk.
 CURSORS = st.one_of(st.none(), USER_KEYS.map(encode_key))
-CHUNKED = _batches(
+CHUNKED = request_batches(
     st.one_of(
-        _map_ops(KEYS),
-        _op(Op.MAP_ITER_CHUNK, "m", KEYS, value=st.tuples(CURSORS, st.integers(1, 3))),
-        _op(Op.LIST_GET_CHUNK, "l", KEYS, value=st.tuples(st.integers(0, 3), st.integers(1, 3))),
-        _op(Op.LIST_ADD_ALL, "l", KEYS, value=st.lists(st.integers(), max_size=3)),
+        map_ops(KEYS),
+        one_op(Op.MAP_ITER_CHUNK, "m", KEYS, value=st.tuples(CURSORS, st.integers(1, 3))),
+        one_op(Op.LIST_GET_CHUNK, "l", KEYS, value=st.tuples(st.integers(0, 3), st.integers(1, 3))),
+        one_op(Op.LIST_ADD_ALL, "l", KEYS, value=st.lists(st.integers(), max_size=3)),
     )
 )
 
@@ -127,7 +127,7 @@ def test_chunked_reads_match_rocksdb_on_random_batches(batches):
         rocks.open()
         try:
             for batch in batches:
-                mine = [_clone(r) for r in batch]
+                mine = [clone_request(r) for r in batch]
                 rocks.execute_batch(batch)
                 slate.execute_batch(mine)
                 assert [r.result for r in mine] == [r.result for r in batch], batch
