@@ -1,9 +1,12 @@
-"""Run aec inside Spark partitions: ``process_keyed`` and the ``aec`` command line.
+"""Run aec inside Spark partitions: ``process_keyed``, async calls and the ``aec`` CLI.
 
 ``process_keyed(df, function, key, output_schema, ...)`` runs a
 ``KeyedProcessFunction`` per key over a DataFrame (one operator per Spark
 partition); ``side_output(result, tag)`` and ``partition_metrics(result)`` read
 the other streams of its result. See ``spark_glue.keyed`` for the design.
+``async_udf`` turns an ``async def`` into a pandas UDF and ``async_map`` maps rows
+through async calls, both with bounded calls in flight per task
+(``spark_glue.async_calls``).
 """
 
 import os
@@ -15,6 +18,14 @@ import sys
 # must happen before the SparkContext starts (importing spark_glue first does).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+from spark_glue.async_calls import async_map, async_udf  # noqa: E402
 from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist  # noqa: E402
 
-__all__ = ["partition_metrics", "process_keyed", "side_output", "unpersist"]
+__all__ = [
+    "async_map",
+    "async_udf",
+    "partition_metrics",
+    "process_keyed",
+    "side_output",
+    "unpersist",
+]

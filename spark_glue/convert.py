@@ -40,6 +40,20 @@ def arrow_schema(schema: T.StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
+def struct_type(schema: T.StructType | str) -> T.StructType:
+    """``schema`` as a ``StructType``: a ``StructType`` as is, a DDL string parsed
+    (by the JVM: needs the active Spark session).
+
+    Raises:
+        TypeError: anything else.
+    """
+    if isinstance(schema, T.StructType):
+        return schema
+    if isinstance(schema, str):
+        return T.StructType.fromDDL(schema)
+    raise TypeError(f"a schema must be a StructType or a DDL string, got {type(schema).__name__}")
+
+
 def timestamp_seconds(column: pa.Array | pa.ChunkedArray) -> list[float | None]:
     """Event time of each row in float seconds since 1970-01-01 (None for nulls).
 

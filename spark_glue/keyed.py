@@ -48,7 +48,13 @@ from aec.config import AecConfig
 from aec.elements import Record, Watermark
 from backends.base import BackendSpec, StateBackend
 from backends.memory import MemoryBackend
-from spark_glue.convert import arrow_schema, encode_columns, rows_as_dicts, timestamp_seconds
+from spark_glue.convert import (
+    arrow_schema,
+    encode_columns,
+    rows_as_dicts,
+    struct_type,
+    timestamp_seconds,
+)
 from spark_glue.watermarks import BoundedOutOfOrderness, delay_seconds
 
 _STREAM = "__aec_stream"
@@ -176,8 +182,8 @@ def process_keyed(
     if not isinstance(config, AecConfig):
         raise TypeError(f"config must be an aec.AecConfig, got {type(config).__name__}")
     spec = _backend_spec(backend)
-    main = _schema(output_schema)
-    sides = {str(tag): _schema(s) for tag, s in (side_outputs or {}).items()}
+    main = struct_type(output_schema)
+    sides = {str(tag): struct_type(s) for tag, s in (side_outputs or {}).items()}
     for name in main.fieldNames():
         if name.startswith(_RESERVED):
             raise ValueError(
@@ -290,14 +296,6 @@ def _metric_type(records: list[dict[str, Any]], name: str) -> T.DataType:
 
 def _side_column(index: int, name: str) -> str:
     return f"{_RESERVED}_s{index}_{name}"
-
-
-def _schema(schema: SchemaLike) -> T.StructType:
-    if isinstance(schema, T.StructType):
-        return schema
-    if isinstance(schema, str):
-        return T.StructType.fromDDL(schema)  # parsed by the JVM: needs the active session
-    raise TypeError(f"a schema must be a StructType or a DDL string, got {type(schema).__name__}")
 
 
 def _backend_spec(backend: StateBackend | BackendSpec | None) -> BackendSpec:

@@ -1,0 +1,432 @@
+"""The driver of one async wait call: admission, calls, retries, timeouts, emission.
+
+Follows Flink's ``AsyncWaitOperator`` (with its ``RetryableResultHandlerDelegator``
+for FLIP-232 retries) and FLIP-519's key-ordered mode, on aec's mailbox model:
+
+- The driver is a generator that runs on the thread iterating it (the mailbox
+  thread). Flink-style ``async_invoke``, ``timeout``, ``open``, ``close``, the
+  key selector and the retry predicates run there.
+- Completions come from any thread as mails in one ``Mailbox`` (deque + Event).
+  Mails run before new input is admitted (DESIGN rule 6).
+- Timeouts and retry delays are timers in one ``SortedList``; the driver sleeps on
+  the mailbox until the next mail or the next timer.
+- asyncio-style functions run on one ``EventLoopThread``, started at the first
+  call and stopped when the generator ends.
+
+Invariants:
+- At most ``capacity`` elements (records and watermarks) are admitted and not yet
+  emitted; at the limit the driver stops pulling from ``source``.
+- Per entry, at most one ResultFuture is accepted at a time (``entry.future``); a
+  completion of any other future (duplicate, earlier attempt, after timeout) is
+  dropped.
+- ``entry.timers`` holds exactly the entry's timers that are in ``Timers``.
+- Retry n starts ``backoff(n)`` seconds after attempt n completed, only if that is
+  before the entry's deadline (first call's start + timeout) and n < max_attempts.
+- A final exception (user code, retries exhausted, timeout) raises ``JobFailure``
+  from it; on every exit the loop thread is stopped and ``close()`` is called.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from time import monotonic
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from aec.async_function import AsyncFunction, ResultFuture
+from aec.async_loop import EventLoopThread
+from aec.async_queue import (
+    BACKOFF,
+    DONE,
+    RUNNING,
+    TIMED_OUT,
+    AsyncEntry,
+    KeyGate,
+    OrderedQueue,
+    UnorderedQueue,
+)
+from aec.elements import Watermark, check_key, check_timestamp
+from aec.errors import JobFailure, describe
+from aec.mailbox import Mailbox
+from aec.retry import RetryStrategy
+
+__all__ = ["AsyncWaitDriver", "Timers"]
+
+_TIMEOUT = 0
+_RETRY = 1
+
+
+class Timers:
+    """Pending timeouts and retries, earliest first.
+
+    A timer is ``(due, sequence, kind, entry, attempt)``: ``due`` in monotonic
+    seconds, ``sequence`` breaks ties in creation order (and keeps tuples from ever
+    comparing entries). Cancelled timers are removed, so every timer here is live.
+    """
+
+    __slots__ = ("_timers", "_sequence")
+
+    def __init__(self) -> None:
+        self._timers = SortedList()
+        self._sequence = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._timers)
+
+    def add(self, due: float, kind: int, entry: AsyncEntry, attempt: int = 0) -> None:
+        timer = (due, next(self._sequence), kind, entry, attempt)
+        self._timers.add(timer)
+        entry.timers.append(timer)
+
+    def cancel_all(self, entry: AsyncEntry) -> None:
+        """Remove every timer of ``entry``."""
+        for timer in entry.timers:
+            self._timers.remove(timer)
+        entry.timers.clear()
+
+    def pop_due(self, now: float) -> tuple[int, AsyncEntry, int] | None:
+        """Remove and return ``(kind, entry, attempt)`` of the earliest timer due at
+        ``now``, or None."""
+        timers = self._timers
+        if not timers or timers[0][0] > now:
+            return None
+        timer = timers.pop(0)
+        _, _, kind, entry, attempt = timer
+        entry.timers.remove(timer)
+        return kind, entry, attempt
+
+    def next_delay(self, now: float) -> float | None:
+        """Seconds until the earliest timer (0 if overdue), None if there is none."""
+        if not self._timers:
+            return None
+        return max(0.0, self._timers[0][0] - now)
+
+    def clear(self) -> None:
+        self._timers.clear()
+
+
+def is_asyncio_style(function: Any) -> bool:
+    """True if ``function.async_invoke`` is an ``async def`` (asyncio style).
+
+    Raises:
+        TypeError: ``async_invoke`` is missing, or does not take the style's arguments
+            (``(value)`` for asyncio style, ``(value, result_future)`` for Flink style).
+    """
+    invoke = getattr(function, "async_invoke", None)
+    if not callable(invoke):
+        raise TypeError(
+            f"function must be an aec.async_io.AsyncFunction (or have async_invoke), "
+            f"got {type(function).__name__}"
+        )
+    asyncio_style = inspect.iscoroutinefunction(invoke)
+    arguments = (None,) if asyncio_style else (None, None)
+    try:
+        signature = inspect.signature(invoke)
+    except (TypeError, ValueError):  # builtins without a signature: trust the caller
+        return asyncio_style
+    try:
+        signature.bind(*arguments)
+    except TypeError:
+        if asyncio_style:
+            expected = "async def async_invoke(self, value)"
+        else:
+            expected = "def async_invoke(self, value, result_future)"
+        raise TypeError(
+            f"{type(function).__name__}.async_invoke{signature} does not match the "
+            f"{'asyncio' if asyncio_style else 'Flink'} style: expected {expected}"
+        ) from None
+    return asyncio_style
+
+
+class AsyncWaitDriver:
+    """Runs ``function`` over ``source``; ``run()`` is the generator of outputs.
+
+    Args (validated by ``aec.async_io``):
+        source: iterable of values and ``Watermark``s.
+        function: an ``AsyncFunction`` (either style).
+        timeout: seconds from an input's first call to its timeout, or None.
+        capacity: max elements admitted and not yet emitted (>= 1).
+        retry: the ``RetryStrategy``.
+        queue: ``OrderedQueue`` or ``UnorderedQueue`` (emission order).
+        key_selector: for key-ordered mode, ``value -> key``; None otherwise.
+    """
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        function: AsyncFunction,
+        timeout: float | None,
+        capacity: int,
+        retry: RetryStrategy,
+        queue: OrderedQueue | UnorderedQueue,
+        key_selector: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self._source = source
+        self._function = function
+        self._asyncio = is_asyncio_style(function)
+        self._timeout = timeout
+        self._capacity = capacity
+        self._retry = retry
+        self._max_attempts = retry.max_attempts
+        self._queue = queue
+        self._key_selector = key_selector
+        self._gate = KeyGate() if key_selector is not None else None
+        self._mailbox = Mailbox()
+        self._timers = Timers()
+        self._loop: EventLoopThread | None = None
+        self._watermark = -float("inf")
+        self._opened = False
+
+    # -- the generator -------------------------------------------------------------------
+    def run(self) -> Iterator[Any]:
+        """Yield outputs and watermarks; see ``aec.async_io.ordered_wait``."""
+        try:
+            self._opened = True
+            try:
+                self._function.open()
+            except Exception as exc:
+                raise JobFailure(
+                    f"AsyncFunction.open() failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            yield from self._drive()
+        except BaseException as exc:  # GeneratorExit too: an abandoned iterator cleans up
+            close_error = self._shutdown()
+            if close_error is not None:
+                exc.add_note(f"AsyncFunction.close() also failed: {close_error!r}")
+            raise
+        close_error = self._shutdown()
+        if close_error is not None:
+            raise JobFailure(
+                f"AsyncFunction.close() failed: {type(close_error).__name__}: {close_error}"
+            ) from close_error
+
+    def _drive(self) -> Iterator[Any]:
+        source = iter(self._source)
+        exhausted = False
+        mailbox, queue, timers = self._mailbox, self._queue, self._timers
+        while True:
+            if mailbox:
+                self._run_mails()
+            if timers:
+                self._fire_timers()
+            ready = queue.pop_ready()
+            if ready:
+                for element in ready:
+                    if type(element) is AsyncEntry:
+                        results, element.results = element.results, None
+                        yield from results  # type: ignore[misc]
+                    else:
+                        yield element
+                continue  # mails may have arrived while the consumer ran
+            if not exhausted and len(queue) < self._capacity:
+                if mailbox:
+                    continue  # completions before new input
+                try:
+                    element = next(source)
+                except StopIteration:
+                    exhausted = True
+                    continue
+                self._admit(element)
+                continue
+            if exhausted and not len(queue):
+                return
+            mailbox.wait(timers.next_delay(monotonic()))
+
+    # -- admission -----------------------------------------------------------------------
+    def _admit(self, element: Any) -> None:
+        if isinstance(element, Watermark):
+            self._check_watermark(element)
+            self._queue.add_watermark(element)
+            return
+        key = None
+        if self._key_selector is not None:
+            try:
+                key = self._key_selector(element)
+            except Exception as exc:
+                raise JobFailure(
+                    f"key_selector failed for input {describe(element)}: "
+                    f"{type(exc).__name__}: {exc}",
+                    record=element,
+                ) from exc
+            try:
+                check_key(key)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"key_selector({describe(element)}): {exc}") from None
+        entry = AsyncEntry(element, key)
+        self._queue.add_record(entry)
+        if self._gate is None or self._gate.acquire(entry):
+            self._start(entry)
+
+    def _check_watermark(self, watermark: Watermark) -> None:
+        timestamp = watermark.timestamp
+        if timestamp is None:
+            raise TypeError("watermark timestamp must be a number, got None")
+        check_timestamp(timestamp, "watermark timestamp")
+        if timestamp < self._watermark:
+            raise ValueError(
+                f"watermark {timestamp!r} arrived after {self._watermark!r}: "
+                "watermarks must not go backwards"
+            )
+        self._watermark = timestamp
+
+    # -- calls ---------------------------------------------------------------------------
+    def _start(self, entry: AsyncEntry) -> None:
+        """First call of ``entry``: its timeout starts now."""
+        if self._timeout is not None:
+            entry.deadline = monotonic() + self._timeout
+            self._timers.add(entry.deadline, _TIMEOUT, entry)
+        self._invoke(entry)
+
+    def _invoke(self, entry: AsyncEntry) -> None:
+        entry.attempts += 1
+        entry.state = RUNNING
+        future = ResultFuture(self._mailbox, entry)
+        entry.future = future
+        if self._asyncio:
+            try:
+                coroutine = self._function.async_invoke(entry.value)  # type: ignore[call-arg]
+            except Exception as exc:  # raised before the coroutine existed
+                future.complete_exceptionally(exc)
+                return
+            if self._loop is None:
+                self._loop = EventLoopThread()
+            entry.task = self._loop.submit(coroutine, future)
+        else:
+            try:
+                returned = self._function.async_invoke(entry.value, future)
+            except Exception as exc:  # a raising call is a failed attempt
+                future.complete_exceptionally(exc)
+                return
+            if inspect.iscoroutine(returned):  # a plain def returning a coroutine
+                returned.close()
+                error = TypeError(
+                    f"{type(self._function).__name__}.async_invoke returned a coroutine: "
+                    "declare it `async def async_invoke(self, value)` (asyncio style)"
+                )
+                raise self._failure(entry, error) from error
+
+    # -- completions ---------------------------------------------------------------------
+    def _run_mails(self) -> None:
+        take = self._mailbox.take
+        while (mail := take()) is not None:
+            self._on_completion(*mail)
+
+    def _on_completion(
+        self,
+        future: ResultFuture,
+        results: list[Any] | None,
+        error: BaseException | None,
+        fatal: bool,
+    ) -> None:
+        entry: AsyncEntry = future._entry
+        if entry.future is not future:
+            return  # a repeated completion, or one of an attempt that no longer counts
+        entry.future = None
+        entry.task = None
+        if fatal:
+            raise self._failure(entry, error) from error
+        if entry.state == RUNNING and self._schedule_retry(entry, results, error):
+            return
+        self._finish(entry, results, error)
+
+    def _schedule_retry(
+        self, entry: AsyncEntry, results: list[Any] | None, error: BaseException | None
+    ) -> bool:
+        """Start the backoff of a retry if the strategy, the attempt budget and the
+        deadline all allow it; True if a retry is scheduled."""
+        if entry.attempts >= self._max_attempts:
+            return False
+        try:
+            if error is not None:
+                wanted = self._retry.should_retry_exception(error)
+            else:
+                wanted = self._retry.should_retry_result(results)  # type: ignore[arg-type]
+            if not wanted:
+                return False
+            delay = self._retry.backoff(entry.attempts)
+        except Exception as exc:
+            raise self._failure(entry, exc, "the retry strategy failed") from exc
+        due = monotonic() + delay
+        if entry.deadline is not None and due >= entry.deadline:
+            return False  # the retry could not start before the timeout
+        entry.state = BACKOFF
+        self._timers.add(due, _RETRY, entry, entry.attempts)
+        return True
+
+    def _finish(
+        self, entry: AsyncEntry, results: list[Any] | None, error: BaseException | None
+    ) -> None:
+        if error is not None:
+            raise self._failure(entry, error) from error
+        self._timers.cancel_all(entry)
+        entry.results = results
+        entry.state = DONE
+        self._queue.completed(entry)
+        if self._gate is not None:
+            following = self._gate.release(entry)
+            if following is not None:
+                self._start(following)
+
+    # -- timers --------------------------------------------------------------------------
+    def _fire_timers(self) -> None:
+        now = monotonic()
+        while (timer := self._timers.pop_due(now)) is not None:
+            kind, entry, attempt = timer
+            if kind == _RETRY:
+                # a retry timer exists only in BACKOFF, for the attempt that asked for it
+                self._invoke(entry)
+            else:
+                self._time_out(entry)
+
+    def _time_out(self, entry: AsyncEntry) -> None:
+        """The deadline passed during an attempt: no retry any more; the outcome is
+        whatever ``timeout()`` completes its own future with."""
+        self._timers.cancel_all(entry)
+        if entry.task is not None:
+            entry.task.cancel()  # the loop's coroutine is abandoned anyway
+            entry.task = None
+        entry.state = TIMED_OUT
+        future = ResultFuture(self._mailbox, entry)
+        entry.future = future
+        try:
+            self._function.timeout(entry.value, future)
+        except Exception as exc:
+            raise self._failure(entry, exc, "timeout() failed") from exc
+        if not future.done:
+            error = RuntimeError(
+                f"{type(self._function).__name__}.timeout() returned without completing "
+                "its result_future (complete it with a fallback or an exception)"
+            )
+            raise self._failure(entry, error) from error
+
+    # -- failure -------------------------------------------------------------------------
+    def _failure(
+        self, entry: AsyncEntry, error: BaseException | None, what: str | None = None
+    ) -> JobFailure:
+        if what is None:
+            what = "timed out" if entry.state == TIMED_OUT else "failed"
+        key = f" (key {describe(entry.key)})" if self._key_selector is not None else ""
+        timeout = f", timeout {self._timeout} s" if entry.state == TIMED_OUT else ""
+        return JobFailure(
+            f"async I/O {what} for input {describe(entry.value)}{key} after "
+            f"{entry.attempts} attempt(s){timeout}: {type(error).__name__}: {error}",
+            key=entry.key,
+            record=entry.value,
+        )
+
+    def _shutdown(self) -> BaseException | None:
+        """Stop the loop thread, then close the function; returns close()'s exception."""
+        self._timers.clear()
+        if self._loop is not None:
+            self._loop.stop()
+        if not self._opened:
+            return None
+        self._opened = False
+        try:
+            self._function.close()
+        except Exception as exc:
+            return exc
+        return None

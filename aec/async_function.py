@@ -1,0 +1,153 @@
+"""The user side of async I/O: ``AsyncFunction`` and the ``ResultFuture`` it completes.
+
+Follows Flink's ``AsyncFunction`` / ``RichAsyncFunction`` and ``ResultFuture``
+(``org.apache.flink.streaming.api.functions.async``). Both names are public through
+``aec.async_io``.
+
+Invariants:
+- A ``ResultFuture`` belongs to one attempt (one call of ``async_invoke``, or one
+  call of ``timeout``) of one input. Any thread may complete it; each completion
+  becomes one mail in the wait call's ``Mailbox`` (the only cross-thread hand-off).
+- Only the first completion counts. The ``_done`` flag skips later calls cheaply;
+  it is not atomic, so two threads racing may both post, and the driver keeps the
+  first mail it takes for an attempt (the mailbox is FIFO) and drops the rest.
+- Results are copied into a list on the completing thread, so a generator or a
+  caller's list that changes later cannot change what is emitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from aec.errors import describe
+from aec.mailbox import Mailbox
+
+__all__ = ["AsyncFunction", "ResultFuture"]
+
+
+class ResultFuture:
+    """Where one call of ``AsyncFunction.async_invoke`` (or ``timeout``) delivers its
+    outcome. Thread-safe; the first ``complete``/``complete_exceptionally`` wins, later
+    ones are ignored.
+
+    Created by the wait call, never by users.
+    """
+
+    __slots__ = ("_mailbox", "_entry", "_done")
+
+    def __init__(self, mailbox: Mailbox, entry: Any) -> None:
+        self._mailbox = mailbox
+        self._entry = entry  # the driver's AsyncEntry; read back on the mailbox thread
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        """True once ``complete`` or ``complete_exceptionally`` was called."""
+        return self._done
+
+    def complete(self, results: Iterable[Any]) -> None:
+        """Complete with ``results``: an iterable whose elements are emitted as outputs,
+        in its order (an empty iterable emits nothing for this input).
+
+        Never raises: a ``None``, a ``str``/``bytes`` (almost always a forgotten
+        ``[...]``) or a non-iterable fails the job with a ``TypeError`` as the cause,
+        without retries; an exception raised while iterating ``results`` completes
+        the attempt exceptionally with it.
+        """
+        if self._done:
+            return
+        self._done = True
+        if results is None or isinstance(results, (str, bytes, bytearray)):
+            self._post(None, _bad_results(results), True)
+            return
+        try:
+            collected = list(results)
+        except TypeError as exc:
+            if not hasattr(results, "__iter__"):  # not iterable at all: a programming error
+                self._post(None, _bad_results(results), True)
+                return
+            self._post(None, exc, False)
+            return
+        except Exception as exc:  # the user's generator failed: this attempt failed
+            self._post(None, exc, False)
+            return
+        self._post(collected, None, False)
+
+    def complete_exceptionally(self, error: BaseException) -> None:
+        """Complete with ``error`` (an exception instance). The retry strategy may retry
+        it; otherwise the job fails with ``JobFailure`` whose ``__cause__`` is ``error``.
+
+        Never raises: a non-exception argument fails the job with a ``TypeError``.
+        """
+        if self._done:
+            return
+        self._done = True
+        if not isinstance(error, BaseException):
+            self._post(
+                None,
+                TypeError(
+                    f"complete_exceptionally() takes an exception instance, got {describe(error)}"
+                ),
+                True,
+            )
+            return
+        self._post(None, error, False)
+
+    def _post(self, results: list[Any] | None, error: BaseException | None, fatal: bool) -> None:
+        # the mail the driver reads: (future, results, error, fatal); fatal skips retries
+        self._mailbox.post((self, results, error, fatal))
+
+    def __repr__(self) -> str:
+        return f"<ResultFuture {'done' if self._done else 'pending'}>"
+
+
+def _bad_results(results: Any) -> TypeError:
+    return TypeError(
+        f"ResultFuture.complete() takes an iterable of results, got {describe(results)} "
+        f"({type(results).__name__}); wrap a single result in a list: complete([result])"
+    )
+
+
+class AsyncFunction:
+    """A function that looks up or computes each input asynchronously.
+
+    Override ``async_invoke`` in one of two styles:
+
+    - Flink style: ``def async_invoke(self, value, result_future) -> None`` runs on the
+      mailbox thread (the thread iterating the wait call's result); it starts the work
+      and returns at once; the work calls ``result_future.complete(results)`` or
+      ``result_future.complete_exceptionally(exc)`` later, from any thread. Raising
+      from ``async_invoke`` counts as an exceptional completion of that attempt.
+    - asyncio style: ``async def async_invoke(self, value) -> Iterable`` runs on the
+      wait call's one event-loop thread; its return value is the results, an
+      exception completes the attempt exceptionally.
+
+    ``open()`` runs before the first call and ``close()`` at the end (also after a
+    failure), both on the mailbox thread. ``timeout(value, result_future)`` runs on
+    the mailbox thread when an input's timeout expires and must complete
+    ``result_future`` before it returns (a fallback result, or an exception).
+
+    Follows Flink's ``RichAsyncFunction``.
+    """
+
+    def open(self) -> None:
+        """Set up clients before the first ``async_invoke`` (mailbox thread)."""
+
+    def close(self) -> None:
+        """Release clients at the end of the wait call, also after a failure."""
+
+    def async_invoke(self, value: Any, result_future: ResultFuture) -> Any:
+        """Start the call for ``value``; see the class docstring for both styles."""
+        raise NotImplementedError(f"{type(self).__name__} must override async_invoke")
+
+    def timeout(self, value: Any, result_future: ResultFuture) -> None:
+        """Called once when ``value``'s timeout (seconds since its first call started,
+        spanning retries) expires. The default completes ``result_future``
+        exceptionally with ``TimeoutError``, so the job fails with ``JobFailure``
+        whose ``__cause__`` is that ``TimeoutError``. Override to complete with a
+        fallback, e.g. ``result_future.complete([])``.
+        """
+        result_future.complete_exceptionally(
+            TimeoutError(f"async call for input {describe(value)} timed out")
+        )

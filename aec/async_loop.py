@@ -1,0 +1,145 @@
+"""The one asyncio event loop of a wait call, on one background thread.
+
+asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``) run here, off
+the mailbox thread (DESIGN: no asyncio on the caller's thread, no per-record
+threads). Completions go back through the task's ``ResultFuture``, i.e. through
+the wait call's ``Mailbox``.
+
+Invariants:
+- Started lazily by the first ``submit``; ``stop`` ends it within a bounded time.
+- Task objects are touched only on the loop thread: the owner (mailbox thread)
+  talks to the loop only through ``call_soon_threadsafe``, so no lock is needed.
+- Every submitted coroutine completes its future exactly once (result, exception,
+  or ``CancelledError`` when cancelled), unless the loop is stopped first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+__all__ = ["EventLoopThread", "TaskHandle"]
+
+_names = itertools.count(1)
+
+
+class TaskHandle:
+    """Lets the mailbox thread cancel one submitted coroutine.
+
+    ``_task`` and ``_cancelled`` are read and written on the loop thread only.
+    """
+
+    __slots__ = ("_loop", "_task", "_cancelled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._task: asyncio.Task[None] | None = None
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Ask the loop to cancel the coroutine (from any thread; returns at once)."""
+        try:
+            self._loop.call_soon_threadsafe(self._cancel_on_loop)
+        except RuntimeError:  # loop already closed: nothing left to cancel
+            pass
+
+    def _cancel_on_loop(self) -> None:
+        self._cancelled = True
+        if self._task is not None:
+            self._task.cancel()
+
+
+class EventLoopThread:
+    """One event loop on one daemon thread, owned by one wait call.
+
+    Args:
+        grace: seconds ``stop`` waits for cancelled tasks and for the thread to end;
+            a coroutine that blocks the loop longer is abandoned (the daemon thread
+            ends when it returns), so ``stop`` never hangs.
+    """
+
+    def __init__(self, grace: float = 2.0) -> None:
+        self._grace = grace
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The loop's thread, or None before the first ``submit``."""
+        return self._thread
+
+    def submit(self, coro: Coroutine[Any, Any, Any], future: Any) -> TaskHandle:
+        """Run ``coro`` on the loop; complete ``future`` (a ``ResultFuture``) with its
+        return value, or exceptionally with what it raised. Returns at once."""
+        if self._loop is None:
+            self._start()
+        assert self._loop is not None
+        handle = TaskHandle(self._loop)
+        self._loop.call_soon_threadsafe(self._start_task, handle, coro, future)
+        return handle
+
+    def stop(self) -> None:
+        """Cancel every task, stop the loop and join the thread (at most ~2 x grace s)."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        self._loop = None
+        try:
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._shutdown(loop)))
+        except RuntimeError:  # the loop already stopped and closed
+            pass
+        thread.join(self._grace * 2)
+
+    # -- loop thread --------------------------------------------------------------------
+    def _start(self) -> None:
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(
+            target=self._run, args=(loop,), name=f"aec-async-io-loop-{next(_names)}", daemon=True
+        )
+        self._loop, self._thread = loop, thread
+        thread.start()
+
+    @staticmethod
+    def _run(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    @staticmethod
+    def _start_task(handle: TaskHandle, coro: Coroutine[Any, Any, Any], future: Any) -> None:
+        if handle._cancelled:  # cancelled before it started: never run it
+            coro.close()
+            future.complete_exceptionally(asyncio.CancelledError())
+            return
+        handle._task = asyncio.get_running_loop().create_task(_deliver(coro, future))
+
+    async def _shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks(loop) if t is not current]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self._grace)
+        try:
+            await asyncio.wait_for(loop.shutdown_asyncgens(), self._grace)
+        except Exception:  # best effort: a stuck async generator must not keep the loop alive
+            pass
+        finally:
+            loop.stop()
+
+
+async def _deliver(coro: Coroutine[Any, Any, Any], future: Any) -> None:
+    """Await ``coro`` and hand its outcome to ``future`` (on the loop thread)."""
+    try:
+        results = await coro
+    except BaseException as exc:  # CancelledError too: the driver drops stale attempts
+        future.complete_exceptionally(exc)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+    else:
+        future.complete(results)

@@ -1,0 +1,325 @@
+"""Async calls from Spark: ``async_udf`` (a column expression) and ``async_map`` (rows).
+
+Both run ``aec.async_io``'s wait functions inside a Spark task, so each Python worker
+keeps up to ``capacity`` calls of an ``async def`` (or an ``AsyncFunction``) in
+flight instead of one at a time (FLIP-400's async scalar functions, FLIP-12's
+async I/O). Per task:
+
+* one wait call spans every Arrow batch of the partition, so calls of the next
+  batch start while the last ones of the previous batch are still running, and the
+  function's ``open()``/``close()`` and the asyncio event-loop thread live once per
+  task, not once per batch;
+* ``async_udf`` returns one value per input row, in row order (``ordered=False``
+  lets a finished row free its capacity slot before earlier rows finish; results
+  are put back in row order before Spark sees them);
+* ``async_map`` emits each call's results as output rows (zero or more per input
+  row): in input order (``mode="ordered"``) or as calls finish
+  (``mode="unordered"``).
+
+A call that fails (after its retries) or times out fails the task, and so the
+Spark job, with the ``aec.JobFailure`` message naming the input.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
+from pyspark.sql.functions import pandas_udf
+from pyspark.util import PythonEvalType
+
+from aec.async_io import AsyncFunction, ordered_wait, unordered_wait
+from aec.retry import NoRetry, RetryStrategy
+from spark_glue.convert import arrow_schema, encode_columns, rows_as_dicts, struct_type
+
+DEFAULT_CAPACITY = 100  # calls in flight per Spark task
+DEFAULT_TIMEOUT = 60.0  # seconds per input, spanning retries
+_OUTPUT_BATCH = 1000  # rows per Arrow batch async_map hands back to Spark
+_MODES = ("ordered", "unordered")
+
+
+class _CallWith(AsyncFunction):
+    """An ``async def fn(*args)`` as an asyncio-style ``AsyncFunction``: its one result,
+    tagged with the input row's position in the task."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    async def async_invoke(self, value: tuple[int, tuple[Any, ...]]) -> list[tuple[int, Any]]:
+        position, args = value
+        return [(position, await self.fn(*args))]
+
+
+class _RowFunction(AsyncFunction):
+    """An ``async def fn(row: dict) -> iterable of rows`` as an ``AsyncFunction``."""
+
+    def __init__(self, fn: Callable[[dict[str, Any]], Any]) -> None:
+        self.fn = fn
+
+    async def async_invoke(self, value: dict[str, Any]) -> Iterable[Any]:
+        return await self.fn(value)
+
+
+def _check_common(capacity: int, timeout: float | None, retry: RetryStrategy | None) -> None:
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be seconds > 0 or None, got {timeout!r}")
+    if retry is not None and not isinstance(retry, RetryStrategy):
+        raise TypeError(f"retry must be an aec.retry strategy, got {type(retry).__name__}")
+
+
+def async_udf(
+    return_type: T.DataType | str,
+    capacity: int = DEFAULT_CAPACITY,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    retry: RetryStrategy | None = None,
+    ordered: bool = True,
+) -> Callable[[Callable[..., Any]], Any]:
+    """Decorator: an ``async def f(*columns) -> value`` becomes a pandas UDF.
+
+    The result is used like any pandas UDF: ``df.select(f("url"))``,
+    ``df.filter(f("x"))``, ``spark.udf.register("f", f)`` for SQL. Each argument
+    arrives as the row's Python value (``None`` for null); the return value must fit
+    ``return_type``.
+
+    Args:
+        return_type: the Spark type of the result (``DataType`` or DDL string).
+        capacity: calls in flight per Spark task (int >= 1).
+        timeout: seconds per row from its first call, spanning retries; None waits
+            forever. A timeout fails the job (``TimeoutError`` as the cause).
+        retry: an ``aec.retry`` strategy (default ``NoRetry()``).
+        ordered: True keeps calls' results in row order (``ordered_wait``); False
+            lets finished rows leave the in-flight window first (``unordered_wait``),
+            then puts the batch back in row order.
+
+    Returns:
+        A decorator taking the ``async def`` and returning the pandas UDF.
+
+    Raises:
+        TypeError: the decorated function is not an ``async def``, or a bad ``retry``.
+        ValueError: bad ``capacity`` or ``timeout``.
+    """
+    _check_common(capacity, timeout, retry)
+    strategy = retry if retry is not None else NoRetry()
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"async_udf decorates an `async def`, got {getattr(fn, '__name__', fn)!r}"
+            )
+        body = _UdfBody(fn, capacity, timeout, strategy, ordered)
+        # the iterator form: one wait call (and one event loop) per task, not per batch;
+        # named by eval type, since type hints cannot say "any number of columns"
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*type hints for pandas UDF.*")
+            udf = pandas_udf(body, return_type, PythonEvalType.SQL_SCALAR_PANDAS_ITER_UDF)
+        resolved = udf.returnType  # a DDL string is parsed here (pandas_udf needs a session)
+        if isinstance(resolved, T.StructType):
+            body.struct_fields = resolved.fieldNames()
+        return udf
+
+    return decorate
+
+
+class _UdfBody:
+    """The function Spark runs for an ``async_udf``: Arrow batches of the argument
+    columns in (a Series, or a tuple of them), one Series (or, for a struct result,
+    one DataFrame) per batch out."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        capacity: int,
+        timeout: float | None,
+        retry: RetryStrategy,
+        ordered: bool,
+    ) -> None:
+        self.fn = fn
+        self.capacity = capacity
+        self.timeout = timeout
+        self.retry = retry
+        self.ordered = ordered
+        self.struct_fields: list[str] | None = None  # set when the result is a struct
+        self.__name__ = getattr(fn, "__name__", "async_udf")  # Spark names the UDF after it
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[pd.Series | pd.DataFrame]:
+        results = _udf_batches(
+            self.fn, batches, self.capacity, self.timeout, self.retry, self.ordered
+        )
+        for values, index in results:
+            if self.struct_fields is None:
+                yield pd.Series(values, index=index, dtype=object)
+            else:
+                yield _struct_frame(values, self.struct_fields, index)
+
+
+def _struct_frame(values: list[Any], fields: list[str], index: pd.Index) -> pd.DataFrame:
+    """A struct result per row (a dict, a ``Row`` or a tuple in field order; None: all
+    fields null) as the DataFrame a pandas UDF returns for a struct type."""
+    rows = []
+    for value in values:
+        if value is None:
+            rows.append([None] * len(fields))
+        elif isinstance(value, Mapping):
+            rows.append([value.get(name) for name in fields])
+        elif isinstance(value, (tuple, list)):
+            if len(value) != len(fields):
+                raise TypeError(
+                    f"struct result has {len(value)} values, the type has fields {fields}: {value!r}"
+                )
+            rows.append(list(value))
+        else:
+            raise TypeError(
+                f"a struct result must be a dict, a Row or a tuple, got {type(value).__name__}"
+            )
+    return pd.DataFrame(rows, columns=fields, index=index, dtype=object)
+
+
+class _PendingBatch:
+    """One input batch of a UDF task waiting for its rows' results."""
+
+    __slots__ = ("start", "values", "missing", "index")
+
+    def __init__(self, start: int, size: int, index: pd.Index) -> None:
+        self.start = start  # task-wide position of the batch's first row
+        self.values: list[Any] = [None] * size
+        self.missing = size
+        self.index = index
+
+
+def _udf_batches(
+    fn: Callable[..., Any],
+    batches: Iterator[Any],
+    capacity: int,
+    timeout: float | None,
+    retry: RetryStrategy,
+    ordered: bool,
+) -> Iterator[tuple[list[Any], pd.Index]]:
+    """``(results, index)`` per input batch: one wait call over every row of the task.
+
+    Rows carry their task-wide position; a batch's Series leaves once every row of
+    it has its result and every earlier batch has left (Spark needs batches back in
+    order, each as long as it came in).
+    """
+    waiting: deque[_PendingBatch] = deque()  # batches the wait call started pulling
+
+    def rows() -> Iterator[tuple[int, tuple[Any, ...]]]:
+        position = 0
+        for batch in batches:
+            columns = batch if isinstance(batch, tuple) else (batch,)
+            waiting.append(_PendingBatch(position, len(columns[0]), columns[0].index))
+            for args in zip(*(c.tolist() for c in columns), strict=True):
+                yield position, args
+                position += 1
+
+    wait = ordered_wait if ordered else unordered_wait
+    for position, value in wait(rows(), _CallWith(fn), timeout, capacity, retry):
+        for pending in waiting:  # at most capacity rows in flight: few batches to scan
+            offset = position - pending.start
+            if offset < len(pending.values):
+                pending.values[offset] = value
+                pending.missing -= 1
+                break
+        while waiting and waiting[0].missing == 0:
+            done = waiting.popleft()
+            yield done.values, done.index
+    for done in waiting:  # only empty batches can be left once every result arrived
+        yield done.values, done.index
+
+
+def async_map(
+    df: DataFrame,
+    function: AsyncFunction | Callable[[dict[str, Any]], Any],
+    output_schema: T.StructType | str,
+    mode: str = "ordered",
+    capacity: int = DEFAULT_CAPACITY,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    retry: RetryStrategy | None = None,
+) -> DataFrame:
+    """Call ``function`` once per row of ``df``; its results are the output rows.
+
+    Args:
+        df: the input; each row reaches the function as a dict ``{column: value}``.
+        function: an ``async def f(row) -> iterable of rows`` or an
+            ``aec.async_io.AsyncFunction`` (Flink style ``async_invoke(row,
+            result_future)`` or asyncio style), completing with an iterable of output
+            rows: dicts (missing fields are null) or tuples in ``output_schema``'s
+            field order. Cloudpickled to the executors; ``open()``/``close()`` run
+            once per Spark task.
+        output_schema: ``StructType`` or DDL string of the output.
+        mode: ``"ordered"`` (outputs in input order within a partition, Flink's
+            ``orderedWait``) or ``"unordered"`` (as calls finish, ``unorderedWait``).
+        capacity: calls in flight per Spark task (int >= 1).
+        timeout: seconds per row from its first call, spanning retries; None waits
+            forever.
+        retry: an ``aec.retry`` strategy (default ``NoRetry()``).
+
+    Returns:
+        A lazy DataFrame with ``output_schema`` (one Spark task per input partition).
+
+    Raises:
+        TypeError / ValueError on the driver: bad ``mode``, ``capacity``,
+        ``timeout``, ``retry`` or schema, a function that is neither an
+        ``AsyncFunction`` nor an ``async def``. At run time a failed or timed-out call
+        fails the job with the ``aec.JobFailure`` message naming the row.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    _check_common(capacity, timeout, retry)
+    if not isinstance(function, AsyncFunction):
+        if not inspect.iscoroutinefunction(function):
+            raise TypeError(
+                "async_map needs an aec.async_io.AsyncFunction or an `async def f(row)`, "
+                f"got {type(function).__name__}"
+            )
+        function = _RowFunction(function)
+    schema = struct_type(output_schema)
+    job = _MapJob(function, schema, mode, capacity, timeout, retry or NoRetry())
+    return df.mapInArrow(job.run, schema)
+
+
+class _MapJob:
+    """What one ``async_map`` task needs; pickled into the ``mapInArrow`` closure."""
+
+    def __init__(
+        self,
+        function: AsyncFunction,
+        schema: T.StructType,
+        mode: str,
+        capacity: int,
+        timeout: float | None,
+        retry: RetryStrategy,
+    ) -> None:
+        self.function = function
+        self.schema = schema
+        self.mode = mode
+        self.capacity = capacity
+        self.timeout = timeout
+        self.retry = retry
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The ``mapInArrow`` function: input batches in, output batches out."""
+        target = arrow_schema(self.schema)
+        wait = ordered_wait if self.mode == "ordered" else unordered_wait
+        rows = (row for batch in batches for row in batch.to_pylist())
+        pending: list[Any] = []
+        for result in wait(rows, self.function, self.timeout, self.capacity, self.retry):
+            pending.append(result)
+            if len(pending) >= _OUTPUT_BATCH:
+                yield self._batch(pending, target)
+                pending = []
+        if pending:
+            yield self._batch(pending, target)
+
+    def _batch(self, rows: list[Any], target: pa.Schema) -> pa.RecordBatch:
+        columns = encode_columns(rows_as_dicts(rows, self.schema), self.schema, target)
+        return pa.RecordBatch.from_arrays(columns, schema=target)

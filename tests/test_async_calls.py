@@ -1,0 +1,179 @@
+"""spark_glue.async_udf and async_map: async calls inside Spark tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections import Counter
+
+import pytest
+from pyspark import cloudpickle as spark_cloudpickle
+from pyspark.sql import types as T
+
+from aec.async_io import AsyncFunction
+from aec.retry import FixedDelay
+from spark_glue import async_map, async_udf
+
+# Spark's Python workers cannot import this test module: ship its functions by value
+# (UDFs and mapInArrow closures go through PySpark's own copy of cloudpickle).
+spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# Calls running right now in this process (a Spark worker); read by the calls themselves.
+_running = {"now": 0}
+
+
+async def _tracked(value):
+    """Sleep a little while counting concurrent calls; the peak seen rides along."""
+    _running["now"] += 1  # one event loop thread per task: no race
+    peak = _running["now"]
+    await asyncio.sleep(0.005)
+    _running["now"] -= 1
+    return peak
+
+
+def _numbers(spark, n=200, partitions=2):
+    return spark.range(n).repartition(partitions).selectExpr("cast(id as int) as x")
+
+
+def test_async_udf_returns_one_value_per_row_in_row_order_with_calls_in_flight(spark):
+    @async_udf("struct<doubled:int, peak:int>", capacity=20)
+    async def doubled(x):
+        peak = await _tracked(x)
+        return {"doubled": None if x is None else 2 * x, "peak": peak}
+
+    rows = _numbers(spark).select("x", doubled("x").alias("r")).collect()
+    assert sorted(r.x for r in rows) == list(range(200))
+    assert all(r.r.doubled == 2 * r.x for r in rows)
+    peaks = [r.r.peak for r in rows]
+    assert max(peaks) > 1, "calls ran one at a time"
+    assert max(peaks) <= 20, "more calls in flight than capacity"
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_async_udf_with_several_columns_and_nulls(spark, ordered):
+    @async_udf(T.LongType(), capacity=8, ordered=ordered)
+    async def add(a, b):
+        await asyncio.sleep(0.001 * ((a or 0) % 3))  # finish out of order
+        return None if a is None or b is None else a + b
+
+    df = spark.createDataFrame(
+        [(i, None if i % 7 == 0 else 10 * i) for i in range(100)], "a long, b long"
+    ).repartition(3)
+    rows = df.select("a", "b", add("a", "b").alias("s")).collect()
+    assert len(rows) == 100
+    for row in rows:
+        assert row.s == (None if row.b is None else row.a + row.b)
+
+
+def test_async_udf_in_filter_and_sql(spark):
+    @async_udf("boolean", capacity=10)
+    async def is_even(x):
+        await asyncio.sleep(0)
+        return x % 2 == 0
+
+    kept = sorted(r.x for r in _numbers(spark, 50).filter(is_even("x")).collect())
+    assert kept == list(range(0, 50, 2))
+    spark.udf.register("aec_is_even", is_even)
+    _numbers(spark, 30).createOrReplaceTempView("aec_numbers")
+    count = spark.sql("select count(*) as n from aec_numbers where aec_is_even(x)").first().n
+    assert count == 15
+
+
+def test_async_udf_retries_then_succeeds(spark):
+    seen: set = set()  # per worker process
+
+    @async_udf("int", capacity=5, retry=FixedDelay(3, 0.0))
+    async def flaky(x):
+        if x not in seen:
+            seen.add(x)
+            raise ConnectionError(f"first call of {x} fails")
+        return x + 1
+
+    rows = _numbers(spark, 40).select("x", flaky("x").alias("y")).collect()
+    assert all(r.y == r.x + 1 for r in rows)
+
+
+def test_async_udf_failure_and_timeout_fail_the_job_naming_the_cause(spark):
+    @async_udf("int", capacity=4)
+    async def broken(x):
+        if x == 13:
+            raise ValueError("no thirteen here")
+        return x
+
+    with pytest.raises(Exception, match="no thirteen here"):
+        _numbers(spark, 30).select(broken("x")).collect()
+
+    @async_udf("int", capacity=4, timeout=0.2)
+    async def slow(x):
+        await asyncio.sleep(5 if x == 3 else 0)
+        return x
+
+    with pytest.raises(Exception, match="TimeoutError"):
+        _numbers(spark, 10, partitions=1).select(slow("x")).collect()
+
+
+def test_async_udf_rejects_bad_arguments_on_the_driver():
+    with pytest.raises(ValueError, match="capacity"):
+        async_udf("int", capacity=0)
+    with pytest.raises(ValueError, match="timeout"):
+        async_udf("int", timeout=-1)
+    with pytest.raises(TypeError, match="retry"):
+        async_udf("int", retry=3)
+    with pytest.raises(TypeError, match="async def"):
+        async_udf("int")(lambda x: x)
+
+
+async def _fan_out(row):
+    """0, 1 or 2 output rows per input row, finishing out of order."""
+    x = row["x"]
+    await asyncio.sleep(0.001 * (x % 4))
+    return [{"x": x, "copy": c} for c in range(x % 3)]
+
+
+def _expected_fan_out(n):
+    return [(x, c) for x in range(n) for c in range(x % 3)]
+
+
+def test_async_map_ordered_keeps_input_order_within_a_partition(spark):
+    df = spark.createDataFrame([(i,) for i in range(60)], "x int").coalesce(1)
+    rows = async_map(df, _fan_out, "x int, copy int", mode="ordered", capacity=16).collect()
+    assert [(r.x, r.copy) for r in rows] == _expected_fan_out(60)
+
+
+def test_async_map_unordered_emits_every_result(spark):
+    df = _numbers(spark, 60, partitions=3)
+    rows = async_map(df, _fan_out, "x int, copy int", mode="unordered", capacity=16).collect()
+    assert Counter((r.x, r.copy) for r in rows) == Counter(_expected_fan_out(60))
+
+
+class _ThreadedLookup(AsyncFunction):
+    """Flink style: completes its result futures from a thread of its own, as a client
+    library's callback thread would; tuples in schema order."""
+
+    def open(self):
+        self.threads = []
+
+    def async_invoke(self, value, result_future):
+        thread = threading.Thread(target=result_future.complete, args=([(value["x"], "hit")],))
+        self.threads.append(thread)
+        thread.start()
+
+    def close(self):
+        for thread in self.threads:
+            thread.join()
+
+
+def test_async_map_with_a_flink_style_function(spark):
+    rows = async_map(_numbers(spark, 25), _ThreadedLookup(), "x int, tag string").collect()
+    assert sorted((r.x, r.tag) for r in rows) == [(x, "hit") for x in range(25)]
+
+
+def test_async_map_rejects_bad_arguments(spark):
+    df = _numbers(spark, 5)
+    with pytest.raises(ValueError, match="mode"):
+        async_map(df, _fan_out, "x int, copy int", mode="sideways")
+    with pytest.raises(TypeError, match="AsyncFunction"):
+        async_map(df, lambda row: [row], "x int")
+    with pytest.raises(ValueError, match="capacity"):
+        async_map(df, _fan_out, "x int, copy int", capacity=0)
