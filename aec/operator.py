@@ -2,19 +2,24 @@
 
 Feeds records and watermarks to a ``KeyedProcessFunction`` through the AEC,
 fires event-time timers per epoch, and collects outputs in emission order.
-Entry points (``process``, ``process_watermark``, ``finish``) run the mailbox
-on the caller's thread, which is the mailbox thread for the operator's life.
+Entry points (``process``, ``process_watermark``, ``snapshot``, ``finish``)
+run the mailbox on the caller's thread, which is the mailbox thread for the
+operator's life. ``snapshot``/``restore`` are checkpoints (DESIGN rule 9); the
+file format is ``aec.checkpoint``'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import time
 from time import monotonic
 from types import CoroutineType
-from typing import Any
+from typing import Any, NoReturn
 
-from aec import interpreter_tuning
+from aec import checkpoint, interpreter_tuning
+from aec.checkpoint import CheckpointHandle, OperatorState
 from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
 from aec.controller import AsyncExecutionController, BatchFailed, StuckError
@@ -108,6 +113,7 @@ class KeyedProcessOperator:
         self._started = 0.0
         self._elapsed = 0.0
         self._state = "new"  # new -> open -> finished | failed -> closed
+        self._restorable = True  # until the first input, snapshot or restore
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -234,6 +240,7 @@ class KeyedProcessOperator:
                 "watermarks must not go backwards"
             )
         self._require_open()
+        self._restorable = False
         try:
             if self._poll:
                 self._poll_clock()
@@ -252,6 +259,7 @@ class KeyedProcessOperator:
         Raises JobFailure on failure, including a record that can never finish.
         """
         self._require_open()
+        self._restorable = False
         try:
             if self._watermark < math.inf:
                 self._watermark = math.inf
@@ -273,6 +281,131 @@ class KeyedProcessOperator:
         while not self.epochs.all_closed_done():
             if not controller.step():
                 raise self._stuck()
+
+    # -- checkpoints (DESIGN rule 9) -------------------------------------------------------------
+    def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
+        """Take checkpoint ``checkpoint_id`` into ``directory/chk-<id>``; its handle.
+
+        A checkpoint barrier between the input before it and after it: first
+        runs the mailbox until every in-flight record, every callback and every
+        timer firing due so far have finished and every closed epoch's watermark
+        has left (FLIP-425 drains before the snapshot; Flink's
+        ``AbstractAsyncStateStreamOperator``), then ``backend.flush()``, then
+        writes backend state, timers, watermark, clock reading and metadata
+        with a checksummed manifest (``aec.checkpoint``), committed atomically.
+        Outputs emitted while draining are in ``drain_outputs()``, not in the
+        checkpoint. The epoch open at the barrier stays open: nothing after the
+        barrier has started, and a restored operator continues that epoch.
+
+        Raises:
+            TypeError / ValueError: ``checkpoint_id`` is not an int >= 0 or
+                ``directory`` is not a path (the operator stays usable).
+            FileExistsError: ``chk-<id>`` exists already (ids are never reused).
+            RuntimeError: the operator failed, finished or was closed.
+            JobFailure: user code or the backend failed while draining, or the
+                backend's snapshot or the writing failed; no checkpoint is left
+                and the operator is failed.
+        """
+        target = checkpoint.prepare(directory, checkpoint_id)
+        if self._state != "open":
+            if self._state != "new":
+                raise RuntimeError(
+                    f"cannot take checkpoint {checkpoint_id}: the operator is {self._state}"
+                    + (" (a failed run commits no checkpoint)" if self._state == "failed" else "")
+                )
+            self.open()
+        self._restorable = False
+        try:
+            self._drain()
+            flush = getattr(self.backend, "flush", None)
+            if flush is not None:
+                flush()
+            return checkpoint.write(target, checkpoint_id, self.backend, self._checkpoint_state())
+        except BaseException as exc:
+            self._raise_failure(exc, f"checkpoint {checkpoint_id}")
+
+    def restore(self, handle: CheckpointHandle | str | os.PathLike[str]) -> None:
+        """Replace state, timers, watermark and clock reading with a checkpoint's.
+
+        Call it on a new operator (it opens it: the backend, then the function)
+        or right after ``open()``, before any record, watermark or snapshot,
+        then replay the input that came after the checkpoint. The checkpoint is
+        verified (manifest, sizes, SHA-256) before anything live changes.
+        Metrics start from zero. (Flink: ``initializeState`` on restore.)
+
+        Args:
+            handle: a ``CheckpointHandle`` from ``snapshot`` or the path of a
+                ``chk-<id>`` directory.
+
+        Raises:
+            RuntimeError: the operator took input already, was restored, or is
+                not usable.
+            FileNotFoundError: no checkpoint directory at the handle's path.
+            ValueError: a missing manifest (incomplete checkpoint), a corrupt,
+                missing or unlisted file (named), a different ``max_parallelism``,
+                or a backend snapshot this backend cannot read; nothing changed.
+            JobFailure: the backend failed otherwise while restoring.
+        """
+        if not self._restorable or self._records_in or self._state not in ("new", "open"):
+            raise RuntimeError(
+                f"restore() needs a fresh operator (the operator is {self._state} and has "
+                "taken input, a snapshot or a restore): restore before processing"
+            )
+        restored = checkpoint.read(handle)  # verifies everything before anything changes
+        state = restored.state
+        if state.max_parallelism != self.config.max_parallelism:
+            raise ValueError(
+                f"checkpoint {restored.handle.checkpoint_id} has max_parallelism "
+                f"{state.max_parallelism}, this operator {self.config.max_parallelism}: "
+                "key groups would not match"
+            )
+        self.open()
+        try:
+            self.backend.restore(restored.backend_dir)
+        except (FileNotFoundError, ValueError) as exc:  # backends leave live state untouched
+            raise ValueError(
+                f"the backend state of checkpoint {restored.handle.path} does not restore "
+                f"into {self.backend!r}: {exc}"
+            ) from exc
+        except BaseException as exc:
+            self._raise_failure(exc, f"restore of {restored.handle.path}")
+        self._restorable = False
+        self.event_timers = state.event_timers
+        self.processing_timers = state.processing_timers
+        self._watermark = state.watermark
+        self._now = max(self._now, state.processing_time)
+        self._poll = self._poll or state.poll_clock or len(self.processing_timers) > 0
+        self.epochs.active = Epoch(state.epoch)
+        self._sequence = state.record_sequence
+
+    def _drain(self) -> None:
+        """Run the mailbox until nothing is in flight and every closed epoch has left."""
+        controller = self.controller
+        while controller.in_flight or not self.epochs.all_closed_done():
+            if not controller.step():
+                raise self._stuck()
+        controller.current = None  # nothing runs now: a failure from here on is the checkpoint's
+
+    def _checkpoint_state(self) -> OperatorState:
+        return OperatorState(
+            watermark=self._watermark,
+            processing_time=self._now,
+            poll_clock=self._poll,
+            epoch=self.epochs.active.sequence,
+            record_sequence=self._sequence,
+            max_parallelism=self.config.max_parallelism,
+            event_timers=self.event_timers,
+            processing_timers=self.processing_timers,
+            state_names=self.state_names,
+            config=dataclasses.asdict(self.config),
+            counts={
+                "records_in": self._records_in,
+                "records_out": self._records_out,
+                "timers_fired": self._timers_fired,
+                "watermarks_out": self._watermarks_out,
+            },
+            backend=type(self.backend).__name__,
+        )
 
     # -- output --------------------------------------------------------------------------------
     def drain_outputs(self) -> list[Any]:
@@ -483,17 +616,20 @@ class KeyedProcessOperator:
             f"is never completed (keys: {shown}{more})"
         )
 
-    def _raise_failure(self, exc: BaseException) -> None:
+    def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn:
         """Stop every engine thread, then raise ``JobFailure`` (KeyboardInterrupt,
-        SystemExit and an existing JobFailure are re-raised as they are)."""
+        SystemExit and an existing JobFailure are re-raised as they are). ``where``
+        names the action when no record is current (a checkpoint)."""
         context = self.controller.current
         self._state = "failed"
         self.executor.close()
         if isinstance(exc, (KeyboardInterrupt, SystemExit, JobFailure)):
             raise exc
-        raise self._failure(exc, context) from _cause(exc)
+        raise self._failure(exc, context, where) from _cause(exc)
 
-    def _failure(self, exc: BaseException, context: RecordContext | None) -> JobFailure:
+    def _failure(
+        self, exc: BaseException, context: RecordContext | None, action: str | None = None
+    ) -> JobFailure:
         if context is not None:
             where = context.describe()
             key, record = (
@@ -501,7 +637,7 @@ class KeyedProcessOperator:
                 (context.value if context.timer is None else f"timer@{context.timer[1]!r}"),
             )
         else:
-            where, key, record = "no current record", None, None
+            where, key, record = action or "no current record", None, None
         cause = _cause(exc)
         what = "state backend failed" if isinstance(exc, BatchFailed) else "job failed"
         return JobFailure(

@@ -140,3 +140,40 @@ class TimerQueue:
     def items(self) -> list[tuple[Any, float]]:
         """All ``(key, timestamp)`` in timestamp order (for snapshots and tests)."""
         return [(key, timestamp) for timestamp, _, key in self._order]
+
+    # -- checkpoints (aec.checkpoint) ------------------------------------------------------------
+    def export(self) -> dict[str, Any]:
+        """The full queue as plain data for a checkpoint (pickled with the keys).
+
+        Shape: ``{"timers": [(timestamp, sequence, key, epoch), ...]`` in firing
+        order, ``"sequence"``: the registration counter, ``"rearmed"``:
+        ``[(key, timestamp, [epoch, ...]), ...]}``. Registration sequences and
+        epochs are kept (not just ``items()``) so a restored queue fires in the
+        same order and makes the same duplicate decisions as this one.
+        """
+        by_key = self._by_key
+        return {
+            "timers": [(t, seq, key, by_key[key][t][1]) for t, seq, key in self._order],
+            "sequence": self._sequence,
+            "rearmed": [(key, t, list(epochs)) for (key, t), epochs in self._rearmed.items()],
+        }
+
+    def load(self, data: dict[str, Any]) -> None:
+        """Replace every timer with an ``export()``ed queue.
+
+        Raises ValueError (leaving this queue unchanged) when ``data`` is not of
+        the shape ``export`` returns.
+        """
+        order = SortedList()
+        by_key: dict[Any, dict[float, tuple[int, int]]] = {}
+        try:
+            for timestamp, sequence, key, epoch in data["timers"]:
+                by_key.setdefault(key, {})[timestamp] = (sequence, epoch)
+                order.add((timestamp, sequence, key))
+            rearmed = {(key, t): list(epochs) for key, t, epochs in data["rearmed"]}
+            counter = data["sequence"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not an exported timer queue: {exc}") from exc
+        if not isinstance(counter, int) or len(order) != sum(map(len, by_key.values())):
+            raise ValueError("not an exported timer queue: bad sequence or duplicate timers")
+        self._order, self._by_key, self._rearmed, self._sequence = order, by_key, rearmed, counter

@@ -1,0 +1,424 @@
+"""Checkpoints of a ``KeyedProcessOperator``: the on-disk format (DESIGN rule 9).
+
+The operator drains itself (FLIP-425: in-flight records to zero before the
+snapshot, like Flink's ``AbstractAsyncStateStreamOperator`` before its
+barrier) and hands this module its backend and an ``OperatorState``; this
+module plays the part of Flink's ``StreamOperatorStateHandler`` (keyed state
+and, as ``InternalTimeServiceManager`` does, the timers of every key): it
+stages the files, checksums them and commits them atomically, and on restore
+verifies everything before anything is parsed or applied. The layout of
+checkpoint ``n`` under ``directory``::
+
+    directory/chk-<n>/
+        backend/        what ``backend.snapshot(dir)`` wrote (any files)
+        timers.pickle   event-time and processing-time timer queues (pickled)
+        operator.json   watermark, clock reading, epoch, counters, config, ...
+        MANIFEST.json   every other file: size and SHA-256; written last
+
+Invariants:
+- A directory named ``chk-<n>`` exists only complete: files are written into
+  a staging directory ``.chk-<n>.staging-<uuid>`` beside it, fsynced, the
+  manifest last, then the staging directory is renamed (atomic on POSIX
+  within one file system). A failure before the rename removes the staging
+  directory, so a failed snapshot leaves nothing that looks like a checkpoint.
+- A checkpoint is complete iff its manifest is present and every file it
+  lists has the listed size and checksum, and it has no unlisted files.
+  ``read`` checks all of this before it parses anything, and raises
+  ``ValueError`` naming the first bad file; it changes nothing.
+- An existing ``chk-<n>`` is never overwritten (checkpoint ids are unique,
+  as in Flink): ``prepare`` and ``write`` raise ``FileExistsError``.
+- Checksums detect corruption, not tampering: ``timers.pickle`` is a pickle,
+  so restore only checkpoints you trust (as with any pickle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import pickle
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aec.timers import TimerQueue
+
+FORMAT = "aec-checkpoint/1"
+MANIFEST = "MANIFEST.json"
+METADATA = "operator.json"
+TIMERS = "timers.pickle"
+BACKEND_DIR = "backend"
+_CHUNK = 1 << 20  # bytes hashed per read
+
+
+@dataclass(frozen=True)
+class CheckpointHandle:
+    """Where a completed checkpoint is: small and picklable, for Spark glue to keep.
+
+    Attributes:
+        checkpoint_id: the id given to ``snapshot`` (an int >= 0).
+        path: absolute path of the checkpoint directory (``.../chk-<id>``).
+    """
+
+    checkpoint_id: int
+    path: str
+
+
+@dataclass
+class OperatorState:
+    """What the operator itself puts in a checkpoint, besides backend state.
+
+    Attributes:
+        watermark: the last watermark that arrived (event-time seconds; -inf if none).
+        processing_time: the last clock reading (seconds; -inf if never read).
+        poll_clock: whether the clock was being read per input element.
+        epoch: sequence number of the epoch open at the checkpoint; it
+            continues after restore (timers remember their registering epoch).
+        record_sequence: the last sequence number given to a record or timer.
+        max_parallelism: key groups; a restore must use the same number.
+        event_timers / processing_timers: the timer queues (Flink's
+            ``InternalTimeServiceManager`` snapshots them with keyed state).
+        state_names: the states the function created (informational).
+        config: the operator's ``AecConfig`` as a dict (informational).
+        counts: records_in, records_out, timers_fired, ... (informational).
+        backend: the backend's class name (informational).
+    """
+
+    watermark: float
+    processing_time: float
+    poll_clock: bool
+    epoch: int
+    record_sequence: int
+    max_parallelism: int
+    event_timers: TimerQueue
+    processing_timers: TimerQueue
+    state_names: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    backend: str = ""
+
+
+@dataclass
+class RestoredCheckpoint:
+    """A verified checkpoint, parsed: what ``read`` returns.
+
+    Attributes:
+        handle: the checkpoint's handle (its id read from the manifest).
+        state: the operator's part, with freshly loaded timer queues.
+        backend_dir: the directory to pass to ``backend.restore``.
+    """
+
+    handle: CheckpointHandle
+    state: OperatorState
+    backend_dir: str
+
+
+def check_checkpoint_id(checkpoint_id: Any) -> int:
+    """Return ``checkpoint_id`` if it is an int >= 0; TypeError / ValueError otherwise."""
+    if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int):
+        raise TypeError(
+            f"checkpoint_id must be an int >= 0, got {checkpoint_id!r} "
+            f"({type(checkpoint_id).__name__})"
+        )
+    if checkpoint_id < 0:
+        raise ValueError(f"checkpoint_id must be >= 0, got {checkpoint_id}")
+    return checkpoint_id
+
+
+def checkpoint_path(directory: str | os.PathLike[str], checkpoint_id: int) -> str:
+    """The absolute path of checkpoint ``checkpoint_id`` under ``directory``."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path, got {type(directory).__name__}")
+    return os.path.join(os.path.abspath(os.fspath(directory)), f"chk-{checkpoint_id}")
+
+
+def prepare(directory: str | os.PathLike[str], checkpoint_id: Any) -> str:
+    """Validate the arguments of a snapshot before anything runs; the target path.
+
+    Raises:
+        TypeError / ValueError: a checkpoint id that is not an int >= 0, or a
+            directory that is not a path.
+        FileExistsError: ``chk-<id>`` already exists (complete or not).
+    """
+    target = checkpoint_path(directory, check_checkpoint_id(checkpoint_id))
+    if os.path.lexists(target):
+        raise FileExistsError(
+            f"checkpoint {checkpoint_id} already exists at {target}; checkpoint ids are "
+            "never reused (delete it first to take it again)"
+        )
+    return target
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> CheckpointHandle | None:
+    """The complete-looking checkpoint (manifest present) with the highest id under
+    ``directory``, or None. ``read`` still verifies it."""
+    root = os.path.abspath(os.fspath(directory))
+    best: CheckpointHandle | None = None
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return None
+    for name in names:
+        number = name[4:] if name.startswith("chk-") else ""
+        path = os.path.join(root, name)
+        if number.isdigit() and os.path.isfile(os.path.join(path, MANIFEST)):
+            if best is None or int(number) > best.checkpoint_id:
+                best = CheckpointHandle(int(number), path)
+    return best
+
+
+# -- writing -----------------------------------------------------------------------------------
+def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -> CheckpointHandle:
+    """Write a complete checkpoint to ``target`` (from ``prepare``) atomically.
+
+    Calls ``backend.snapshot(<staging>/backend)``, pickles the timers, writes
+    ``operator.json``, then the manifest, then renames the staging directory
+    to ``target``. The caller has drained the operator and flushed the backend.
+
+    Raises whatever the backend, pickling or the file system raised (and
+    ``FileExistsError`` if ``target`` appeared meanwhile), after removing the
+    staging directory: no ``target`` is left behind.
+    """
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    staging = os.path.join(parent, f".{os.path.basename(target)}.staging-{uuid.uuid4().hex}")
+    os.mkdir(staging)
+    try:
+        backend_dir = os.path.join(staging, BACKEND_DIR)
+        os.mkdir(backend_dir)
+        backend.snapshot(backend_dir)
+        timers = {
+            "event": state.event_timers.export(),
+            "processing": state.processing_timers.export(),
+        }
+        _write_file(staging, TIMERS, pickle.dumps(timers, protocol=pickle.HIGHEST_PROTOCOL))
+        metadata = _metadata(checkpoint_id, state)
+        _write_file(staging, METADATA, _json_bytes(metadata))
+        files = {name: _describe_file(staging, name) for name in _files(staging)}
+        manifest = {"format": FORMAT, "checkpoint_id": checkpoint_id, "files": files}
+        _write_file(staging, MANIFEST, _json_bytes(manifest))  # last: the commit record
+        _fsync_directory(staging)
+        if os.path.lexists(target):  # another writer won the id meanwhile
+            raise FileExistsError(f"checkpoint {checkpoint_id} appeared at {target} meanwhile")
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _fsync_directory(parent)
+    return CheckpointHandle(checkpoint_id, target)
+
+
+def _metadata(checkpoint_id: int, state: OperatorState) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "checkpoint_id": checkpoint_id,
+        "created": time.time(),
+        "watermark": _encode_time(state.watermark),
+        "processing_time": _encode_time(state.processing_time),
+        "poll_clock": state.poll_clock,
+        "epoch": state.epoch,
+        "record_sequence": state.record_sequence,
+        "max_parallelism": state.max_parallelism,
+        "state_names": list(state.state_names),
+        "config": {k: _encode_time(v) if type(v) is float else v for k, v in state.config.items()},
+        "counts": {**state.counts, "event_timers": len(state.event_timers),
+                   "processing_timers": len(state.processing_timers)},
+        "backend": state.backend,
+    }  # fmt: skip
+
+
+def _write_file(directory: str, name: str, data: bytes) -> None:
+    with open(os.path.join(directory, name), "xb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _describe_file(root: str, name: str) -> dict[str, Any]:
+    """Size and SHA-256 of ``root/name``; fsyncs it too (the backend wrote it)."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(os.path.join(root, name), "rb") as src:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        os.fsync(src.fileno())
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+def _fsync_directory(path: str) -> None:
+    """Make a rename or new entries in ``path`` durable (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# -- reading -----------------------------------------------------------------------------------
+def read(handle: CheckpointHandle | str | os.PathLike[str]) -> RestoredCheckpoint:
+    """Verify and parse a checkpoint; changes nothing anywhere.
+
+    Args:
+        handle: a ``CheckpointHandle`` or the path of a ``chk-<id>`` directory.
+
+    Raises:
+        TypeError: ``handle`` is neither.
+        FileNotFoundError: there is no directory at the path.
+        ValueError: naming the file: no manifest (an incomplete checkpoint), a
+            listed file missing, an unlisted file, a size or checksum mismatch,
+            a manifest or metadata of another format, a handle whose id differs
+            from the manifest's, or timers that do not load.
+    """
+    if isinstance(handle, CheckpointHandle):
+        path, expected_id = handle.path, handle.checkpoint_id
+    elif isinstance(handle, (str, os.PathLike)):
+        path, expected_id = os.path.abspath(os.fspath(handle)), None
+    else:
+        raise TypeError(
+            f"restore takes a CheckpointHandle or a checkpoint path, got {type(handle).__name__}"
+        )
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    manifest = _read_manifest(path)
+    checkpoint_id = manifest["checkpoint_id"]
+    if expected_id is not None and checkpoint_id != expected_id:
+        raise ValueError(
+            f"{os.path.join(path, MANIFEST)} is checkpoint {checkpoint_id}, "
+            f"the handle says {expected_id}"
+        )
+    contents = _verify_files(path, manifest["files"])
+    metadata = _parse(path, METADATA, contents[METADATA], json.loads)
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise ValueError(f"{os.path.join(path, METADATA)} is not {FORMAT} operator metadata")
+    timers = _parse(path, TIMERS, contents[TIMERS], pickle.loads)
+    try:
+        state = OperatorState(
+            watermark=_decode_time(metadata["watermark"]),
+            processing_time=_decode_time(metadata["processing_time"]),
+            poll_clock=bool(metadata["poll_clock"]),
+            epoch=int(metadata["epoch"]),
+            record_sequence=int(metadata["record_sequence"]),
+            max_parallelism=int(metadata["max_parallelism"]),
+            event_timers=_load_timers(timers["event"]),
+            processing_timers=_load_timers(timers["processing"]),
+            state_names=list(metadata["state_names"]),
+            config=dict(metadata["config"]),
+            counts=dict(metadata["counts"]),
+            backend=str(metadata["backend"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: operator metadata or timers are malformed: {exc}") from exc
+    return RestoredCheckpoint(
+        CheckpointHandle(checkpoint_id, path), state, os.path.join(path, BACKEND_DIR)
+    )
+
+
+def _read_manifest(path: str) -> dict[str, Any]:
+    file = os.path.join(path, MANIFEST)
+    try:
+        with open(file, "rb") as src:
+            data = src.read()
+    except FileNotFoundError:
+        raise ValueError(
+            f"{file} is missing: {path} is an incomplete checkpoint (not committed)"
+        ) from None
+    manifest = _parse(path, MANIFEST, data, json.loads)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{file} is not an {FORMAT} manifest")
+    files = manifest.get("files")
+    if (
+        manifest.get("format") != FORMAT
+        or not isinstance(files, dict)
+        or type(manifest.get("checkpoint_id")) is not int
+        or not {METADATA, TIMERS} <= set(files)
+    ):
+        raise ValueError(f"{file} is not an {FORMAT} manifest")
+    return manifest
+
+
+def _verify_files(path: str, listed: dict[str, Any]) -> dict[str, bytes]:
+    """Check every listed file's size and SHA-256 and that none is unlisted; return
+    the contents of the small operator files (read once, so what was verified is
+    what gets parsed)."""
+    present = set(_files(path)) - {MANIFEST}
+    unlisted = sorted(present - set(listed))
+    if unlisted:
+        file = os.path.join(path, unlisted[0])
+        raise ValueError(f"{file} is not listed in the checkpoint manifest")
+    contents: dict[str, bytes] = {}
+    for name, expected in sorted(listed.items()):
+        file = os.path.join(path, name)
+        if name not in present:
+            raise ValueError(f"{file} is missing from the checkpoint")
+        if not isinstance(expected, dict):
+            raise ValueError(f"the manifest entry of {file} is malformed")
+        digest = hashlib.sha256()
+        size = 0
+        keep = name in (METADATA, TIMERS)
+        parts = []
+        with open(file, "rb") as src:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                if keep:
+                    parts.append(chunk)
+        if size != expected.get("size"):
+            raise ValueError(f"{file} has {size} bytes, the manifest says {expected.get('size')}")
+        if digest.hexdigest() != expected.get("sha256"):
+            raise ValueError(f"{file} does not match its SHA-256 checksum in the manifest")
+        if keep:
+            contents[name] = b"".join(parts)
+    return contents
+
+
+def _parse(path: str, name: str, data: bytes, loads: Any) -> Any:
+    try:
+        return loads(data)
+    except Exception as exc:  # json, pickle and their many error types
+        raise ValueError(f"{os.path.join(path, name)} cannot be read: {exc}") from exc
+
+
+def _load_timers(data: Any) -> TimerQueue:
+    queue = TimerQueue()
+    queue.load(data)
+    return queue
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def _files(root: str) -> list[str]:
+    """Relative paths ('/'-separated) of every file under ``root``, sorted."""
+    found = []
+    for folder, _, names in os.walk(root):
+        relative = os.path.relpath(folder, root)
+        for name in names:
+            path = name if relative == "." else os.path.join(relative, name)
+            found.append(path.replace(os.sep, "/"))
+    return sorted(found)
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, indent=1, sort_keys=True, allow_nan=False).encode()
+
+
+def _encode_time(value: float) -> float | str:
+    """Strict JSON has no infinities: -inf/inf are stored as strings."""
+    return value if math.isfinite(value) else str(value)
+
+
+def _decode_time(value: Any) -> float:
+    if isinstance(value, str):
+        if value not in ("inf", "-inf"):
+            raise ValueError(f"not a time: {value!r}")
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"not a time: {value!r}")
+    return value
