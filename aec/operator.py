@@ -219,7 +219,7 @@ class KeyedProcessOperator:
         if self.clock.deterministic or (
             (due := self.processing_timers.peek_time()) is not None and due <= now
         ):
-            self.epochs.close(ClockTick(now, self._watermark), now)
+            self._close_epoch(ClockTick(now, self._watermark), now)
             if self.config.watermark_order == "serial" or self.synchronous:
                 self._run_until_epochs_done()
 
@@ -245,7 +245,7 @@ class KeyedProcessOperator:
             if self._poll:
                 self._poll_clock()
             self._watermark = watermark.timestamp
-            self.epochs.close(watermark, self._now)
+            self._close_epoch(watermark, self._now)
             if self.config.watermark_order == "serial" or self.synchronous:
                 self._run_until_epochs_done()
         except BaseException as exc:
@@ -263,7 +263,7 @@ class KeyedProcessOperator:
         try:
             if self._watermark < math.inf:
                 self._watermark = math.inf
-                self.epochs.close(Watermark(math.inf), self._now)
+                self._close_epoch(Watermark(math.inf), self._now)
             self._run_until_epochs_done()
             if self.controller.in_flight:
                 raise self._stuck()
@@ -275,6 +275,12 @@ class KeyedProcessOperator:
         self._elapsed = time.perf_counter() - self._started
         self._state = "finished"
         self.close()
+
+    def _close_epoch(self, element: Watermark | ClockTick, now: float) -> None:
+        """Close the open epoch with ``element``; its domain's timers note the boundary."""
+        domain = _EVENT if type(element) is Watermark else _PROCESSING
+        self._timer_queue(domain).boundary(self.epochs.active.sequence)
+        self.epochs.close(element, now)
 
     def _run_until_epochs_done(self) -> None:
         controller = self.controller

@@ -11,11 +11,17 @@ Backed by sortedcontainers (DESIGN rule 8). Invariants:
   is at or below the record's arrival watermark). Such a registration is kept
   aside ("re-armed") and added once the old timer fired; such a deletion only
   cancels the re-armed one. So every order fires the same timers.
+- Only epochs closed by this queue's own time domain fire its timers (a
+  watermark fires event-time timers, a clock tick processing-time ones), so
+  "had it fired before the record arrived" asks whether such a boundary lies
+  between the registering epoch and the record's (``boundary``), not whether
+  the epoch number moved on.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -24,7 +30,7 @@ from sortedcontainers import SortedList
 class TimerQueue:
     """The timers of one time domain (event time or processing time)."""
 
-    __slots__ = ("_order", "_by_key", "_sequence", "_rearmed")
+    __slots__ = ("_order", "_by_key", "_sequence", "_rearmed", "_boundaries")
 
     def __init__(self) -> None:
         self._order = SortedList()  # (timestamp, sequence, key)
@@ -32,6 +38,12 @@ class TimerQueue:
         self._sequence = 0
         # (key, t) -> epochs of registrations waiting for the current one to fire
         self._rearmed: dict[tuple[Any, float], list[int]] = {}
+        self._boundaries: list[int] = []  # epochs closed by this domain, ascending
+
+    def boundary(self, epoch: int) -> None:
+        """Epoch ``epoch`` was closed by an element of this queue's time domain (it
+        fires this queue's due timers). Called in arrival order."""
+        self._boundaries.append(epoch)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -82,7 +94,10 @@ class TimerQueue:
             return False
         rearmed = self._rearmed.get((key, timestamp))
         latest = rearmed[-1] if rearmed else timers[timestamp][1]
-        return latest < epoch
+        # fired iff one of this domain's boundaries closed an epoch in [latest, epoch)
+        boundaries = self._boundaries
+        index = bisect_left(boundaries, latest)
+        return index < len(boundaries) and boundaries[index] < epoch
 
     def _remove(self, key: Any, timestamp: float, timers: dict) -> None:
         sequence, _ = timers.pop(timestamp)
@@ -147,7 +162,7 @@ class TimerQueue:
 
         Shape: ``{"timers": [(timestamp, sequence, key, epoch), ...]`` in firing
         order, ``"sequence"``: the registration counter, ``"rearmed"``:
-        ``[(key, timestamp, [epoch, ...]), ...]}``. Registration sequences and
+        ``[(key, timestamp, [epoch, ...]), ...]``, ``"boundaries"``: ``[epoch, ...]``}. Registration sequences and
         epochs are kept (not just ``items()``) so a restored queue fires in the
         same order and makes the same duplicate decisions as this one.
         """
@@ -156,6 +171,7 @@ class TimerQueue:
             "timers": [(t, seq, key, by_key[key][t][1]) for t, seq, key in self._order],
             "sequence": self._sequence,
             "rearmed": [(key, t, list(epochs)) for (key, t), epochs in self._rearmed.items()],
+            "boundaries": list(self._boundaries),
         }
 
     def load(self, data: dict[str, Any]) -> None:
@@ -172,8 +188,10 @@ class TimerQueue:
                 order.add((timestamp, sequence, key))
             rearmed = {(key, t): list(epochs) for key, t, epochs in data["rearmed"]}
             counter = data["sequence"]
+            boundaries = [int(epoch) for epoch in data["boundaries"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not an exported timer queue: {exc}") from exc
         if not isinstance(counter, int) or len(order) != sum(map(len, by_key.values())):
             raise ValueError("not an exported timer queue: bad sequence or duplicate timers")
         self._order, self._by_key, self._rearmed, self._sequence = order, by_key, rearmed, counter
+        self._boundaries = boundaries

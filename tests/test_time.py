@@ -187,3 +187,32 @@ def test_system_clock_is_quantized():
     manual = ManualClock(3)
     with pytest.raises(ValueError):
         manual.advance(-1)
+
+
+class _LateTimer(KeyedProcessFunction):
+    """Registers an event-time timer at the record's value (late when at or below the
+    watermark) and reports each firing."""
+
+    def process_element(self, value, ctx):
+        ctx.timer_service.register_event_time_timer(value)
+
+    def on_timer(self, timestamp, ctx):
+        ctx.output(("fired", ctx.current_key, timestamp))
+
+
+@pytest.mark.parametrize("async_state", [False, True])
+def test_a_clock_tick_between_duplicate_late_registrations_does_not_fire_the_timer_twice(
+    async_state,
+):
+    # Only a watermark fires event-time timers; the tick closes an epoch all the same,
+    # which once made the second registration look like a re-registration after firing.
+    source = [Watermark(10), Record("a", 5, 5), Record("a", 5, 5), Watermark(20)]
+    result = run_keyed(
+        source,
+        _LateTimer(),
+        config=AecConfig(async_state=async_state),
+        clock=ScriptedClock([0, 0, 1, 0, 0]),
+    )
+    fired = [o for o in result.outputs if not isinstance(o, Watermark)]
+    assert fired == [("fired", "a", 5)]
+    assert result.outputs.index(("fired", "a", 5)) < result.outputs.index(Watermark(20))
