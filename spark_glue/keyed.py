@@ -25,6 +25,13 @@ streams are read; the main DataFrame, ``side_output(result, tag)`` and
 ``unpersist(result)``. A recomputation (evicted cache block, retried task) runs
 the partition again from empty state, which yields the same rows: the input
 order within a partition is fixed by the sort.
+
+Shared with ``spark_glue.stream`` (``process_keyed_stream``, one run per
+micro-batch): ``plan_job`` (argument checks on the driver, the shipped
+``PartitionJob``), ``arrange`` (shuffle and sort), ``persisted_result`` (the persisted raw
+frame behind the main output) and ``PartitionRun`` (one partition's backend,
+operator, watermark generator and writer; the caller decides how the operator
+starts and ends: ``open``/``finish`` here, ``restore``/``snapshot`` there).
 """
 
 from __future__ import annotations
@@ -156,13 +163,46 @@ def process_keyed(
         At run time a failing partition fails the Spark job; the error Spark
         raises on the driver carries the ``aec.JobFailure`` message (key and record).
     """
+    job = plan_job(
+        df,
+        function,
+        key,
+        output_schema,
+        timestamp=timestamp,
+        watermark_delay=watermark_delay,
+        watermark_interval=watermark_interval,
+        backend=backend,
+        config=config,
+        num_partitions=num_partitions,
+        side_outputs=side_outputs,
+    )
+    arranged = arrange(df, job.keys, order_by, num_partitions)
+    return persisted_result(arranged.mapInArrow(job.run, job.layout.raw), job.layout)
+
+
+def plan_job(
+    df: DataFrame,
+    function: Any,
+    key: str | Sequence[str],
+    output_schema: SchemaLike,
+    *,
+    timestamp: str | None,
+    watermark_delay: float | dt.timedelta | None,
+    watermark_interval: int,
+    backend: StateBackend | BackendSpec | None,
+    config: AecConfig | None,
+    num_partitions: int | None,
+    side_outputs: Mapping[str, SchemaLike] | None,
+    name: str = "process_keyed",
+) -> PartitionJob:
+    """Validate the arguments on the driver (see ``process_keyed``); the job to ship."""
     keys = [key] if isinstance(key, str) else list(key)
     if not keys:
-        raise ValueError("process_keyed needs at least one key column")
+        raise ValueError(f"{name} needs at least one key column")
     columns = df.columns
-    for name in [*keys, *([timestamp] if timestamp else [])]:
-        if name not in columns:
-            raise ValueError(f"column {name!r} is not in the DataFrame (columns: {columns})")
+    for column in [*keys, *([timestamp] if timestamp else [])]:
+        if column not in columns:
+            raise ValueError(f"column {column!r} is not in the DataFrame (columns: {columns})")
     if timestamp is not None:
         kind = df.schema[timestamp].dataType
         if not isinstance(kind, _TIME_TYPES):
@@ -176,7 +216,11 @@ def process_keyed(
         )
     delay = delay_seconds(watermark_delay)
     BoundedOutOfOrderness(delay, watermark_interval)  # validates the interval on the driver
-    if num_partitions is not None and (not isinstance(num_partitions, int) or num_partitions < 1):
+    if num_partitions is not None and (
+        isinstance(num_partitions, bool)
+        or not isinstance(num_partitions, int)
+        or num_partitions < 1
+    ):
         raise ValueError(f"num_partitions must be an int >= 1, got {num_partitions!r}")
     config = config if config is not None else AecConfig()
     if not isinstance(config, AecConfig):
@@ -184,20 +228,42 @@ def process_keyed(
     spec = _backend_spec(backend)
     main = struct_type(output_schema)
     sides = {str(tag): struct_type(s) for tag, s in (side_outputs or {}).items()}
-    for name in main.fieldNames():
-        if name.startswith(_RESERVED):
+    for field in main.fieldNames():
+        if field.startswith(_RESERVED):
             raise ValueError(
-                f"output column {name!r}: names starting with {_RESERVED!r} are reserved"
+                f"output column {field!r}: names starting with {_RESERVED!r} are reserved"
             )
-    layout = _Layout.build(main, sides)
     try:
         function_bytes = cloudpickle.dumps(function)
     except Exception as exc:
         raise TypeError(f"the function cannot be pickled for the executors: {exc}") from exc
+    return PartitionJob(
+        function_bytes=function_bytes,
+        spec=spec,
+        config=config,
+        keys=keys,
+        timestamp=timestamp,
+        delay=delay,
+        interval=watermark_interval,
+        layout=_Layout.build(main, sides),
+    )
 
+
+def arrange(
+    df: DataFrame,
+    keys: list[str],
+    order_by: OrderLike | None,
+    num_partitions: int | None,
+    extra: Mapping[str, Column] | None = None,
+) -> DataFrame:
+    """``df`` repartitioned by ``keys`` and sorted within partitions by the arrival
+    order (``order_by``, or ``df``'s row order); ``extra`` columns are added before
+    the shuffle."""
     ordered = df
+    for column, value in (extra or {}).items():
+        ordered = ordered.withColumn(column, value)
     if order_by is None:
-        ordered = df.withColumn(_POSITION, F.monotonically_increasing_id())
+        ordered = ordered.withColumn(_POSITION, F.monotonically_increasing_id())
         order: list[str | Column] = [_POSITION]
     else:
         order = [order_by] if isinstance(order_by, (str, Column)) else list(order_by)
@@ -208,18 +274,14 @@ def process_keyed(
     arranged = shuffled.sortWithinPartitions(*order)
     if order_by is None:
         arranged = arranged.drop(_POSITION)
+    return arranged
 
-    job = _PartitionJob(
-        function_bytes=function_bytes,
-        spec=spec,
-        config=config,
-        keys=keys,
-        timestamp=timestamp,
-        delay=delay,
-        interval=watermark_interval,
-        layout=layout,
-    )
-    raw = arranged.mapInArrow(job.run, layout.raw).persist(StorageLevel.MEMORY_AND_DISK)
+
+def persisted_result(mapped: DataFrame, layout: _Layout) -> DataFrame:
+    """The main output of a raw frame (persisted here), carrying what ``side_output``
+    and ``partition_metrics`` need."""
+    raw = mapped.persist(StorageLevel.MEMORY_AND_DISK)
+    main = layout.main
     result = raw.filter(F.col(_STREAM) == "main").select(*[F.col(n) for n in main.fieldNames()])
     result._aec_output = _Output(raw, layout)  # read back by side_output / partition_metrics
     return result
@@ -232,7 +294,7 @@ def side_output(result: DataFrame, tag: str) -> DataFrame:
         ValueError: ``result`` is not a ``process_keyed`` result (as returned, not a
             DataFrame derived from it) or ``tag`` was not declared.
     """
-    output = _output_of(result)
+    output = output_of(result)
     if tag not in output.layout.sides:
         raise ValueError(
             f"side output {tag!r} was not declared; declared: {sorted(output.layout.sides)}"
@@ -254,7 +316,7 @@ def partition_metrics(result: DataFrame) -> DataFrame:
     ``wall_s`` (the partition's time in the Python worker, conversions included).
     Runs the operator if the raw frame is not computed yet (a Spark action).
     """
-    output = _output_of(result)
+    output = output_of(result)
     rows = output.raw.filter(F.col(_STREAM) == "metrics").select(_METRICS).collect()
     records = sorted((json.loads(row[0]) for row in rows), key=lambda m: m["partition"])
     spark = result.sparkSession
@@ -269,10 +331,10 @@ def partition_metrics(result: DataFrame) -> DataFrame:
 
 def unpersist(result: DataFrame) -> None:
     """Drop the cached raw frame behind a ``process_keyed`` result."""
-    _output_of(result).raw.unpersist()
+    output_of(result).raw.unpersist()
 
 
-def _output_of(result: DataFrame) -> _Output:
+def output_of(result: DataFrame) -> _Output:
     output = getattr(result, "_aec_output", None)
     if not isinstance(output, _Output):
         raise ValueError(
@@ -311,7 +373,7 @@ def _backend_spec(backend: StateBackend | BackendSpec | None) -> BackendSpec:
 
 
 @dataclass(frozen=True)
-class _PartitionJob:
+class PartitionJob:
     """Everything one partition needs; pickled into the ``mapInArrow`` closure."""
 
     function_bytes: bytes
@@ -324,40 +386,16 @@ class _PartitionJob:
     layout: _Layout
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The ``mapInArrow`` function: input batches in, raw batches out."""
+        """The ``mapInArrow`` function of ``process_keyed``: input batches in, raw
+        batches out; end of input is ``finish()`` (every remaining timer fires)."""
         context = TaskContext.get()
-        partition = context.partitionId() if context is not None else 0
-        writer = _RawWriter(self.layout)
-        started = time.perf_counter()
-        backend = self.spec.build(partition)
-        operator = aec.KeyedProcessOperator(
-            cloudpickle.loads(self.function_bytes), backend, self.config
-        )
-        watermarks = BoundedOutOfOrderness(self.delay, self.interval)
-        rows_in = 0
-        try:
-            operator.open()
+        with PartitionRun(self, context.partitionId() if context is not None else 0) as run:
+            run.operator.open()
             for batch in batches:
-                rows_in += batch.num_rows
-                self._feed(operator, watermarks, batch)
-                yield from writer.drain(operator)
-            operator.finish()
-            yield from writer.drain(operator)
-            metrics = dict(operator.metrics)
-        finally:
-            try:
-                operator.close()
-            finally:
-                backend.close()  # the operator opens its backend but leaves closing to the owner
-        metrics.update(
-            partition=partition,
-            rows_in=rows_in,
-            watermarks_in=watermarks.emitted,
-            main_rows=writer.main_rows,
-            side_rows=writer.side_rows,
-            wall_s=time.perf_counter() - started,
-        )
-        yield writer.metrics_batch(metrics)
+                yield from run.feed(batch)
+            run.operator.finish()
+            yield from run.drain()
+        yield run.metrics_batch()
 
     def _feed(
         self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch
@@ -377,6 +415,70 @@ class _PartitionJob:
             mark = watermarks.on_record(stamp)
             if mark is not None:
                 operator.process_watermark(Watermark(mark))
+
+
+class PartitionRun:
+    """One partition's operator with its backend, watermark generator and writer.
+
+    A context manager: entering builds the backend from the job's spec and the
+    operator (not opened: the caller opens, or restores, it); leaving closes the
+    operator, then the backend (the operator leaves closing its backend to the
+    owner). ``feed`` and ``drain`` yield raw batches; ``metrics_batch`` the
+    partition's metrics row, with ``extra`` entries.
+    """
+
+    def __init__(self, job: PartitionJob, partition: int) -> None:
+        self.job = job
+        self.partition = partition
+        self.started = time.perf_counter()
+        self.writer = _RawWriter(job.layout)
+        self.watermarks = BoundedOutOfOrderness(job.delay, job.interval)
+        self.rows_in = 0
+        self.backend: StateBackend | None = None
+        self.operator: Any = None
+        self.final_metrics: dict[str, Any] = {}
+
+    def __enter__(self) -> PartitionRun:
+        self.backend = self.job.spec.build(self.partition)
+        try:
+            self.operator = aec.KeyedProcessOperator(
+                cloudpickle.loads(self.job.function_bytes), self.backend, self.job.config
+            )
+        except BaseException:
+            self.backend.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.final_metrics = dict(self.operator.metrics)
+        try:
+            self.operator.close()
+        finally:
+            self.backend.close()
+
+    def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """Process one input batch (records and periodic watermarks); its outputs."""
+        self.rows_in += batch.num_rows
+        self.job._feed(self.operator, self.watermarks, batch)
+        yield from self.writer.drain(self.operator)
+
+    def drain(self) -> Iterator[pa.RecordBatch]:
+        """Raw batches for everything emitted since the last drain."""
+        yield from self.writer.drain(self.operator)
+
+    def metrics_batch(self, **extra: Any) -> pa.RecordBatch:
+        """The metrics row; call after leaving the context."""
+        metrics = dict(self.final_metrics)
+        metrics.update(
+            partition=self.partition,
+            rows_in=self.rows_in,
+            watermarks_in=self.watermarks.emitted,
+            main_rows=self.writer.main_rows,
+            side_rows=self.writer.side_rows,
+            wall_s=time.perf_counter() - self.started,
+            **extra,
+        )
+        return self.writer.metrics_batch(metrics)
 
 
 class _RawWriter:

@@ -1,0 +1,271 @@
+"""spark_glue.process_keyed_stream: state across micro-batches, restarts and replays."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+
+import cloudpickle
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from aec import KeyedProcessFunction, Record, ValueStateDescriptor, Watermark, run_keyed
+from backends import RocksDBBackend
+from spark_glue import process_keyed_stream
+from spark_glue.watermarks import BoundedOutOfOrderness
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+IN_DDL = "k string, seq long, x long, t double"
+OUT_DDL = "k string, seq long, count long, total long"
+
+
+class RunningCount(KeyedProcessFunction):
+    """Per key: count and sum of ``x``; with ``fire_after``, an event-time timer that
+    reports the total (``seq`` -1) that many seconds after each record."""
+
+    def __init__(self, fire_after: float | None = None) -> None:
+        self.fire_after = fire_after
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count"))
+        self.total = ctx.get_state(ValueStateDescriptor("total"))
+
+    async def process_element(self, value, ctx):
+        count = (await self.count.async_value() or 0) + 1
+        total = (await self.total.async_value() or 0) + value["x"]
+        await self.count.async_update(count)
+        await self.total.async_update(total)
+        ctx.output({"k": ctx.current_key, "seq": value["seq"], "count": count, "total": total})
+        if self.fire_after is not None:
+            ctx.timer_service.register_event_time_timer(ctx.timestamp + self.fire_after)
+
+    async def on_timer(self, timestamp, ctx):
+        count = await self.count.async_value()
+        total = await self.total.async_value()
+        ctx.output({"k": ctx.current_key, "seq": -1, "count": count, "total": total})
+
+
+def _rows(start: int, n: int, seed: int, n_keys: int = 5) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {"k": f"k{rng.randrange(n_keys)}", "seq": s, "x": rng.randrange(1, 10), "t": 10.0 * s}
+        for s in range(start, start + n)
+    ]
+
+
+class Stream:
+    """A file-source stream into process_keyed_stream; the sink keeps every call."""
+
+    def __init__(self, spark, tmp_path, fail_batches=(), **kwargs):
+        self.spark = spark
+        self.input = tmp_path / "input"
+        self.input.mkdir(exist_ok=True)
+        self.location = str(tmp_path / "ckpt")
+        self.calls: list[tuple[int, list[dict]]] = []
+        self.fail = set(fail_batches)
+        self.kwargs = {"num_partitions": 3, "order_by": "seq", **kwargs}
+        self.files = len(os.listdir(self.input))
+        self.query = None
+
+    def sink(self, batch_df, batch_id):
+        rows = [r.asDict() for r in batch_df.collect()]
+        if batch_id in self.fail:
+            self.fail.discard(batch_id)
+            raise RuntimeError(f"sink crashed in batch {batch_id}")
+        self.calls.append((batch_id, rows))
+
+    def start(self, function, **overrides):
+        df = self.spark.readStream.schema(IN_DDL).json(str(self.input))
+        self.query = process_keyed_stream(
+            df,
+            function,
+            "k",
+            OUT_DDL,
+            checkpoint_location=self.location,
+            sink=self.sink,
+            **{**self.kwargs, **overrides},
+        )
+        return self.query
+
+    def add(self, rows):
+        """Write one JSON file (atomically) and process everything available."""
+        staging = self.input.parent / f"file-{self.files}.json.tmp"
+        staging.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.replace(staging, self.input / f"file-{self.files}.json")
+        self.files += 1
+        self.query.processAllAvailable()
+
+    def stop(self):
+        self.query.stop()
+
+    def per_key(self):
+        got: dict[str, list[tuple]] = {}
+        for _, rows in self.calls:
+            for r in rows:
+                got.setdefault(r["k"], []).append((r["seq"], r["count"], r["total"]))
+        return {k: sorted(v) for k, v in got.items()}
+
+
+def _expected_per_key(rows):
+    result = run_keyed([Record(r["k"], r) for r in rows], RunningCount())
+    expected: dict[str, list[tuple]] = {}
+    for out in result.outputs:
+        if not isinstance(out, Watermark):
+            expected.setdefault(out["k"], []).append((out["seq"], out["count"], out["total"]))
+    return expected
+
+
+def _checkpoints(location):
+    state = os.path.join(location, "state")
+    return {
+        name: sorted(n for n in os.listdir(os.path.join(state, name)) if n.startswith("chk-"))
+        for name in sorted(os.listdir(state))
+        if name.startswith("partition-")
+    }
+
+
+@pytest.mark.spark
+def test_running_counts_match_run_keyed_batch_by_batch(spark, tmp_path):
+    stream = Stream(spark, tmp_path)
+    steps = [_rows(0, 40, 1), _rows(40, 25, 2), _rows(65, 1, 3), _rows(66, 30, 4)]
+    stream.start(RunningCount())
+    try:
+        for step in steps:
+            stream.add(step)
+    finally:
+        stream.stop()
+    assert [batch_id for batch_id, _ in stream.calls] == [0, 1, 2, 3]
+    for (_, rows), step in zip(stream.calls, steps, strict=True):
+        assert sorted(r["seq"] for r in rows) == [r["seq"] for r in step]
+    every = [r for step in steps for r in step]
+    assert stream.per_key() == _expected_per_key(every)  # running values, so final state too
+    # every partition keeps at most two checkpoints; the one-row batch 2 left the
+    # partitions without rows alone
+    checkpoints = _checkpoints(stream.location)
+    assert set(checkpoints) == {"partition-0", "partition-1", "partition-2"}
+    assert all(1 <= len(ids) <= 2 and "chk-3" in ids for ids in checkpoints.values())
+    assert sum("chk-2" in ids for ids in checkpoints.values()) == 1
+
+
+@pytest.mark.spark
+def test_restart_continues_state_timers_and_watermarks(spark, tmp_path):
+    # one partition, so the emission order is comparable with run_keyed's
+    options = {
+        "num_partitions": 1,
+        "timestamp": "t",
+        "watermark_delay": 25,
+        "watermark_interval": 4,
+    }
+    stream = Stream(spark, tmp_path, **options)
+    steps = [_rows(0, 10, 5), _rows(10, 7, 6), _rows(17, 9, 7)]
+    stream.start(RunningCount(fire_after=30))
+    try:
+        stream.add(steps[0])
+        stream.add(steps[1])
+    finally:
+        stream.stop()
+    with pytest.raises(ValueError, match="num_partitions=2 but the state"):
+        stream.start(RunningCount(fire_after=30), num_partitions=2)
+    stream.start(RunningCount(fire_after=30), num_partitions=None)  # the stored number
+    try:
+        stream.add(steps[2])
+    finally:
+        stream.stop()
+    assert [batch_id for batch_id, _ in stream.calls] == [0, 1, 2]
+    # the reference: the same records and watermarks, the generator's progress
+    # continuing across micro-batches and a watermark closing each one
+    source, generator = [], BoundedOutOfOrderness(25, 4)
+    for step in steps:
+        fresh = BoundedOutOfOrderness(25, 4)  # the record count restarts per micro-batch
+        fresh.max_timestamp, fresh.current = generator.max_timestamp, generator.current
+        generator = fresh
+        for r in step:
+            source.append(Record(r["k"], r, r["t"]))
+            mark = generator.on_record(r["t"])
+            if mark is not None:
+                source.append(Watermark(mark))
+        end = generator.max_timestamp - 25
+        if end > generator.current:
+            generator.current = end
+            source.append(Watermark(end))
+    reference = run_keyed(source, RunningCount(fire_after=30)).outputs
+    # run_keyed ends with Watermark(inf), firing the timers the stream still holds
+    last_watermark = max(o.timestamp for o in source if isinstance(o, Watermark))
+    expected = [
+        (o["k"], o["seq"], o["count"], o["total"])
+        for o in reference[: _outputs_before_inf(reference, last_watermark)]
+        if isinstance(o, dict)
+    ]
+    got = [(r["k"], r["seq"], r["count"], r["total"]) for _, rows in stream.calls for r in rows]
+    assert got == expected
+    assert any(seq == -1 for _, seq, _, _ in got)  # timers restored and fired after a restart
+    finals = {k: count for k, seq, count, _ in got if seq >= 0}  # counts kept growing
+    assert finals == {k: sum(r["k"] == k for step in steps for r in step) for k in finals}
+
+
+def _outputs_before_inf(outputs, last_watermark):
+    """Index just past the last watermark <= ``last_watermark`` in run_keyed's outputs."""
+    end = 0
+    for index, out in enumerate(outputs):
+        if isinstance(out, Watermark) and out.timestamp <= last_watermark:
+            end = index + 1
+    return end
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("store", ["memory", "rocksdb"])
+def test_a_replayed_micro_batch_does_not_count_twice(spark, tmp_path, store):
+    backend = RocksDBBackend(str(tmp_path / "rocks")).spec() if store == "rocksdb" else None
+    stream = Stream(spark, tmp_path, fail_batches={1}, backend=backend)
+    steps = [_rows(0, 30, 8), _rows(30, 30, 9), _rows(60, 20, 10)]
+    stream.start(RunningCount())
+    stream.add(steps[0])
+    with pytest.raises(StreamingQueryException, match="sink crashed in batch 1"):
+        stream.add(steps[1])
+    stream.stop()
+    # the crash came after the partitions snapshotted batch 1 and before Spark committed it
+    assert any("chk-1" in ids for ids in _checkpoints(stream.location).values())
+    assert [batch_id for batch_id, _ in stream.calls] == [0]
+    stream.start(RunningCount())
+    try:
+        stream.query.processAllAvailable()  # Spark runs batch 1 again
+        stream.add(steps[2])
+    finally:
+        stream.stop()
+    assert [batch_id for batch_id, _ in stream.calls] == [0, 1, 2]
+    every = [r for step in steps for r in step]
+    assert stream.per_key() == _expected_per_key(every)
+
+
+@pytest.mark.spark
+def test_bad_arguments_fail_on_the_driver(spark, tmp_path):
+    df = spark.readStream.schema(IN_DDL).json(str(tmp_path))
+    location = str(tmp_path / "ckpt")
+
+    def sink(batch_df, batch_id):
+        pass
+
+    with pytest.raises(TypeError, match="checkpoint_location"):
+        process_keyed_stream(df, RunningCount(), "k", OUT_DDL, sink=sink)
+    with pytest.raises(ValueError, match="needs checkpoint_location"):
+        process_keyed_stream(df, RunningCount(), "k", OUT_DDL, checkpoint_location=None, sink=sink)
+    with pytest.raises(ValueError, match="file system path"):
+        process_keyed_stream(
+            df, RunningCount(), "k", OUT_DDL, checkpoint_location="s3://b/x", sink=sink
+        )
+    with pytest.raises(TypeError, match="sink must be callable"):
+        process_keyed_stream(
+            df, RunningCount(), "k", OUT_DDL, checkpoint_location=location, sink="table"
+        )
+    with pytest.raises(ValueError, match="column 'nope'"):
+        process_keyed_stream(
+            df, RunningCount(), "nope", OUT_DDL, checkpoint_location=location, sink=sink
+        )
+    with pytest.raises(TypeError, match="streaming DataFrame"):
+        process_keyed_stream(
+            spark.range(3), RunningCount(), "id", OUT_DDL, checkpoint_location=location, sink=sink
+        )
+    assert not os.path.exists(location)  # nothing written for refused arguments
