@@ -33,6 +33,7 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -250,15 +251,17 @@ def _describe_file(root: str, name: str) -> dict[str, Any]:
 
 
 def _fsync_directory(path: str) -> None:
-    """Make a rename or new entries in ``path`` durable (no-op where unsupported)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+    """Make a rename or new entries in ``path`` durable.
+
+    File systems that cannot fsync a directory (EINVAL, ENOTSUP, EBADF: some network
+    and FUSE mounts) are skipped; any other error (EIO: the data may be lost) raises.
+    """
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 

@@ -45,6 +45,17 @@ _OUTPUT_BATCH = 1000  # rows per Arrow batch async_map hands back to Spark
 _MODES = ("ordered", "unordered")
 
 
+class _Row(tuple):
+    """A UDF input: ``(position in the task, argument tuple)``; shown as its arguments
+    (in a ``JobFailure`` naming the failed row)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        args = self[1]
+        return repr(args[0]) if len(args) == 1 else repr(args)
+
+
 class _CallWith(AsyncFunction):
     """An ``async def fn(*args)`` as an asyncio-style ``AsyncFunction``: its one result,
     tagged with the input row's position in the task."""
@@ -52,9 +63,31 @@ class _CallWith(AsyncFunction):
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
 
-    async def async_invoke(self, value: tuple[int, tuple[Any, ...]]) -> list[tuple[int, Any]]:
+    async def async_invoke(self, value: _Row) -> list[tuple[int, Any]]:
         position, args = value
         return [(position, await self.fn(*args))]
+
+
+class _Untagged(RetryStrategy):
+    """The user's retry strategy, seeing a UDF call's result as ``[value]`` rather than
+    the position-tagged ``[(position, value)]`` that ``_CallWith`` completes with."""
+
+    __slots__ = ("inner", "max_attempts", "retry_on_exception", "retry_on_result")
+
+    def __init__(self, inner: RetryStrategy) -> None:
+        self.inner = inner
+        self.max_attempts = inner.max_attempts
+        self.retry_on_exception = inner.retry_on_exception
+        self.retry_on_result = inner.retry_on_result
+
+    def backoff(self, n: int) -> float:
+        return self.inner.backoff(n)
+
+    def should_retry_exception(self, exc: BaseException) -> bool:
+        return self.inner.should_retry_exception(exc)
+
+    def should_retry_result(self, results: list[Any]) -> bool:
+        return self.inner.should_retry_result([value for _, value in results])
 
 
 class _RowFunction(AsyncFunction):
@@ -68,10 +101,15 @@ class _RowFunction(AsyncFunction):
 
 
 def _check_common(capacity: int, timeout: float | None, retry: RetryStrategy | None) -> None:
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
-    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be seconds > 0 or None, got {timeout!r}")
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity!r}")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be seconds (a number) or None, got {timeout!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be seconds > 0 or None, got {timeout!r}")
     if retry is not None and not isinstance(retry, RetryStrategy):
         raise TypeError(f"retry must be an aec.retry strategy, got {type(retry).__name__}")
 
@@ -212,17 +250,17 @@ def _udf_batches(
     """
     waiting: deque[_PendingBatch] = deque()  # batches the wait call started pulling
 
-    def rows() -> Iterator[tuple[int, tuple[Any, ...]]]:
+    def rows() -> Iterator[_Row]:
         position = 0
         for batch in batches:
             columns = batch if isinstance(batch, tuple) else (batch,)
             waiting.append(_PendingBatch(position, len(columns[0]), columns[0].index))
             for args in zip(*(c.tolist() for c in columns), strict=True):
-                yield position, args
+                yield _Row((position, args))
                 position += 1
 
     wait = ordered_wait if ordered else unordered_wait
-    for position, value in wait(rows(), _CallWith(fn), timeout, capacity, retry):
+    for position, value in wait(rows(), _CallWith(fn), timeout, capacity, _Untagged(retry)):
         for pending in waiting:  # at most capacity rows in flight: few batches to scan
             offset = position - pending.start
             if offset < len(pending.values):

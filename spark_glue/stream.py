@@ -255,7 +255,10 @@ def _watermarks_file(directory: str, checkpoint_id: int) -> str:
 
 
 def _delete_checkpoint(directory: str, checkpoint_id: int) -> None:
-    shutil.rmtree(os.path.join(directory, f"chk-{checkpoint_id}"), ignore_errors=True)
+    # raise if it cannot go: a surviving manifest would make it the base of a replay
+    path = os.path.join(directory, f"chk-{checkpoint_id}")
+    if os.path.lexists(path):
+        shutil.rmtree(path)
     try:
         os.remove(_watermarks_file(directory, checkpoint_id))
     except FileNotFoundError:

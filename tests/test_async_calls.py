@@ -113,9 +113,30 @@ def test_async_udf_failure_and_timeout_fail_the_job_naming_the_cause(spark):
         _numbers(spark, 10, partitions=1).select(slow("x")).collect()
 
 
+def _is_null(results):
+    return results == [None]
+
+
+def test_async_udf_retry_predicates_see_the_call_s_result(spark):
+    calls: dict = {}  # per worker process
+
+    # the predicate sees the call's result as [value], not the UDF's internal tagging
+    @async_udf("string", capacity=5, retry=FixedDelay(3, 0.0, retry_on_result=_is_null))
+    async def sometimes_missing(x):
+        calls[x] = calls.get(x, 0) + 1
+        return None if calls[x] == 1 and x % 2 else f"v{x}"
+
+    rows = _numbers(spark, 20, partitions=1).select("x", sometimes_missing("x").alias("v"))
+    assert all(r.v == f"v{r.x}" for r in rows.collect())
+
+
 def test_async_udf_rejects_bad_arguments_on_the_driver():
     with pytest.raises(ValueError, match="capacity"):
         async_udf("int", capacity=0)
+    with pytest.raises(TypeError, match="capacity"):
+        async_udf("int", capacity="10")
+    with pytest.raises(TypeError, match="timeout"):
+        async_udf("int", timeout=True)
     with pytest.raises(ValueError, match="timeout"):
         async_udf("int", timeout=-1)
     with pytest.raises(TypeError, match="retry"):
