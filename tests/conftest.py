@@ -22,6 +22,18 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+_THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+
+
+def pytest_collection_modifyitems(items):
+    """Under the thorough profile a property runs 50x more examples: the ci-sized
+    per-test timeout (pyproject's 600 s) would cut slow ones short (the real-I/O
+    equivalence property alone takes ~9 minutes on 2 idle cores)."""
+    if not _THOROUGH:
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(3600))
 
 # Spark's Python workers must run this interpreter (it has pyarrow and aec).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
