@@ -21,7 +21,9 @@ Invariants:
   dropped.
 - ``entry.timers`` holds exactly the entry's timers that are in ``Timers``.
 - Retry n starts ``backoff(n)`` seconds after attempt n completed, only if that is
-  before the entry's deadline (first call's start + timeout) and n < max_attempts.
+  before the entry's deadline (first call's start + timeout) and n < max_attempts;
+  a wanted retry that would start at or after the deadline waits for the timeout,
+  which calls ``timeout()`` (Flink's ``AsyncWaitOperator`` does the same).
 - A final exception (user code, retries exhausted, timeout) raises ``JobFailure``
   from it; on every exit the loop thread is stopped and ``close()`` is called.
 """
@@ -350,9 +352,11 @@ class AsyncWaitDriver:
         except Exception as exc:
             raise self._failure(entry, exc, "the retry strategy failed") from exc
         due = monotonic() + delay
-        if entry.deadline is not None and due >= entry.deadline:
-            return False  # the retry could not start before the timeout
         entry.state = BACKOFF
+        if entry.deadline is not None and due >= entry.deadline:
+            # as in Flink: the retry cannot start in time, so the timeout ends the
+            # backoff and timeout() decides the outcome (a fallback, or TimeoutError)
+            return True
         self._timers.add(due, _RETRY, entry, entry.attempts)
         return True
 
