@@ -33,6 +33,19 @@ def run(backend: StateBackend, *requests: StateRequest) -> list:
     return [r.result for r in requests]
 
 
+def assert_same_as_memory(backend: StateBackend, batches) -> None:
+    """Run ``batches`` on ``backend`` and on a fresh MemoryBackend: every batch's
+    results and, at the end, the states ``v``, ``l`` and ``m`` must be equal."""
+    memory = MemoryBackend()
+    for batch in batches:
+        mine = [clone_request(r) for r in batch]
+        memory.execute_batch(batch)
+        backend.execute_batch(mine)
+        assert [normalized(r) for r in mine] == [normalized(r) for r in batch], batch
+    for state in ("v", "l", "m"):
+        assert backend.state_items(state) == memory.state_items(state), state
+
+
 BACKENDS: dict[str, Callable[[str], StateBackend]] = {
     "memory": lambda tmp: MemoryBackend(),
     "rocksdb": lambda tmp: RocksDBBackend(os.path.join(tmp, "db")),
@@ -379,16 +392,10 @@ def test_rocksdb_matches_memory_on_random_batches(mix):
     @given(batches=MIXES[mix])
     def check(batches):
         directory = tempfile.mkdtemp(prefix="aec-rocks-prop-")
-        memory, rocks = MemoryBackend(), RocksDBBackend(os.path.join(directory, "db"))
+        rocks = RocksDBBackend(os.path.join(directory, "db"))
         rocks.open()
         try:
-            for batch in batches:
-                mine = [clone_request(r) for r in batch]
-                memory.execute_batch(batch)
-                rocks.execute_batch(mine)
-                assert [normalized(r) for r in mine] == [normalized(r) for r in batch], batch
-            for state in ("v", "l", "m"):
-                assert rocks.state_items(state) == memory.state_items(state), state
+            assert_same_as_memory(rocks, batches)
         finally:
             rocks.close()
             shutil.rmtree(directory)

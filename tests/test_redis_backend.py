@@ -27,10 +27,9 @@ from test_backends import (
     TestListState,
     TestMapState,
     TestValueState,
+    assert_same_as_memory,
     check_concurrent_batches_of_disjoint_keys,
-    clone_request,
     drain_chunks,
-    normalized,
     req,
     run,
     test_list_chunks_concatenate_to_the_list,
@@ -127,15 +126,8 @@ def test_redis_matches_memory_on_random_batches(redis_server, mix, transaction, 
 
     @given(batches=MIXES[mix])
     def check(batches):
-        memory = MemoryBackend()
         backend.clear()
-        for batch in batches:
-            mine = [clone_request(r) for r in batch]
-            memory.execute_batch(batch)
-            backend.execute_batch(mine)
-            assert [normalized(r) for r in mine] == [normalized(r) for r in batch], batch
-        for state in ("v", "l", "m"):
-            assert backend.state_items(state) == memory.state_items(state), state
+        assert_same_as_memory(backend, batches)
 
     try:
         check()

@@ -25,6 +25,7 @@ from test_backends import (  # noqa: F401  (pytest collects the imported tests h
     TestListState,
     TestMapState,
     TestValueState,
+    assert_same_as_memory,
     check_concurrent_batches_of_disjoint_keys,
     clone_request,
     map_ops,
@@ -44,7 +45,6 @@ from aec.executor import ThreadPoolStateExecutor
 from aec.requests import Op
 from aec.testing import assert_equivalent
 from backends.keycodec import encode_key
-from backends.memory import MemoryBackend
 from backends.rocksdb import RocksDBBackend
 from backends.slatedb import SlateDBBackend, SlateDBSpec, _object_store
 
@@ -92,15 +92,9 @@ def test_matches_memory_on_random_batches(mix):
     @given(batches=MIXES[mix])
     def check(batches):
         with tempfile.TemporaryDirectory(prefix="aec-slate-prop-") as directory:
-            memory, slate = MemoryBackend(), make(directory)
+            slate = make(directory)
             try:
-                for batch in batches:
-                    mine = [clone_request(r) for r in batch]
-                    memory.execute_batch(batch)
-                    slate.execute_batch(mine)
-                    assert [normalized(r) for r in mine] == [normalized(r) for r in batch]
-                for state in ("v", "l", "m"):
-                    assert slate.state_items(state) == memory.state_items(state), state
+                assert_same_as_memory(slate, batches)
             finally:
                 slate.close()
 
