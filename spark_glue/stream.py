@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -324,16 +323,6 @@ def _load_watermarks(directory: str, checkpoint_id: int, watermarks: BoundedOutO
     watermarks.current = float(data["current"])
 
 
-def _end_of_batch_watermark(watermarks: BoundedOutOfOrderness) -> float | None:
-    """``max event time - delay`` if it is ahead of the last watermark (else None)."""
-    candidate = watermarks.max_timestamp - watermarks.delay
-    if math.isinf(candidate) or candidate <= watermarks.current:
-        return None
-    watermarks.current = candidate
-    watermarks.emitted += 1
-    return candidate
-
-
 # -- per partition: one micro-batch ------------------------------------------------------------
 @dataclass(frozen=True)
 class _StreamTask:
@@ -376,7 +365,7 @@ class _BatchTask:
             for batch in batches:
                 if batch.num_rows:
                     yield from run.feed(_without_partition(batch, partition))
-            mark = _end_of_batch_watermark(run.watermarks)
+            mark = run.watermarks.check_now()
             if mark is not None:
                 run.operator.process_watermark(Watermark(mark))
             _save_watermarks(directory, self.batch_id, run.watermarks)

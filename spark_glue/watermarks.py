@@ -76,6 +76,16 @@ class BoundedOutOfOrderness:
         if self._count < self.interval:
             return None
         self._count = 0
+        return self._advance()
+
+    def check_now(self) -> float | None:
+        """A watermark now, between intervals (a micro-batch's end): ``max event time
+        - delay`` if it is finite and ahead of the last one, else None."""
+        if math.isinf(self.max_timestamp - self.delay):
+            return None
+        return self._advance()
+
+    def _advance(self) -> float | None:
         candidate = self.max_timestamp - self.delay
         if candidate <= self.current:  # no progress (or nothing seen yet): stay silent
             return None
