@@ -8,9 +8,7 @@ from aec.config import AecConfig
 from aec.elements import Record, Watermark
 from aec.errors import JobFailure
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext, TimerService
-from aec.future import StateFuture, combine_all, completed_future
-from aec.operator import KeyedProcessOperator
-from aec.run import RunResult, run_keyed
+from aec.runtime import KeyedProcessOperator, RunResult, run_keyed
 from aec.state import (
     AggregateFunction,
     AggregatingState,
@@ -21,9 +19,12 @@ from aec.state import (
     MapStateDescriptor,
     ReducingState,
     ReducingStateDescriptor,
+    StateFuture,
     StateIterator,
     ValueState,
     ValueStateDescriptor,
+    combine_all,
+    completed_future,
 )
 
 __all__ = [

@@ -8,13 +8,33 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from aec.config import AecConfig
 from aec.elements import check_timestamp
-from aec.state import StateDescriptor
+from aec.state.descriptors import StateDescriptor
 
-if TYPE_CHECKING:
-    from aec.operator import KeyedProcessOperator
+
+class _RunningRecord(Protocol):
+    key: Any
+    timestamp: float | None
+    watermark: float
+    processing_time: float
+
+
+class OperatorHooks(Protocol):
+    """What the contexts need from the operator running the function (implemented by
+    ``aec.runtime.operator.KeyedProcessOperator``; a protocol so this module, below
+    the runtime, does not import it)."""
+
+    config: AecConfig
+
+    def state_handle(self, descriptor: StateDescriptor) -> Any: ...
+    def register_timer(self, domain: str, timestamp: float) -> None: ...
+    def delete_timer(self, domain: str, timestamp: float) -> None: ...
+    def current_context(self) -> _RunningRecord: ...
+    def emit(self, value: Any) -> None: ...
+    def emit_side(self, tag: Any, value: Any) -> None: ...
 
 
 class KeyedProcessFunction:
@@ -37,7 +57,7 @@ class KeyedProcessFunction:
 class RuntimeContext:
     """Given to ``open``: makes state handles bound to the running operator."""
 
-    def __init__(self, operator: KeyedProcessOperator) -> None:
+    def __init__(self, operator: OperatorHooks) -> None:
         self._operator = operator
 
     def get_state(self, descriptor: StateDescriptor) -> Any:
@@ -57,7 +77,7 @@ class TimerService:
 
     __slots__ = ("_operator",)
 
-    def __init__(self, operator: KeyedProcessOperator) -> None:
+    def __init__(self, operator: OperatorHooks) -> None:
         self._operator = operator
 
     def register_event_time_timer(self, timestamp: float) -> None:
@@ -107,7 +127,7 @@ class Context:
 
     __slots__ = ("_operator", "timer_service")
 
-    def __init__(self, operator: KeyedProcessOperator) -> None:
+    def __init__(self, operator: OperatorHooks) -> None:
         self._operator = operator
         self.timer_service = TimerService(operator)
 

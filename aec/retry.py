@@ -11,7 +11,7 @@ between them (so one strategy object serves every input, thread and run):
   that failed with ``exc`` / completed with the list ``results`` is retried
   (Flink's ``RetryPredicates``). Defaults: every ``Exception``; never.
 
-The driver (``aec.async_io``) also stops retrying when attempts are used up or the
+The driver (``aec.async_io.waits``) also stops retrying when attempts are used up or the
 next call would not start before the input's timeout; see docs/async_io.md.
 
 Follows Flink's ``AsyncRetryStrategies.FixedDelayRetryStrategy``,

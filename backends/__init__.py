@@ -1,13 +1,12 @@
 """State backends for aec: memory, RocksDB, Redis, SlateDB, modelled latency, a local cache tier.
 
-Each implements ``backends.base.StateBackend``: ``execute_batch`` answers a
-batch of ``aec.requests.StateRequest`` in list order.
+Each implements ``aec.state.backend.StateBackend``: ``execute_batch`` answers a
+batch of ``aec.state.requests.StateRequest`` in list order.
 """
 
-from backends.base import BackendSpec, StateBackend
+from aec.state import BackendSpec, MemoryBackend, MemorySpec, StateBackend
 from backends.cache import CachedBackend, CachedSpec
 from backends.latency import LatencyBackend
-from backends.memory import MemoryBackend
 from backends.redis import RedisBackend, RedisSpec
 from backends.redis_server import LocalRedisServer
 from backends.rocksdb import RocksDBBackend
@@ -29,6 +28,7 @@ __all__ = [
     "LatencyBackend",
     "LocalRedisServer",
     "MemoryBackend",
+    "MemorySpec",
     "RedisBackend",
     "RedisSpec",
     "RocksDBBackend",

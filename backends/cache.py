@@ -57,8 +57,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from aec.requests import Op, StateRequest, op_table
-from backends.base import BackendSpec, StateBackend
+from aec.state.backend import BackendSpec, StateBackend
+from aec.state.requests import Op, StateRequest, op_table
 from backends.keycodec import encode_key
 
 WRITEBACK_QUEUE_LIMIT = 256  # evicted dirty entries held before they are sent on their own

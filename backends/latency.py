@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from numbers import Real
 from typing import Any
 
-from aec.requests import StateRequest
-from backends.base import BackendSpec, StateBackend
+from aec.state.backend import BackendSpec, StateBackend
+from aec.state.requests import StateRequest
 
 # A latency: seconds, a zero-argument callable returning seconds, or a named
 # distribution ("uniform", lo, hi) / ("exponential", mean).

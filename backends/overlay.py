@@ -14,7 +14,7 @@ import pickle
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from aec.requests import Op, StateRequest, op_table
+from aec.state.requests import Op, StateRequest, op_table
 from backends.keycodec import decode_key, encode_key
 
 ABSENT = object()  # "no entry" in a batch's overlay (None is a legal map value)

@@ -84,8 +84,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from aec.requests import Op, StateRequest, op_table
-from backends.base import BackendSpec, StateBackend
+from aec.state.backend import BackendSpec, StateBackend
+from aec.state.requests import Op, StateRequest, op_table
 from backends.keycodec import decode_key, encode_key
 
 __all__ = ["DEFAULT_URL", "RedisBackend", "RedisSpec"]

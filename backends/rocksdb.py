@@ -37,8 +37,8 @@ from typing import Any
 
 from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from aec.requests import StateRequest
-from backends.base import BackendSpec, StateBackend
+from aec.state.backend import BackendSpec, StateBackend
+from aec.state.requests import StateRequest
 from backends.keycodec import decode_key, encode_key, key_prefix, prefix_end, split_db_key
 from backends.overlay import (
     ABSENT,

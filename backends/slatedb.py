@@ -69,8 +69,8 @@ from urllib.parse import urlsplit
 
 from slatedb import uniffi as sdb
 
-from aec.requests import Op, StateRequest
-from backends.base import BackendSpec, StateBackend
+from aec.state.backend import BackendSpec, StateBackend
+from aec.state.requests import Op, StateRequest
 from backends.keycodec import decode_key, encode_key, key_prefix, prefix_end, split_db_key
 from backends.overlay import (
     ABSENT,

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from aec import AecConfig, KeyedProcessFunction, Record, ValueStateDescriptor, run_keyed
-from backends.memory import MemoryBackend
+from aec.state.memory import MemoryBackend
 from backends.rocksdb import RocksDBBackend
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -53,8 +53,8 @@ from pyspark.sql import types as T
 import aec
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
-from backends.base import BackendSpec, StateBackend
-from backends.memory import MemoryBackend
+from aec.state.backend import BackendSpec, StateBackend
+from aec.state.memory import MemoryBackend
 from spark_glue.convert import (
     arrow_schema,
     encode_columns,

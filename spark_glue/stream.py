@@ -32,7 +32,7 @@ from pyspark.sql.streaming import StreamingQuery
 from aec.checkpoint import CheckpointHandle, latest_checkpoint
 from aec.config import AecConfig
 from aec.elements import Watermark
-from backends.base import BackendSpec, StateBackend
+from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.keyed import (
     OrderLike,
     PartitionJob,

@@ -8,7 +8,7 @@ from aec import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
-from aec.executor import StateExecutor
+from aec.runtime.executor import StateExecutor
 
 
 class ManualExecutor(StateExecutor):

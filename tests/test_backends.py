@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aec.keygroups import key_group_for
-from aec.requests import Op, StateRequest
+from aec.state.requests import Op, StateRequest
 from backends import LatencyBackend, MemoryBackend, RocksDBBackend, StateBackend
 from backends.keycodec import decode_key, encode_key, key_prefix, split_db_key
 from backends.latency import LatencySampler
@@ -741,7 +741,7 @@ def test_latency_serializes_a_non_blocking_inner_backend():
 
 
 def test_op_table_names_missing_handlers():
-    from aec.requests import op_table
+    from aec.state.requests import op_table
 
     def _clear(*_):
         pass

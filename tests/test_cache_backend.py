@@ -37,15 +37,15 @@ from test_backends import (
 )
 
 from aec import AecConfig, Record, Watermark
-from aec.executor import ThreadPoolStateExecutor
-from aec.requests import Op
-from aec.run import run_keyed
+from aec.runtime.executor import ThreadPoolStateExecutor
+from aec.runtime.run import run_keyed
+from aec.state.backend import StateBackend
+from aec.state.memory import MemoryBackend
+from aec.state.requests import Op
 from aec.testing import assert_equivalent
-from backends.base import StateBackend
 from backends.cache import CachedBackend, CachedSpec
 from backends.keycodec import encode_key
 from backends.latency import LatencyBackend
-from backends.memory import MemoryBackend
 from backends.rocksdb import RocksDBBackend
 
 __all__ = [  # the imported conformance tests run here against the fixtures below

@@ -35,11 +35,11 @@ from aec import (
     Watermark,
     run_keyed,
 )
-from aec import checkpoint as ckpt
 from aec.checkpoint import CheckpointHandle, latest_checkpoint
+from aec.checkpoint import files as ckpt
 from aec.clock import ManualClock
-from aec.strategies import keyed_streams
 from aec.testing import ScriptedExecutor
+from aec.testing.strategies import keyed_streams
 from backends import MemoryBackend, RocksDBBackend
 
 

@@ -460,7 +460,7 @@ def test_interpreter_settings_apply_while_operators_run_and_are_restored(monkeyp
     import gc
     import sys
 
-    from aec import interpreter_tuning
+    from aec.runtime import interpreter_tuning
 
     # earlier tests may leave operators open (never closed): count from none here
     monkeypatch.setattr(interpreter_tuning, "_users", 0)

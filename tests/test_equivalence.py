@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aec import AecConfig, KeyedProcessFunction, ListStateDescriptor, Record, Watermark
-from aec.executor import ThreadPoolStateExecutor
+from aec.runtime.executor import ThreadPoolStateExecutor
 from aec.testing import assert_equivalent
 from backends import LatencyBackend, MemoryBackend
 

@@ -42,8 +42,8 @@ from aec import (
     combine_all,
     completed_future,
 )
-from aec.strategies import configs, keyed_streams
 from aec.testing import assert_equivalent, run_sync
+from aec.testing.strategies import configs, keyed_streams
 
 MOD = 10_007  # the interpreter's register stays a small int
 TIMER_CAP = 45  # on_timer registers timers only up to here, always later than itself

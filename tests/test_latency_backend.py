@@ -13,10 +13,10 @@ import time
 import pytest
 
 from aec.keygroups import key_group_for
-from aec.requests import Op, StateRequest
-from backends.base import BackendSpec, StateBackend
+from aec.state.backend import BackendSpec, StateBackend
+from aec.state.memory import MemoryBackend, MemorySpec
+from aec.state.requests import Op, StateRequest
 from backends.latency import LatencyBackend, LatencySampler, LatencySpec
-from backends.memory import MemoryBackend, MemorySpec
 
 
 def req(op: int, state: str, key, user_key=None, value=None) -> StateRequest:

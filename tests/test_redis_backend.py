@@ -47,10 +47,10 @@ from aec import (
     Watermark,
     run_keyed,
 )
-from aec.executor import ThreadPoolStateExecutor
-from aec.requests import Op
+from aec.runtime.executor import ThreadPoolStateExecutor
+from aec.state.memory import MemoryBackend
+from aec.state.requests import Op
 from aec.testing import assert_equivalent
-from backends.memory import MemoryBackend
 from backends.redis import RedisBackend, RedisSpec
 from backends.redis_server import LocalRedisServer
 

@@ -41,8 +41,8 @@ from test_backends import (  # noqa: F401  (pytest collects the imported tests h
 )
 
 from aec import AecConfig, JobFailure, KeyedProcessOperator, Record, Watermark
-from aec.executor import ThreadPoolStateExecutor
-from aec.requests import Op
+from aec.runtime.executor import ThreadPoolStateExecutor
+from aec.state.requests import Op
 from aec.testing import assert_equivalent
 from backends.keycodec import encode_key
 from backends.rocksdb import RocksDBBackend

@@ -48,8 +48,8 @@ from aec import (
     ValueStateDescriptor,
     Watermark,
 )
-from aec.epochs import CLOSED, FIRING, OPEN
-from aec.executor import StateExecutor
+from aec.runtime.epochs import CLOSED, FIRING, OPEN
+from aec.runtime.executor import StateExecutor
 from aec.testing import run_sync
 from backends import MemoryBackend
 

@@ -3,7 +3,7 @@
 Flink's ``AsyncDataStream.orderedWait`` / ``unorderedWait`` (FLIP-12), with
 FLIP-232 retries and FLIP-519's key-ordered mode, as three generator functions::
 
-    from aec.async_io import AsyncFunction, ordered_wait
+    from aec.async_io.waits import AsyncFunction, ordered_wait
     from aec.retry import FixedDelay
 
     class Lookup(AsyncFunction):
@@ -14,9 +14,9 @@ FLIP-232 retries and FLIP-519's key-ordered mode, as three generator functions::
                             retry=FixedDelay(3, 0.1)):
         ...
 
-Modules: ``aec.async_function`` (``AsyncFunction``, ``ResultFuture``),
-``aec.async_queue`` (emission order), ``aec.async_driver`` (the mailbox loop,
-timers, retries), ``aec.async_loop`` (the asyncio thread). Decisions where the
+Modules: ``aec.async_io.function`` (``AsyncFunction``, ``ResultFuture``),
+``aec.async_io.queue`` (emission order), ``aec.async_io.driver`` (the mailbox loop,
+timers, retries), ``aec.runtime.event_loop`` (the asyncio thread). Decisions where the
 contract is silent: docs/async_io.md.
 """
 
@@ -26,9 +26,9 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from aec.async_driver import AsyncWaitDriver, is_asyncio_style
-from aec.async_function import AsyncFunction, ResultFuture
-from aec.async_queue import OrderedQueue, UnorderedQueue
+from aec.async_io.driver import AsyncWaitDriver, is_asyncio_style
+from aec.async_io.function import AsyncFunction, ResultFuture
+from aec.async_io.queue import OrderedQueue, UnorderedQueue
 from aec.retry import NoRetry, RetryStrategy
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Keyed state: descriptors and handles (FLIP-424's State V2 API, snake_case).
+"""Keyed state handles (FLIP-424's State V2 API, snake_case).
 
 Every ``async_*`` method returns a ``StateFuture``; the form without the prefix
 blocks: it runs the mailbox until the future completes (discouraged on remote
@@ -9,112 +9,18 @@ the key of the record (or timer) whose code is running.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from aec.future import StateFuture, _as_future, combine_all
-from aec.requests import DefaultedGet, Op, RmwRead, RmwWrite
-
-# -- descriptors ---------------------------------------------------------------------------
-
-
-class AggregateFunction:
-    """Incremental aggregation for ``AggregatingState`` (Flink's ``AggregateFunction``).
-
-    ``add`` and ``merge`` return the new accumulator (they may also mutate and
-    return the given one).
-    """
-
-    def create_accumulator(self) -> Any:
-        raise NotImplementedError
-
-    def add(self, value: Any, accumulator: Any) -> Any:
-        raise NotImplementedError
-
-    def get_result(self, accumulator: Any) -> Any:
-        raise NotImplementedError
-
-    def merge(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class StateDescriptor:
-    """Base of all descriptors: a state ``name`` unique within one function and an
-    optional ``ttl`` in seconds of processing time (see ``aec.ttl``)."""
-
-    name: str
-    ttl: float | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"state name must be a non-empty str, got {self.name!r}")
-        ttl = self.ttl
-        if ttl is not None and (
-            isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
-        ):
-            raise ValueError(
-                f"state {self.name!r}: ttl must be a number of seconds > 0, got {ttl!r}"
-            )
-
-
-@dataclass(frozen=True)
-class ValueStateDescriptor(StateDescriptor):
-    """A single value per key; ``default`` is what an absent value reads as."""
-
-    default: Any = None
-
-    def __init__(self, name: str, default: Any = None, ttl: float | None = None) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "ttl", ttl)
-        object.__setattr__(self, "default", default)
-        self.__post_init__()
-
-
-@dataclass(frozen=True)
-class ListStateDescriptor(StateDescriptor):
-    """A list per key."""
-
-
-@dataclass(frozen=True)
-class MapStateDescriptor(StateDescriptor):
-    """A map (user key -> value) per key."""
-
-
-@dataclass(frozen=True)
-class ReducingStateDescriptor(StateDescriptor):
-    """A value per key folded with ``reduce_function(old, new) -> combined``."""
-
-    reduce_function: Callable[[Any, Any], Any] | None = None
-
-    def __init__(
-        self, name: str, reduce_function: Callable[[Any, Any], Any], ttl: float | None = None
-    ) -> None:
-        if not callable(reduce_function):
-            raise TypeError(f"state {name!r}: reduce_function must be callable")
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "ttl", ttl)
-        object.__setattr__(self, "reduce_function", reduce_function)
-        self.__post_init__()
-
-
-@dataclass(frozen=True)
-class AggregatingStateDescriptor(StateDescriptor):
-    """An accumulator per key driven by an ``AggregateFunction``."""
-
-    aggregate_function: AggregateFunction | None = None
-
-    def __init__(
-        self, name: str, aggregate_function: AggregateFunction, ttl: float | None = None
-    ) -> None:
-        for method in ("create_accumulator", "add", "get_result"):
-            if not callable(getattr(aggregate_function, method, None)):
-                raise TypeError(f"state {name!r}: aggregate_function lacks {method}()")
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "ttl", ttl)
-        object.__setattr__(self, "aggregate_function", aggregate_function)
-        self.__post_init__()
-
+from aec.state.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from aec.state.future import StateFuture, _as_future, combine_all
+from aec.state.requests import DefaultedGet, Op, RmwRead, RmwWrite
 
 # -- iterator ------------------------------------------------------------------------------
 

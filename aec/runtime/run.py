@@ -9,9 +9,10 @@ from typing import Any
 from aec.clock import Clock
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
-from aec.executor import StateExecutor
 from aec.functions import KeyedProcessFunction
-from aec.operator import KeyedProcessOperator
+from aec.runtime.executor import StateExecutor
+from aec.runtime.operator import KeyedProcessOperator
+from aec.state.memory import MemoryBackend
 
 
 @dataclass
@@ -35,10 +36,7 @@ class RunResult:
 
 
 def default_backend() -> Any:
-    """A fresh ``backends.MemoryBackend`` (the one place aec reaches into backends,
-    because DESIGN.md makes MemoryBackend the default; imported lazily)."""
-    from backends.memory import MemoryBackend
-
+    """A fresh ``MemoryBackend``: the engine's own in-memory state (DESIGN's default)."""
     return MemoryBackend()
 
 
@@ -58,7 +56,7 @@ def run_keyed(
         backend: a ``StateBackend``; None uses a fresh ``MemoryBackend``. A given
             backend is opened and left open so its final state can be read.
         config: ``AecConfig``; None is ``AecConfig()``.
-        executor: a ``StateExecutor`` (tests pass ``aec.testing.ScriptedExecutor``).
+        executor: a ``StateExecutor`` (tests pass ``aec.testing.checker.ScriptedExecutor``).
         clock: the processing-time ``aec.clock.Clock`` (default: the system clock).
 
     Raises:

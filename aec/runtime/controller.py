@@ -20,15 +20,15 @@ from collections.abc import Callable
 from time import monotonic
 from typing import Any
 
-from aec.buffers import ActiveBuffer, BlockingBuffer
 from aec.config import AecConfig
-from aec.epochs import OPEN, EpochManager
-from aec.executor import StateExecutor
-from aec.future import StateFuture
-from aec.key_accounting import KeyAccountingUnit
-from aec.mailbox import Mailbox
-from aec.record_context import RecordContext
-from aec.requests import RmwRead, RmwWrite, StateRequest
+from aec.runtime.buffers import ActiveBuffer, BlockingBuffer
+from aec.runtime.epochs import OPEN, EpochManager
+from aec.runtime.executor import StateExecutor
+from aec.runtime.key_accounting import KeyAccountingUnit
+from aec.runtime.mailbox import Mailbox
+from aec.runtime.record_context import RecordContext
+from aec.state.future import StateFuture
+from aec.state.requests import RmwRead, RmwWrite, StateRequest
 
 _REQUESTS_MOVED = object()  # _next_holder's answer when a waiting record took the key
 

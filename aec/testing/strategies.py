@@ -1,8 +1,8 @@
 """Hypothesis strategies for testing keyed functions with aec (optional: needs hypothesis).
 
     from hypothesis import given, strategies as st
-    from aec.strategies import configs, keyed_streams
-    from aec.testing import assert_equivalent
+    from aec.testing.strategies import configs, keyed_streams
+    from aec.testing.checker import assert_equivalent
 
     @given(keyed_streams(), configs(), st.data())
     def test_my_function(source, config, data):
@@ -27,7 +27,7 @@ try:
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "aec.strategies needs hypothesis (pip install hypothesis); the rest of aec does not"
+        "aec.testing.strategies needs hypothesis (pip install hypothesis); the rest of aec does not"
     ) from exc
 
 from aec.config import AecConfig

@@ -38,9 +38,8 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from aec.async_function import AsyncFunction, ResultFuture
-from aec.async_loop import EventLoopThread
-from aec.async_queue import (
+from aec.async_io.function import AsyncFunction, ResultFuture
+from aec.async_io.queue import (
     BACKOFF,
     DONE,
     RUNNING,
@@ -52,8 +51,9 @@ from aec.async_queue import (
 )
 from aec.elements import Watermark, check_key, check_timestamp
 from aec.errors import JobFailure, describe
-from aec.mailbox import Mailbox
 from aec.retry import RetryStrategy
+from aec.runtime.event_loop import EventLoopThread
+from aec.runtime.mailbox import Mailbox
 
 __all__ = ["AsyncWaitDriver", "Timers"]
 
@@ -120,7 +120,7 @@ def is_asyncio_style(function: Any) -> bool:
     invoke = getattr(function, "async_invoke", None)
     if not callable(invoke):
         raise TypeError(
-            f"function must be an aec.async_io.AsyncFunction (or have async_invoke), "
+            f"function must be an aec.async_io.waits.AsyncFunction (or have async_invoke), "
             f"got {type(function).__name__}"
         )
     asyncio_style = inspect.iscoroutinefunction(invoke)
@@ -146,7 +146,7 @@ def is_asyncio_style(function: Any) -> bool:
 class AsyncWaitDriver:
     """Runs ``function`` over ``source``; ``run()`` is the generator of outputs.
 
-    Args (validated by ``aec.async_io``):
+    Args (validated by ``aec.async_io.waits``):
         source: iterable of values and ``Watermark``s.
         function: an ``AsyncFunction`` (either style).
         timeout: seconds from an input's first call to its timeout, or None.
@@ -184,7 +184,7 @@ class AsyncWaitDriver:
 
     # -- the generator -------------------------------------------------------------------
     def run(self) -> Iterator[Any]:
-        """Yield outputs and watermarks; see ``aec.async_io.ordered_wait``."""
+        """Yield outputs and watermarks; see ``aec.async_io.waits.ordered_wait``."""
         try:
             self._opened = True
             try:

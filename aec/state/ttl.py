@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aec.future import StateFuture, _done
-from aec.requests import Op, RmwRead, RmwWrite, StateRequest
-from aec.state import (
+from aec.state.future import StateFuture, _done
+from aec.state.handles import (
     AggregatingState,
     ListState,
     MapState,
@@ -25,6 +24,7 @@ from aec.state import (
     StateIterator,
     ValueState,
 )
+from aec.state.requests import Op, RmwRead, RmwWrite, StateRequest
 
 
 class _Ttl:

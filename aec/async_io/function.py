@@ -2,7 +2,7 @@
 
 Follows Flink's ``AsyncFunction`` / ``RichAsyncFunction`` and ``ResultFuture``
 (``org.apache.flink.streaming.api.functions.async``). Both names are public through
-``aec.async_io``.
+``aec.async_io.waits``.
 
 Invariants:
 - A ``ResultFuture`` belongs to one attempt (one call of ``async_invoke``, or one
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from aec.errors import describe
-from aec.mailbox import Mailbox
+from aec.runtime.mailbox import Mailbox
 
 __all__ = ["AsyncFunction", "ResultFuture"]
 

@@ -42,10 +42,9 @@ import pickle
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from aec.timers import TimerQueue
 
 FORMAT = "aec-checkpoint/1"
 MANIFEST = "MANIFEST.json"
@@ -94,8 +93,8 @@ class OperatorState:
     epoch: int
     record_sequence: int
     max_parallelism: int
-    event_timers: TimerQueue
-    processing_timers: TimerQueue
+    event_timers: Any  # a TimerQueue: exported on write, loaded by ``load_timers``
+    processing_timers: Any
     state_names: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
@@ -267,11 +266,15 @@ def _fsync_directory(path: str) -> None:
 
 
 # -- reading -----------------------------------------------------------------------------------
-def read(handle: CheckpointHandle | str | os.PathLike[str]) -> RestoredCheckpoint:
+def read(
+    handle: CheckpointHandle | str | os.PathLike[str], load_timers: Callable[[Any], Any]
+) -> RestoredCheckpoint:
     """Verify and parse a checkpoint; changes nothing anywhere.
 
     Args:
         handle: a ``CheckpointHandle`` or the path of a ``chk-<id>`` directory.
+        load_timers: builds a timer queue from its exported data (the runtime's
+            ``TimerQueue.from_export``); may raise on malformed data.
 
     Raises:
         TypeError: ``handle`` is neither.
@@ -311,8 +314,8 @@ def read(handle: CheckpointHandle | str | os.PathLike[str]) -> RestoredCheckpoin
             epoch=int(metadata["epoch"]),
             record_sequence=int(metadata["record_sequence"]),
             max_parallelism=int(metadata["max_parallelism"]),
-            event_timers=_load_timers(timers["event"]),
-            processing_timers=_load_timers(timers["processing"]),
+            event_timers=load_timers(timers["event"]),
+            processing_timers=load_timers(timers["processing"]),
             state_names=list(metadata["state_names"]),
             config=dict(metadata["config"]),
             counts=dict(metadata["counts"]),
@@ -388,12 +391,6 @@ def _parse(path: str, name: str, data: bytes, loads: Any) -> Any:
         return loads(data)
     except Exception as exc:  # json, pickle and their many error types
         raise ValueError(f"{os.path.join(path, name)} cannot be read: {exc}") from exc
-
-
-def _load_timers(data: Any) -> TimerQueue:
-    queue = TimerQueue()
-    queue.load(data)
-    return queue
 
 
 # -- helpers -----------------------------------------------------------------------------------

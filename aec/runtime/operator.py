@@ -5,7 +5,7 @@ fires event-time timers per epoch, and collects outputs in emission order.
 Entry points (``process``, ``process_watermark``, ``snapshot``, ``finish``)
 run the mailbox on the caller's thread, which is the mailbox thread for the
 operator's life. ``snapshot``/``restore`` are checkpoints (DESIGN rule 9); the
-file format is ``aec.checkpoint``'s.
+file format is ``aec.checkpoint.files``'s.
 """
 
 from __future__ import annotations
@@ -18,22 +18,23 @@ from time import monotonic
 from types import CoroutineType
 from typing import Any, NoReturn
 
-from aec import checkpoint, interpreter_tuning
-from aec.checkpoint import CheckpointHandle, OperatorState
+from aec.checkpoint import files as checkpoint
+from aec.checkpoint.files import CheckpointHandle, OperatorState
 from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
-from aec.controller import AsyncExecutionController, BatchFailed, StuckError
 from aec.elements import ClockTick, Record, Watermark, check_key, check_timestamp
-from aec.epochs import Epoch, EpochManager
 from aec.errors import JobFailure, describe
-from aec.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
-from aec.future import StateFuture
 from aec.keygroups import key_group_for
-from aec.record_context import RecordContext
-from aec.state import StateDescriptor, make_handle
-from aec.timers import TimerQueue
-from aec.ttl import with_ttl
+from aec.runtime import interpreter_tuning
+from aec.runtime.controller import AsyncExecutionController, BatchFailed, StuckError
+from aec.runtime.epochs import Epoch, EpochManager
+from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
+from aec.runtime.record_context import RecordContext
+from aec.runtime.timers import TimerQueue
+from aec.state.future import StateFuture
+from aec.state.handles import StateDescriptor, make_handle
+from aec.state.ttl import with_ttl
 
 _EVENT = "event-time"
 _PROCESSING = "processing-time"
@@ -98,7 +99,7 @@ class KeyedProcessOperator:
         self._now = -math.inf  # last clock reading
         self.context = Context(self)
         self._handles: dict[str, Any] = {}
-        # (kind, emitting RecordContext, value) per emission, for aec.testing; None = off
+        # (kind, emitting RecordContext, value) per emission, for aec.testing.checker; None = off
         self.trace: list[tuple[str, Any, Any]] | None = None
         self._key_groups: dict[Any, int] = {}
         self._ticks = type(executor).tick is not StateExecutor.tick
@@ -298,7 +299,7 @@ class KeyedProcessOperator:
         has left (FLIP-425 drains before the snapshot; Flink's
         ``AbstractAsyncStateStreamOperator``), then ``backend.flush()``, then
         writes backend state, timers, watermark, clock reading and metadata
-        with a checksummed manifest (``aec.checkpoint``), committed atomically.
+        with a checksummed manifest (``aec.checkpoint.files``), committed atomically.
         Outputs emitted while draining are in ``drain_outputs()``, not in the
         checkpoint. The epoch open at the barrier stays open: nothing after the
         barrier has started, and a restored operator continues that epoch.
@@ -357,7 +358,7 @@ class KeyedProcessOperator:
                 f"restore() needs a fresh operator (the operator is {self._state} and has "
                 "taken input, a snapshot or a restore): restore before processing"
             )
-        restored = checkpoint.read(handle)  # verifies everything before anything changes
+        restored = checkpoint.read(handle, TimerQueue.from_export)  # verifies everything before anything changes
         state = restored.state
         if state.max_parallelism != self.config.max_parallelism:
             raise ValueError(
@@ -543,7 +544,7 @@ class KeyedProcessOperator:
             coroutine.close()
             raise TypeError(
                 f"async user code awaited {describe(awaited)}; only aec StateFutures can be "
-                "awaited in process_element/on_timer (use aec.async_io for asyncio calls)"
+                "awaited in process_element/on_timer (use aec.async_io.waits for asyncio calls)"
             )
         if awaited._context is None and not awaited.is_done():
             # a future the user made: the awaiting record now depends on it

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aec.future import _PENDING, StateFuture
+from aec.state.future import _PENDING, StateFuture
 
 
 class Op:

@@ -1,6 +1,6 @@
 """The backend contract: what every state backend implements.
 
-A backend stores keyed state and answers batches of ``aec.requests.StateRequest``.
+A backend stores keyed state and answers batches of ``aec.state.requests.StateRequest``.
 ``execute_batch`` is called on executor threads (never on the mailbox thread
 for blocking backends) and must never call user code.
 """
@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from aec.requests import StateRequest
+from aec.state.requests import StateRequest
 
 
 class BackendSpec(ABC):

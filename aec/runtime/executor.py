@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aec.mailbox import Mailbox
+from aec.runtime.mailbox import Mailbox
 
 
 class StateExecutor:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import Any
 
-from aec.requests import StateRequest, op_table
-from backends.base import BackendSpec, StateBackend
+from aec.state.backend import BackendSpec, StateBackend
+from aec.state.requests import StateRequest, op_table
 
 _SNAPSHOT_FILE = "memory-state.pickle"
 

@@ -13,83 +13,17 @@ each output's position relative to the watermarks, and the final state.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from aec.clock import Clock, ScriptedClock
+from aec.clock import ScriptedClock
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
-from aec.executor import StateExecutor
 from aec.functions import KeyedProcessFunction
-from aec.operator import KeyedProcessOperator
-from aec.run import RunResult, default_backend, run_keyed
-
-
-def run_sync(
-    source: Iterable[Record | Watermark],
-    function: KeyedProcessFunction,
-    backend: Any = None,
-    clock: Clock | None = None,
-) -> RunResult:
-    """The reference run: ``run_keyed`` with ``AecConfig(async_state=False)``."""
-    return run_keyed(source, function, backend, AecConfig(async_state=False), clock=clock)
-
-
-class ScriptedExecutor(StateExecutor):
-    """Holds submitted batches and completes them in an order a driver chooses.
-
-    The driver is ``random.Random(seed)`` or, inside a hypothesis test, its
-    ``data`` object (then hypothesis shrinks schedules too). Before each input
-    element it completes a driver-chosen number of held batches, each chosen
-    among all held, and may flush a partial active buffer; when the engine has
-    nothing else to do it completes one. ``schedule`` records the choices:
-    ``("tick", n_completed)``, ``("flush", n_buffered)`` and
-    ``("complete", index, held)``, which with the seed replays the run.
-    """
-
-    def __init__(self, seed: int | None = 0, *, data: Any = None) -> None:
-        super().__init__()
-        self._rng = random.Random(seed)
-        self._data = data
-        self._held: list[Any] = []
-        self.schedule: list[tuple] = []
-
-    def _integer(self, high: int) -> int:
-        if self._data is not None:
-            from hypothesis import strategies as st
-
-            return self._data.draw(st.integers(0, high), label="schedule")
-        return self._rng.randint(0, high)
-
-    def submit(self, batch: Sequence[Any]) -> None:
-        self.pending += 1
-        self._held.append(batch)
-
-    def _complete_one(self) -> None:
-        index = self._integer(len(self._held) - 1)
-        self.schedule.append(("complete", index, len(self._held)))
-        self._run(self._held.pop(index), self._mailbox.post_local)
-
-    def tick(self, controller: Any) -> None:
-        buffered = len(controller.active)
-        if buffered and self._integer(3) == 0:
-            self.schedule.append(("flush", buffered))
-            controller.flush()
-        if not self._held:
-            return
-        count = self._integer(len(self._held))
-        self.schedule.append(("tick", count))
-        for _ in range(count):
-            self._complete_one()
-
-    def wait(self, timeout: float | None) -> None:
-        if self._held:
-            self._complete_one()
-
-    def close(self) -> None:
-        self._held.clear()
-
+from aec.runtime.executor import StateExecutor
+from aec.runtime.operator import KeyedProcessOperator
+from aec.runtime.run import default_backend
+from aec.testing.scripted import ScriptedExecutor
 
 DEFAULT_CONFIGS = (
     AecConfig(buffer_size=2, in_flight_records_limit=8),
@@ -289,12 +223,3 @@ def _shrink(source: list[Any], fails: Callable[[list[Any]], bool], budget: int =
         if not removed:
             size //= 2
     return current
-
-
-def __getattr__(name: str) -> Any:
-    # the hypothesis strategies, re-exported lazily: hypothesis is optional for aec
-    if name in ("keyed_streams", "configs"):
-        from aec import strategies
-
-        return getattr(strategies, name)
-    raise AttributeError(f"module 'aec.testing' has no attribute {name!r}")

@@ -156,7 +156,7 @@ class TimerQueue:
         """All ``(key, timestamp)`` in timestamp order (for snapshots and tests)."""
         return [(key, timestamp) for timestamp, _, key in self._order]
 
-    # -- checkpoints (aec.checkpoint) ------------------------------------------------------------
+    # -- checkpoints (aec.checkpoint.files) ------------------------------------------------------------
     def export(self) -> dict[str, Any]:
         """The full queue as plain data for a checkpoint (pickled with the keys).
 
@@ -173,6 +173,13 @@ class TimerQueue:
             "rearmed": [(key, t, list(epochs)) for (key, t), epochs in self._rearmed.items()],
             "boundaries": list(self._boundaries),
         }
+
+    @classmethod
+    def from_export(cls, data: dict[str, Any]) -> TimerQueue:
+        """A new queue holding an ``export()``ed queue's timers (ValueError when malformed)."""
+        queue = cls()
+        queue.load(data)
+        return queue
 
     def load(self, data: dict[str, Any]) -> None:
         """Replace every timer with an ``export()``ed queue.
