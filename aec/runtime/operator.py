@@ -10,38 +10,35 @@ file format is ``aec.checkpoint.files``'s.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 import time
 from time import monotonic
 from types import CoroutineType
-from typing import Any, NoReturn
+from typing import Any
 
-from aec.checkpoint import files as checkpoint
-from aec.checkpoint.files import CheckpointHandle, OperatorState
 from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
 from aec.elements import ClockTick, Record, Watermark, check_key, check_timestamp
-from aec.errors import JobFailure, describe
+from aec.errors import describe
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
 from aec.keygroups import key_group_for
 from aec.runtime import interpreter_tuning
-from aec.runtime.controller import AsyncExecutionController, BatchFailed, StuckError
+from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
+from aec.runtime.operator_checkpoints import OperatorCheckpoints
+from aec.runtime.operator_failures import OperatorFailures
+from aec.runtime.operator_timers import OperatorTimers
 from aec.runtime.record_context import RecordContext
 from aec.runtime.timers import TimerQueue
 from aec.state.future import StateFuture
 from aec.state.handles import StateDescriptor, make_handle
 from aec.state.ttl import with_ttl
 
-_EVENT = "event-time"
-_PROCESSING = "processing-time"
 _KEY_GROUP_CACHE = 1 << 16  # keys whose group is remembered; cleared when full
 
 
-class KeyedProcessOperator:
+class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures):
     """Runs ``function`` over keyed records with state in ``backend``.
 
     Args:
@@ -277,142 +274,11 @@ class KeyedProcessOperator:
         self._state = "finished"
         self.close()
 
-    def _close_epoch(self, element: Watermark | ClockTick, now: float) -> None:
-        """Close the open epoch with ``element``; its domain's timers note the boundary."""
-        domain = _EVENT if type(element) is Watermark else _PROCESSING
-        self._timer_queue(domain).boundary(self.epochs.active.sequence)
-        self.epochs.close(element, now)
-
     def _run_until_epochs_done(self) -> None:
         controller = self.controller
         while not self.epochs.all_closed_done():
             if not controller.step():
                 raise self._stuck()
-
-    # -- checkpoints (DESIGN rule 9) -------------------------------------------------------------
-    def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
-        """Take checkpoint ``checkpoint_id`` into ``directory/chk-<id>``; its handle.
-
-        A checkpoint barrier between the input before it and after it: first
-        runs the mailbox until every in-flight record, every callback and every
-        timer firing due so far have finished and every closed epoch's watermark
-        has left (FLIP-425 drains before the snapshot; Flink's
-        ``AbstractAsyncStateStreamOperator``), then ``backend.flush()``, then
-        writes backend state, timers, watermark, clock reading and metadata
-        with a checksummed manifest (``aec.checkpoint.files``), committed atomically.
-        Outputs emitted while draining are in ``drain_outputs()``, not in the
-        checkpoint. The epoch open at the barrier stays open: nothing after the
-        barrier has started, and a restored operator continues that epoch.
-
-        Raises:
-            TypeError / ValueError: ``checkpoint_id`` is not an int >= 0 or
-                ``directory`` is not a path (the operator stays usable).
-            FileExistsError: ``chk-<id>`` exists already (ids are never reused).
-            RuntimeError: the operator failed, finished or was closed.
-            JobFailure: user code or the backend failed while draining, or the
-                backend's snapshot or the writing failed; no checkpoint is left
-                and the operator is failed.
-        """
-        target = checkpoint.prepare(directory, checkpoint_id)
-        if self._state != "open":
-            if self._state != "new":
-                raise RuntimeError(
-                    f"cannot take checkpoint {checkpoint_id}: the operator is {self._state}"
-                    + (" (a failed run commits no checkpoint)" if self._state == "failed" else "")
-                )
-            self.open()
-        self._restorable = False
-        try:
-            self._drain()
-            flush = getattr(self.backend, "flush", None)
-            if flush is not None:
-                flush()
-            return checkpoint.write(target, checkpoint_id, self.backend, self._checkpoint_state())
-        except BaseException as exc:
-            self._raise_failure(exc, f"checkpoint {checkpoint_id}")
-
-    def restore(self, handle: CheckpointHandle | str | os.PathLike[str]) -> None:
-        """Replace state, timers, watermark and clock reading with a checkpoint's.
-
-        Call it on a new operator (it opens it: the backend, then the function)
-        or right after ``open()``, before any record, watermark or snapshot,
-        then replay the input that came after the checkpoint. The checkpoint is
-        verified (manifest, sizes, SHA-256) before anything live changes.
-        Metrics start from zero. (Flink: ``initializeState`` on restore.)
-
-        Args:
-            handle: a ``CheckpointHandle`` from ``snapshot`` or the path of a
-                ``chk-<id>`` directory.
-
-        Raises:
-            RuntimeError: the operator took input already, was restored, or is
-                not usable.
-            FileNotFoundError: no checkpoint directory at the handle's path.
-            ValueError: a missing manifest (incomplete checkpoint), a corrupt,
-                missing or unlisted file (named), a different ``max_parallelism``,
-                or a backend snapshot this backend cannot read; nothing changed.
-            JobFailure: the backend failed otherwise while restoring.
-        """
-        if not self._restorable or self._records_in or self._state not in ("new", "open"):
-            raise RuntimeError(
-                f"restore() needs a fresh operator (the operator is {self._state} and has "
-                "taken input, a snapshot or a restore): restore before processing"
-            )
-        restored = checkpoint.read(handle, TimerQueue.from_export)  # verifies everything before anything changes
-        state = restored.state
-        if state.max_parallelism != self.config.max_parallelism:
-            raise ValueError(
-                f"checkpoint {restored.handle.checkpoint_id} has max_parallelism "
-                f"{state.max_parallelism}, this operator {self.config.max_parallelism}: "
-                "key groups would not match"
-            )
-        self.open()
-        try:
-            self.backend.restore(restored.backend_dir)
-        except (FileNotFoundError, ValueError) as exc:  # backends leave live state untouched
-            raise ValueError(
-                f"the backend state of checkpoint {restored.handle.path} does not restore "
-                f"into {self.backend!r}: {exc}"
-            ) from exc
-        except BaseException as exc:
-            self._raise_failure(exc, f"restore of {restored.handle.path}")
-        self._restorable = False
-        self.event_timers = state.event_timers
-        self.processing_timers = state.processing_timers
-        self._watermark = state.watermark
-        self._now = max(self._now, state.processing_time)
-        self._poll = self._poll or state.poll_clock or len(self.processing_timers) > 0
-        self.epochs.active = Epoch(state.epoch)
-        self._sequence = state.record_sequence
-
-    def _drain(self) -> None:
-        """Run the mailbox until nothing is in flight and every closed epoch has left."""
-        controller = self.controller
-        while controller.in_flight or not self.epochs.all_closed_done():
-            if not controller.step():
-                raise self._stuck()
-        controller.current = None  # nothing runs now: a failure from here on is the checkpoint's
-
-    def _checkpoint_state(self) -> OperatorState:
-        return OperatorState(
-            watermark=self._watermark,
-            processing_time=self._now,
-            poll_clock=self._poll,
-            epoch=self.epochs.active.sequence,
-            record_sequence=self._sequence,
-            max_parallelism=self.config.max_parallelism,
-            event_timers=self.event_timers,
-            processing_timers=self.processing_timers,
-            state_names=self.state_names,
-            config=dataclasses.asdict(self.config),
-            counts={
-                "records_in": self._records_in,
-                "records_out": self._records_out,
-                "timers_fired": self._timers_fired,
-                "watermarks_out": self._watermarks_out,
-            },
-            backend=type(self.backend).__name__,
-        )
 
     # -- output --------------------------------------------------------------------------------
     def drain_outputs(self) -> list[Any]:
@@ -494,25 +360,6 @@ class KeyedProcessOperator:
             )
         return context
 
-    def register_timer(self, domain: str, timestamp: float) -> None:
-        """Register a timer of the current key in ``domain`` (event or processing time)."""
-        context = self.current_context()
-        if domain == _PROCESSING:
-            self._poll = True
-        self._timer_queue(domain).register(
-            context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
-        )
-
-    def delete_timer(self, domain: str, timestamp: float) -> None:
-        """Delete the current key's timer at ``timestamp`` in ``domain`` (no-op if absent)."""
-        context = self.current_context()
-        self._timer_queue(domain).delete(
-            context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
-        )
-
-    def _timer_queue(self, domain: str) -> TimerQueue:
-        return self.event_timers if domain == _EVENT else self.processing_timers
-
     def use_processing_time(self) -> None:
         """Something (TTL state) needs fresh clock readings per input element."""
         self._poll = True
@@ -551,52 +398,6 @@ class KeyedProcessOperator:
             awaited._context = self.controller.current
         awaited.on_complete(lambda result: self._drive(coroutine, result))
 
-    def _timer_context(
-        self, domain: str, key: Any, timestamp: float, epoch: Epoch
-    ) -> RecordContext:
-        self._sequence += 1
-        element = epoch.watermark
-        watermark = element.timestamp if domain == _EVENT else element.watermark
-        return RecordContext(
-            None, key, self._key_group(key), timestamp, self._sequence, epoch, watermark,
-            self.controller.on_context_finished, (domain, timestamp), epoch.processing_time,
-        )  # fmt: skip
-
-    def _fire_timers(self, epoch: Epoch) -> None:
-        """The head epoch's records are done: fire the timers its closing element
-        (a Watermark: event time; a ClockTick: processing time) makes due.
-
-        Synchronous mode fires one timer at a time in (timestamp, registration)
-        order, like Flink's timer service. Async mode fires each key's timers as a
-        chain (the next starts when the previous finished), keys in parallel, so a
-        timer registered by ``on_timer`` at or below the limit still fires in
-        timestamp order within its key.
-        """
-        domain = _EVENT if type(epoch.watermark) is Watermark else _PROCESSING
-        limit = epoch.watermark.timestamp
-        timers = self._timer_queue(domain)
-        controller = self.controller
-        if self.synchronous:
-            while (due := timers.pop_earliest(limit)) is not None:
-                context = self._timer_context(domain, due[1], due[0], epoch)
-                controller.admit(context, inline=True)
-            return
-        for key in timers.due_keys(limit, epoch.sequence):
-            timestamp = timers.pop_next_for_key(key, limit, epoch.sequence)
-            controller.admit(self._timer_context(domain, key, timestamp, epoch), inline=False)
-
-    def _next_timer(self, context: RecordContext) -> RecordContext | None:
-        if self.synchronous:
-            return None
-        domain = context.timer[0]
-        epoch = context.epoch
-        timestamp = self._timer_queue(domain).pop_next_for_key(
-            context.key, epoch.watermark.timestamp, epoch.sequence
-        )
-        if timestamp is None:
-            return None
-        return self._timer_context(domain, context.key, timestamp, epoch)
-
     def _emit_watermark(self, epoch: Epoch) -> None:
         if type(epoch.watermark) is not Watermark:  # a ClockTick is internal
             if self.trace is not None:
@@ -607,62 +408,3 @@ class KeyedProcessOperator:
         if self.trace is not None:
             self.trace.append(("watermark", None, epoch.watermark))
 
-    # -- failure -------------------------------------------------------------------------------
-    def _require_open(self) -> None:
-        if self._state == "new":
-            self.open()
-        elif self._state != "open":
-            raise RuntimeError(f"operator is {self._state}; it takes no more input")
-
-    def _stuck(self) -> StuckError:
-        keys = self.controller.stuck_keys()
-        shown = ", ".join(describe(k, 60) for k in keys[:10])
-        more = f" and {len(keys) - 10} more" if len(keys) > 10 else ""
-        return StuckError(
-            f"{self.controller.in_flight} record(s) can never finish: a future they wait for "
-            f"is never completed (keys: {shown}{more})"
-        )
-
-    def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn:
-        """Stop every engine thread, then raise ``JobFailure`` (KeyboardInterrupt,
-        SystemExit and an existing JobFailure are re-raised as they are). ``where``
-        names the action when no record is current (a checkpoint)."""
-        context = self.controller.current
-        self._state = "failed"
-        self.executor.close()
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, JobFailure)):
-            raise exc
-        raise self._failure(exc, context, where) from _cause(exc)
-
-    def _failure(
-        self, exc: BaseException, context: RecordContext | None, action: str | None = None
-    ) -> JobFailure:
-        if context is not None:
-            where = context.describe()
-            key, record = (
-                context.key,
-                (context.value if context.timer is None else f"timer@{context.timer[1]!r}"),
-            )
-        else:
-            where, key, record = action or "no current record", None, None
-        cause = _cause(exc)
-        what = "state backend failed" if isinstance(exc, BatchFailed) else "job failed"
-        return JobFailure(
-            f"{what} at {where}: {type(cause).__name__}: {cause}", key=key, record=record
-        )
-
-
-def _arrival_limit(context: RecordContext, domain: str) -> float:
-    """The time (event or processing) that had passed before a record arrived:
-    its timers at or below it fired before the record in the synchronous run.
-    -inf for timer code, whose firing's due timers are all still to fire."""
-    if context.timer is not None:
-        return -math.inf
-    return context.watermark if domain == _EVENT else context.processing_time
-
-
-def _cause(exc: BaseException) -> BaseException:
-    """The original error behind an engine wrapper."""
-    if isinstance(exc, BatchFailed) and exc.__cause__ is not None:
-        return exc.__cause__
-    return exc
