@@ -164,7 +164,8 @@ def _flights(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import spark_glue  # noqa: F401  (sets PYSPARK_PYTHON before Spark starts)
-    from spark_glue import flights, flights_report
+    from spark_glue.flights import job as flights
+    from spark_glue.flights import report as flights_report
 
     options = flights.FlightsOptions(
         out=args.out,

@@ -38,36 +38,27 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
-import pyarrow as pa
-from pyspark import StorageLevel, TaskContext
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-import aec
 from aec.config import AecConfig
-from aec.elements import Record, Watermark
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.memory import MemoryBackend
 from spark_glue.convert import (
-    arrow_schema,
-    encode_columns,
-    rows_as_dicts,
     struct_type,
-    timestamp_seconds,
 )
+from spark_glue.partition import PartitionJob
+from spark_glue.raw_frame import _METRICS, _RESERVED, _STREAM, RawLayout, side_column
 from spark_glue.watermarks import BoundedOutOfOrderness, delay_seconds
 
-_STREAM = "__aec_stream"
-_METRICS = "__aec_metrics"
 _POSITION = "__aec_position"
-_RESERVED = "__aec"
 _TIME_TYPES = (T.TimestampType, T.TimestampNTZType, T.DateType, T.NumericType)
 
 SchemaLike = T.StructType | str
@@ -75,32 +66,11 @@ OrderLike = str | Column | Sequence[str | Column]
 
 
 @dataclass(frozen=True)
-class _Layout:
-    """Where each stream lives in the raw frame; travels to the executors."""
-
-    main: T.StructType
-    sides: dict[str, tuple[int, T.StructType]]  # tag -> (index, schema)
-    raw: T.StructType
-
-    @staticmethod
-    def build(main: T.StructType, sides: dict[str, T.StructType]) -> _Layout:
-        fields = [T.StructField(_STREAM, T.StringType()), T.StructField(_METRICS, T.StringType())]
-        fields += [T.StructField(f.name, f.dataType, True, f.metadata) for f in main.fields]
-        numbered: dict[str, tuple[int, T.StructType]] = {}
-        for index, (tag, schema) in enumerate(sides.items()):
-            numbered[tag] = (index, schema)
-            fields += [
-                T.StructField(_side_column(index, f.name), f.dataType) for f in schema.fields
-            ]
-        return _Layout(main, numbered, T.StructType(fields))
-
-
-@dataclass(frozen=True)
 class _Output:
     """What ``side_output`` and ``partition_metrics`` need from a result."""
 
     raw: DataFrame
-    layout: _Layout
+    layout: RawLayout
 
 
 def process_keyed(
@@ -245,7 +215,7 @@ def plan_job(
         timestamp=timestamp,
         delay=delay,
         interval=watermark_interval,
-        layout=_Layout.build(main, sides),
+        layout=RawLayout.build(main, sides),
     )
 
 
@@ -277,7 +247,7 @@ def arrange(
     return arranged
 
 
-def persisted_result(mapped: DataFrame, layout: _Layout) -> DataFrame:
+def persisted_result(mapped: DataFrame, layout: RawLayout) -> DataFrame:
     """The main output of a raw frame (persisted here), carrying what ``side_output``
     and ``partition_metrics`` need."""
     raw = mapped.persist(StorageLevel.MEMORY_AND_DISK)
@@ -301,7 +271,7 @@ def side_output(result: DataFrame, tag: str) -> DataFrame:
         )
     index, schema = output.layout.sides[tag]
     return output.raw.filter(F.col(_STREAM) == f"side:{tag}").select(
-        *[F.col(_side_column(index, n)).alias(n) for n in schema.fieldNames()]
+        *[F.col(side_column(index, n)).alias(n) for n in schema.fieldNames()]
     )
 
 
@@ -356,10 +326,6 @@ def _metric_type(records: list[dict[str, Any]], name: str) -> T.DataType:
     return T.StringType()
 
 
-def _side_column(index: int, name: str) -> str:
-    return f"{_RESERVED}_s{index}_{name}"
-
-
 def _backend_spec(backend: StateBackend | BackendSpec | None) -> BackendSpec:
     if backend is None:
         return MemoryBackend().spec()
@@ -372,176 +338,3 @@ def _backend_spec(backend: StateBackend | BackendSpec | None) -> BackendSpec:
     )
 
 
-@dataclass(frozen=True)
-class PartitionJob:
-    """Everything one partition needs; pickled into the ``mapInArrow`` closure."""
-
-    function_bytes: bytes
-    spec: BackendSpec
-    config: AecConfig
-    keys: list[str]
-    timestamp: str | None
-    delay: float
-    interval: int
-    layout: _Layout
-
-    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The ``mapInArrow`` function of ``process_keyed``: input batches in, raw
-        batches out; end of input is ``finish()`` (every remaining timer fires)."""
-        context = TaskContext.get()
-        with PartitionRun(self, context.partitionId() if context is not None else 0) as run:
-            run.operator.open()
-            for batch in batches:
-                yield from run.feed(batch)
-            run.operator.finish()
-            yield from run.drain()
-        yield run.metrics_batch()
-
-    def _feed(
-        self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch
-    ) -> None:
-        if len(self.keys) == 1:
-            keys = batch.column(self.keys[0]).to_pylist()
-        else:
-            keys = list(zip(*(batch.column(k).to_pylist() for k in self.keys), strict=True))
-        values = batch.to_pylist()
-        if self.timestamp is None:
-            for key, value in zip(keys, values, strict=True):
-                operator.process(Record(key, value))
-            return
-        stamps = timestamp_seconds(batch.column(self.timestamp))
-        for key, value, stamp in zip(keys, values, stamps, strict=True):
-            operator.process(Record(key, value, stamp))
-            mark = watermarks.on_record(stamp)
-            if mark is not None:
-                operator.process_watermark(Watermark(mark))
-
-
-class PartitionRun:
-    """One partition's operator with its backend, watermark generator and writer.
-
-    A context manager: entering builds the backend from the job's spec and the
-    operator (not opened: the caller opens, or restores, it); leaving closes the
-    operator, then the backend (the operator leaves closing its backend to the
-    owner). ``feed`` and ``drain`` yield raw batches; ``metrics_batch`` the
-    partition's metrics row, with ``extra`` entries.
-    """
-
-    def __init__(self, job: PartitionJob, partition: int) -> None:
-        self.job = job
-        self.partition = partition
-        self.started = time.perf_counter()
-        self.writer = _RawWriter(job.layout)
-        self.watermarks = BoundedOutOfOrderness(job.delay, job.interval)
-        self.rows_in = 0
-        self.backend: StateBackend | None = None
-        self.operator: Any = None
-        self.final_metrics: dict[str, Any] = {}
-
-    def __enter__(self) -> PartitionRun:
-        self.backend = self.job.spec.build(self.partition)
-        try:
-            self.operator = aec.KeyedProcessOperator(
-                cloudpickle.loads(self.job.function_bytes), self.backend, self.job.config
-            )
-        except BaseException:
-            self.backend.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.final_metrics = dict(self.operator.metrics)
-        try:
-            self.operator.close()
-        finally:
-            self.backend.close()
-
-    def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-        """Process one input batch (records and periodic watermarks); its outputs."""
-        self.rows_in += batch.num_rows
-        self.job._feed(self.operator, self.watermarks, batch)
-        yield from self.writer.drain(self.operator)
-
-    def drain(self) -> Iterator[pa.RecordBatch]:
-        """Raw batches for everything emitted since the last drain."""
-        yield from self.writer.drain(self.operator)
-
-    def metrics_batch(self, **extra: Any) -> pa.RecordBatch:
-        """The metrics row; call after leaving the context."""
-        metrics = dict(self.final_metrics)
-        metrics.update(
-            partition=self.partition,
-            rows_in=self.rows_in,
-            watermarks_in=self.watermarks.emitted,
-            main_rows=self.writer.main_rows,
-            side_rows=self.writer.side_rows,
-            wall_s=time.perf_counter() - self.started,
-            **extra,
-        )
-        return self.writer.metrics_batch(metrics)
-
-
-class _RawWriter:
-    """Turns an operator's drained outputs into raw-frame batches."""
-
-    def __init__(self, layout: _Layout) -> None:
-        self.layout = layout
-        self.target = arrow_schema(layout.raw)
-        self.main_rows = 0
-        self.side_rows = 0
-
-    def drain(self, operator: Any) -> Iterator[pa.RecordBatch]:
-        """Batches for everything the operator emitted since the last drain."""
-        values = [v for v in operator.drain_outputs() if not isinstance(v, Watermark)]
-        if values:
-            self.main_rows += len(values)
-            yield self._batch("main", self.layout.main, values, 2)
-        for tag, side_values in operator.drain_side_outputs().items():
-            if not side_values:
-                continue
-            if tag not in self.layout.sides:
-                raise ValueError(
-                    f"side output {tag!r} is not declared in process_keyed(side_outputs=...); "
-                    f"declared: {sorted(self.layout.sides)}"
-                )
-            index, schema = self.layout.sides[tag]
-            self.side_rows += len(side_values)
-            yield self._batch(f"side:{tag}", schema, side_values, self._offset(index))
-
-    def metrics_batch(self, metrics: dict[str, Any]) -> pa.RecordBatch:
-        """The partition's single metrics row."""
-        columns: list[pa.Array] = [
-            pa.array(["metrics"], pa.string()),
-            pa.array([json.dumps(metrics, default=str)], pa.string()),
-        ]
-        columns += [pa.nulls(1, f.type) for f in list(self.target)[2:]]
-        return pa.RecordBatch.from_arrays(columns, schema=self.target)
-
-    def _offset(self, index: int) -> int:
-        offset = 2 + len(self.layout.main.fields)
-        for _, (other, schema) in self.layout.sides.items():
-            if other < index:
-                offset += len(schema.fields)
-        return offset
-
-    def _batch(
-        self, stream: str, schema: T.StructType, values: list[Any], offset: int
-    ) -> pa.RecordBatch:
-        width = len(schema.fields)
-        target = pa.schema(list(self.target)[offset : offset + width])
-        try:
-            encoded = encode_columns(rows_as_dicts(values, schema), schema, target)
-        except TypeError as exc:
-            where = "main output" if stream == "main" else f"side output {stream[5:]!r}"
-            raise TypeError(f"{where} does not fit its schema: {exc}") from None
-        rows = len(values)
-        columns: list[pa.Array] = [
-            pa.array([stream] * rows, pa.string()),
-            pa.nulls(rows, pa.string()),
-        ]
-        for position, field in enumerate(list(self.target)[2:], start=2):
-            if offset <= position < offset + width:
-                columns.append(encoded[position - offset])
-            else:
-                columns.append(pa.nulls(rows, field.type))
-        return pa.RecordBatch.from_arrays(columns, schema=self.target)

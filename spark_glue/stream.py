@@ -35,14 +35,13 @@ from aec.elements import Watermark
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.keyed import (
     OrderLike,
-    PartitionJob,
-    PartitionRun,
     SchemaLike,
     arrange,
     output_of,
     persisted_result,
     plan_job,
 )
+from spark_glue.partition import PartitionJob, PartitionRun
 from spark_glue.watermarks import BoundedOutOfOrderness
 
 _PARTITION = "__aec_partition"  # pmod(hash(keys), n): Spark's own hash partitioning

@@ -33,9 +33,6 @@ from pyspark.sql import functions as F
 
 from spark_glue import (
     cli,
-    flights,
-    flights_data,
-    flights_report,
     partition_metrics,
     process_keyed,
     side_output,
@@ -53,6 +50,9 @@ from spark_glue.flights import (
     RouteHourly,
     StageResult,
 )
+from spark_glue.flights import data as flights_data
+from spark_glue.flights import job as flights
+from spark_glue.flights import report as flights_report
 
 PARTITIONS = 2
 HOUR = 3600

@@ -18,8 +18,8 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from spark_glue.flights import (  # noqa: E402
-    DELAYED_MINUTES,
+from spark_glue.flights.functions import DELAYED_MINUTES  # noqa: E402
+from spark_glue.flights.job import (  # noqa: E402
     SYNC_DIR,
     WARM_UP_ROWS,
     FlightsRun,

@@ -1,0 +1,139 @@
+"""One Spark partition's run of a keyed operator, shared by batch and streaming.
+
+``PartitionJob`` is what the driver ships (the pickled function, the backend spec,
+the config, the columns); ``PartitionRun`` turns a partition's Arrow batches into
+records and watermarks, feeds the operator and writes the raw frame
+(``spark_glue.raw_frame``). The caller decides how the operator starts and ends:
+``open``/``finish`` for ``process_keyed``, ``restore``/``snapshot`` for
+``process_keyed_stream``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import pyarrow as pa
+from pyspark import TaskContext
+
+import aec
+from aec.config import AecConfig
+from aec.elements import Record, Watermark
+from aec.state.backend import BackendSpec, StateBackend
+from spark_glue.convert import timestamp_seconds
+from spark_glue.raw_frame import RawLayout, RawWriter
+from spark_glue.watermarks import BoundedOutOfOrderness
+
+
+@dataclass(frozen=True)
+class PartitionJob:
+    """Everything one partition needs; pickled into the ``mapInArrow`` closure."""
+
+    function_bytes: bytes
+    spec: BackendSpec
+    config: AecConfig
+    keys: list[str]
+    timestamp: str | None
+    delay: float
+    interval: int
+    layout: RawLayout
+
+    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The ``mapInArrow`` function of ``process_keyed``: input batches in, raw
+        batches out; end of input is ``finish()`` (every remaining timer fires)."""
+        context = TaskContext.get()
+        with PartitionRun(self, context.partitionId() if context is not None else 0) as run:
+            run.operator.open()
+            for batch in batches:
+                yield from run.feed(batch)
+            run.operator.finish()
+            yield from run.drain()
+        yield run.metrics_batch()
+
+    def _feed(
+        self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch
+    ) -> None:
+        if len(self.keys) == 1:
+            keys = batch.column(self.keys[0]).to_pylist()
+        else:
+            keys = list(zip(*(batch.column(k).to_pylist() for k in self.keys), strict=True))
+        values = batch.to_pylist()
+        if self.timestamp is None:
+            for key, value in zip(keys, values, strict=True):
+                operator.process(Record(key, value))
+            return
+        stamps = timestamp_seconds(batch.column(self.timestamp))
+        for key, value, stamp in zip(keys, values, stamps, strict=True):
+            operator.process(Record(key, value, stamp))
+            mark = watermarks.on_record(stamp)
+            if mark is not None:
+                operator.process_watermark(Watermark(mark))
+
+
+class PartitionRun:
+    """One partition's operator with its backend, watermark generator and writer.
+
+    A context manager: entering builds the backend from the job's spec and the
+    operator (not opened: the caller opens, or restores, it); leaving closes the
+    operator, then the backend (the operator leaves closing its backend to the
+    owner). ``feed`` and ``drain`` yield raw batches; ``metrics_batch`` the
+    partition's metrics row, with ``extra`` entries.
+    """
+
+    def __init__(self, job: PartitionJob, partition: int) -> None:
+        self.job = job
+        self.partition = partition
+        self.started = time.perf_counter()
+        self.writer = RawWriter(job.layout)
+        self.watermarks = BoundedOutOfOrderness(job.delay, job.interval)
+        self.rows_in = 0
+        self.backend: StateBackend | None = None
+        self.operator: Any = None
+        self.final_metrics: dict[str, Any] = {}
+
+    def __enter__(self) -> PartitionRun:
+        self.backend = self.job.spec.build(self.partition)
+        try:
+            self.operator = aec.KeyedProcessOperator(
+                cloudpickle.loads(self.job.function_bytes), self.backend, self.job.config
+            )
+        except BaseException:
+            self.backend.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.final_metrics = dict(self.operator.metrics)
+        try:
+            self.operator.close()
+        finally:
+            self.backend.close()
+
+    def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """Process one input batch (records and periodic watermarks); its outputs."""
+        self.rows_in += batch.num_rows
+        self.job._feed(self.operator, self.watermarks, batch)
+        yield from self.writer.drain(self.operator)
+
+    def drain(self) -> Iterator[pa.RecordBatch]:
+        """Raw batches for everything emitted since the last drain."""
+        yield from self.writer.drain(self.operator)
+
+    def metrics_batch(self, **extra: Any) -> pa.RecordBatch:
+        """The metrics row; call after leaving the context."""
+        metrics = dict(self.final_metrics)
+        metrics.update(
+            partition=self.partition,
+            rows_in=self.rows_in,
+            watermarks_in=self.watermarks.emitted,
+            main_rows=self.writer.main_rows,
+            side_rows=self.writer.side_rows,
+            wall_s=time.perf_counter() - self.started,
+            **extra,
+        )
+        return self.writer.metrics_batch(metrics)
+
+
