@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 import struct
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 _pack_double = struct.Struct(">d").pack
@@ -42,3 +43,102 @@ def stable_key_bytes(key: Any) -> bytes:
 def key_group_for(key: Any, max_parallelism: int) -> int:
     """The key group of ``key``: an int in ``range(max_parallelism)``."""
     return zlib.crc32(stable_key_bytes(key)) % max_parallelism
+
+
+class KeyGroupRange:
+    """A contiguous range of key groups, inclusive on both ends (Flink's ``KeyGroupRange``).
+
+    ``KeyGroupRange(start, end)`` holds ``start..end``; ``end == start - 1`` is the
+    empty range. Supports ``kg in r``, ``len(r)``, iteration in order, equality and
+    hashing; ``.start`` and ``.end`` are the bounds.
+
+    Raises:
+        TypeError: a bound is not an int.
+        ValueError: ``start < 0`` or ``end < start - 1``.
+    """
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, start: int, end: int) -> None:
+        for name, bound in (("start", start), ("end", end)):
+            if isinstance(bound, bool) or not isinstance(bound, int):
+                raise TypeError(f"KeyGroupRange {name} must be an int, got {bound!r}")
+        if start < 0:
+            raise ValueError(f"KeyGroupRange start must be >= 0, got {start}")
+        if end < start - 1:
+            raise ValueError(f"KeyGroupRange end must be >= start - 1, got {start}..{end}")
+        self.start = start
+        self.end = end
+
+    @classmethod
+    def all(cls, max_parallelism: int) -> KeyGroupRange:
+        """Every key group of ``max_parallelism``: ``0..max_parallelism - 1``."""
+        _check_max_parallelism(max_parallelism)
+        return cls(0, max_parallelism - 1)
+
+    def __contains__(self, key_group: object) -> bool:
+        return isinstance(key_group, int) and self.start <= key_group <= self.end
+
+    def __len__(self) -> int:
+        return self.end - self.start + 1
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end + 1))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, KeyGroupRange):
+            return NotImplemented
+        return (self.start, self.end) == (other.start, other.end)
+
+    def __hash__(self) -> int:
+        return hash((KeyGroupRange, self.start, self.end))
+
+    def __repr__(self) -> str:
+        return f"KeyGroupRange({self.start}, {self.end})"
+
+    def intersection(self, other: KeyGroupRange) -> KeyGroupRange:
+        """The key groups in both ranges (possibly empty)."""
+        start = max(self.start, other.start)
+        return KeyGroupRange(start, max(min(self.end, other.end), start - 1))
+
+    def within(self, max_parallelism: int) -> bool:
+        """Whether every key group of this range is in ``range(max_parallelism)``."""
+        return self.end < max_parallelism
+
+
+def _check_max_parallelism(max_parallelism: int) -> None:
+    if isinstance(max_parallelism, bool) or not isinstance(max_parallelism, int):
+        raise TypeError(f"max_parallelism must be an int, got {max_parallelism!r}")
+    if max_parallelism < 1:
+        raise ValueError(f"max_parallelism must be >= 1, got {max_parallelism}")
+
+
+def key_group_range_for(max_parallelism: int, parallelism: int, index: int) -> KeyGroupRange:
+    """The key groups operator ``index`` of ``parallelism`` owns (Flink's
+    ``KeyGroupRangeAssignment.computeKeyGroupRangeForOperatorIndex``): contiguous,
+    disjoint ranges that cover ``range(max_parallelism)`` and differ in size by at most 1.
+
+    Raises:
+        TypeError: an argument is not an int.
+        ValueError: ``max_parallelism < 1``, ``parallelism`` not in
+            ``1..max_parallelism``, or ``index`` not in ``range(parallelism)``.
+    """
+    _check_max_parallelism(max_parallelism)
+    for name, value in (("parallelism", parallelism), ("index", index)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if not 1 <= parallelism <= max_parallelism:
+        raise ValueError(
+            f"parallelism must be in 1..max_parallelism ({max_parallelism}), got {parallelism}"
+        )
+    if not 0 <= index < parallelism:
+        raise ValueError(f"index must be in range({parallelism}), got {index}")
+    start = (index * max_parallelism + parallelism - 1) // parallelism
+    end = ((index + 1) * max_parallelism - 1) // parallelism
+    return KeyGroupRange(start, end)
+
+
+def operator_index_for(key_group: int, max_parallelism: int, parallelism: int) -> int:
+    """The operator index of ``parallelism`` that owns ``key_group`` (Flink's
+    ``computeOperatorIndexForKeyGroup``): inverse of ``key_group_range_for``."""
+    return key_group * parallelism // max_parallelism

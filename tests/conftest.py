@@ -57,3 +57,22 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto S3 server process on loopback for the whole run (stopped by PID)."""
+    from s3_server import S3Server
+
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """A fresh bucket on the session's S3 server, with the AWS variables set for this
+    test: ``(server, bucket)``. ``f"s3://{bucket}/prefix"`` is a checkpoint URI."""
+    for name, value in s3_server.environ().items():
+        monkeypatch.setenv(name, value)
+    return s3_server, s3_server.create_bucket()
