@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from aec.keygroups import KeyGroupRange
 from aec.state.requests import StateRequest
 
 
@@ -62,10 +63,21 @@ class StateBackend(ABC):
         """Write a consistent copy of all state into ``directory`` (created if missing)."""
 
     @abstractmethod
-    def restore(self, directory: str) -> None:
-        """Replace all state with the copy a ``snapshot`` wrote to ``directory``.
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """Replace all state with the union of the copies ``snapshot`` wrote to
+        ``directory`` (one directory, or several: rescaling merges the snapshots of
+        several operators), keeping only keys whose key group is in ``key_groups``
+        (None: every key). ``max_parallelism`` is the one the key groups were computed
+        with (required with ``key_groups`` by backends that do not store key groups).
+        Byte stores read only the key-group range (keys are prefixed by key group);
+        nothing live changes before every snapshot was found readable.
 
-        Raises FileNotFoundError or ValueError when ``directory`` holds no valid snapshot.
+        Raises FileNotFoundError or ValueError when a directory holds no valid snapshot.
         """
 
     def close(self) -> None:
