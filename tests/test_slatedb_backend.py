@@ -46,7 +46,8 @@ from aec.state.requests import Op
 from aec.testing import assert_equivalent
 from backends.keycodec import encode_key
 from backends.rocksdb import RocksDBBackend
-from backends.slatedb import SlateDBBackend, SlateDBSpec, _object_store
+from backends.slatedb import SlateDBBackend, SlateDBSpec
+from backends.slatedb_store import object_store
 
 LOOP_THREAD = "aec-slatedb-loop"
 
@@ -300,7 +301,7 @@ def test_close_is_idempotent_final_and_stops_the_loop_thread(tmp_path):
 
 def test_rejects_a_database_aec_did_not_write(tmp_path):
     async def foreign() -> None:
-        store, _ = _object_store(url_of(tmp_path), {})
+        store, _ = object_store(url_of(tmp_path), {})
         db = await sdb.DbBuilder("foreign", store).build()
         await db.put(b"k", b"v")
         await db.shutdown()
@@ -333,7 +334,7 @@ def test_configuration_is_validated_and_applied(tmp_path):
 def test_s3_url_builds_an_object_store_without_touching_the_network():
     backend = SlateDBBackend("s3://bucket/some/prefix", "job", object_store_options={"region": "x"})
     assert backend.db_path == "some/prefix/job"
-    store, prefix = _object_store(
+    store, prefix = object_store(
         "s3://bucket/some/prefix",
         {"endpoint": "http://127.0.0.1:9", "allow_http": "true", "region": "us-east-1"},
     )
@@ -413,7 +414,7 @@ def test_snapshotting_again_into_a_directory_drops_the_replaced_checkpoint(backe
     backend.snapshot(snap)
 
     async def checkpoints() -> list[str]:
-        store, _ = _object_store(url_of(tmp_path), {})
+        store, _ = object_store(url_of(tmp_path), {})
         return [c.id for c in await sdb.AdminBuilder("db", store).build().list_checkpoints(None)]
 
     live = asyncio.run(checkpoints())
