@@ -54,6 +54,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import Op, StateRequest
 from backends.cache_entries import (
@@ -416,12 +417,21 @@ class CachedBackend(StateBackend):
         self.flush()
         self.remote.snapshot(directory)
 
-    def restore(self, directory: str) -> None:
-        """``remote.restore(directory)``, then drop the cache (dirty entries too).
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """``remote.restore(directory, key_groups, max_parallelism)``, then drop the
+        cache (dirty entries too).
 
         When the remote raises, the cache is left as it was.
         """
-        self.remote.restore(directory)
+        if key_groups is None and max_parallelism is None:  # also a backend of the old contract
+            self.remote.restore(directory)
+        else:
+            self.remote.restore(directory, key_groups, max_parallelism)
         with self._lock:
             self._index.clear()
             self._dirty.clear()

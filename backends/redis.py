@@ -79,12 +79,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import Op, StateRequest
 from backends.keycodec import decode_key, encode_key
 from backends.redis_connection import ConnectionErrors, delete_keys, redact, scan_keys
 from backends.redis_plan import PLAN_OPS, Plan
-from backends.redis_snapshots import read_snapshot, restore_entries, write_snapshot
+from backends.redis_snapshots import read_snapshot, restore_entries, union_entries, write_snapshot
+from backends.snapshot_sets import checked_key_groups, snapshot_directories
 
 __all__ = ["DEFAULT_URL", "RedisBackend", "RedisSpec"]
 
@@ -281,14 +283,26 @@ class RedisBackend(StateBackend):
                 client, self._base, directory, {"prefix": self.prefix, "partition": self.partition}
             )
 
-    def restore(self, directory: str) -> None:
-        """Replace this partition's keys with a ``snapshot``; opens the backend if needed.
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """Replace this partition's keys with the union of the snapshots in
+        ``directory`` (one or several), keeping only keys of ``key_groups`` (None:
+        all; every Redis key names its key group, so ``max_parallelism`` is only
+        checked); opens the backend if needed. A key in several snapshots keeps the
+        value of the last one listed (the operator never passes overlapping ones).
 
-        Raises FileNotFoundError when ``directory`` holds no snapshot and ValueError
-        when it is invalid (bad manifest, missing or corrupt data, dumps this server
-        rejects); the live state is untouched in both cases.
+        Raises FileNotFoundError when a directory holds no snapshot and ValueError
+        when one is invalid (bad manifest, missing or corrupt data, dumps this server
+        rejects) or ``key_groups`` is out of range; the live state is untouched in
+        all these cases.
         """
-        entries = read_snapshot(directory)
+        key_groups = checked_key_groups(key_groups, max_parallelism)
+        directories = snapshot_directories(directory)
+        entries = union_entries([read_snapshot(d) for d in directories], key_groups)
         self.open()
         client = self._live()
         staging = f"{self.prefix}:{self.partition}~restore-{uuid.uuid4().hex}:".encode()
@@ -297,7 +311,8 @@ class RedisBackend(StateBackend):
                 restore_entries(client, self._base, staging, entries)
             except redis.ResponseError as exc:
                 raise ValueError(
-                    f"the Redis snapshot in {directory} does not restore on this server: {exc}"
+                    f"the Redis snapshot in {', '.join(directories)} does not restore on "
+                    f"this server: {exc}"
                 ) from exc
 
     def clear(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import redis
 
+from aec.keygroups import KeyGroupRange
 from backends.redis_connection import chunks, delete_keys, scan_keys
 
 FORMAT = "aec-redis-1"
@@ -84,6 +85,27 @@ def restore_entries(
     for suffix, _ in entries:
         pipe.execute_command("RENAME", staging + suffix, base + suffix)
     pipe.execute()
+
+
+def union_entries(
+    snapshots: list[list[tuple[bytes, bytes]]], key_groups: KeyGroupRange | None
+) -> list[tuple[bytes, bytes]]:
+    """The entries of every snapshot whose key group is in ``key_groups`` (None: all);
+    a key in several snapshots keeps the last one's payload."""
+    union: dict[bytes, bytes] = {}
+    for entries in snapshots:
+        for suffix, dump in entries:
+            if key_groups is None or key_group_of_suffix(suffix) in key_groups:
+                union[suffix] = dump
+    return list(union.items())
+
+
+def key_group_of_suffix(suffix: bytes) -> int:
+    """The key group of a key relative to the partition:
+    ``{len(state)}:{state}:{key group}:{encoded key}``."""
+    size, _, rest = suffix.partition(b":")
+    tail = rest[int(size) + 1 :]
+    return int(tail[: tail.index(b":")])
 
 
 def read_snapshot(directory: str) -> list[tuple[bytes, bytes]]:

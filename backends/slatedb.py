@@ -66,6 +66,7 @@ from typing import Any
 
 from slatedb import uniffi as sdb
 
+from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from backends.keycodec import decode_key, split_db_key
@@ -73,7 +74,7 @@ from backends.slatedb_batch import execute
 from backends.slatedb_snapshots import (
     create_checkpoint,
     read_manifest,
-    restore_checkpoint,
+    restore_union,
     write_manifest,
 )
 from backends.slatedb_store import (
@@ -89,6 +90,7 @@ from backends.slatedb_store import (
     state_prefix,
     stream,
 )
+from backends.snapshot_sets import checked_key_groups, snapshot_directories
 
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
@@ -360,21 +362,38 @@ class SlateDBBackend(StateBackend):
                 except sdb.Error:
                     pass  # already gone
 
-    def restore(self, directory: str) -> None:
-        """Make the live state equal the snapshot in ``directory``; opens if needed.
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """Make the live state equal the union of the snapshots in ``directory`` (one
+        or several), keeping only keys of ``key_groups`` (None: all); opens if needed.
 
-        Raises FileNotFoundError when there is no snapshot manifest and ValueError
-        when it is invalid or its checkpoint cannot be read; the live state is
-        untouched in both cases."""
-        manifest = read_manifest(directory)
+        Each snapshot's checkpoint is read by range scans of its key-group range (one
+        per state; keys carry their key group, so ``max_parallelism`` is only checked),
+        and only the differences are written to the live database. A key in several
+        snapshots keeps the value of the last one listed.
+
+        Raises FileNotFoundError when a snapshot manifest is missing and ValueError
+        when one is invalid, its checkpoint cannot be read, or ``key_groups`` is out
+        of range; the live state is untouched in all these cases."""
+        key_groups = checked_key_groups(key_groups, max_parallelism)
+        manifests = [read_manifest(d) for d in snapshot_directories(directory)]
         self.open()
         with self._lock:
             db = self._live_db()
-            if manifest["url"] == self.url:
-                store = self._store
-            else:
-                store, _ = object_store(manifest["url"], self.object_store_options)
-            self._call(restore_checkpoint(db, store, manifest))
+            sources = [
+                (
+                    self._store
+                    if manifest["url"] == self.url
+                    else object_store(manifest["url"], self.object_store_options)[0],
+                    manifest,
+                )
+                for manifest in manifests
+            ]
+            self._call(restore_union(db, sources, key_groups))
 
     # introspection
 

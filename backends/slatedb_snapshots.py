@@ -12,11 +12,24 @@ import json
 import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from slatedb import uniffi as sdb
 
-from backends.slatedb_store import FORMAT, FORMAT_KEY, MEMTABLE, STATES, WAL, Writer, stream
+from aec.keygroups import KeyGroupRange
+from backends.keycodec import key_group_bounds, prefix_end
+from backends.slatedb_store import (
+    FORMAT,
+    FORMAT_KEY,
+    MEMTABLE,
+    STATES,
+    WAL,
+    Writer,
+    first_key,
+    state_prefix_of,
+    stream,
+)
 
 SNAPSHOT_FILE = "slatedb-snapshot.json"
 SNAPSHOT_FORMAT = "aec-slatedb-snapshot-1"
@@ -43,7 +56,10 @@ async def create_checkpoint(db: Any, admin: Any, name: str) -> Any:
     return await admin.create_detached_checkpoint(options)
 
 
-async def restore_checkpoint(db: Any, store: Any, manifest: dict[str, Any]) -> None:
+async def open_checkpoint(store: Any, manifest: dict[str, Any]) -> Any:
+    """A ``DbReader`` pinned to the checkpoint ``manifest`` names.
+
+    Raises ValueError when it cannot be opened or is not an aec database."""
     builder = sdb.DbReaderBuilder(manifest["db_path"], store)
     builder.with_reader_mode(sdb.ReaderMode.CHECKPOINT(manifest["checkpoint"]))
     builder.with_db_cache_disabled()
@@ -57,9 +73,28 @@ async def restore_checkpoint(db: Any, store: Any, manifest: dict[str, Any]) -> N
     try:
         if await reader.get(FORMAT_KEY) != FORMAT:
             raise ValueError(f"checkpoint {manifest['checkpoint']} is not an aec SlateDB database")
-        # Merge the sorted live and snapshot streams; write only the differences.
+    except BaseException:
+        await reader.shutdown()
+        raise
+    return reader
+
+
+async def restore_union(
+    db: Any, sources: list[tuple[Any, dict[str, Any]]], key_groups: KeyGroupRange | None
+) -> None:
+    """Make ``db``'s state equal the union of the checkpoints ``sources`` names
+    (``(object store, manifest)`` each), keeping only keys of ``key_groups``.
+
+    Every checkpoint is opened before ``db`` is touched. The sorted live stream is
+    merged with the sorted wanted stream and only the differences are written: puts
+    for changed keys, deletes for keys the union lacks."""
+    readers: list[Any] = []
+    try:
+        for store, manifest in sources:
+            readers.append(await open_checkpoint(store, manifest))
+        wanted = _merged([_in_key_groups(reader, key_groups) for reader in readers])
         writer = Writer(db)
-        live, wanted = stream(db, STATES), stream(reader, STATES)
+        live = stream(db, STATES)
         have = await anext(live, None)
         want = await anext(wanted, None)
         while have is not None or want is not None:
@@ -77,7 +112,53 @@ async def restore_checkpoint(db: Any, store: Any, manifest: dict[str, Any]) -> N
         await writer.done()
         await db.flush_with_options(WAL)
     finally:
-        await reader.shutdown()
+        for reader in readers:
+            await reader.shutdown()
+
+
+async def _in_key_groups(
+    reader: Any, key_groups: KeyGroupRange | None
+) -> AsyncIterator[tuple[bytes, bytes]]:
+    """Every state row of ``reader`` in ``key_groups``, in key order: one range scan
+    per state (keys are ``state prefix | key group | ...``)."""
+    if key_groups is None:
+        async for row in stream(reader, STATES):
+            yield row
+        return
+    low, high = key_group_bounds(key_groups.start, key_groups.end)
+    prefix = await _next_state(reader, STATES)
+    while prefix is not None:
+        end = prefix + high if high is not None else prefix_end(prefix)
+        async for row in stream(reader, prefix, (prefix + low, end)):
+            yield row
+        prefix = await _next_state(reader, prefix_end(prefix))
+
+
+async def _next_state(reader: Any, low: bytes | None) -> bytes | None:
+    """The state prefix of the first state key at or after ``low``, or None."""
+    if low is None:
+        return None
+    key = await first_key(reader, low, prefix_end(STATES))
+    return None if key is None else state_prefix_of(key)
+
+
+async def _merged(
+    streams: list[AsyncIterator[tuple[bytes, bytes]]],
+) -> AsyncIterator[tuple[bytes, bytes]]:
+    """The rows of several sorted streams in key order; on equal keys the last
+    stream's row wins (the others are skipped)."""
+    heads = [await anext(s, None) for s in streams]
+    while True:
+        present = [row[0] for row in heads if row is not None]
+        if not present:
+            return
+        key = min(present)
+        chosen = None
+        for index, row in enumerate(heads):
+            if row is not None and row[0] == key:
+                chosen = row
+                heads[index] = await anext(streams[index], None)
+        yield chosen
 
 
 def read_manifest(directory: str) -> dict[str, Any]:

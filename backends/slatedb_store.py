@@ -94,15 +94,36 @@ async def scan(db: Any, prefix: bytes, after: bytes | None = None, limit: int | 
     return rows
 
 
-async def stream(db: Any, prefix: bytes):
-    """Every ``(key, raw value)`` under ``prefix``, in key order, read in chunks."""
-    iterator = await db.scan(key_range(prefix))
+async def stream(db: Any, prefix: bytes, bounds: tuple[bytes, bytes | None] | None = None):
+    """Every ``(key, raw value)`` under ``prefix`` (or in ``[low, high)`` when ``bounds``
+    is given), in key order, read in chunks."""
+    if bounds is None:
+        iterator = await db.scan(key_range(prefix))
+    else:
+        iterator = await db.scan(
+            sdb.KeyRange(start=bounds[0], start_inclusive=True, end=bounds[1], end_inclusive=False)
+        )
     while True:
         chunk = await iterator.next_batch(_SCAN_BATCH)
         for kv in chunk:
             yield kv.key, kv.value
         if len(chunk) < _SCAN_BATCH:
             return
+
+
+async def first_key(db: Any, low: bytes, high: bytes | None) -> bytes | None:
+    """The smallest key in ``[low, high)``, or None."""
+    iterator = await db.scan(
+        sdb.KeyRange(start=low, start_inclusive=True, end=high, end_inclusive=False)
+    )
+    found = await iterator.next_batch(1)
+    return found[0].key if found else None
+
+
+def state_prefix_of(db_key: bytes) -> bytes:
+    """The ``state_prefix`` a state key starts with."""
+    (size,) = _NAME_LEN.unpack_from(db_key, len(STATES))
+    return db_key[: len(STATES) + _NAME_LEN.size + size]
 
 
 class Writer:

@@ -37,6 +37,11 @@ from test_backends import (  # noqa: F401  (pytest collects the imported tests h
     test_list_chunks_concatenate_to_the_list,
     test_map_chunks_concatenate_to_the_map,
     test_restore_from_missing_directory,
+    test_restore_is_the_union_of_snapshots_in_the_key_groups,
+    test_restore_of_one_snapshot_into_smaller_ranges,
+    test_restore_of_two_of_three_snapshots_in_another_order,
+    test_restore_refuses_bad_arguments_before_changing_anything,
+    test_restore_with_a_missing_snapshot_changes_nothing,
     test_snapshot_then_restore_rolls_back,
 )
 
@@ -76,6 +81,20 @@ def backend(tmp_path):
 @pytest.fixture
 def snapshotting(backend):
     return backend
+
+
+@pytest.fixture
+def rescaling(tmp_path):
+    """``make(name)``: a new, open SlateDBBackend (database ``name`` in one store)."""
+    made: list[SlateDBBackend] = []
+
+    def build(name: str) -> SlateDBBackend:
+        made.append(make(tmp_path, name))
+        return made[-1]
+
+    yield build
+    for instance in made:
+        instance.close()
 
 
 @pytest.fixture(autouse=True)
