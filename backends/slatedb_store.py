@@ -52,6 +52,8 @@ def object_store(url: str, options: Mapping[str, str]) -> tuple[Any, str]:
         builder = sdb.ObjectStoreBuilder(sdb.ObjectStoreType.LOCAL)
         builder.with_config("local_path", root)
     else:
+        if scheme == "s3":
+            _check_plain_http(options)
         builder = sdb.ObjectStoreBuilder.from_env(getattr(sdb.ObjectStoreType, _CLOUD[scheme]))
         builder.with_url(f"{scheme}://{root}")
         for key, value in options.items():
@@ -59,7 +61,29 @@ def object_store(url: str, options: Mapping[str, str]) -> tuple[Any, str]:
     return builder.build(), prefix
 
 
+def _check_plain_http(options: Mapping[str, str]) -> None:
+    """Refuse a plain-HTTP S3 endpoint without ``allow_http``: the ``object_store`` crate
+    rejects every request to it and SlateDB retries them until ``timeout``, so the
+    user would see a bare TimeoutError instead of the cause."""
+    endpoint = (
+        options.get("endpoint")
+        or options.get("aws_endpoint")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or os.environ.get("AWS_ENDPOINT")
+        or ""
+    )
+    allow = options.get("allow_http") or options.get("aws_allow_http")
+    if allow is None:
+        allow = os.environ.get("AWS_ALLOW_HTTP", "")
+    if endpoint.lower().startswith("http://") and str(allow).strip().lower() != "true":
+        raise ValueError(
+            f"the S3 endpoint {endpoint} is plain HTTP: set AWS_ALLOW_HTTP=true (or "
+            'object_store_options={"allow_http": "true"}) to use it'
+        )
+
+
 def join_path(*parts: str) -> str:
+    """``parts`` joined with single slashes, empty parts dropped."""
     return "/".join(p.strip("/") for p in parts if p.strip("/"))
 
 
