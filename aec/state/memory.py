@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import Any
 
+from aec.keygroups import KeyGroupRange, key_group_for
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest, op_table
 
@@ -44,19 +45,74 @@ class MemoryBackend(StateBackend):
             pickle.dump(self._tables, out, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
 
-    def restore(self, directory: str) -> None:
-        path = os.path.join(directory, _SNAPSHOT_FILE)
-        with open(path, "rb") as src:
-            tables = pickle.load(src)
-        if not isinstance(tables, dict):
-            raise ValueError(f"{path} is not a MemoryBackend snapshot")
-        self._tables = tables
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """Replace all state with the union of the snapshots in ``directory`` (one or
+        several), keeping only keys of ``key_groups`` (None: all). Every snapshot is
+        loaded and merged before the live tables are swapped.
+
+        Raises:
+            FileNotFoundError: a directory without a snapshot.
+            ValueError: a file that is not a MemoryBackend snapshot, ``key_groups``
+                without ``max_parallelism``, or a key stored in two snapshots.
+        """
+        directories = [directory] if isinstance(directory, (str, os.PathLike)) else list(directory)
+        if key_groups is not None and max_parallelism is None:
+            raise ValueError("restore with key_groups needs the max_parallelism they use")
+        merged: dict[str, dict[Any, Any]] = {}
+        for source in directories:
+            tables = _load(os.fspath(source))
+            if key_groups is not None:
+                tables = _only(tables, key_groups, max_parallelism)
+            if not merged and len(directories) == 1:
+                merged = tables
+                break
+            for name, table in tables.items():
+                target = merged.setdefault(name, {})
+                if not target.keys().isdisjoint(table):
+                    raise ValueError(
+                        f"state {name!r}: a key is stored in two of the snapshots {directories}"
+                    )
+                target.update(table)
+        self._tables = merged
 
     def spec(self) -> BackendSpec:
         return MemorySpec()
 
     def state_items(self, state: str) -> dict[Any, Any]:
         return {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
+
+
+def _load(directory: str) -> dict[str, dict[Any, Any]]:
+    path = os.path.join(directory, _SNAPSHOT_FILE)
+    with open(path, "rb") as src:
+        try:
+            tables = pickle.load(src)
+        except Exception as exc:
+            raise ValueError(f"{path} is not a MemoryBackend snapshot: {exc}") from exc
+    if not isinstance(tables, dict):
+        raise ValueError(f"{path} is not a MemoryBackend snapshot")
+    return tables
+
+
+def _only(tables: dict, key_groups: KeyGroupRange, max_parallelism: Any) -> dict:
+    """``tables`` with the keys of ``key_groups`` only."""
+    groups: dict[Any, bool] = {}
+    kept = {}
+    for name, table in tables.items():
+        own = {}
+        for key, value in table.items():
+            inside = groups.get(key)
+            if inside is None:
+                inside = groups[key] = key_group_for(key, max_parallelism) in key_groups
+            if inside:
+                own[key] = value
+        kept[name] = own
+    return kept
 
 
 class MemorySpec(BackendSpec):
