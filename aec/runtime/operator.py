@@ -333,6 +333,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             "requests": c.requests,
             "max_batch_size": c.max_batch_size if not self.synchronous else min(1, c.requests),
             "mean_batch_size": (c.requests / c.batches) if c.batches else 0.0,
+            "inline_batches": getattr(self.executor, "inline_batches", 0),
             "blocked_requests": c.blocked,
             "timers_fired": self._timers_fired,
             "watermarks_out": self._watermarks_out,
