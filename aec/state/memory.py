@@ -131,27 +131,27 @@ def _copy(value: Any) -> Any:
 
 
 # One small function per op; indexed by the Op constant.
-def _value_get(t: dict, r: StateRequest) -> None:
+def _value_get(t: dict[Any, Any], r: StateRequest) -> None:
     r.result = t.get(r.key)
 
 
-def _value_put(t: dict, r: StateRequest) -> None:
+def _value_put(t: dict[Any, Any], r: StateRequest) -> None:
     if r.value is None:
         t.pop(r.key, None)
     else:
         t[r.key] = r.value
 
 
-def _clear(t: dict, r: StateRequest) -> None:
+def _clear(t: dict[Any, Any], r: StateRequest) -> None:
     t.pop(r.key, None)
 
 
-def _list_get(t: dict, r: StateRequest) -> None:
+def _list_get(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = list(stored) if stored else []
 
 
-def _list_add(t: dict, r: StateRequest) -> None:
+def _list_add(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is None:
         t[r.key] = [r.value]
@@ -159,7 +159,7 @@ def _list_add(t: dict, r: StateRequest) -> None:
         stored.append(r.value)
 
 
-def _list_add_all(t: dict, r: StateRequest) -> None:
+def _list_add_all(t: dict[Any, Any], r: StateRequest) -> None:
     if not r.value:
         return
     stored = t.get(r.key)
@@ -169,19 +169,19 @@ def _list_add_all(t: dict, r: StateRequest) -> None:
         stored.extend(r.value)
 
 
-def _list_put(t: dict, r: StateRequest) -> None:
+def _list_put(t: dict[Any, Any], r: StateRequest) -> None:
     if r.value:
         t[r.key] = list(r.value)
     else:
         t.pop(r.key, None)
 
 
-def _map_get(t: dict, r: StateRequest) -> None:
+def _map_get(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = None if stored is None else stored.get(r.user_key)
 
 
-def _map_put(t: dict, r: StateRequest) -> None:
+def _map_put(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is None:
         t[r.key] = {r.user_key: r.value}
@@ -189,7 +189,7 @@ def _map_put(t: dict, r: StateRequest) -> None:
         stored[r.user_key] = r.value
 
 
-def _map_put_all(t: dict, r: StateRequest) -> None:
+def _map_put_all(t: dict[Any, Any], r: StateRequest) -> None:
     if not r.value:
         return
     stored = t.get(r.key)
@@ -199,7 +199,7 @@ def _map_put_all(t: dict, r: StateRequest) -> None:
         stored.update(r.value)
 
 
-def _map_remove(t: dict, r: StateRequest) -> None:
+def _map_remove(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is not None:
         stored.pop(r.user_key, None)
@@ -207,21 +207,21 @@ def _map_remove(t: dict, r: StateRequest) -> None:
             del t[r.key]
 
 
-def _map_contains(t: dict, r: StateRequest) -> None:
+def _map_contains(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = stored is not None and r.user_key in stored
 
 
-def _map_is_empty(t: dict, r: StateRequest) -> None:
+def _map_is_empty(t: dict[Any, Any], r: StateRequest) -> None:
     r.result = not t.get(r.key)
 
 
-def _map_iter(t: dict, r: StateRequest) -> None:
+def _map_iter(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = list(stored.items()) if stored else []
 
 
-def _list_get_chunk(t: dict, r: StateRequest) -> None:
+def _list_get_chunk(t: dict[Any, Any], r: StateRequest) -> None:
     offset, limit = r.value
     offset = offset or 0
     stored = t.get(r.key) or ()
@@ -229,7 +229,7 @@ def _list_get_chunk(t: dict, r: StateRequest) -> None:
     r.result = (list(stored[offset:end]), end if end < len(stored) else None)
 
 
-def _map_iter_chunk(t: dict, r: StateRequest) -> None:
+def _map_iter_chunk(t: dict[Any, Any], r: StateRequest) -> None:
     offset, limit = r.value
     offset = offset or 0
     stored = t.get(r.key) or {}
