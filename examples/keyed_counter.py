@@ -54,7 +54,13 @@ class AsyncCounter(CountState):
 
 
 def main() -> None:
-    source: list[Record | Watermark] = [Record("a", 1), Record("b", 2), Record("a", 3), Watermark(10), Record("b", 4)]
+    source: list[Record | Watermark] = [
+        Record("a", 1),
+        Record("b", 2),
+        Record("a", 3),
+        Watermark(10),
+        Record("b", 4),
+    ]
     chained = run_keyed(source, Counter())
     awaited = run_keyed(source, AsyncCounter(), config=AecConfig(buffer_size=2))
     synchronous = run_keyed(source, AsyncCounter(), config=AecConfig(async_state=False))
