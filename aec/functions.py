@@ -8,11 +8,19 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from aec.config import AecConfig
 from aec.elements import check_timestamp
-from aec.state.descriptors import StateDescriptor
+from aec.state.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from aec.state.handles import AggregatingState, ListState, MapState, ReducingState, ValueState
 
 
 class _RunningRecord(Protocol):
@@ -59,6 +67,20 @@ class RuntimeContext:
 
     def __init__(self, operator: OperatorHooks) -> None:
         self._operator = operator
+
+    # one overload per descriptor type, so a type checker knows the handle's methods
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+    @overload
+    def get_state(self, descriptor: ReducingStateDescriptor) -> ReducingState: ...
+    @overload
+    def get_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState: ...
+    @overload
+    def get_state(self, descriptor: StateDescriptor) -> Any: ...
 
     def get_state(self, descriptor: StateDescriptor) -> Any:
         """The handle for ``descriptor`` (ValueState, ListState, MapState,

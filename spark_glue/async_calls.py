@@ -305,10 +305,10 @@ def async_map(
         A lazy DataFrame with ``output_schema`` (one Spark task per input partition).
 
     Raises:
-        TypeError / ValueError on the driver: bad ``mode``, ``capacity``,
-        ``timeout``, ``retry`` or schema, a function that is neither an
-        ``AsyncFunction`` nor an ``async def``. At run time a failed or timed-out call
-        fails the job with the ``aec.JobFailure`` message naming the row.
+        TypeError, ValueError: on the driver, for a bad ``mode``, ``capacity``,
+            ``timeout``, ``retry`` or schema, a function that is neither an
+            ``AsyncFunction`` nor an ``async def``. At run time a failed or timed-out
+            call fails the job with the ``aec.JobFailure`` message naming the row.
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")

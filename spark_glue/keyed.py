@@ -128,10 +128,10 @@ def process_keyed(
         ``partition_metrics(result)``.
 
     Raises:
-        TypeError / ValueError on the driver for bad arguments (unknown column,
-        non-time timestamp column, unpicklable function, reserved column name).
-        At run time a failing partition fails the Spark job; the error Spark
-        raises on the driver carries the ``aec.JobFailure`` message (key and record).
+        TypeError, ValueError: on the driver, for bad arguments (unknown column,
+            non-time timestamp column, unpicklable function, reserved column name).
+            At run time a failing partition fails the Spark job; the error Spark
+            raises on the driver carries the ``aec.JobFailure`` message (key and record).
     """
     job = plan_job(
         df,

@@ -17,7 +17,11 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def test_every_package_is_marked_typed():
-    packages = [p.parent for name in ("aec", "backends", "spark_glue") for p in (ROOT / name).rglob("__init__.py")]
+    packages = [
+        p.parent
+        for name in ("aec", "backends", "spark_glue")
+        for p in (ROOT / name).rglob("__init__.py")
+    ]
     missing = [str(p.relative_to(ROOT)) for p in packages if not (p / "py.typed").is_file()]
     assert not missing, f"packages without py.typed (PEP 561): {missing}"
 
@@ -31,7 +35,10 @@ def test_version_has_one_place():
 
 def test_cli_prints_the_version():
     done = subprocess.run(
-        [sys.executable, "-m", "spark_glue.cli", "--version"], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "spark_glue.cli", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"aec {aec.__version__}"
@@ -39,13 +46,18 @@ def test_cli_prints_the_version():
 
 def test_engine_dependencies_stay_small():
     # the engine's own: everything else is an extra named for what it enables
-    names = {dep.split(">")[0].split("[")[0].strip() for dep in PYPROJECT["project"]["dependencies"]}
+    names = {
+        dep.split(">")[0].split("[")[0].strip() for dep in PYPROJECT["project"]["dependencies"]
+    }
     assert names == {"sortedcontainers"}
     extras = PYPROJECT["project"]["optional-dependencies"]
     for extra in ("spark", "rocksdb", "redis", "slatedb", "s3", "http", "flights", "all", "test"):
         assert extra in extras, extra
     (all_of,) = extras["all"]
-    assert set(all_of.removeprefix("aec[").removesuffix("]").split(",")) == set(extras) - {"all", "test"}
+    assert set(all_of.removeprefix("aec[").removesuffix("]").split(",")) == set(extras) - {
+        "all",
+        "test",
+    }
 
 
 def test_needs_extra_names_the_extra_and_keeps_the_cause():

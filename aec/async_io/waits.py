@@ -123,7 +123,8 @@ def key_ordered_wait(
         key_selector: ``value -> key``; the key must be hashable and not None
             (a bad key raises TypeError/ValueError while iterating; the selector
             raising fails the job with ``JobFailure``).
-        others: as in ``ordered_wait``.
+
+    The other arguments are those of ``ordered_wait``.
     """
     timeout = _check_common(function, timeout, capacity, retry)
     if not callable(key_selector):

@@ -69,6 +69,8 @@ class StateIterator:
         return items if project is None else [project(i) for i in items]
 
     def on_next(self, fn: Callable[[Any], Any]) -> StateFuture:
+        """A future of ``[fn(e) for e in elements]`` in order; results that are
+        StateFutures are awaited."""
         results: list[Any] = []
 
         def consume(items: list[Any], cursor: Any) -> Any:
@@ -82,6 +84,7 @@ class StateIterator:
         return _as_future(consume(self._items, self._cursor), None)
 
     def is_empty(self) -> bool:
+        """True when there are no elements (no request needed)."""
         return not self._items
 
     def __iter__(self) -> Iterator[Any]:
@@ -121,9 +124,11 @@ class _Handle(Generic[D]):
         self._release = release or _no_lane
 
     def async_clear(self) -> StateFuture:
+        """Remove this key's value(s); a future of None."""
         return self._submit(self._clear_op, self._name)
 
     def clear(self) -> None:
+        """Blocking ``async_clear``."""
         self._wait(self.async_clear())
 
     def _iterate(self, op: int, project: Callable[[Any], Any] | None) -> StateFuture:
@@ -145,18 +150,22 @@ class ValueState(_Handle[ValueStateDescriptor]):
     _clear_op = Op.VALUE_CLEAR
 
     def async_value(self) -> StateFuture:
+        """A future of this key's value, or the descriptor's ``default`` when absent."""
         default = self.descriptor.default
         if default is None:
             return self._submit(Op.VALUE_GET, self._name)
         return self._submit(Op.VALUE_GET, self._name, None, default, DefaultedGet)
 
     def async_update(self, value: Any) -> StateFuture:
+        """Set this key's value (None clears it); a future of None."""
         return self._submit(Op.VALUE_PUT, self._name, None, value)
 
     def value(self) -> Any:
+        """Blocking ``async_value``."""
         return self._wait(self.async_value())
 
     def update(self, value: Any) -> None:
+        """Blocking ``async_update``."""
         self._wait(self.async_update(value))
 
 
@@ -167,28 +176,36 @@ class ListState(_Handle[ListStateDescriptor]):
     _clear_op = Op.LIST_CLEAR
 
     def async_get(self) -> StateFuture:
+        """A future of a ``StateIterator`` over this key's list (empty when absent)."""
         return self._iterate(Op.LIST_GET_CHUNK, None)
 
     def async_add(self, value: Any) -> StateFuture:
+        """Append ``value``; a future of None."""
         return self._submit(Op.LIST_ADD, self._name, None, value)
 
     def async_add_all(self, values: Iterable[Any]) -> StateFuture:
+        """Append every value of ``values``, in order; a future of None."""
         return self._submit(Op.LIST_ADD_ALL, self._name, None, list(values))
 
     def async_update(self, values: Iterable[Any] | None) -> StateFuture:
+        """Replace the list with ``values`` (None or empty clears it); a future of None."""
         return self._submit(Op.LIST_PUT, self._name, None, list(values or ()))
 
     def get(self) -> StateIterator:
+        """Blocking ``async_get``."""
         iterator: StateIterator = self._wait(self.async_get())
         return iterator
 
     def add(self, value: Any) -> None:
+        """Blocking ``async_add``."""
         self._wait(self.async_add(value))
 
     def add_all(self, values: Iterable[Any]) -> None:
+        """Blocking ``async_add_all``."""
         self._wait(self.async_add_all(values))
 
     def update(self, values: Iterable[Any] | None) -> None:
+        """Blocking ``async_update``."""
         self._wait(self.async_update(values))
 
 
@@ -199,21 +216,27 @@ class MapState(_Handle[MapStateDescriptor]):
     _clear_op = Op.MAP_CLEAR
 
     def async_get(self, user_key: Any) -> StateFuture:
+        """A future of the value under ``user_key``, or None."""
         return self._submit(Op.MAP_GET, self._name, user_key)
 
     def async_put(self, user_key: Any, value: Any) -> StateFuture:
+        """Map ``user_key`` to ``value``; a future of None."""
         return self._submit(Op.MAP_PUT, self._name, user_key, value)
 
     def async_put_all(self, entries: dict[Any, Any]) -> StateFuture:
+        """Put every entry of ``entries``; a future of None."""
         return self._submit(Op.MAP_PUT_ALL, self._name, None, dict(entries))
 
     def async_remove(self, user_key: Any) -> StateFuture:
+        """Remove ``user_key`` (no-op if absent); a future of None."""
         return self._submit(Op.MAP_REMOVE, self._name, user_key)
 
     def async_contains(self, user_key: Any) -> StateFuture:
+        """A future of True when ``user_key`` is present."""
         return self._submit(Op.MAP_CONTAINS, self._name, user_key)
 
     def async_is_empty(self) -> StateFuture:
+        """A future of True when this key's map has no entries."""
         return self._submit(Op.MAP_IS_EMPTY, self._name)
 
     def async_entries(self) -> StateFuture:
@@ -221,38 +244,49 @@ class MapState(_Handle[MapStateDescriptor]):
         return self._iterate(Op.MAP_ITER_CHUNK, None)
 
     def async_keys(self) -> StateFuture:
+        """A future of a StateIterator of the user keys."""
         return self._iterate(Op.MAP_ITER_CHUNK, _first)
 
     def async_values(self) -> StateFuture:
+        """A future of a StateIterator of the values."""
         return self._iterate(Op.MAP_ITER_CHUNK, _second)
 
     def get(self, user_key: Any) -> Any:
+        """Blocking ``async_get``."""
         return self._wait(self.async_get(user_key))
 
     def put(self, user_key: Any, value: Any) -> None:
+        """Blocking ``async_put``."""
         self._wait(self.async_put(user_key, value))
 
     def put_all(self, entries: dict[Any, Any]) -> None:
+        """Blocking ``async_put_all``."""
         self._wait(self.async_put_all(entries))
 
     def remove(self, user_key: Any) -> None:
+        """Blocking ``async_remove``."""
         self._wait(self.async_remove(user_key))
 
     def contains(self, user_key: Any) -> bool:
+        """Blocking ``async_contains``."""
         return bool(self._wait(self.async_contains(user_key)))
 
     def is_empty(self) -> bool:
+        """Blocking ``async_is_empty``."""
         return bool(self._wait(self.async_is_empty()))
 
     def entries(self) -> StateIterator:
+        """Blocking ``async_entries``."""
         iterator: StateIterator = self._wait(self.async_entries())
         return iterator
 
     def keys(self) -> StateIterator:
+        """Blocking ``async_keys``."""
         iterator: StateIterator = self._wait(self.async_keys())
         return iterator
 
     def values(self) -> StateIterator:
+        """Blocking ``async_values``."""
         iterator: StateIterator = self._wait(self.async_values())
         return iterator
 
@@ -264,9 +298,11 @@ class ReducingState(_Handle[ReducingStateDescriptor]):
     _clear_op = Op.VALUE_CLEAR
 
     def async_get(self) -> StateFuture:
+        """A future of the reduced value, or None when empty."""
         return self._submit(Op.VALUE_GET, self._name)
 
     def async_add(self, value: Any) -> StateFuture:
+        """Fold ``value`` in with ``reduce_function(old, value)``; a future of None."""
         reduce = self.descriptor.reduce_function
         submit, name = self._submit, self._name
         return submit(Op.VALUE_GET, name, None, None, RmwRead).then_compose(
@@ -276,9 +312,11 @@ class ReducingState(_Handle[ReducingStateDescriptor]):
         )
 
     def get(self) -> Any:
+        """Blocking ``async_get``."""
         return self._wait(self.async_get())
 
     def add(self, value: Any) -> None:
+        """Blocking ``async_add``."""
         self._wait(self.async_add(value))
 
 
@@ -289,12 +327,14 @@ class AggregatingState(_Handle[AggregatingStateDescriptor]):
     _clear_op = Op.VALUE_CLEAR
 
     def async_get(self) -> StateFuture:
+        """A future of ``get_result(accumulator)``, or None when empty."""
         fn = self.descriptor.aggregate_function
         return self._submit(Op.VALUE_GET, self._name).then_apply(
             lambda acc: None if acc is None else fn.get_result(acc)
         )
 
     def async_add(self, value: Any) -> StateFuture:
+        """Fold ``value`` into the accumulator with ``add``; a future of None."""
         fn = self.descriptor.aggregate_function
         submit, name = self._submit, self._name
 
@@ -306,9 +346,11 @@ class AggregatingState(_Handle[AggregatingStateDescriptor]):
         return submit(Op.VALUE_GET, name, None, None, RmwRead).then_compose(fold)
 
     def get(self) -> Any:
+        """Blocking ``async_get``."""
         return self._wait(self.async_get())
 
     def add(self, value: Any) -> None:
+        """Blocking ``async_add``."""
         self._wait(self.async_add(value))
 
 

@@ -53,9 +53,10 @@ def keyed_streams(
     Args:
         keys: the keys records are drawn from; keep it small so same-key records
             collide (default ``DEFAULT_KEYS``).
-        max_size / min_size: bounds on the number of elements (records plus watermarks).
+        max_size: at most this many elements (records plus watermarks).
         max_value: each record is ``Record(key, v, timestamp=v)`` with ``v`` an int in
             ``0..max_value``, so values double as event times.
+        min_size: at least this many elements.
         watermarks: interleave watermarks (about one element in six) when True.
         max_watermark_step: the largest increase from one watermark to the next
             (default ``max(1, max_value // 3 + 2)``); the first watermark is at
