@@ -51,17 +51,34 @@ steps = st.lists(
 )
 
 
-@given(steps=steps, max_deltas=st.integers(1, 4), deleted=st.sets(st.integers(0, 11)))
-def test_every_checkpoint_restores_its_state_after_others_are_deleted(steps, max_deltas, deleted):
+@given(
+    steps=steps,
+    max_deltas=st.integers(1, 4),
+    deleted=st.sets(st.integers(0, 11)),
+    restarts=st.sets(st.integers(1, 11)),
+)
+def test_every_checkpoint_restores_its_state_after_others_are_deleted(
+    steps, max_deltas, deleted, restarts
+):
+    """With restarts: before step n a new backend restores the last checkpoint and
+    continues its chain (adopted), as a Spark task that did not keep the operator."""
     backend = MemoryBackend(max_deltas=max_deltas)
     operator = KeyedProcessOperator(Writes(), backend)
-    expected, handles = [], []
+    expected, handles, old = [], [], []
     with tempfile.TemporaryDirectory() as directory:
         for number, step in enumerate(steps):
+            if number in restarts and handles:
+                operator.close()
+                old.append(backend)
+                backend = MemoryBackend(max_deltas=max_deltas)
+                operator = KeyedProcessOperator(Writes(), backend)
+                operator.restore(handles[-1])
             for key, value in step:
                 operator.process(Record(f"k{key}", value))
             handles.append(operator.snapshot(number, directory))
             expected.append(state_of(backend))
+        for previous in old:
+            previous.close()
         operator.close()
         backend.close()  # the private chain goes; the checkpoints keep their links
         for number in deleted & set(range(len(steps))):
@@ -127,3 +144,27 @@ def test_full_snapshots_when_not_incremental(tmp_path):
     assert os.listdir(os.path.dirname(base)) == [memory_changelog.BASE]
     assert os.stat(base).st_nlink == 1  # a file of its own, nothing shared
     assert backend.spec().build(0).incremental is False
+
+
+def test_a_restored_backend_continues_the_chain(tmp_path):
+    backend = MemoryBackend()
+    operator = KeyedProcessOperator(Writes(), backend)
+    for key in range(3000):
+        operator.process(Record(f"k{key}", key))
+    operator.snapshot(1, tmp_path)
+    operator.process(Record("k1", -5))
+    first = operator.snapshot(2, tmp_path)
+    restored = MemoryBackend()
+    again = KeyedProcessOperator(Writes(), restored)
+    again.restore(first)
+    again.process(Record("k2", -6))
+    second = again.snapshot(3, tmp_path)
+    names = sorted(os.listdir(os.path.join(second.path, "backend")))
+    assert names == [memory_changelog.CHAIN, "memory-delta-0.pickle", "memory-delta-1.pickle",
+                     memory_changelog.BASE]  # fmt: skip
+    assert os.path.samefile(os.path.join(second.path, "backend", memory_changelog.BASE),
+                            os.path.join(first.path, "backend", memory_changelog.BASE))  # fmt: skip
+    final = MemoryBackend()
+    KeyedProcessOperator(Writes(), final).restore(second)
+    assert state_of(final) == state_of(restored)
+    assert final.state_items("value")["k1"] == -5 and final.state_items("value")["k2"] == -6

@@ -79,8 +79,9 @@ class MemoryBackend(StateBackend):
         if key_groups is not None and max_parallelism is None:
             raise ValueError("restore with key_groups needs the max_parallelism they use")
         merged: dict[str, dict[Any, Any]] = {}
+        touched: set[tuple[str, Any]] = set()
         for source in directories:
-            tables = changelog.load(os.fspath(source))
+            tables = changelog.load(os.fspath(source), touched)
             if key_groups is not None:
                 tables = _only(tables, key_groups, max_parallelism)
             if not merged and len(directories) == 1:
@@ -94,7 +95,10 @@ class MemoryBackend(StateBackend):
                     )
                 target.update(table)
         self._tables = merged
-        self._changelog.reset()
+        if self.incremental and len(directories) == 1 and key_groups is None:
+            self._changelog.adopt(os.fspath(directories[0]), touched)
+        else:
+            self._changelog.reset()
 
     def spec(self) -> BackendSpec:
         return MemorySpec(self.incremental, self._changelog.max_deltas)

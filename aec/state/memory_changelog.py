@@ -19,7 +19,9 @@ changes since the last one, against a periodically materialized base. Here:
   since the base exceed ``rebase_ratio`` times the state's keys, the next
   snapshot writes a new base. A base costs O(state), but only after that many
   changed keys, so the amortized cost per changed key is constant.
-- ``load(directory)`` = base + every delta in order.
+- ``load(directory)`` = base + every delta in order. After an unfiltered restore
+  of one snapshot the backend ``adopt``s its chain (links it), so the first
+  snapshot after a restore is a delta, not a new base.
 
 The base and the deltas live in the private directory (``tempfile``, removed by
 ``close``) and, linked, in each checkpoint; the chain survives as long as any
@@ -58,6 +60,25 @@ class Changelog:
         self.dirty = set()
         self._since_base = set()
         self._base, self._deltas = None, []
+
+    def adopt(self, directory: str, touched: set[tuple[str, Any]]) -> None:
+        """Continue the chain of the snapshot in ``directory`` (just restored, unfiltered):
+        link its base and deltas into the private directory, so the next snapshot
+        after a restore is a delta too. ``touched``: the keys its deltas change."""
+        self.reset()
+        names = [BASE]
+        chain = os.path.join(directory, CHAIN)
+        if os.path.exists(chain):
+            with open(chain, "rb") as src:
+                names += json.loads(src.read())["deltas"]
+        paths = []
+        for name in names:
+            self._written += 1
+            if self._private is None:
+                self._private = tempfile.mkdtemp(prefix="aec-memory-chain-")
+            paths.append(os.path.join(self._private, f"{self._written}.pickle"))
+            _link(os.path.join(directory, name), paths[-1])
+        self._base, self._deltas, self._since_base = paths[0], paths[1:], set(touched)
 
     def snapshot(self, tables: dict[str, dict[Any, Any]], directory: str) -> None:
         """Write the next link of the chain and put the chain into ``directory``."""
@@ -99,8 +120,9 @@ class Changelog:
             shutil.rmtree(private, ignore_errors=True)
 
 
-def load(directory: str) -> dict[str, dict[Any, Any]]:
-    """The tables of a snapshot: its base with every delta applied in order.
+def load(directory: str, touched: set[tuple[str, Any]] | None = None) -> dict[str, dict[Any, Any]]:
+    """The tables of a snapshot: its base with every delta applied in order; the
+    ``(state, key)`` pairs the deltas change are added to ``touched``.
 
     Raises FileNotFoundError (no base) or ValueError (not a MemoryBackend snapshot).
     """
@@ -117,6 +139,9 @@ def load(directory: str) -> dict[str, dict[Any, Any]]:
     for name in names:
         delta = _read(os.path.join(directory, name))
         for state, (updates, deletions) in delta.items():
+            if touched is not None:
+                touched.update((state, key) for key in deletions)
+                touched.update((state, key) for key in updates)
             table = tables.setdefault(state, {})
             for key in deletions:
                 table.pop(key, None)
