@@ -26,7 +26,7 @@ from aec.keygroups import KeyGroupRange, key_group_range_for
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.convert import timestamp_seconds
 from spark_glue.raw_frame import RawLayout, RawWriter
-from spark_glue.routing import keys_of, untagged
+from spark_glue.routing import untagged
 from spark_glue.watermarks import BoundedOutOfOrderness
 
 
@@ -65,7 +65,10 @@ class PartitionJob:
     def _feed(
         self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch
     ) -> None:
-        keys = keys_of(batch, self.keys)
+        if len(self.keys) == 1:
+            keys = batch.column(self.keys[0]).to_pylist()
+        else:
+            keys = list(zip(*(batch.column(k).to_pylist() for k in self.keys), strict=True))
         values = batch.to_pylist()
         if self.timestamp is None:
             for key, value in zip(keys, values, strict=True):

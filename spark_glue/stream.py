@@ -90,7 +90,7 @@ def process_keyed_stream(
             batch DataFrame of ``output_schema``; ``spark_glue.side_output(batch_df,
             tag)`` and ``partition_metrics(batch_df)`` work on it during the call.
             The operator has already run when the sink is called.
-        watermark_delay / watermark_interval: periodic watermarks as in
+        watermark_delay: with ``watermark_interval``, periodic watermarks as in
             ``process_keyed``, continuing across micro-batches, plus one at the end
             of every micro-batch (``max event time - watermark_delay`` if that
             advances). There is no final ``Watermark(inf)``: the stream never ends.
@@ -109,12 +109,12 @@ def process_keyed_stream(
         restarting with the same ``checkpoint_location`` re-runs that micro-batch.
 
     Raises:
-        TypeError / ValueError on the driver for bad arguments (those of
-        ``process_keyed``, plus: not a streaming DataFrame, no
-        ``checkpoint_location`` or an unresolvable URI scheme, a sink that is not
-        callable, key columns or ``max_parallelism`` different from the
-        checkpoint's, ``num_partitions > max_parallelism``, state without Spark's
-        checkpoint, speculative execution on).
+        TypeError, ValueError: on the driver, for bad arguments (those of
+            ``process_keyed``, plus: not a streaming DataFrame, no
+            ``checkpoint_location`` or an unresolvable URI scheme, a sink that is not
+            callable, key columns or ``max_parallelism`` different from the
+            checkpoint's, ``num_partitions > max_parallelism``, state without Spark's
+            checkpoint, speculative execution on).
     """
     if not isinstance(stream_df, DataFrame) or not stream_df.isStreaming:
         raise TypeError("process_keyed_stream needs a streaming DataFrame (spark.readStream...)")
