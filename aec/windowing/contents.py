@@ -17,6 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 from aec.state.future import combine_all
+from aec.windowing.windows import window_key
 
 MAX_PANES_PER_WINDOW = 4096  # beyond this (odd float sizes) windows keep their own state
 
@@ -45,29 +46,29 @@ class Contents:
 
     async def add(self, window: Any, value: Any, timestamp: float) -> bool:
         """Add a record to ``window``; True when the window held something before."""
-        store = self.store
-        stored = await store.async_get(window)
-        await store.async_put(window, self.fold(stored, value, timestamp))
+        store, key = self.store, window_key(window)
+        stored = await store.async_get(key)
+        await store.async_put(key, self.fold(stored, value, timestamp))
         return stored is not None
 
     def read(self, window: Any) -> Any:
         """A future of the window's stored contents (None: empty)."""
-        return self.store.async_get(window)
+        return self.store.async_get(window_key(window))
 
     def clear(self, window: Any) -> Any:
-        return self.store.async_remove(window)
+        return self.store.async_remove(window_key(window))
 
     def write(self, window: Any, stored: Any) -> Any:
-        return self.store.async_put(window, stored)
+        return self.store.async_put(window_key(window), stored)
 
     async def merge_windows(self, target: Any, sources: list[Any]) -> None:
         """Move the contents of ``sources`` into ``target`` (sessions)."""
         store = self.store
-        values = await combine_all([store.async_get(w) for w in [target, *sources]])
+        values = await combine_all([store.async_get(window_key(w)) for w in [target, *sources]])
         present = [v for v in values if v is not None]
-        await combine_all([store.async_remove(w) for w in sources])
+        await combine_all([store.async_remove(window_key(w)) for w in sources])
         if present:
-            await store.async_put(target, self.merge(present))
+            await store.async_put(window_key(target), self.merge(present))
 
 
 class AggregateContents(Contents):

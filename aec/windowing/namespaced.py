@@ -22,6 +22,7 @@ from aec.state.descriptors import (
 )
 from aec.state.future import StateFuture, combine_all, completed_future
 from aec.state.handles import StateIterator
+from aec.windowing.windows import window_key
 
 
 class _WindowEntry:
@@ -32,7 +33,7 @@ class _WindowEntry:
     def __init__(self, descriptor: StateDescriptor, store: Any, window: Any) -> None:
         self.descriptor = descriptor
         self._store = store
-        self._window = window
+        self._window = window_key(window)
 
     def _read(self) -> StateFuture:
         return self._store.async_get(self._window)
@@ -220,14 +221,14 @@ def merge_into(
     """Merge the entries of ``sources`` windows into ``target``'s and remove theirs."""
     if not sources:
         return completed_future(None)
-    windows = [target, *sources]
-    reads = combine_all([store.async_get(w) for w in windows])
+    keys = [window_key(w) for w in sources]
+    reads = combine_all([store.async_get(k) for k in [window_key(target), *keys]])
 
     def write(values: list[Any]) -> StateFuture:
         merged = merge_values(descriptor, values)
-        writes = [store.async_remove(w) for w in sources]
+        writes = [store.async_remove(k) for k in keys]
         if merged is not None:
-            writes.append(store.async_put(target, merged))
+            writes.append(store.async_put(window_key(target), merged))
         return combine_all(writes)
 
     return reads.then_compose(write)

@@ -13,6 +13,7 @@ keyed function does. See ``docs/windows.md``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from aec.functions import KeyedProcessFunction
@@ -99,7 +100,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
 
     def _register_cleanup(self, scope: Scope, window: Any) -> None:
         time = self.cleanup_time(window)
-        if time != float("inf"):  # a global window is never cleaned (Flink)
+        if time != math.inf:  # a global window is never cleaned (Flink)
             domain = EVENT if self.event_time else PROCESSING
             self.timers.register(scope.ctx, scope.pending, domain, time, window)
 
@@ -121,12 +122,15 @@ class WindowOperatorFunction(KeyedProcessFunction):
                     f"event-time window assigner {self.assigner!r} needs Record(key, value, timestamp)"
                 )
             now = watermark = service.current_watermark()
-        else:
-            timestamp = now = service.current_processing_time()
+        else:  # windows follow the clock; triggers and evictors still see the record's time
+            timestamp = ctx.timestamp
+            now = service.current_processing_time()
+            if timestamp is None:
+                timestamp = now
             watermark = service.current_watermark()
         scope = Scope(ctx, self)
         if self.sessions is not None:
-            accepted = await self._merging_record(scope, value, timestamp, watermark)
+            accepted = await self._merging_record(scope, value, timestamp, now, watermark)
         elif self.panes:
             accepted = await self._pane_record(scope, value, timestamp, now)
         else:
@@ -149,7 +153,9 @@ class WindowOperatorFunction(KeyedProcessFunction):
     async def _plain_record(self, scope: Scope, value: Any, timestamp: float, now: float) -> bool:
         accepted = False
         watermark = scope.ctx.timer_service.current_watermark()
-        for window in self.assigner.assign_windows(value, timestamp):
+        for window in self.assigner.assign_windows(
+            value, now if not self.event_time else timestamp
+        ):
             if self.is_late(window, watermark):
                 continue
             accepted = True
@@ -163,7 +169,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
 
     async def _pane_record(self, scope: Scope, value: Any, timestamp: float, now: float) -> bool:
         panes = self.contents
-        pane = panes.pane(timestamp)
+        pane = panes.pane(timestamp if self.event_time else now)
         watermark = scope.ctx.timer_service.current_watermark()
         live = [w for w in panes.windows_of_pane(pane) if not self.is_late(w, watermark)]
         if not live:
@@ -178,12 +184,12 @@ class WindowOperatorFunction(KeyedProcessFunction):
         return True
 
     async def _merging_record(
-        self, scope: Scope, value: Any, timestamp: float, watermark: float
+        self, scope: Scope, value: Any, timestamp: float, now: float, watermark: float
     ) -> bool:
         sessions = list(await self.sessions.async_value() or ())
         before = list(sessions)
         accepted = False
-        for window in self.assigner.assign_windows(value, timestamp):
+        for window in self.assigner.assign_windows(value, timestamp if self.event_time else now):
             actual, merged = add_session(sessions, window)
             if merged:
                 await _settle(self.trigger.on_merge(actual, TriggerContext(scope, actual, merged)))
@@ -260,7 +266,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
         """A grid window ending at ``time`` fires; one whose cleanup time is ``time`` goes."""
         assigner, lateness = self.assigner, self.lateness
         candidates = [assigner.window_ending_at(time)]
-        if self.event_time and lateness > 0:
+        if self.event_time and lateness > 0 and math.isfinite(time - lateness):
             candidates.insert(0, assigner.window_ending_at(time - lateness))
         for window in candidates:
             if window is None:

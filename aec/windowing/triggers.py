@@ -237,6 +237,8 @@ class ContinuousEventTimeTrigger(Trigger):
 
     async def _register_next(self, time: float, window: Any, ctx: Any, state: Any) -> None:
         next_time = min(time + self.interval, window.end)
+        if next_time < window.end and ctx.current_watermark() == math.inf:
+            return  # end of input: the window's own end firing comes next (no endless chain)
         await state.async_add(next_time)
         ctx.register_event_time_timer(next_time)
 

@@ -76,3 +76,14 @@ def window_start(timestamp: float, offset: float, size: float) -> float:
     ``offset + floor((timestamp - offset) / size) * size`` (Flink's
     ``TimeWindow.getWindowStartWithOffset``, without the ``t - t % size`` float drift)."""
     return offset + math.floor((timestamp - offset) / size) * size
+
+
+def window_key(window: object) -> object:
+    """The map key a window's state is stored under: ``(start, end)`` for a
+    ``TimeWindow`` (a tuple, so the byte backends encode ``1`` and ``1.0`` alike),
+    ``"global"`` for the ``GlobalWindow``, the window itself otherwise."""
+    if type(window) is TimeWindow:
+        return (window.start, window.end)
+    if type(window) is GlobalWindow:
+        return "global"
+    return window
