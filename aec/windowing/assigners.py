@@ -79,11 +79,9 @@ class SlidingEventTimeWindows(WindowAssigner):
         return TimeWindow(start, start + self.size)
 
     def grid_index(self, timestamp: float) -> int:
-        """The largest ``k`` whose window starts at or before ``timestamp``."""
-        k = math.floor((timestamp - self.offset) / self.slide)
-        if self.offset + k * self.slide > timestamp:  # float rounding at a boundary
-            k -= 1
-        return k
+        """``floor((timestamp - offset) / slide)``: the contract's start formula, taken
+        as is (a float boundary may round either way; the grid never drifts)."""
+        return math.floor((timestamp - self.offset) / self.slide)
 
     def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
         k = self.grid_index(timestamp)
@@ -123,10 +121,7 @@ class TumblingEventTimeWindows(SlidingEventTimeWindows):
         return cls(size, offset)
 
     def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
-        window = self.grid_window(self.grid_index(timestamp))
-        if window.end <= timestamp:  # float rounding at a boundary
-            window = self.grid_window(self.grid_index(timestamp) + 1)
-        return [window]
+        return [self.grid_window(self.grid_index(timestamp))]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}.of({self.size!r}, {self.offset!r})"
