@@ -48,7 +48,8 @@ class Contents:
         """Add a record to ``window``; True when the window held something before."""
         store, key = self.store, window_key(window)
         stored = await store.async_get(key)
-        await store.async_put(key, self.fold(stored, value, timestamp))
+        # not awaited: the write counts toward the record, and later requests queue after it
+        store.async_put(key, self.fold(stored, value, timestamp))
         return stored is not None
 
     def read(self, window: Any) -> Any:
@@ -211,7 +212,7 @@ class PaneContents:
     async def add_pane(self, j: int, value: Any) -> bool:
         store = self.store
         stored = await store.async_get(j)
-        await store.async_put(j, self.inner.fold(stored, value, 0.0))
+        store.async_put(j, self.inner.fold(stored, value, 0.0))  # not awaited, as in add
         return stored is not None
 
     async def read(self, window: Any) -> Any:
