@@ -11,8 +11,10 @@ the reference model).
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
+from aec.state.future import combine_all
 from aec.windowing.assigners import TumblingEventTimeWindows
 from aec.windowing.context import Scope
 from aec.windowing.windows import window_key
@@ -74,16 +76,32 @@ def on_record(function: Any, value: Any, ctx: Any) -> Any:
 
 
 def on_timer(function: Any, time: float, ctx: Any) -> Any:
-    """``on_timer`` of a tumbling window without allowed lateness: fire and clean."""
-    window = function.assigner.window_ending_at(time)
-    if window is None:
+    """``on_timer`` of a tumbling window: the window ending at ``time`` fires; the one
+    whose cleanup time (``end + allowed_lateness``) is ``time`` is cleaned."""
+    assigner, lateness = function.assigner, function.lateness
+    store = function.contents.store
+    fires = assigner.window_ending_at(time)
+    if function.event_time and lateness > 0:  # an infinite lateness never cleans
+        finite = math.isfinite(time - lateness)
+        cleans = assigner.window_ending_at(time - lateness) if finite else None
+    else:
+        cleans = fires  # processing time, or no lateness: cleaned when it fires
+    reads = [store.async_get(window_key(w)) for w in (cleans, fires) if w is not None]
+    if not reads:
         return None
-    store, key = function.contents.store, window_key(window)
 
-    def fire(stored: Any) -> Any:
-        if stored is None:
-            return None
-        function._emit(Scope(ctx, function), window, stored)
-        return store.async_remove(key)
+    def act(stored: list) -> Any:
+        windows = [w for w in (cleans, fires) if w is not None]
+        if cleans is fires and fires is not None:
+            windows, stored = windows[:1], stored[:1]
+        removals = []
+        for window, contents in zip(windows, stored, strict=True):
+            if contents is None:
+                continue
+            if window is fires:
+                function._emit(Scope(ctx, function), window, contents)
+            if window is cleans:
+                removals.append(store.async_remove(window_key(window)))
+        return combine_all(removals)
 
-    return store.async_get(key).then_compose(fire)
+    return combine_all(reads).then_compose(act)

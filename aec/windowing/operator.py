@@ -291,7 +291,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
         return None
 
     def on_timer(self, timestamp: float, ctx: Any) -> Any:
-        if self.hot and (self.lateness == 0 or not self.event_time):
+        if self.hot:
             return hot_path.on_timer(self, timestamp, ctx)
         return self._on_timer(timestamp, ctx)
 
