@@ -365,3 +365,27 @@ def test_windows_pickle_and_run_again():
         run(SESSION_SOURCE, FACTORIES["session"]()).outputs
     )
     assert math.isinf(TimeWindow(0, 1).end + math.inf)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [lambda: window(TumblingEventTimeWindows.of(20), reduce=sum_reduce),
+     lambda: window(EventTimeSessionWindows.with_gap(4), reduce=sum_reduce)],
+    ids=["other-size", "sessions"],
+)  # fmt: skip
+def test_restore_into_another_assigner_is_refused(other, tmp_path):
+    first = KeyedProcessOperator(window(TumblingEventTimeWindows.of(10), reduce=sum_reduce),
+                                 MemoryBackend(), ASYNC)  # fmt: skip
+    first.open()
+    _feed(first, SESSION_SOURCE[:5])
+    handle = first.snapshot(1, tmp_path)
+    first.close()
+    second = KeyedProcessOperator(other(), MemoryBackend(), ASYNC)
+    with pytest.raises(ValueError, match="TumblingEventTimeWindows.of.10, 0.*windows would not"):
+        second.restore(handle)
+    same = KeyedProcessOperator(window(TumblingEventTimeWindows.of(10), reduce=sum_reduce),
+                                MemoryBackend(), ASYNC)  # fmt: skip
+    same.restore(handle)
+    _feed(same, SESSION_SOURCE[5:])
+    same.finish()
+    assert _values(same.drain_outputs())

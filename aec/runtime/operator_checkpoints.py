@@ -106,6 +106,9 @@ class OperatorCheckpoints:
                 f"{state.max_parallelism}, this operator {self.config.max_parallelism}: "
                 "key groups would not match"
             )
+        check = getattr(self.function, "check_restore", None)  # e.g. windows: same assigner
+        if check is not None:
+            check(state.state_names)  # raises ValueError before anything live changes
         self.open()
         try:
             self.backend.restore(restored.backend_dir)

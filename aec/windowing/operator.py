@@ -57,6 +57,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
         assigner = spec.assigner
         self._runtime = ctx
         self._stores: dict[str, Any] = {}
+        ctx.get_state(ValueStateDescriptor(self.assigner_marker()))  # a name, never written
         self.assigner, self.trigger, self.evictor = assigner, spec.trigger, spec.evictor
         self.process_fn, self.lateness = spec.process, spec.allowed_lateness
         self.event_time = assigner.event_time
@@ -86,6 +87,25 @@ class WindowOperatorFunction(KeyedProcessFunction):
         if process is not None and hasattr(process, "open"):
             process.open(ctx)
         self.hot = hot_path.applies(self)
+
+    def assigner_marker(self) -> str:
+        """A state name naming the assigner: in the checkpoint's state names, so a
+        restore into a function with another assigner is refused (``check_restore``)."""
+        return f"window-assigner={self.spec.assigner.describe()}"
+
+    def check_restore(self, state_names: list[str]) -> None:
+        """Called by the operator's ``restore`` with the checkpoint's state names.
+
+        Raises:
+            ValueError: the checkpoint was taken with another window assigner.
+        """
+        theirs = [n for n in state_names if n.startswith("window-assigner=")]
+        mine = self.assigner_marker()
+        if theirs and theirs != [mine]:
+            raise ValueError(
+                f"the checkpoint holds windows of {theirs[0].split('=', 1)[1]}; this "
+                f"function's assigner is {self.spec.assigner.describe()}: windows would not match"
+            )
 
     def close(self) -> None:
         if self.process_fn is not None and hasattr(self.process_fn, "close"):
