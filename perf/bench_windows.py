@@ -19,6 +19,9 @@ variant order rotates per round; each figure is the best of ``--repeats``):
 * ``memory``/``rocksdb``: async / sync records/s on Memory and RocksDB, tumbling and
   sessions. Goal: >= 1.0x.
 
+Cost and memory/RocksDB rows are judged on process CPU seconds (the machine is shared
+with other jobs; wall clock is in the JSON too); the latency rows on wall clock.
+
 Synthetic records: ``--keys`` keys, event times rising ~1 s per record with up to 30 s of
 disorder, watermarks every 1,000 records (max - 60 s). Every pair of variants is checked
 to give the same outputs before timing counts.
@@ -158,28 +161,30 @@ def _canonical(result: Any) -> tuple:
 
 def timed(make: Callable[[], Any], source: list, config: AecConfig, backend: Callable) -> tuple:
     b = backend()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     result = run_keyed(source, make(), b, config)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     if hasattr(b, "close"):
         b.close()
-    records = sum(1 for e in source if type(e) is Record)
-    return elapsed, records / elapsed, result
+    return elapsed, cpu, result
 
 
 def compare(name: str, goal: str, threshold: float, variants: dict, repeats: int,
-            ratio_of: str, same_outputs: bool = True) -> dict:  # fmt: skip
+            ratio_of: str, same_outputs: bool = True, clock: str = "cpu") -> dict:  # fmt: skip
     """Time ``variants`` (label -> (make, source, config, backend)) in interleaved rounds."""
-    best: dict[str, float] = {}
-    rates: dict[str, float] = {}
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     outputs: dict[str, Any] = {}
     labels = list(variants)
     for round_ in range(repeats):
         for label in labels[round_ % len(labels) :] + labels[: round_ % len(labels)]:
-            elapsed, rate, result = timed(*variants[label])
-            if label not in best or elapsed < best[label]:
-                best[label], rates[label] = elapsed, rate
+            elapsed, used, result = timed(*variants[label])
+            wall[label] = min(wall.get(label, math.inf), elapsed)
+            cpu[label] = min(cpu.get(label, math.inf), used)
             outputs.setdefault(label, _canonical(result))
+    # the machine is shared: CPU seconds judge work; the latency rows wait, so wall clock
+    best = wall if clock == "wall" else cpu
+    rates = {label: _records(variants[label][1]) / best[label] for label in labels}
     if same_outputs:
         first = outputs[labels[0]]
         for label in labels[1:]:
@@ -193,7 +198,9 @@ def compare(name: str, goal: str, threshold: float, variants: dict, repeats: int
         ratio = rates[a] / rates[b]
         met = ratio >= threshold
     row = {"measure": name, "goal": goal, "ratio": ratio, "met": met, "kind": ratio_of,
-           "variants": {label: {"best_s": best[label], "records_per_s": rates[label],
+           "clock": clock,
+           "variants": {label: {"best_wall_s": wall[label], "best_cpu_s": cpu[label],
+                                "records_per_s": rates[label],
                                 "records": _records(variants[label][1])} for label in labels}}  # fmt: skip
     print(f"{name:<44} {ratio:8.2f}x  goal {goal:<9} {'met' if met else 'MISSED'}  "
           + ", ".join(f"{k}: {v['records_per_s']:,.0f} rec/s" for k, v in row["variants"].items()))  # fmt: skip
@@ -259,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(compare(
             f"async/sync at 1 ms latency, {kind}", ">= 100x", 100.0,
             {"async": (make, wide, ASYNC, latency), "sync": (make, narrow, SYNC, latency)},
-            1, "speed", same_outputs=False))  # fmt: skip
+            1, "speed", same_outputs=False, clock="wall"))  # fmt: skip
     for backend_name, backend in (("memory", MemoryBackend), ("rocksdb", rocks)):
         for kind, make in (("tumbling", tumbling), ("sessions", sessions)):
             rows.append(compare(
@@ -291,10 +298,12 @@ def markdown(report: dict) -> str:
         "",
         f"{report['date']}; synthetic {p['records']:,} records over {p['keys']} keys; flights "
         f"{'all' if p['flights'] is None else p['flights']} rows; best of {p['repeats']} "
-        "interleaved rounds (the latency rows: one run each).",
+        "interleaved rounds (the latency rows: one run each). Clock `cpu`: process CPU "
+        "seconds (the machine is shared; CPU time is what the variants cost); `wall`: wall "
+        "clock (the latency rows wait on the modelled round trips).",
         "",
-        "| measure | goal | measured | verdict | variants (records/s) |",
-        "|---|---|---:|---|---|",
+        "| measure | goal | measured | verdict | clock | variants (records/s) |",
+        "|---|---|---:|---|---|---|",
     ]
     for r in report["rows"]:
         variants = ", ".join(f"{k} {v['records_per_s']:,.0f}" for k, v in r["variants"].items())

@@ -17,7 +17,7 @@ from typing import Any
 from aec.state.future import combine_all
 from aec.windowing.assigners import TumblingEventTimeWindows
 from aec.windowing.context import Scope
-from aec.windowing.windows import window_key
+from aec.windowing.windows import TimeWindow
 
 
 def applies(function: Any) -> bool:
@@ -34,18 +34,20 @@ def applies(function: Any) -> bool:
 
 
 def on_record(function: Any, value: Any, ctx: Any) -> Any:
-    """``process_element`` of a tumbling window: one read and one write."""
+    """``process_element`` of a tumbling window: one read and one write (the window
+    object is made only when it fires)."""
     service = ctx.timer_service
     watermark = service.current_watermark()
-    assigner = function.assigner
+    assigner, lateness = function.assigner, function.lateness
     if function.event_time:
         timestamp = ctx.timestamp
         if timestamp is None:
             raise function.missing_timestamp(value, ctx)
         now = watermark
-        window = assigner.grid_window(assigner.grid_index(timestamp))
-        if window.end + function.lateness <= watermark:
-            if timestamp + function.lateness <= watermark:
+        start = assigner.offset + assigner.grid_index(timestamp) * assigner.slide
+        end = start + assigner.size  # as grid_window computes it: bit-for-bit the same
+        if end + lateness <= watermark:
+            if timestamp + lateness <= watermark:
                 function._late(ctx, value, timestamp, watermark)
             return None
     else:
@@ -53,26 +55,38 @@ def on_record(function: Any, value: Any, ctx: Any) -> Any:
         timestamp = ctx.timestamp
         if timestamp is None:
             timestamp = now
-        window = assigner.grid_window(assigner.grid_index(now))
+        start = assigner.offset + assigner.grid_index(now) * assigner.slide
+        end = start + assigner.size
     contents = function.contents
-    store, key = contents.store, window_key(window)
+    store, key = contents.store, (start, end)
 
     def fold(stored: Any) -> Any:
-        store.async_put(key, contents.fold(stored, value, timestamp))
-        if stored is not None and window.end > now:
+        folded = contents.fold(stored, value, timestamp)
+        store.async_put(key, folded)
+        if stored is not None and end > now:
             return None  # timers registered with the window; the trigger continues
-        scope = Scope(ctx, function)
-        if not function._builtin_element(scope, window, now):
-            if stored is None:
-                function._register_cleanup(scope, window)
+        if stored is None and function.event_time and lateness > 0:
+            cleanup = end + lateness
+            if cleanup != math.inf:
+                service.register_event_time_timer(cleanup)
+        if end > now or not function.event_time:  # EventTime/ProcessingTimeTrigger: a timer
+            if function.event_time:
+                service.register_event_time_timer(end)
+            else:
+                service.register_processing_time_timer(end)
             return None
-        if stored is None:
-            function._register_cleanup(scope, window)
-        return store.async_get(key).then_accept(
-            lambda now_stored: function._emit(scope, window, now_stored)
-        )
+        # a late firing: the window fires at once with what was just stored
+        return function._emit(Scope(ctx, function), TimeWindow.trusted(start, end), folded)
 
     return store.async_get(key).then_compose(fold)
+
+
+def _ending_at(assigner: Any, end: float) -> tuple[float, float] | None:
+    """``(start, end)`` of the grid window ending exactly at ``end``, or None."""
+    start = assigner.offset + round((end - assigner.size - assigner.offset) / assigner.slide) * (
+        assigner.slide
+    )
+    return (start, end) if start + assigner.size == end else None
 
 
 def on_timer(function: Any, time: float, ctx: Any) -> Any:
@@ -80,28 +94,36 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
     whose cleanup time (``end + allowed_lateness``) is ``time`` is cleaned."""
     assigner, lateness = function.assigner, function.lateness
     store = function.contents.store
-    fires = assigner.window_ending_at(time)
+    fires = _ending_at(assigner, time)
     if function.event_time and lateness > 0:  # an infinite lateness never cleans
         finite = math.isfinite(time - lateness)
-        cleans = assigner.window_ending_at(time - lateness) if finite else None
+        cleans = _ending_at(assigner, time - lateness) if finite else None
     else:
         cleans = fires  # processing time, or no lateness: cleaned when it fires
-    reads = [store.async_get(window_key(w)) for w in (cleans, fires) if w is not None]
-    if not reads:
+    if cleans is fires:  # one window fires and goes: a single read, no combining
+        if fires is None:
+            return None
+
+        def fire(stored: Any) -> Any:
+            if stored is None:
+                return None
+            function._emit(Scope(ctx, function), TimeWindow.trusted(*fires), stored)
+            return store.async_remove(fires)
+
+        return store.async_get(fires).then_compose(fire)
+    keys = [k for k in (cleans, fires) if k is not None]
+    if not keys:
         return None
 
     def act(stored: list) -> Any:
-        windows = [w for w in (cleans, fires) if w is not None]
-        if cleans is fires and fires is not None:
-            windows, stored = windows[:1], stored[:1]
         removals = []
-        for window, contents in zip(windows, stored, strict=True):
+        for key, contents in zip(keys, stored, strict=True):
             if contents is None:
                 continue
-            if window is fires:
-                function._emit(Scope(ctx, function), window, contents)
-            if window is cleans:
-                removals.append(store.async_remove(window_key(window)))
+            if key is fires:
+                function._emit(Scope(ctx, function), TimeWindow.trusted(*key), contents)
+            if key is cleans:
+                removals.append(store.async_remove(key))
         return combine_all(removals)
 
-    return combine_all(reads).then_compose(act)
+    return combine_all([store.async_get(k) for k in keys]).then_compose(act)
