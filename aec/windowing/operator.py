@@ -18,9 +18,9 @@ from typing import Any
 
 from aec.functions import KeyedProcessFunction
 from aec.state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
-from aec.windowing import hot_path
+from aec.windowing import hot_path, panes
 from aec.windowing.assigners import SlidingEventTimeWindows
-from aec.windowing.contents import Contents, PaneContents
+from aec.windowing.contents import Contents
 from aec.windowing.context import (
     ProcessWindowContext,
     ProcessWindowFunction,
@@ -29,6 +29,7 @@ from aec.windowing.context import (
     window_handle,
 )
 from aec.windowing.merging import add_session
+from aec.windowing.panes import PaneContents
 from aec.windowing.timers import EVENT, PROCESSING, WindowTimers
 from aec.windowing.triggers import (
     EventTimeTrigger,
@@ -76,7 +77,10 @@ class WindowOperatorFunction(KeyedProcessFunction):
             ctx.get_state(ValueStateDescriptor("window-sessions")) if assigner.merging else None
         )
         if self.fast and spec.pane is not None:
-            self.contents = PaneContents(self.contents, assigner, spec.pane)
+            # without lateness a key's live panes are its firing window's and a few ahead:
+            # one scan beats a read per pane (see PaneContents.read)
+            chain = self.lateness == 0 or not self.event_time
+            self.contents = PaneContents(self.contents, assigner, spec.pane, chain)
         self.panes = isinstance(self.contents, PaneContents)
         process = self.process_fn
         # ProcessWindowFunction.clear is a no-op unless overridden: skip the call then
@@ -178,7 +182,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
         if self.sessions is not None:
             accepted = await self._merging_record(scope, value, timestamp, now, watermark)
         elif self.panes:
-            accepted = await self._pane_record(scope, value, timestamp, now, watermark)
+            accepted = await panes.on_record(self, scope, value, timestamp, now, watermark)
         else:  # inline (not a sub-coroutine): this is the hot path of tumbling windows
             accepted = False
             for window in self.assigner.assign_windows(
@@ -223,24 +227,6 @@ class WindowOperatorFunction(KeyedProcessFunction):
         ctx.side_output(
             tag, value if late_output is None else late_output(value, timestamp, watermark)
         )
-
-    async def _pane_record(
-        self, scope: Scope, value: Any, timestamp: float, now: float, watermark: float
-    ) -> bool:
-        panes = self.contents
-        pane = panes.pane(timestamp if self.event_time else now)
-        live = [w for w in panes.windows_of_pane(pane) if not self.is_late(w, watermark)]
-        if not live:
-            return False
-        existed = await panes.add_pane(pane, value)
-        for window in live:
-            if existed and window.end > now:
-                continue  # registered when the pane was made; nothing fires yet
-            if self._builtin_element(scope, window, now):  # panes come with the fast path
-                await _settle(self._emit(scope, window, await panes.read(window)))
-            if not existed:
-                self._register_cleanup(scope, window)
-        return True
 
     async def _merging_record(
         self, scope: Scope, value: Any, timestamp: float, now: float, watermark: float
@@ -323,8 +309,11 @@ class WindowOperatorFunction(KeyedProcessFunction):
             if pending.changes:
                 await self.timers.flush(ctx, pending)
             return
+        if self.panes and self.contents.chain:
+            await panes.on_chain_timer(self, scope, time)
+            return
         # implied timers: the grid window ending at ``time`` fires, the one whose
-        # cleanup time is ``time`` goes (inline: the hot path of tumbling windows)
+        # cleanup time is ``time`` goes
         assigner, lateness = self.assigner, self.lateness
         candidates = [assigner.window_ending_at(time)]
         if self.event_time and lateness > 0 and math.isfinite(time - lateness):
