@@ -389,3 +389,26 @@ def test_restore_into_another_assigner_is_refused(other, tmp_path):
     _feed(same, SESSION_SOURCE[5:])
     same.finish()
     assert _values(same.drain_outputs())
+
+
+@config_ids
+def test_per_window_state_blocking_forms_and_trigger_state(config):
+    """The blocking forms of per-window state and a user trigger keeping state per window."""
+
+    class EveryOther(Trigger):
+        seen = ValueStateDescriptor("seen", default=0)
+
+        def on_element(self, value, timestamp, window, ctx):
+            seen = ctx.get_partitioned_state(self.seen)
+            n = seen.value() + 1
+            seen.update(n)
+            return TriggerResult.FIRE if n % 2 == 0 else TriggerResult.CONTINUE
+
+        def clear(self, window, ctx):
+            ctx.get_partitioned_state(self.seen).clear()
+
+    backend = MemoryBackend()
+    fn = window(TumblingEventTimeWindows.of(10), reduce=sum_reduce, trigger=EveryOther())
+    source = [rec("k", 1, 1), rec("k", 2, 2), rec("k", 3, 11), rec("k", 4, 12), rec("k", 5, 3)]
+    assert _values(run(source, fn, config, backend).outputs) == [("k", 3), ("k", 7)]
+    assert backend.state_items("window-trigger.seen") == {}  # cleared at cleanup (end of input)

@@ -255,10 +255,13 @@ class WindowOperatorFunction(KeyedProcessFunction):
         return accepted
 
     async def _element_trigger(self, scope: Scope, window: Any, value: Any, timestamp: float):
-        trigger = self.trigger
-        result = trigger.on_element(value, timestamp, window, TriggerContext(scope, window))
+        context = TriggerContext(scope, window)
+        await self._act(scope, window, self.trigger.on_element(value, timestamp, window, context))
+
+    async def _act(self, scope: Scope, window: Any, result: Any) -> None:
+        """Carry out a trigger's decision: FIRE emits, PURGE clears the contents."""
         if type(result) is not TriggerResult:
-            result = await resolve(result, trigger)
+            result = await resolve(result, self.trigger)
         if result.is_fire:
             await _settle(self._emit(scope, window, await self.contents.read(window)))
         if result.is_purge:
@@ -351,12 +354,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 result = trigger.on_event_time(time, window, tctx)
             else:
                 result = trigger.on_processing_time(time, window, tctx)
-            if type(result) is not TriggerResult:
-                result = await resolve(result, trigger)
-            if result.is_fire:
-                await _settle(self._emit(scope, window, await self.contents.read(window)))
-            if result.is_purge:
-                self.contents.clear(window)
+            await self._act(scope, window, result)
             if domain == cleanup_domain and time == self.cleanup_time(window):
                 await _settle(self._clear_all(scope, window))
                 if sessions is not None:
