@@ -262,9 +262,9 @@ class WindowOperatorFunction(KeyedProcessFunction):
         """Carry out a trigger's decision: FIRE emits, PURGE clears the contents."""
         if type(result) is not TriggerResult:
             result = await resolve(result, self.trigger)
-        if result.is_fire:
+        if result.is_fire():
             await _settle(self._emit(scope, window, await self.contents.read(window)))
-        if result.is_purge:
+        if result.is_purge():
             self.contents.clear(window)
 
     # -- firing ------------------------------------------------------------------------------
