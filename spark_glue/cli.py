@@ -195,7 +195,7 @@ def _flights(args: argparse.Namespace) -> int:
     labels = [
         f"{mode} {stage}".strip()
         for mode in runs
-        for stage in ("load", "route_hourly", "rotations")
+        for stage in ("load", "route_hourly", "rotations", "aircraft_sessions")
     ]
     labels.append("report")
     if args.compare_sync:

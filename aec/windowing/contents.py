@@ -1,0 +1,156 @@
+"""What a window holds, per key and window (Flink's window state: an
+``AppendingState`` in the window's namespace).
+
+One MapState ``window-contents`` per function, keyed by window: an
+accumulator (``aggregate``), the reduced value (``reduce``), the list of
+values, or, with an evictor, the list of ``(value, timestamp)`` pairs.
+Sliding windows over an aggregate or reduce keep panes instead
+(``aec.windowing.panes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aec.state.future import combine_all
+from aec.windowing.windows import window_key
+
+
+class Contents:
+    """Holds each window's contents in ``store`` (a MapState handle keyed by window)."""
+
+    keeps_timestamps = False
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def fold(self, stored: Any, value: Any, timestamp: float) -> Any:
+        raise NotImplementedError
+
+    def merge(self, values: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def elements(self, stored: Any) -> list[Any]:
+        """The function's input: ``[result]`` or the list of values."""
+        raise NotImplementedError
+
+    def merge_fresh(self, values: list[Any]) -> Any:
+        """``merge`` without changing any of ``values`` (they may be stored objects)."""
+        return self.merge(values)
+
+    async def add(self, window: Any, value: Any, timestamp: float) -> bool:
+        """Add a record to ``window``; True when the window held something before."""
+        store, key = self.store, window_key(window)
+        stored = await store.async_get(key)
+        # not awaited: the write counts toward the record, and later requests queue after it
+        store.async_put(key, self.fold(stored, value, timestamp))
+        return stored is not None
+
+    def read(self, window: Any) -> Any:
+        """A future of the window's stored contents (None: empty)."""
+        return self.store.async_get(window_key(window))
+
+    def clear(self, window: Any) -> Any:
+        return self.store.async_remove(window_key(window))
+
+    def write(self, window: Any, stored: Any) -> Any:
+        return self.store.async_put(window_key(window), stored)
+
+    async def merge_windows(self, target: Any, sources: list[Any]) -> None:
+        """Move the contents of ``sources`` into ``target`` (sessions)."""
+        store = self.store
+        values = await combine_all([store.async_get(window_key(w)) for w in [target, *sources]])
+        present = [v for v in values if v is not None]
+        await combine_all([store.async_remove(window_key(w)) for w in sources])
+        if present:
+            await store.async_put(window_key(target), self.merge(present))
+
+
+class AggregateContents(Contents):
+    """An ``AggregateFunction``'s accumulator per window."""
+
+    def __init__(self, store: Any, function: Any) -> None:
+        super().__init__(store)
+        self.function = function
+
+    def fold(self, stored: Any, value: Any, timestamp: float) -> Any:
+        fn = self.function
+        return fn.add(value, fn.create_accumulator() if stored is None else stored)
+
+    def merge(self, values: list[Any]) -> Any:
+        result = values[0]
+        for value in values[1:]:
+            result = self.function.merge(result, value)
+        return result
+
+    def elements(self, stored: Any) -> list[Any]:
+        return [self.function.get_result(stored)]
+
+    def merge_fresh(self, values: list[Any]) -> Any:
+        fn = self.function
+        result = fn.create_accumulator()
+        for value in values:
+            result = fn.merge(result, value)
+        return result
+
+
+class ReduceContents(Contents):
+    """The reduced value per window (``reduce(a, b) -> a``)."""
+
+    def __init__(self, store: Any, function: Any) -> None:
+        super().__init__(store)
+        self.function = function
+
+    def fold(self, stored: Any, value: Any, timestamp: float) -> Any:
+        return value if stored is None else self.function(stored, value)
+
+    def merge(self, values: list[Any]) -> Any:
+        result = values[0]
+        for value in values[1:]:
+            result = self.function(result, value)
+        return result
+
+    def elements(self, stored: Any) -> list[Any]:
+        return [stored]
+
+
+class ListContents(Contents):
+    """Every value of the window, in arrival order."""
+
+    def fold(self, stored: Any, value: Any, timestamp: float) -> Any:
+        return [value] if stored is None else [*stored, value]
+
+    def merge(self, values: list[Any]) -> Any:
+        return [v for value in values for v in value]
+
+    def elements(self, stored: Any) -> list[Any]:
+        return list(stored)
+
+
+class EvictingContents(ListContents):
+    """``(value, timestamp)`` pairs for an evictor; ``aggregate``/``reduce`` (if
+    any) run over the kept values at each firing (Flink's ``EvictingWindowOperator``)."""
+
+    keeps_timestamps = True
+
+    def __init__(self, store: Any, folder: Contents | None) -> None:
+        super().__init__(store)
+        self.folder = folder
+
+    def fold(self, stored: Any, value: Any, timestamp: float) -> Any:
+        return [(value, timestamp)] if stored is None else [*stored, (value, timestamp)]
+
+    def elements(self, stored: Any) -> list[Any]:
+        values = [value for value, _ in stored]
+        folder = self.folder
+        if folder is None:
+            return values
+        if isinstance(folder, AggregateContents):
+            folded = folder.function.create_accumulator()  # Flink emits even an empty window's
+        elif not values:
+            return []
+        else:
+            folded = None
+        for value in values:
+            folded = folder.fold(folded, value, 0.0)
+        return folder.elements(folded)
