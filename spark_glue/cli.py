@@ -2,9 +2,10 @@
 
 ``aec flights --out DIR [--backend memory|rocksdb|remote-latency|slatedb|redis]
 [--latency 1ms] [--object-store URL] [--redis-url URL] [--compare-sync]
-[--partitions N] [--watermark-delay 2h] [--sync] [--limit N]`` runs the flights
-job (see ``spark_glue.flights``) on a local Spark (``local[*]``; an already
-active SparkSession is used as it is), writes Parquet, summary.md and a PNG into
+[--partitions N] [--watermark-delay 2h] [--sync] [--limit N] [--master URL]`` runs the
+flights job (see ``spark_glue.flights``) on Spark (``--master``, default the one
+``spark-submit`` set, else ``local[*]``: ``spark_glue.session``; an already active
+SparkSession is used as it is), writes Parquet, summary.md and a PNG into
 DIR, and shows a progress bar of its stages on stderr. ``--compare-sync`` runs
 the job a second time synchronously (outputs in DIR/sync) and puts both times in
 summary.md. Exit status 0 on success, 1 when the job fails (or, with
@@ -117,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     flights.add_argument(
         "--limit", type=_positive_int, default=None, help="use only the first N rows of the table"
     )
+    flights.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master URL, e.g. local[4], local-cluster[2,1,1024], spark://host:7077 "
+        "(default: the one spark-submit set, else local[*])",
+    )
     return parser
 
 
@@ -166,6 +174,7 @@ def _flights(args: argparse.Namespace) -> int:
     import spark_glue  # noqa: F401  (sets PYSPARK_PYTHON before Spark starts)
     from spark_glue.flights import job as flights
     from spark_glue.flights import report as flights_report
+    from spark_glue.session import command_session
 
     options = flights.FlightsOptions(
         out=args.out,
@@ -193,7 +202,7 @@ def _flights(args: argparse.Namespace) -> int:
     if args.compare_sync:
         labels.insert(0, "warm-up")
     with tqdm(total=len(labels) + 1, desc="aec flights", unit="step", file=sys.stderr) as bar:
-        spark, owned = _spark_session(options.partitions)
+        spark, owned = command_session(options.partitions, args.master)
         following = iter(labels[1:])
         bar.set_postfix_str(labels[0])
         bar.update(1)
@@ -242,31 +251,6 @@ def _short_error(exc: Exception) -> str:
     if failures:
         return failures[-1]
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _spark_session(partitions: int) -> tuple[object, bool]:
-    """The active SparkSession if there is one (tests, notebooks), else a new local one.
-
-    Returns ``(session, owned)``; ``owned`` sessions are stopped at the end.
-    """
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
-    session = (
-        SparkSession.builder.appName("aec flights")
-        .master("local[*]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")  # tqdm owns the terminal
-        .config("spark.sql.shuffle.partitions", str(partitions))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session, True
 
 
 if __name__ == "__main__":
