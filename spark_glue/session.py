@@ -31,7 +31,9 @@ def session_settings(
     Returns:
         Entries to set: the explicit ``master`` always; every default (master
         ``local[*]``, UI off, Arrow on, UTC session time zone, 2 GB driver memory)
-        only when ``submitted`` has no value for it.
+        only when ``submitted`` has no value for it; the console progress bar off
+        and the app name ``aec flights`` unless named (Spark's launcher sets both
+        for any Python driver).
 
     Raises:
         ValueError: ``master`` empty or ``partitions`` < 1.
@@ -42,15 +44,18 @@ def session_settings(
         raise ValueError(f"partitions must be >= 1, got {partitions}")
     defaults = {
         MASTER: DEFAULT_MASTER,
-        "spark.app.name": "aec flights",
         "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",  # tqdm owns the terminal
         "spark.sql.shuffle.partitions": str(partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.memory": "2g",
     }
     settings = {key: value for key, value in defaults.items() if key not in submitted}
+    # Spark's launcher sets these two for every Python driver ("pyspark-shell", progress
+    # bar on), so they cannot tell a user's choice: the command's win.
+    settings["spark.ui.showConsoleProgress"] = "false"  # tqdm owns the terminal
+    if submitted.get("spark.app.name", "pyspark-shell") == "pyspark-shell":
+        settings["spark.app.name"] = "aec flights"
     if master is not None:
         settings[MASTER] = master.strip()
     return settings

@@ -4,18 +4,16 @@ and the ``aec`` command's session settings (``--master``, spark-submit's setting
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
+from driver_helpers import DRIVERS, ROOT, driver_env
 
 from spark_glue.session import DEFAULT_MASTER, session_settings
 
-ROOT = Path(__file__).resolve().parent.parent
-DRIVER = Path(__file__).resolve().parent / "drivers" / "cluster_driver.py"
+DRIVER = DRIVERS / "cluster_driver.py"
 MASTER = "local-cluster[2,1,1024]"
 
 
@@ -29,22 +27,10 @@ def _running_counts(rows):
     return out
 
 
-def driver_env(**extra: str) -> dict[str, str]:
-    """The environment of a driver subprocess: this checkout first on PYTHONPATH (the
-    executors' Python workers inherit it, so they import the same code as the driver),
-    the test interpreter as Spark's Python."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["PYSPARK_PYTHON"] = sys.executable
-    env.update(extra)
-    return env
-
-
 @pytest.mark.spark
 def test_process_keyed_and_stream_on_a_local_cluster(tmp_path):
     env = driver_env(
-        PYSPARK_SUBMIT_ARGS=f"--master {MASTER} --conf spark.sql.shuffle.partitions=3 "
-        "pyspark-shell"
+        PYSPARK_SUBMIT_ARGS=f"--master {MASTER} --conf spark.sql.shuffle.partitions=3 pyspark-shell"
     )
     done = subprocess.run(
         [sys.executable, str(DRIVER), str(tmp_path)],
@@ -87,6 +73,8 @@ def test_session_settings_honour_submitted_ones():
     settings = session_settings(4, None, submitted)
     assert "spark.master" not in settings and "spark.sql.shuffle.partitions" not in settings
     assert settings["spark.sql.session.timeZone"] == "UTC"
+    assert settings["spark.app.name"] == "aec flights"
+    assert "spark.app.name" not in session_settings(4, None, {"spark.app.name": "nightly"})
     # an explicit --master is the one setting that overrides
     assert session_settings(4, MASTER, submitted)["spark.master"] == MASTER
     with pytest.raises(ValueError, match="master"):
