@@ -92,7 +92,8 @@ def main(workdir: str) -> None:
         stream_rows.extend(r.asDict() for r in batch_df.collect())
 
     query = process_keyed_stream(
-        spark.readStream.option("maxFilesPerTrigger", 1).schema("k string, seq long, x long")
+        spark.readStream.option("maxFilesPerTrigger", 1)
+        .schema("k string, seq long, x long")
         .json(source),
         RunningCount(),
         "k",
