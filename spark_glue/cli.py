@@ -125,7 +125,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="Spark master URL, e.g. local[4], local-cluster[2,1,1024], spark://host:7077 "
         "(default: the one spark-submit set, else local[*])",
     )
+    _add_stream_arguments(flights)
     return parser
+
+
+def _add_stream_arguments(flights: argparse.ArgumentParser) -> None:
+    flights.add_argument(
+        "--stream",
+        action="store_true",
+        help="run the operators with process_keyed_stream over the year as files arriving in "
+        "order (backends memory and rocksdb)",
+    )
+    flights.add_argument(
+        "--file-rows",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="--stream: rows per arriving file (default: 2000)",
+    )
+    flights.add_argument(
+        "--files-per-trigger",
+        type=_positive_int,
+        default=None,
+        metavar="M",
+        help="--stream: files per micro-batch, Spark's maxFilesPerTrigger (default: 5)",
+    )
+    flights.add_argument(
+        "--rescale-at",
+        type=_rescale,
+        default=None,
+        metavar="BATCH:N",
+        help="--stream: from micro-batch BATCH on, run on N state partitions",
+    )
+    flights.add_argument(
+        "--compare-batch",
+        action="store_true",
+        help="--stream: also run the batch job (outputs in OUT/batch) and compare in summary.md",
+    )
+
+
+def _rescale(text: str) -> tuple[int, int]:
+    batch, colon, partitions = text.partition(":")
+    if not colon:
+        raise argparse.ArgumentTypeError(f"expected BATCH:N, e.g. 10:4; got {text!r}")
+    return _positive_int(batch), _positive_int(partitions)
 
 
 def _positive_int(text: str) -> int:
@@ -164,6 +207,11 @@ def _check_flights_args(parser: argparse.ArgumentParser, args: argparse.Namespac
             parser.error(f"{flag} applies to --backend {backend} only")
     if args.compare_sync and args.sync:
         parser.error("--compare-sync runs both modes: leave out --sync")
+    for name in ("file_rows", "files_per_trigger", "rescale_at", "compare_batch"):
+        if getattr(args, name) not in (None, False) and not args.stream:
+            parser.error(f"--{name.replace('_', '-')} applies to --stream only")
+    if args.stream and args.compare_sync:
+        parser.error("--compare-sync applies to the batch job: leave out --stream")
     if args.latency is None:
         args.latency = DEFAULT_LATENCY
 
@@ -192,6 +240,8 @@ def _flights(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"aec flights: error: {exc}", file=sys.stderr)
         return 2
+    if args.stream:
+        return _flights_stream(args, options)
     runs = ["async", "sync"] if args.compare_sync else [""]
     labels = [
         f"{mode} {stage}".strip()
@@ -240,6 +290,54 @@ def _flights(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
+    return 0
+
+
+def _flights_stream(args: argparse.Namespace, options: object) -> int:
+    """``aec flights --stream``: spark_glue.flights.stream_job, then summary.md."""
+    from tqdm import tqdm
+
+    from spark_glue.flights import report as flights_report
+    from spark_glue.flights import stream_job
+    from spark_glue.session import command_session
+
+    stream = stream_job.StreamOptions(
+        file_rows=args.file_rows or stream_job.StreamOptions.file_rows,
+        files_per_trigger=args.files_per_trigger or stream_job.StreamOptions.files_per_trigger,
+        rescale_at=args.rescale_at,
+        compare_batch=args.compare_batch,
+    )
+    try:
+        stream_job.validate_stream(options, stream)
+    except ValueError as exc:
+        print(f"aec flights: error: {exc}", file=sys.stderr)
+        return 2
+    steps = 5 + args.compare_batch
+    with tqdm(total=steps, desc="aec flights --stream", unit="step", file=sys.stderr) as bar:
+        spark, owned = command_session(options.partitions, args.master)
+        bar.update(1)
+        try:
+            run = stream_job.run(spark, options, stream, lambda done: bar.update(1))
+            summary, plot = flights_report.write(run)
+            bar.update(1)
+        except Exception as exc:
+            bar.close()
+            print(f"aec flights failed: {_short_error(exc)}", file=sys.stderr)
+            return 1
+        finally:
+            if owned:
+                spark.stop()
+    print(f"wrote {summary} and {plot} ({run.wall_s:.1f} s)")
+    comparison = run.stream.comparison
+    if comparison is not None:
+        print(
+            f"stream {run.wall_s:.1f} s, batch {comparison.batch_run.wall_s:.1f} s; "
+            + (
+                "identical outputs"
+                if not comparison.mismatches
+                else "different: " + ", ".join(comparison.mismatches)
+            )
+        )
     return 0
 
 
