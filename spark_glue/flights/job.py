@@ -121,6 +121,7 @@ class FlightsRun:
     backend_note: str = ""
     sync_run: FlightsRun | None = None
     sync_mismatches: list[str] = field(default_factory=list)
+    stream: Any = None  # --stream: a spark_glue.flights.stream_job.StreamNote
 
 
 def run(
