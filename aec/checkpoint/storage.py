@@ -27,13 +27,15 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
-
-import pyarrow.fs as pafs
 
 from aec.checkpoint import files
 from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
+from aec.errors import needs_extra
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CHUNK = 1 << 20  # bytes per upload/download write
@@ -64,6 +66,8 @@ def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """
     scheme = _SCHEME.match(uri)
     name = scheme.group(1) if scheme else "?"
+    with needs_extra("s3", f"checkpoints at {name}:// URIs", "pyarrow"):
+        import pyarrow.fs as pafs
     try:
         return pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError, TypeError) as exc:  # ArrowInvalid is a ValueError
@@ -82,7 +86,11 @@ class CheckpointStore:
         local: True for a local directory (atomic-rename commits).
     """
 
-    def __init__(self, location: str, fs: pafs.FileSystem, root: str, local: bool) -> None:
+    def __init__(
+        self, location: str, fs: pafs.FileSystem | None, root: str, local: bool
+    ) -> None:
+        # a local directory is read and written with os (no pyarrow: the engine-only
+        # install checkpoints locally); ``fs`` is the object store's file system
         self.location = location
         self.fs = fs
         self.root = root
@@ -103,16 +111,14 @@ class CheckpointStore:
             raise ValueError(f"directory must be a non-empty path or URI, got {location!r}")
         if is_uri(text):
             if text.lower().startswith("file://"):
-                path = unquote(urlparse(text).path)
-                return cls(
-                    os.path.abspath(path), pafs.LocalFileSystem(), os.path.abspath(path), True
-                )
+                path = os.path.abspath(unquote(urlparse(text).path))
+                return cls(path, None, path, True)
             fs, root = resolve_filesystem(text)
-            if isinstance(fs, pafs.LocalFileSystem):
-                return cls(os.path.abspath(root), fs, os.path.abspath(root), True)
+            if type(fs).__name__ == "LocalFileSystem":
+                return cls(os.path.abspath(root), None, os.path.abspath(root), True)
             return cls(text.rstrip("/"), fs, root.rstrip("/"), False)
         path = os.path.abspath(text)
-        return cls(path, pafs.LocalFileSystem(), path, True)
+        return cls(path, None, path, True)
 
     # -- names ------------------------------------------------------------------------------
     def name_of(self, *parts: str) -> str:
@@ -152,10 +158,7 @@ class CheckpointStore:
         """
         files.check_checkpoint_id(checkpoint_id)
         target = self.name_of(f"chk-{checkpoint_id}")
-        if (
-            self._guarded("check", lambda: self._info(f"chk-{checkpoint_id}"))
-            != pafs.FileType.NotFound
-        ):
+        if self.exists(f"chk-{checkpoint_id}"):
             raise FileExistsError(
                 f"checkpoint {checkpoint_id} already exists at {target}; checkpoint ids are "
                 "never reused (delete it first to take it again)"
@@ -199,26 +202,40 @@ class CheckpointStore:
         """Remove ``chk-<id>`` (complete or not) if it exists; the manifest first, so a
         half-deleted checkpoint is never taken for a complete one."""
         name = f"chk-{checkpoint_id}"
-        if self._info(name) == pafs.FileType.NotFound:
+        if not self.exists(name):
             return
-        if self.exists(name, MANIFEST):
-            self.fs.delete_file(self._path(name, MANIFEST))
-        self.fs.delete_dir(self._path(name))
+        self.delete_file(name, MANIFEST)
+        if self.local:
+            shutil.rmtree(self._path(name))
+        else:
+            self.fs.delete_dir(self._path(name))
 
     # -- small files and listing --------------------------------------------------------------
     def list_names(self) -> list[str]:
         """Names directly under this location ([] if it does not exist)."""
+        if self.local:
+            return sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
+        import pyarrow.fs as pafs
+
         selector = pafs.FileSelector(self.root, allow_not_found=True)
         infos = self._guarded("list", lambda: self.fs.get_file_info(selector))
         return sorted(info.base_name for info in infos)
 
     def exists(self, *parts: str) -> bool:
-        return self._info(*parts) != pafs.FileType.NotFound
+        if self.local:
+            return os.path.exists(self._path(*parts))
+        import pyarrow.fs as pafs
+
+        found = self._guarded("check", lambda: self.fs.get_file_info(self._path(*parts)).type)
+        return found != pafs.FileType.NotFound
 
     def read_bytes(self, *parts: str) -> bytes:
         """A whole file; FileNotFoundError naming it when absent."""
         if not self.exists(*parts):
             raise FileNotFoundError(f"{self.name_of(*parts)} does not exist")
+        if self.local:
+            with open(self._path(*parts), "rb") as local:
+                return local.read()
         with self.fs.open_input_stream(self._path(*parts)) as src:
             return src.read()
 
@@ -238,11 +255,12 @@ class CheckpointStore:
 
     def delete_file(self, *parts: str) -> None:
         """Remove a file if present."""
-        if self.exists(*parts):
+        if not self.exists(*parts):
+            return
+        if self.local:
+            os.remove(self._path(*parts))
+        else:
             self.fs.delete_file(self._path(*parts))
-
-    def _info(self, *parts: str) -> pafs.FileType:
-        return self._guarded("check", lambda: self.fs.get_file_info(self._path(*parts)).type)
 
     def _guarded(self, what: str, call: Any) -> Any:
         if self.local:
@@ -299,6 +317,8 @@ def local_copy(handle: CheckpointHandle | str | os.PathLike[str]) -> Iterator[st
 
 
 def _download(store: CheckpointStore, local: str) -> None:
+    import pyarrow.fs as pafs
+
     selector = pafs.FileSelector(store.root, recursive=True)
     for info in store.fs.get_file_info(selector):
         if info.type != pafs.FileType.File:
