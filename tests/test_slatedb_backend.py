@@ -553,3 +553,37 @@ def test_a_fresh_backend_without_restore_starts_empty_and_stays_empty(tmp_path):
     reopened.open()
     assert reopened.state_items("v") == {}
     reopened.close()
+
+
+def test_s3_operator_checkpoint_and_restart(s3, tmp_path):
+    """The operator on SlateDB in S3: a checkpoint, a restart from it on the same
+    database (as a restarted task does), then the rest of the input."""
+    _, bucket = s3
+    spec = SlateDBBackend(f"s3://{bucket}/jobs", "counter", timeout=60).spec()
+    keys = ["a", "b", 3]
+    backend = spec.build(0)
+    first = KeyedProcessOperator(Counter(), backend, AecConfig(buffer_size=4))
+    try:
+        first.open()
+        for i in range(12):
+            first.process(Record(keys[i % 3], i, timestamp=i))
+        handle = first.snapshot(1, str(tmp_path / "checkpoints"))
+        before = first.drain_outputs()
+        first.close()
+    finally:
+        backend.close()
+    backend = spec.build(0)
+    second = KeyedProcessOperator(Counter(), backend, AecConfig(buffer_size=4))
+    try:
+        second.restore(handle)
+        for i in range(12, 15):
+            second.process(Record(keys[i % 3], i, timestamp=i))
+        second.finish()
+        after = [out for out in second.drain_outputs() if type(out) is not Watermark]
+        second.close()
+    finally:
+        backend.close()
+    assert sorted(before, key=repr) == sorted(
+        [(key, n) for key in keys for n in range(1, 5)], key=repr
+    )
+    assert sorted(after, key=repr) == sorted([(key, 5) for key in keys], key=repr)
