@@ -28,13 +28,16 @@ object store and raises if that fails, so every write acknowledged before it
 survives a crash; SlateDB also flushes its WAL on its own every
 ``flush_interval`` (100 ms by default). ``close()`` flushes before closing.
 
-Snapshots: ``snapshot(dir)`` flushes the memtable to L0 SSTs, creates a SlateDB
-checkpoint (a pinned manifest, no data copy) and writes
-``dir/slatedb-snapshot.json`` naming it (atomically). ``restore(dir)`` opens a
-``DbReader`` pinned to that checkpoint and rewrites the live database to equal it
-(a merge of the two sorted key streams: puts for changed keys, deletes for keys
-the snapshot lacks), so the live path never changes. Checkpoints never expire;
-snapshotting again into the same directory deletes the checkpoint it replaces.
+Snapshots (``backends.slatedb_snapshots``): ``snapshot(dir)`` flushes the memtable to
+L0 SSTs, creates a SlateDB checkpoint (a pinned manifest, no data copy) and writes
+``dir/slatedb-snapshot.json`` naming it and the durable sequence number (atomically).
+``restore(dirs, key_groups)`` is a no-op when the one snapshot is this database's own
+and nothing was written since (a restarted task); otherwise it opens a ``DbReader``
+pinned to each checkpoint, range-scans their key-group ranges and rewrites the live
+database to equal the union (a merge of the sorted key streams: puts for changed
+keys, deletes for keys the union lacks), so the live path never changes. A ``fresh``
+open defers its wipe to the first use other than ``restore``. Checkpoints never
+expire; snapshotting again into the same directory deletes the checkpoint it replaces.
 
 Object stores, by URL:
 
@@ -44,8 +47,9 @@ Object stores, by URL:
   database is at ``prefix/<path>`` in the bucket. Configuration comes from the
   environment as the Rust ``object_store`` crate reads it (S3:
   ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-  ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT`` for S3-compatible
-  servers such as MinIO, ``AWS_ALLOW_HTTP=true`` for a plain-HTTP endpoint; GCS:
+  ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT`` for
+  S3-compatible servers such as MinIO or moto, ``AWS_ALLOW_HTTP=true`` for a
+  plain-HTTP endpoint, refused with ValueError without it; GCS:
   ``GOOGLE_SERVICE_ACCOUNT``...; Azure: ``AZURE_STORAGE_ACCOUNT_NAME``,
   ``AZURE_STORAGE_ACCOUNT_KEY``...) plus ``object_store_options`` (the crate's
   config keys: ``endpoint``, ``region``, ``access_key_id``, ``allow_http``...).
