@@ -88,6 +88,7 @@ from backends.slatedb_store import (
     join_path,
     object_store,
     parse_url,
+    probe_endpoint,
     scan,
     state_prefix,
     wipe_states,
@@ -97,6 +98,7 @@ from backends.snapshot_sets import checked_key_groups, snapshot_directories
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
 DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
+_PROBE_SECONDS = 5.0  # to connect to an S3 endpoint in open()
 
 
 # --- backend -----------------------------------------------------------------------------
@@ -130,7 +132,10 @@ class SlateDBBackend(StateBackend):
 
     Raises:
         RuntimeError: ``execute_batch`` before ``open`` or after ``close``.
-        ValueError: a bad URL or setting; ``open`` on a database aec did not write.
+        ValueError: a bad URL or setting (a plain-HTTP S3 endpoint without
+            ``AWS_ALLOW_HTTP``); ``open`` on a database aec did not write.
+        ConnectionError: ``open`` cannot connect to the S3 endpoint set for the URL.
+        TimeoutError: a SlateDB operation took over ``timeout`` seconds.
         slatedb.uniffi.Error: whatever SlateDB raises (the engine fails the job).
     """
 
@@ -192,6 +197,7 @@ class SlateDBBackend(StateBackend):
             if self._db is not None:
                 return
             self._store, prefix = object_store(self.url, self.object_store_options)
+            probe_endpoint(self.url, self.object_store_options, _PROBE_SECONDS)
             self._db_path = join_path(prefix, self.path)
             self._start_loop()
             try:

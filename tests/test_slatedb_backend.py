@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import pickle
+import socket
 import tempfile
 import threading
 
@@ -587,3 +588,15 @@ def test_s3_operator_checkpoint_and_restart(s3, tmp_path):
         [(key, n) for key in keys for n in range(1, 5)], key=repr
     )
     assert sorted(after, key=repr) == sorted([(key, 5) for key in keys], key=repr)
+
+
+def test_s3_unreachable_endpoint_fails_open_at_once(s3, monkeypatch):
+    _, bucket = s3
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed}")
+    backend = SlateDBBackend(f"s3://{bucket}/jobs", "db", timeout=120)
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{closed}"):
+        backend.open()  # not after 120 s of SlateDB's retries
+    backend.close()
