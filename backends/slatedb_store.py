@@ -7,6 +7,7 @@ database aec wrote. See ``backends.slatedb`` for the URLs and their environment.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
@@ -106,6 +107,19 @@ def probe_endpoint(url: str, options: Mapping[str, str], seconds: float) -> None
         socket.create_connection((parts.hostname or "", port), timeout=seconds).close()
     except (OSError, ValueError) as exc:
         raise ConnectionError(f"the S3 endpoint {endpoint} of {url} is unreachable: {exc}") from exc
+
+
+def make_settings(overrides: Mapping[str, Any]) -> Any:
+    """SlateDB's default ``Settings`` with ``{dotted key: JSON-able value}`` overrides.
+
+    Raises ValueError naming a bad key or value."""
+    settings = sdb.Settings.default()
+    for key, value in overrides.items():
+        try:
+            settings.set(key, json.dumps(value))
+        except sdb.Error as exc:
+            raise ValueError(f"bad SlateDB setting {key}={value!r}: {exc}") from exc
+    return settings
 
 
 def join_path(*parts: str) -> str:

@@ -600,3 +600,28 @@ def test_s3_unreachable_endpoint_fails_open_at_once(s3, monkeypatch):
     with pytest.raises(ConnectionError, match=f"127.0.0.1:{closed}"):
         backend.open()  # not after 120 s of SlateDB's retries
     backend.close()
+
+
+def test_retained_snapshots_release_older_checkpoints(tmp_path):
+    backend = SlateDBBackend(url_of(tmp_path), "db", retained=2)
+    backend.open()
+    try:
+        for n in range(4):
+            run(backend, req(Op.VALUE_PUT, "v", "a", value=n))
+            backend.snapshot(str(tmp_path / f"snap-{n}"))
+        admin = backend._admin
+        names = [c.name for c in backend._call(admin.list_checkpoints(None))]
+        assert len([name for name in names if name and name.startswith("aec-snapshot-")]) == 2
+        backend.restore(str(tmp_path / "snap-2"))  # the two newest restore
+        assert backend.state_items("v") == {"a": 2}
+        with pytest.raises(ValueError, match="checkpoint"):
+            backend.restore(str(tmp_path / "snap-0"))  # released: a clear error
+        assert backend.state_items("v") == {"a": 2}
+    finally:
+        backend.close()
+    with pytest.raises(ValueError, match="retained"):
+        SlateDBBackend(url_of(tmp_path), "db", retained=0)
+    assert (
+        pickle.loads(pickle.dumps(SlateDBSpec(url_of(tmp_path), "j", retained=3))).build(0).retained
+        == 3
+    )
