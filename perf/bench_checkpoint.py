@@ -10,7 +10,7 @@ writing ``chk-<id>`` (and close the backend, RocksDB and SlateDB); checkpoints o
 than the previous one are pruned. State sizes are 1k, 2k, 10k, 100k, 1M and 2M keys, preloaded straight into
 the backend (value state ``count``, as the operator writes it) and checkpointed once
 before the clock starts. Backends: ``MemoryBackend``, ``RocksDBBackend``,
-``SlateDBBackend`` (``file://`` store).
+``SlateDBBackend`` (``file://`` store, ``retained=3``).
 
 Per backend the sizes run side by side: every round takes one micro-batch of every
 size, in a rotating order, so machine noise hits all sizes alike; a figure is the
@@ -94,7 +94,7 @@ def make_backend(kind: str, root: Path, name: str, fresh: bool = False) -> Any:
         return RocksDBBackend(root / "db" / name, fresh=fresh)
     from backends.slatedb import SlateDBBackend  # loads a 28 MB native library
 
-    return SlateDBBackend(f"file://{root / 'store'}", name, fresh=fresh)
+    return SlateDBBackend(f"file://{root / 'store'}", name, fresh=fresh, retained=3)
 
 
 def preload(backend: Any, size: int) -> None:
