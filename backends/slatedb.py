@@ -28,13 +28,16 @@ object store and raises if that fails, so every write acknowledged before it
 survives a crash; SlateDB also flushes its WAL on its own every
 ``flush_interval`` (100 ms by default). ``close()`` flushes before closing.
 
-Snapshots: ``snapshot(dir)`` flushes the memtable to L0 SSTs, creates a SlateDB
-checkpoint (a pinned manifest, no data copy) and writes
-``dir/slatedb-snapshot.json`` naming it (atomically). ``restore(dir)`` opens a
-``DbReader`` pinned to that checkpoint and rewrites the live database to equal it
-(a merge of the two sorted key streams: puts for changed keys, deletes for keys
-the snapshot lacks), so the live path never changes. Checkpoints never expire;
-snapshotting again into the same directory deletes the checkpoint it replaces.
+Snapshots (``backends.slatedb_snapshots``): ``snapshot(dir)`` flushes the memtable to
+L0 SSTs, creates a SlateDB checkpoint (a pinned manifest, no data copy) and writes
+``dir/slatedb-snapshot.json`` naming it and the durable sequence number (atomically).
+``restore(dirs, key_groups)`` is a no-op when the one snapshot is this database's own
+and nothing was written since (a restarted task); otherwise it opens a ``DbReader``
+pinned to each checkpoint, range-scans their key-group ranges and rewrites the live
+database to equal the union (a merge of the sorted key streams: puts for changed
+keys, deletes for keys the union lacks), so the live path never changes. A ``fresh``
+open defers its wipe to the first use other than ``restore``. Checkpoints never
+expire; snapshotting again into the same directory deletes the checkpoint it replaces.
 
 Object stores, by URL:
 
@@ -44,8 +47,9 @@ Object stores, by URL:
   database is at ``prefix/<path>`` in the bucket. Configuration comes from the
   environment as the Rust ``object_store`` crate reads it (S3:
   ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-  ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT`` for S3-compatible
-  servers such as MinIO, ``AWS_ALLOW_HTTP=true`` for a plain-HTTP endpoint; GCS:
+  ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT`` for
+  S3-compatible servers such as MinIO or moto, ``AWS_ALLOW_HTTP=true`` for a
+  plain-HTTP endpoint, refused with ValueError without it; GCS:
   ``GOOGLE_SERVICE_ACCOUNT``...; Azure: ``AZURE_STORAGE_ACCOUNT_NAME``,
   ``AZURE_STORAGE_ACCOUNT_KEY``...) plus ``object_store_options`` (the crate's
   config keys: ``endpoint``, ``region``, ``access_key_id``, ``allow_http``...).
@@ -53,15 +57,12 @@ Object stores, by URL:
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import pickle
 import threading
 import uuid
 import zlib
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from slatedb import uniffi as sdb
@@ -71,30 +72,35 @@ from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
+from backends.slatedb_loop import LoopThread
 from backends.slatedb_snapshots import (
+    NAME,
     create_checkpoint,
     read_manifest,
+    release_checkpoints,
     restore_union,
+    unchanged_since,
     write_manifest,
 )
 from backends.slatedb_store import (
     FORMAT,
     FORMAT_KEY,
-    STATES,
     WAL,
-    Writer,
     join_path,
+    make_settings,
     object_store,
     parse_url,
+    probe_endpoint,
     scan,
     state_prefix,
-    stream,
+    wipe_states,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
 
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
 DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
+_PROBE_SECONDS = 5.0  # to connect to an S3 endpoint in open()
 
 
 # --- backend -----------------------------------------------------------------------------
@@ -121,6 +127,11 @@ class SlateDBBackend(StateBackend):
             Checkpoints, and so snapshots, survive.
         timeout: seconds any one SlateDB operation (a batch, a flush, a snapshot)
             may take before it fails with TimeoutError; None waits forever.
+        retained: keep at most this many snapshots' SlateDB checkpoints in the
+            database (the newest; older ones are released at each ``snapshot``, so
+            their SSTs can be garbage-collected); None keeps all. A pruned snapshot
+            can no longer be restored: use at least the number of checkpoints the
+            caller keeps (``process_keyed_stream`` keeps the newest two).
 
     Blocking: batches run on the engine's I/O threads, several at once; each waits
     for its turn on the backend's event loop. ``snapshot``/``restore``/``close``
@@ -128,7 +139,10 @@ class SlateDBBackend(StateBackend):
 
     Raises:
         RuntimeError: ``execute_batch`` before ``open`` or after ``close``.
-        ValueError: a bad URL or setting; ``open`` on a database aec did not write.
+        ValueError: a bad URL or setting (a plain-HTTP S3 endpoint without
+            ``AWS_ALLOW_HTTP``); ``open`` on a database aec did not write.
+        ConnectionError: ``open`` cannot connect to the S3 endpoint set for the URL.
+        TimeoutError: a SlateDB operation took over ``timeout`` seconds.
         slatedb.uniffi.Error: whatever SlateDB raises (the engine fails the job).
     """
 
@@ -144,8 +158,11 @@ class SlateDBBackend(StateBackend):
         object_store_options: Mapping[str, str] | None = None,
         fresh: bool = False,
         timeout: float | None = 300.0,
+        retained: int | None = None,
     ) -> None:
         parse_url(url)
+        if retained is not None and (not isinstance(retained, int) or retained < 1):
+            raise ValueError(f"retained must be an int >= 1 or None, got {retained!r}")
         if block_cache_bytes is not None and (
             not isinstance(block_cache_bytes, int) or block_cache_bytes < 0
         ):
@@ -161,16 +178,18 @@ class SlateDBBackend(StateBackend):
         self.object_store_options = dict(object_store_options or {})
         self.fresh = fresh
         self.timeout = timeout
-        self._make_settings()  # validate now, not on an executor
+        self.retained = retained
+        make_settings(self.settings)  # validate now, not on an executor
         self._lock = threading.Lock()  # lifecycle
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         self._store: Any = None
         self._db_path = ""
         self._db: Any = None
         self._admin: Any = None
         self._closed = False
         self._state_prefixes: dict[str, bytes] = {}
+        self._wipe_pending = False  # ``fresh``: the wipe waits for the first use
+        self._wipe_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"SlateDBBackend({self.url!r}, {self.path!r})"
@@ -189,11 +208,13 @@ class SlateDBBackend(StateBackend):
             if self._db is not None:
                 return
             self._store, prefix = object_store(self.url, self.object_store_options)
+            probe_endpoint(self.url, self.object_store_options, _PROBE_SECONDS)
             self._db_path = join_path(prefix, self.path)
             self._start_loop()
             try:
                 self._db = self._call(self._open_db())
                 self._admin = sdb.AdminBuilder(self._db_path, self._store).build()
+                self._wipe_pending = self.fresh
             except BaseException:
                 if self._db is not None:
                     self._close_db()
@@ -209,7 +230,10 @@ class SlateDBBackend(StateBackend):
             self._closed = True
             try:
                 if self._db is not None:
-                    self._close_db()
+                    try:
+                        self._ready_db()  # a fresh database closes empty
+                    finally:
+                        self._close_db()
             finally:
                 self._stop_loop()
 
@@ -218,7 +242,7 @@ class SlateDBBackend(StateBackend):
 
         Raises whatever SlateDB raised: an acknowledged write may then be lost, so
         the caller (the engine at drain and snapshot) must fail the job."""
-        db = self._live_db()
+        db = self._ready_db()
         self._call(db.flush_with_options(WAL))
 
     def _check_not_closed(self) -> None:
@@ -232,21 +256,26 @@ class SlateDBBackend(StateBackend):
             raise RuntimeError(f"{self!r} is not open: call open() first")
         return db
 
+    def _ready_db(self) -> Any:
+        """The live database, once the wipe a ``fresh`` open deferred has run.
+
+        Deferred so that ``restore`` right after a fresh ``open`` (a restarted task)
+        need not delete the state it is about to restore."""
+        db = self._live_db()
+        if self._wipe_pending:
+            with self._wipe_lock:
+                if self._wipe_pending:
+                    self._call(wipe_states(db))
+                    self._wipe_pending = False
+        return db
+
     def _start_loop(self) -> None:
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(
-            target=_run_loop, args=(loop,), name="aec-slatedb-loop", daemon=True
-        )
-        thread.start()
-        self._loop, self._thread = loop, thread
+        self._loop = LoopThread(repr(self), self.timeout)
 
     def _stop_loop(self) -> None:
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
-        if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-            loop.close()
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop()
 
     def _call(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on the backend's loop and wait for its result."""
@@ -255,29 +284,11 @@ class SlateDBBackend(StateBackend):
             coroutine.close()
             self._check_not_closed()
             raise RuntimeError(f"{self!r} is not open: call open() first")
-        future: Future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-        try:
-            return future.result(self.timeout)
-        except TimeoutError:
-            if future.done():  # the operation itself raised TimeoutError
-                raise
-            future.cancel()
-            raise TimeoutError(
-                f"{self!r}: a SlateDB operation took over {self.timeout} s"
-            ) from None
-
-    def _make_settings(self) -> Any:
-        settings = sdb.Settings.default()
-        for key, value in self.settings.items():
-            try:
-                settings.set(key, json.dumps(value))
-            except sdb.Error as exc:
-                raise ValueError(f"bad SlateDB setting {key}={value!r}: {exc}") from exc
-        return settings
+        return loop.call(coroutine)
 
     async def _open_db(self) -> Any:
         builder = sdb.DbBuilder(self._db_path, self._store)
-        builder.with_settings(self._make_settings())
+        builder.with_settings(make_settings(self.settings))
         if self.block_cache_bytes == 0:
             builder.with_db_cache_disabled()
         elif self.block_cache_bytes is not None:
@@ -301,11 +312,6 @@ class SlateDBBackend(StateBackend):
                 raise ValueError(
                     f"{self._db_path!r} holds aec SlateDB format {marker!r}, not {FORMAT!r}"
                 )
-            if self.fresh:
-                writer = Writer(db)
-                async for key, _ in stream(db, STATES):
-                    await writer.delete(key)
-                await writer.done()
             await db.flush_with_options(WAL)
         except BaseException:
             await db.shutdown()
@@ -325,7 +331,7 @@ class SlateDBBackend(StateBackend):
         return prefix
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        self._call(execute(self._live_db(), requests, self._state_prefix))
+        self._call(execute(self._ready_db(), requests, self._state_prefix))
 
     # snapshots
 
@@ -335,32 +341,30 @@ class SlateDBBackend(StateBackend):
         A snapshot lives in the source database (as a SlateDB checkpoint) for as
         long as that database and its checkpoint exist."""
         with self._lock:
-            db = self._live_db()
+            db = self._ready_db()
             os.makedirs(directory, exist_ok=True)
             try:
                 previous = read_manifest(directory)
             except (OSError, ValueError):
                 previous = None
-            name = f"aec-snapshot-{uuid.uuid4().hex}"
+            name = f"{NAME}{uuid.uuid4().hex}"
             checkpoint = self._call(create_checkpoint(db, self._admin, name))
             manifest = {
                 "url": self.url,
                 "db_path": self._db_path,
                 "checkpoint": checkpoint.id,
                 "manifest_id": checkpoint.manifest_id,
+                "sequence": db.status().durable_seq,  # what restore's fast path compares
                 "name": name,
             }
             write_manifest(directory, manifest)
-            if (
-                previous is not None
-                and previous["url"] == self.url
-                and previous["db_path"] == self._db_path
-                and previous["checkpoint"] != checkpoint.id
+            replaced = None
+            if previous is not None and (previous["url"], previous["db_path"]) == (
+                self.url,
+                self._db_path,
             ):
-                try:  # the replaced snapshot's checkpoint would pin its SSTs forever
-                    self._call(self._admin.delete_checkpoint(previous["checkpoint"]))
-                except sdb.Error:
-                    pass  # already gone
+                replaced = previous["checkpoint"]
+            self._call(release_checkpoints(self._admin, checkpoint.id, replaced, self.retained))
 
     def restore(
         self,
@@ -393,7 +397,23 @@ class SlateDBBackend(StateBackend):
                 )
                 for manifest in manifests
             ]
+            if self._at_checkpoint(db, manifests, key_groups):
+                self._wipe_pending = False
+                return
             self._call(restore_union(db, sources, key_groups))
+            self._wipe_pending = False
+
+    def _at_checkpoint(
+        self, db: Any, manifests: list[dict[str, Any]], key_groups: KeyGroupRange | None
+    ) -> bool:
+        """Whether the live database is the one snapshot's own database, unchanged since
+        (a task restarting on its partition's path): then restore has nothing to do."""
+        if len(manifests) != 1:
+            return False
+        manifest = manifests[0]
+        if manifest["url"] != self.url or manifest["db_path"] != self._db_path:
+            return False
+        return self._call(unchanged_since(db, self._admin, manifest, key_groups))
 
     # introspection
 
@@ -405,12 +425,13 @@ class SlateDBBackend(StateBackend):
             settings=self.settings,
             object_store_options=self.object_store_options,
             timeout=self.timeout,
+            retained=self.retained,
         )
 
     def state_items(self, state: str) -> dict[Any, Any]:
         """``{key: value | list | dict}``; keys and user keys in canonical form."""
         prefix = self._state_prefix(state)
-        rows = self._call(scan(self._live_db(), prefix))
+        rows = self._call(scan(self._ready_db(), prefix))
         items: dict[Any, Any] = {}
         skip = len(prefix)
         for db_key, raw in rows:
@@ -420,19 +441,6 @@ class SlateDBBackend(StateBackend):
             else:
                 items[key] = pickle.loads(raw)
         return items
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 async def _shutdown(db: Any) -> None:
@@ -459,6 +467,7 @@ class SlateDBSpec(BackendSpec):
         settings: Mapping[str, Any] | None = None,
         object_store_options: Mapping[str, str] | None = None,
         timeout: float | None = 300.0,
+        retained: int | None = None,
     ) -> None:
         self.url = url
         self.path = path
@@ -466,6 +475,7 @@ class SlateDBSpec(BackendSpec):
         self.settings = dict(settings or {})
         self.object_store_options = dict(object_store_options or {})
         self.timeout = timeout
+        self.retained = retained
 
     def path_for(self, partition: int) -> str:
         if partition < 0:
@@ -481,4 +491,5 @@ class SlateDBSpec(BackendSpec):
             object_store_options=self.object_store_options,
             fresh=True,
             timeout=self.timeout,
+            retained=self.retained,
         )

@@ -33,6 +33,7 @@ from backends.slatedb_store import (
 
 SNAPSHOT_FILE = "slatedb-snapshot.json"
 SNAPSHOT_FORMAT = "aec-slatedb-snapshot-1"
+NAME = "aec-snapshot-"  # the name of every checkpoint a snapshot creates
 
 
 def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
@@ -54,6 +55,24 @@ async def create_checkpoint(db: Any, admin: Any, name: str) -> Any:
     await db.flush_with_options(MEMTABLE)
     options = sdb.CheckpointOptions(lifetime_ms=None, source=None, name=name)
     return await admin.create_detached_checkpoint(options)
+
+
+async def release_checkpoints(
+    admin: Any, newest: str, replaced: str | None, retained: int | None
+) -> None:
+    """Delete checkpoint ``replaced`` (the one a snapshot directory named before it was
+    overwritten) and, with ``retained``, every aec snapshot checkpoint of the database
+    but the ``retained`` newest (by manifest id). ``newest`` is never deleted."""
+    doomed = set() if replaced is None or replaced == newest else {replaced}
+    if retained is not None:
+        ours = [c for c in await admin.list_checkpoints(None) if (c.name or "").startswith(NAME)]
+        ours.sort(key=lambda c: c.manifest_id, reverse=True)
+        doomed.update(c.id for c in ours[retained:] if c.id != newest)
+    for checkpoint_id in doomed:
+        try:  # a released checkpoint no longer pins its SSTs
+            await admin.delete_checkpoint(checkpoint_id)
+        except sdb.Error:
+            pass  # already gone
 
 
 async def open_checkpoint(store: Any, manifest: dict[str, Any]) -> Any:
@@ -114,6 +133,38 @@ async def restore_union(
     finally:
         for reader in readers:
             await reader.shutdown()
+
+
+async def unchanged_since(
+    db: Any, admin: Any, manifest: dict[str, Any], key_groups: KeyGroupRange | None
+) -> bool:
+    """Whether ``db`` holds exactly the state of the checkpoint ``manifest`` names: it
+    is the checkpoint's database (the checkpoint is still in its manifest), nothing
+    was written since (the durable sequence number is the one recorded at the
+    snapshot, after a WAL flush), and no state key lies outside ``key_groups``."""
+    sequence = manifest.get("sequence")
+    if not isinstance(sequence, int):
+        return False
+    await db.flush_with_options(WAL)
+    if db.status().durable_seq != sequence:
+        return False
+    if manifest["checkpoint"] not in {c.id for c in await admin.list_checkpoints(None)}:
+        return False
+    return key_groups is None or not await _keys_outside(db, key_groups)
+
+
+async def _keys_outside(db: Any, key_groups: KeyGroupRange) -> bool:
+    """Whether some state key of ``db`` lies outside ``key_groups`` (two probes a state)."""
+    low, high = key_group_bounds(key_groups.start, key_groups.end)
+    prefix = await _next_state(db, STATES)
+    while prefix is not None:
+        end = prefix_end(prefix)
+        if await first_key(db, prefix, prefix + low) is not None:
+            return True
+        if high is not None and await first_key(db, prefix + high, end) is not None:
+            return True
+        prefix = await _next_state(db, end)
+    return False
 
 
 async def _in_key_groups(

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import pickle
+import socket
 import tempfile
 import threading
 
@@ -518,3 +519,109 @@ def test_s3_plain_http_endpoint_without_allow_http_is_refused(s3, monkeypatch):
     with pytest.raises(ValueError, match="AWS_ALLOW_HTTP"):
         backend.open()  # at once, not after the timeout of SlateDB's retries
     backend.close()
+
+
+def test_a_restarted_task_restores_its_own_unchanged_checkpoint_without_rewriting(tmp_path):
+    spec = SlateDBSpec(url_of(tmp_path), "job")
+    first = spec.build(0)
+    first.open()
+    run(first, *[req(Op.VALUE_PUT, "v", key, value=key) for key in range(300)])
+    first.snapshot(str(tmp_path / "snap"))
+    first.close()
+    again = spec.build(0)  # fresh=True, the same database: a restarted task
+    again.open()
+    sequence = again._db.status().durable_seq
+    again.restore(str(tmp_path / "snap"))
+    assert again._db.status().durable_seq == sequence  # nothing deleted, nothing rewritten
+    assert again.state_items("v") == {key: key for key in range(300)}
+    # Restoring a narrower key-group range must still drop the other keys.
+    half = KeyGroupRange(0, 63)
+    again.restore(str(tmp_path / "snap"), half, 128)
+    assert again.state_items("v") == {k: k for k in range(300) if key_group_for(k, 128) in half}
+    again.close()
+
+
+def test_a_fresh_backend_without_restore_starts_empty_and_stays_empty(tmp_path):
+    spec = SlateDBSpec(url_of(tmp_path), "job")
+    first = spec.build(0)
+    first.open()
+    run(first, req(Op.VALUE_PUT, "v", "a", value=1))
+    first.close()
+    fresh = spec.build(0)
+    fresh.open()
+    fresh.close()  # never used: the deferred wipe still runs
+    reopened = SlateDBBackend(url_of(tmp_path), spec.path_for(0))
+    reopened.open()
+    assert reopened.state_items("v") == {}
+    reopened.close()
+
+
+def test_s3_operator_checkpoint_and_restart(s3, tmp_path):
+    """The operator on SlateDB in S3: a checkpoint, a restart from it on the same
+    database (as a restarted task does), then the rest of the input."""
+    _, bucket = s3
+    spec = SlateDBBackend(f"s3://{bucket}/jobs", "counter", timeout=60).spec()
+    keys = ["a", "b", 3]
+    backend = spec.build(0)
+    first = KeyedProcessOperator(Counter(), backend, AecConfig(buffer_size=4))
+    try:
+        first.open()
+        for i in range(12):
+            first.process(Record(keys[i % 3], i, timestamp=i))
+        handle = first.snapshot(1, str(tmp_path / "checkpoints"))
+        before = first.drain_outputs()
+        first.close()
+    finally:
+        backend.close()
+    backend = spec.build(0)
+    second = KeyedProcessOperator(Counter(), backend, AecConfig(buffer_size=4))
+    try:
+        second.restore(handle)
+        for i in range(12, 15):
+            second.process(Record(keys[i % 3], i, timestamp=i))
+        second.finish()
+        after = [out for out in second.drain_outputs() if type(out) is not Watermark]
+        second.close()
+    finally:
+        backend.close()
+    assert sorted(before, key=repr) == sorted(
+        [(key, n) for key in keys for n in range(1, 5)], key=repr
+    )
+    assert sorted(after, key=repr) == sorted([(key, 5) for key in keys], key=repr)
+
+
+def test_s3_unreachable_endpoint_fails_open_at_once(s3, monkeypatch):
+    _, bucket = s3
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed}")
+    backend = SlateDBBackend(f"s3://{bucket}/jobs", "db", timeout=120)
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{closed}"):
+        backend.open()  # not after 120 s of SlateDB's retries
+    backend.close()
+
+
+def test_retained_snapshots_release_older_checkpoints(tmp_path):
+    backend = SlateDBBackend(url_of(tmp_path), "db", retained=2)
+    backend.open()
+    try:
+        for n in range(4):
+            run(backend, req(Op.VALUE_PUT, "v", "a", value=n))
+            backend.snapshot(str(tmp_path / f"snap-{n}"))
+        admin = backend._admin
+        names = [c.name for c in backend._call(admin.list_checkpoints(None))]
+        assert len([name for name in names if name and name.startswith("aec-snapshot-")]) == 2
+        backend.restore(str(tmp_path / "snap-2"))  # the two newest restore
+        assert backend.state_items("v") == {"a": 2}
+        with pytest.raises(ValueError, match="checkpoint"):
+            backend.restore(str(tmp_path / "snap-0"))  # released: a clear error
+        assert backend.state_items("v") == {"a": 2}
+    finally:
+        backend.close()
+    with pytest.raises(ValueError, match="retained"):
+        SlateDBBackend(url_of(tmp_path), "db", retained=0)
+    assert (
+        pickle.loads(pickle.dumps(SlateDBSpec(url_of(tmp_path), "j", retained=3))).build(0).retained
+        == 3
+    )
