@@ -17,6 +17,7 @@ from typing import Any
 
 import cloudpickle
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import TaskContext
 
 import aec
@@ -56,21 +57,35 @@ class PartitionJob:
     def _feed(
         self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch
     ) -> None:
+        # Columns are converted once per batch (pyarrow), records built with map();
+        # watermarks are checked per interval over a slice of event times (the
+        # interval's max by pyarrow), not per record: the same watermarks after
+        # the same records as feeding on_record one record at a time.
         if len(self.keys) == 1:
             keys = batch.column(self.keys[0]).to_pylist()
         else:
             keys = list(zip(*(batch.column(k).to_pylist() for k in self.keys), strict=True))
         values = batch.to_pylist()
+        process = operator.process
         if self.timestamp is None:
-            for key, value in zip(keys, values, strict=True):
-                operator.process(Record(key, value))
+            for record in map(Record, keys, values):
+                process(record)
             return
-        stamps = timestamp_seconds(batch.column(self.timestamp))
-        for key, value, stamp in zip(keys, values, stamps, strict=True):
-            operator.process(Record(key, value, stamp))
-            mark = watermarks.on_record(stamp)
+        column = batch.column(self.timestamp)
+        stamps = timestamp_seconds(column)
+        records = list(map(Record, keys, values, stamps))
+        seconds = pa.array(stamps, pa.float64())
+        start, rows = 0, len(records)
+        while start < rows:
+            end = min(rows, start + watermarks.until_check())
+            for record in records[start:end]:
+                process(record)
+            mark = watermarks.on_records(
+                end - start, pc.max(seconds.slice(start, end - start)).as_py()
+            )
             if mark is not None:
                 operator.process_watermark(Watermark(mark))
+            start = end
 
 
 class PartitionRun:
@@ -135,5 +150,3 @@ class PartitionRun:
             **extra,
         )
         return self.writer.metrics_batch(metrics)
-
-
