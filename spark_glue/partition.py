@@ -102,6 +102,7 @@ class PartitionRun:
         self.job = job
         self.partition = partition
         self.started = time.perf_counter()
+        self.cpu_started = time.process_time()
         self.writer = RawWriter(job.layout)
         self.watermarks = BoundedOutOfOrderness(job.delay, job.interval)
         self.rows_in = 0
@@ -147,6 +148,7 @@ class PartitionRun:
             main_rows=self.writer.main_rows,
             side_rows=self.writer.side_rows,
             wall_s=time.perf_counter() - self.started,
+            cpu_s=time.process_time() - self.cpu_started,
             **extra,
         )
         return self.writer.metrics_batch(metrics)
