@@ -163,7 +163,7 @@ def run_spark(env: Env, path: str) -> h.Sample:
     df.unpersist()
     if rows_out != env.args.rows:
         raise AssertionError(f"spark: {rows_out} output rows for {env.args.rows} rows")
-    return h.Sample(m["wall_s"], m["cpu_s"], env.args.rows,
+    return h.Sample(m["wall_s"], m.get("cpu_s", m["wall_s"]), env.args.rows,
                     {"action_s": action, "elapsed_s": m["elapsed_s"], "batches": m["batches"]})  # fmt: skip
 
 

@@ -52,7 +52,9 @@ def tws_processor() -> Any:
         def init(self, handle: Any) -> None:
             self.previous = handle.getValueState("previous", STATE)
 
-        def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        def handleInputRows(
+            self, key: Any, rows: Iterator[pd.DataFrame], timer_values: Any = None
+        ) -> Iterator[pd.DataFrame]:
             frame = pd.concat(list(rows)).sort_values(["arrival_time", "row"])
             out = []
             for flight in frame.to_dict("records"):
