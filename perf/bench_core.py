@@ -240,10 +240,11 @@ def judge(
 def markdown(report: dict[str, Any]) -> str:
     p = report["params"]
     lines = [
-        "# bench_core: keyed counter across key skews",
-        "",
-        f"{p['records']:,} records over {p['keys']:,} keys; best of {p['repeats']} interleaved "
-        f"rounds. {h.machine_line(report)}",
+        *h.md_header(
+            "bench_core: keyed counter across key skews",
+            f"{p['records']:,} records over {p['keys']:,} keys",
+            report,
+        ),  # fmt: skip
         "",
         *h.md_table(
             ["distribution", "distinct keys", "hottest key", "top 10 keys"],
@@ -326,15 +327,8 @@ def markdown(report: dict[str, Any]) -> str:
             ],
             numeric_from=3,
         ),  # fmt: skip
-        "",
-        "Goals:",
-        "",
+        *h.goal_lines(report["goals"], report.get("profile")),
     ]
-    lines += [
-        f"- {g['text']}: {g['measured']} -> **{h.verdict(g)}**" for g in report["goals"].values()
-    ]
-    if report.get("profile"):
-        lines += ["", f"A goal was missed: cProfile top functions in `{report['profile']}`."]
     return "\n".join(lines) + "\n"
 
 
