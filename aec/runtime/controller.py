@@ -389,6 +389,8 @@ class AsyncExecutionController:
             return True
         if self.active.requests:
             self.flush()
+            if self.mails:  # run inline (a skewed run's tiny batches): complete it now
+                self.run_available()
             return True
         if self.executor.pending:
             self.executor.wait(None)
