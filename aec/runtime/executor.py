@@ -29,6 +29,7 @@ class StateExecutor:
     """
 
     concurrent = True
+    idle = False  # set by the AEC around a flush when the mailbox thread has nothing else to do
 
     def __init__(self) -> None:
         self.pending = 0
@@ -77,11 +78,15 @@ class InlineExecutor(StateExecutor):
 class ThreadPoolStateExecutor(StateExecutor):
     """Runs batches on ``threads`` I/O threads (named ``aec-io-N``), for blocking backends.
 
-    Adaptive (``adaptive=True``, the default): a batch runs on the mailbox thread
-    instead when the backend answered batches of its size there faster than a
-    thread hand-off costs (``BatchCostModel``): a store answering from memory
-    gains nothing from a thread for a handful of requests, and with skewed keys
-    (a hot key's records run one after another) most batches are that small.
+    Adaptive (``adaptive=True``, the default): when the mailbox thread would
+    otherwise wait for it (``idle``: the AEC flushes because nothing else can
+    run), a batch runs on the mailbox thread instead when the backend answered
+    batches of its size there faster than a thread hand-off costs
+    (``BatchCostModel``): a store answering from memory gains nothing from a
+    thread for a handful of requests, and with skewed keys (a hot key's records
+    run one after another) most batches are that small. A batch flushed while
+    the mailbox thread has other work (a full buffer) always goes to a thread,
+    where it overlaps that work.
     Results and order are the same either way: a batch is applied whole, and
     concurrent batches never share a key.
     """
@@ -99,7 +104,7 @@ class ThreadPoolStateExecutor(StateExecutor):
     def submit(self, batch: Sequence[Any]) -> None:
         self.pending += 1
         cost = self.cost
-        if cost is not None and cost.run_inline(len(batch)):
+        if cost is not None and self.idle and cost.run_inline(len(batch)):
             self.inline_batches += 1
             start = perf_counter()
             self._run(batch, self._mailbox.post_local)
