@@ -33,7 +33,7 @@ class StateExecutor:
 
     def __init__(self) -> None:
         self.pending = 0
-        self.inline_batches = 0  # batches run on the mailbox thread (a metric)
+        self.inline_batches = 0  # batches run on the mailbox thread (metric ``inline_batches``)
         self._backend: Any = None
         self._mailbox: Mailbox | None = None
 
@@ -72,6 +72,7 @@ class InlineExecutor(StateExecutor):
 
     def submit(self, batch: Sequence[Any]) -> None:
         self.pending += 1
+        self.inline_batches += 1
         self._run(batch, self._mailbox.post_local)
 
 
