@@ -16,6 +16,10 @@ from typing import Any
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.mailbox import Mailbox
 
+# Larger batches always go to a thread: there RocksDB-like stores release the GIL and
+# overlap the mailbox thread, and several batches in flight run side by side.
+INLINE_MAX_REQUESTS = 64
+
 
 class StateExecutor:
     """Base: runs batches and reports them as completion mails.
@@ -81,7 +85,8 @@ class ThreadPoolStateExecutor(StateExecutor):
 
     Adaptive (``adaptive=True``, the default): when the mailbox thread would
     otherwise wait for it (``idle``: the AEC flushes because nothing else can
-    run), a batch runs on the mailbox thread instead when the backend answered
+    run) and no other batch is on an I/O thread, a batch of at most
+    ``INLINE_MAX_REQUESTS`` runs on the mailbox thread instead when the backend answered
     batches of its size there faster than a thread hand-off costs
     (``BatchCostModel``): a store answering from memory gains nothing from a
     thread for a handful of requests, and with skewed keys (a hot key's records
@@ -103,9 +108,16 @@ class ThreadPoolStateExecutor(StateExecutor):
         self._submit_cost = 0.0  # the mailbox thread's time in the last pool submit, seconds
 
     def submit(self, batch: Sequence[Any]) -> None:
-        self.pending += 1
         cost = self.cost
-        if cost is not None and self.idle and cost.run_inline(len(batch)):
+        inline = (
+            cost is not None
+            and self.idle
+            and self.pending == 0  # with batches on I/O threads, this one runs beside them
+            and len(batch) <= INLINE_MAX_REQUESTS
+            and cost.run_inline(len(batch))
+        )
+        self.pending += 1
+        if inline:
             self.inline_batches += 1
             start = perf_counter()
             self._run(batch, self._mailbox.post_local)
