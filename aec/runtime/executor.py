@@ -16,6 +16,12 @@ from typing import Any
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.mailbox import Mailbox
 
+# Larger batches always go to a thread: there RocksDB-like stores release the GIL and
+# overlap the mailbox thread, and several batches in flight run side by side. 64 made
+# the flights job's operators 1.2-1.5x slower inside Spark (batches of ~20 and ~130
+# requests at serial watermark drains lost that overlap); 8 keeps a hot key's batches.
+INLINE_MAX_REQUESTS = 8
+
 
 class StateExecutor:
     """Base: runs batches and reports them as completion mails.
@@ -29,10 +35,11 @@ class StateExecutor:
     """
 
     concurrent = True
+    idle = False  # set by the AEC around a flush when the mailbox thread has nothing else to do
 
     def __init__(self) -> None:
         self.pending = 0
-        self.inline_batches = 0  # batches run on the mailbox thread (a metric)
+        self.inline_batches = 0  # batches run on the mailbox thread (metric ``inline_batches``)
         self._backend: Any = None
         self._mailbox: Mailbox | None = None
 
@@ -71,17 +78,23 @@ class InlineExecutor(StateExecutor):
 
     def submit(self, batch: Sequence[Any]) -> None:
         self.pending += 1
+        self.inline_batches += 1
         self._run(batch, self._mailbox.post_local)
 
 
 class ThreadPoolStateExecutor(StateExecutor):
     """Runs batches on ``threads`` I/O threads (named ``aec-io-N``), for blocking backends.
 
-    Adaptive (``adaptive=True``, the default): a batch runs on the mailbox thread
-    instead when the backend answered batches of its size there faster than a
-    thread hand-off costs (``BatchCostModel``): a store answering from memory
-    gains nothing from a thread for a handful of requests, and with skewed keys
-    (a hot key's records run one after another) most batches are that small.
+    Adaptive (``adaptive=True``, the default): when the mailbox thread would
+    otherwise wait for it (``idle``: the AEC flushes because nothing else can
+    run) and no other batch is on an I/O thread, a batch of at most
+    ``INLINE_MAX_REQUESTS`` runs on the mailbox thread instead when the backend answered
+    batches of its size there faster than a thread hand-off costs
+    (``BatchCostModel``): a store answering from memory gains nothing from a
+    thread for a handful of requests, and with skewed keys (a hot key's records
+    run one after another) most batches are that small. A batch flushed while
+    the mailbox thread has other work (a full buffer) always goes to a thread,
+    where it overlaps that work.
     Results and order are the same either way: a batch is applied whole, and
     concurrent batches never share a key.
     """
@@ -94,11 +107,19 @@ class ThreadPoolStateExecutor(StateExecutor):
         self.cost = BatchCostModel() if adaptive else None
         self._posted_at = 0.0  # perf_counter of the last thread-pool completion post
         self._queue_delay = 0.0  # submit -> start of the last thread-pool batch, seconds
+        self._submit_cost = 0.0  # the mailbox thread's time in the last pool submit, seconds
 
     def submit(self, batch: Sequence[Any]) -> None:
-        self.pending += 1
         cost = self.cost
-        if cost is not None and cost.run_inline(len(batch)):
+        inline = (
+            cost is not None
+            and self.idle
+            and self.pending == 0  # with batches on I/O threads, this one runs beside them
+            and len(batch) <= INLINE_MAX_REQUESTS
+            and cost.run_inline(len(batch))
+        )
+        self.pending += 1
+        if inline:
             self.inline_batches += 1
             start = perf_counter()
             self._run(batch, self._mailbox.post_local)
@@ -106,7 +127,10 @@ class ThreadPoolStateExecutor(StateExecutor):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="aec-io")
-        self._pool.submit(self._run_timed, batch, perf_counter())
+        start = perf_counter()
+        self._pool.submit(self._run_timed, batch, start)
+        if cost is not None:  # waking an I/O thread may hand it the GIL: part of the hand-off
+            self._submit_cost = perf_counter() - start
 
     def _run_timed(self, batch: Sequence[Any], submitted: float) -> None:
         self._queue_delay = perf_counter() - submitted
@@ -123,7 +147,8 @@ class ThreadPoolStateExecutor(StateExecutor):
         start = perf_counter()
         self._mailbox.wait(timeout)
         if self.cost is not None and self._posted_at >= start:
-            self.cost.record_handoff(self._queue_delay + perf_counter() - self._posted_at)
+            woken = perf_counter() - self._posted_at
+            self.cost.record_handoff(self._submit_cost + self._queue_delay + woken)
 
     def close(self) -> None:
         with self._lock:
