@@ -5,12 +5,24 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_readme_example_runs_and_matches_its_comment(capsys):
-    text = README.read_text()
-    example = text.split("```python\n")[1].split("```")[0]
+def _examples_with_claims() -> list[str]:
+    """Every python block of the README that prints ``result.outputs`` with a claim."""
+    blocks = [b.split("```")[0] for b in README.read_text().split("```python\n")[1:]]
+    return [b for b in blocks if re.search(r"print\(result\.outputs\)\s+# ", b)]
+
+
+def test_the_readme_has_runnable_examples():
+    assert len(_examples_with_claims()) >= 2  # the keyed counter and the windows
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_readme_example_runs_and_matches_its_comment(capsys, index):
+    example = _examples_with_claims()[index]
     namespace: dict = {}
     exec(compile(example, "README example", "exec"), namespace)
     printed = capsys.readouterr().out.strip()
