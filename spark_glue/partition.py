@@ -22,9 +22,11 @@ from pyspark import TaskContext
 import aec
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
+from aec.keygroups import KeyGroupRange, key_group_range_for
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.convert import timestamp_seconds
 from spark_glue.raw_frame import RawLayout, RawWriter
+from spark_glue.routing import keys_of, untagged
 from spark_glue.watermarks import BoundedOutOfOrderness
 
 
@@ -40,15 +42,22 @@ class PartitionJob:
     delay: float
     interval: int
     layout: RawLayout
+    partitions: int = 0  # rows routed by key group to this many partitions (0: not routed)
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The ``mapInArrow`` function of ``process_keyed``: input batches in, raw
-        batches out; end of input is ``finish()`` (every remaining timer fires)."""
+        batches out; end of input is ``finish()`` (every remaining timer fires).
+        Routed input (``spark_glue.routing``): Spark partition ``p`` holds the rows of
+        aec partition ``p``, whose operator owns ``key_group_range_for(mp, n, p)``."""
         context = TaskContext.get()
-        with PartitionRun(self, context.partitionId() if context is not None else 0) as run:
+        partition = context.partitionId() if context is not None else 0
+        owned = None
+        if self.partitions:
+            owned = key_group_range_for(self.config.max_parallelism, self.partitions, partition)
+        with PartitionRun(self, partition, key_group_range=owned) as run:
             run.operator.open()
             for batch in batches:
-                yield from run.feed(batch)
+                yield from run.feed(untagged(batch, partition) if self.partitions else batch)
             run.operator.finish()
             yield from run.drain()
         yield run.metrics_batch()
@@ -56,10 +65,7 @@ class PartitionJob:
     def _feed(
         self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch
     ) -> None:
-        if len(self.keys) == 1:
-            keys = batch.column(self.keys[0]).to_pylist()
-        else:
-            keys = list(zip(*(batch.column(k).to_pylist() for k in self.keys), strict=True))
+        keys = keys_of(batch, self.keys)
         values = batch.to_pylist()
         if self.timestamp is None:
             for key, value in zip(keys, values, strict=True):
@@ -83,9 +89,12 @@ class PartitionRun:
     partition's metrics row, with ``extra`` entries.
     """
 
-    def __init__(self, job: PartitionJob, partition: int) -> None:
+    def __init__(
+        self, job: PartitionJob, partition: int, key_group_range: KeyGroupRange | None = None
+    ) -> None:
         self.job = job
         self.partition = partition
+        self.key_group_range = key_group_range
         self.started = time.perf_counter()
         self.writer = RawWriter(job.layout)
         self.watermarks = BoundedOutOfOrderness(job.delay, job.interval)
@@ -98,7 +107,10 @@ class PartitionRun:
         self.backend = self.job.spec.build(self.partition)
         try:
             self.operator = aec.KeyedProcessOperator(
-                cloudpickle.loads(self.job.function_bytes), self.backend, self.job.config
+                cloudpickle.loads(self.job.function_bytes),
+                self.backend,
+                self.job.config,
+                key_group_range=self.key_group_range,
             )
         except BaseException:
             self.backend.close()
@@ -112,6 +124,18 @@ class PartitionRun:
         finally:
             self.backend.close()
 
+    def next_batch(self) -> None:
+        """Start counting a new micro-batch on a kept operator (``process_keyed_stream``
+        keeps a partition's live operator between micro-batches): fresh writer,
+        row count and wall clock; the operator and watermark generator go on."""
+        self.started = time.perf_counter()
+        self.writer = RawWriter(self.job.layout)
+        self.rows_in = 0
+        progress = self.watermarks  # the record count of watermark_interval restarts
+        self.watermarks = BoundedOutOfOrderness(self.job.delay, self.job.interval)
+        self.watermarks.max_timestamp = progress.max_timestamp
+        self.watermarks.current = progress.current
+
     def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         """Process one input batch (records and periodic watermarks); its outputs."""
         self.rows_in += batch.num_rows
@@ -123,8 +147,8 @@ class PartitionRun:
         yield from self.writer.drain(self.operator)
 
     def metrics_batch(self, **extra: Any) -> pa.RecordBatch:
-        """The metrics row; call after leaving the context."""
-        metrics = dict(self.final_metrics)
+        """The metrics row; call after leaving the context (or on a kept operator)."""
+        metrics = dict(self.final_metrics or self.operator.metrics)
         metrics.update(
             partition=self.partition,
             rows_in=self.rows_in,

@@ -1,38 +1,39 @@
 """``process_keyed_stream``: a ``KeyedProcessFunction`` over a Structured Streaming query.
 
-Each micro-batch goes through ``foreachBatch``: the driver repartitions it by key
-into a fixed number of partitions, and ``mapInArrow`` runs one
-``aec.KeyedProcessOperator`` per partition (the code of ``process_keyed``:
-``spark_glue.keyed``). Partition ``p`` keeps its state as aec checkpoints under
-``checkpoint_location/state/partition-<p>/chk-<batch id>``: a partition restores
-its latest checkpoint older than the batch, processes the batch's rows, takes
-``chk-<batch id>`` and hands the outputs to the sink. A micro-batch that Spark
-runs again after a failure (same batch id, same rows) first deletes the
-``chk-<batch id>`` the failed attempt may have left, so it starts from the same
-state and computes the same outputs and state: exactly-once state. Decisions
-and limits: ``docs/streaming.md``.
+Each micro-batch goes through ``foreachBatch``: the driver routes its rows by key
+group into ``num_partitions`` partitions (``spark_glue.routing``: partition ``p``
+of ``n`` owns ``key_group_range_for(max_parallelism, n, p)``), and ``mapInArrow``
+runs one ``aec.KeyedProcessOperator`` with that key-group range per partition
+(``spark_glue.stream_task``). Partition state is kept as aec checkpoints under
+``<checkpoint_location>/state`` (a local path or an object-store URI;
+``spark_glue.stream_state``): a partition restores its state as of the batch,
+processes the batch's rows, takes ``chk-<batch id>`` and hands the outputs to the
+sink. A micro-batch that Spark runs again after a failure (same batch id, same
+rows) first deletes the ``chk-<batch id>`` the failed attempt may have left, so it
+starts from the same state and computes the same outputs and state: exactly-once
+state. A restart with another ``num_partitions`` starts a new era in the layout's
+history and each new partition restores the overlapping old partitions' state,
+filtered to its key groups. Decisions and limits: ``docs/streaming.md``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
+import hashlib
 import os
-import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from aec.checkpoint import CheckpointHandle, latest_checkpoint
+from aec.checkpoint import CheckpointStore
+from aec.checkpoint.storage import is_uri
 from aec.config import AecConfig
-from aec.elements import Watermark
 from aec.state.backend import BackendSpec, StateBackend
+from aec.state.memory import MemorySpec
 from spark_glue.keyed import (
     OrderLike,
     SchemaLike,
@@ -41,13 +42,9 @@ from spark_glue.keyed import (
     persisted_result,
     plan_job,
 )
-from spark_glue.partition import PartitionJob, PartitionRun
-from spark_glue.watermarks import BoundedOutOfOrderness
-
-_PARTITION = "__aec_partition"  # pmod(hash(keys), n): Spark's own hash partitioning
-_LAYOUT = "layout.json"
-_KEEP = 2  # checkpoints kept per partition: the newest and the base of its replay
-_FORMAT = 1
+from spark_glue.routing import ROUTE, tag
+from spark_glue.stream_state import Layout, StateStore
+from spark_glue.stream_task import StreamTask, driver_aws_environment
 
 
 def process_keyed_stream(
@@ -67,6 +64,7 @@ def process_keyed_stream(
     num_partitions: int | None = None,
     side_outputs: Mapping[str, SchemaLike] | None = None,
     trigger: Mapping[str, Any] | None = None,
+    spark_checkpoint_location: str | os.PathLike[str] | None = None,
 ) -> StreamingQuery:
     """Start a streaming query that runs ``function`` per key over ``stream_df``.
 
@@ -76,10 +74,17 @@ def process_keyed_stream(
 
     Args:
         stream_df: a streaming DataFrame (``spark.readStream...``).
-        checkpoint_location: a directory every executor and the driver can reach
-            through the file system (local, or a shared mount). Spark's own
-            checkpoint goes to ``<it>/spark``, the partitions' state to
-            ``<it>/state``. Restart a query with the same location to continue.
+        checkpoint_location: where the partitions' state goes (``<it>/state``): a
+            directory every executor and the driver reach (local or a shared
+            mount), or an object-store URI ``pyarrow.fs`` resolves
+            (``s3://bucket/prefix``, ``gs://...``; S3 configured by the AWS
+            environment variables). Restart with the same location to continue.
+        spark_checkpoint_location: Spark's own query checkpoint (its
+            ``checkpointLocation``); None: ``<checkpoint_location>/spark`` for a
+            local location, and for a URI a local directory named after the URI
+            under the system temp directory (one machine only: on a cluster, pass
+            a durable location Spark's file system reaches, e.g. ``hdfs://`` or
+            ``s3a://``).
         sink: ``sink(batch_df, batch_id)``, called on the driver once per
             micro-batch (again for a replayed one) with the main output as a
             batch DataFrame of ``output_schema``; ``spark_glue.side_output(batch_df,
@@ -89,10 +94,11 @@ def process_keyed_stream(
             ``process_keyed``, continuing across micro-batches, plus one at the end
             of every micro-batch (``max event time - watermark_delay`` if that
             advances). There is no final ``Watermark(inf)``: the stream never ends.
-        num_partitions: the number of state partitions; None: the number stored
-            in ``checkpoint_location`` by an earlier run, else
-            ``spark.sql.shuffle.partitions``. Fixed for the life of the
-            checkpoint: a different number is refused.
+        num_partitions: the number of state partitions (at most
+            ``config.max_parallelism``); None: the number of the last run on
+            ``checkpoint_location``, else ``spark.sql.shuffle.partitions``. A
+            different number than the last run's rescales the state by key group
+            from the next micro-batch on (recorded in ``state/layout.json``).
         trigger: keyword arguments of ``DataStreamWriter.trigger`` (e.g.
             ``{"processingTime": "5 seconds"}`` or ``{"availableNow": True}``);
             None: Spark's default (a micro-batch as soon as the last one ended).
@@ -104,14 +110,15 @@ def process_keyed_stream(
 
     Raises:
         TypeError, ValueError: on the driver, for bad arguments (those of
-            ``process_keyed``, plus: not a streaming DataFrame, no or a non-local
-            ``checkpoint_location``, a sink that is not callable, ``num_partitions``
-            or key columns different from the checkpoint's, state without Spark's
+            ``process_keyed``, plus: not a streaming DataFrame, no
+            ``checkpoint_location`` or an unresolvable URI scheme, a sink that is not
+            callable, key columns or ``max_parallelism`` different from the
+            checkpoint's, ``num_partitions > max_parallelism``, state without Spark's
             checkpoint, speculative execution on).
     """
     if not isinstance(stream_df, DataFrame) or not stream_df.isStreaming:
         raise TypeError("process_keyed_stream needs a streaming DataFrame (spark.readStream...)")
-    root = _local_directory(checkpoint_location)
+    state_location, spark_root = _locations(checkpoint_location, spark_checkpoint_location)
     if not callable(sink):
         raise TypeError(f"sink must be callable as sink(batch_df, batch_id), got {sink!r}")
     if trigger is not None and not isinstance(trigger, Mapping):
@@ -138,20 +145,36 @@ def process_keyed_stream(
             "process_keyed_stream needs spark.speculation=false: two attempts of one "
             "partition would write the same checkpoint"
         )
-    state_root = os.path.join(root, "state")
-    spark_root = os.path.join(root, "spark")
-    partitions = _fix_layout(state_root, spark_root, job.keys, num_partitions, spark)
-    task = _StreamTask(job, state_root, partitions)
-    keys = job.keys
+    max_parallelism = job.config.max_parallelism
+    state = StateStore(state_location, max_parallelism)
+    layout = _open_layout(state, job.keys, spark_root)
+    partitions = (
+        num_partitions
+        or layout.partitions
+        or int(spark.conf.get("spark.sql.shuffle.partitions"))
+    )
+    if partitions > max_parallelism:
+        raise ValueError(
+            f"num_partitions={partitions} exceeds max_parallelism={max_parallelism}: a "
+            "partition owns at least one key group"
+        )
+    task = StreamTask(job, state, uuid.uuid4().hex, keep=isinstance(job.spec, MemorySpec))
+    keys, store = job.keys, state.store()
 
     def foreach_batch(batch_df: DataFrame, batch_id: int) -> None:
+        if layout.enter(batch_id, partitions):
+            layout.save(store)
+        era = len(layout.history) - 1
+        sources = {}
         for partition in range(partitions):  # clear a failed attempt's checkpoints first
-            _base_checkpoint(_partition_dir(state_root, partition), batch_id)
-        tagged = {_PARTITION: F.pmod(F.hash(*keys), F.lit(partitions))}
-        arranged = arrange(batch_df, keys, order_by, partitions, extra=tagged)
-        result = persisted_result(
-            arranged.mapInArrow(task.for_batch(batch_id), job.layout.raw), job.layout
+            state.clear_attempt(partition, partitions, batch_id)
+            sources[partition] = state.sources(layout.history, era, partition, batch_id)
+        routed = tag(batch_df, keys, max_parallelism, partitions)
+        arranged = arrange(routed, [ROUTE], order_by, partitions)
+        run = task.for_batch(
+            batch_id, partitions, layout.history[-1][0], sources, driver_aws_environment()
         )
+        result = persisted_result(arranged.mapInArrow(run, job.layout.raw), job.layout)
         raw = output_of(result).raw
         try:
             raw.count()  # every partition runs (and snapshots) once, whatever the sink reads
@@ -168,60 +191,54 @@ def process_keyed_stream(
 
 
 # -- driver: arguments and the state layout ------------------------------------------------------
-def _local_directory(location: Any) -> str:
+def _locations(location: Any, spark_location: Any) -> tuple[str, str]:
+    """The state location (path or URI) and Spark's checkpoint location.
+
+    Raises ValueError for a missing location or an unresolvable URI scheme.
+    """
     if location is None or not isinstance(location, (str, os.PathLike)) or not os.fspath(location):
         raise ValueError(
-            "process_keyed_stream needs checkpoint_location: a directory for Spark's "
-            f"checkpoint and the partitions' state, got {location!r}"
+            "process_keyed_stream needs checkpoint_location: a directory or object-store URI "
+            f"for the partitions' state, got {location!r}"
         )
-    path = os.fspath(location)
-    if path.startswith("file://"):
-        path = path[len("file://") :]
-    elif "://" in path:
+    text = os.fspath(location)
+    root = CheckpointStore.at(text)  # ValueError for a scheme pyarrow.fs cannot resolve
+    state = root.child("state").location
+    if spark_location is not None:
+        return state, os.fspath(spark_location)
+    if root.local:
+        return state, root.name_of("spark")
+    digest = hashlib.sha256(root.location.encode()).hexdigest()[:16]
+    return state, os.path.join(tempfile.gettempdir(), "aec-spark-checkpoints", digest)
+
+
+def _open_layout(state: StateStore, keys: list[str], spark_root: str) -> Layout:
+    """The stored layout, checked against this query, or a new one (saved at the
+    first micro-batch)."""
+    store = state.store()
+    layout = Layout.load(store)
+    if layout is None:
+        return Layout(keys, state.max_parallelism)
+    if layout.keys != keys:
         raise ValueError(
-            f"checkpoint_location must be a file system path (local or a shared mount) that "
-            f"the driver and every executor can reach, got {path!r}"
+            f"key columns {keys} but the state in {store.location} is keyed by {layout.keys}"
         )
-    return os.path.abspath(path)
-
-
-def _fix_layout(
-    state_root: str,
-    spark_root: str,
-    keys: list[str],
-    requested: int | None,
-    spark: Any,
-) -> int:
-    """The number of state partitions, recorded in ``state/layout.json`` on the first
-    start and checked on every later one."""
-    path = os.path.join(state_root, _LAYOUT)
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            stored = json.load(handle)
-        if requested is not None and requested != stored["num_partitions"]:
-            raise ValueError(
-                f"num_partitions={requested} but the state in {state_root} has "
-                f"{stored['num_partitions']} partitions (fixed for the life of a checkpoint)"
-            )
-        if stored["keys"] != keys:
-            raise ValueError(
-                f"key columns {keys} but the state in {state_root} is keyed by {stored['keys']}"
-            )
-        if not _has_entries(os.path.join(spark_root, "offsets")) and _has_checkpoints(
-            state_root, stored["num_partitions"]
-        ):
-            raise ValueError(
-                f"{state_root} holds state but Spark's checkpoint {spark_root} has no "
-                "micro-batch: it was deleted or moved; restore it or use a new checkpoint_location"
-            )
-        return int(stored["num_partitions"])
-    partitions = requested or int(spark.conf.get("spark.sql.shuffle.partitions"))
-    os.makedirs(state_root, exist_ok=True)
-    staging = path + ".tmp"
-    with open(staging, "w", encoding="utf-8") as handle:
-        json.dump({"format": _FORMAT, "num_partitions": partitions, "keys": keys}, handle)
-    os.replace(staging, path)
-    return partitions
+    if layout.max_parallelism != state.max_parallelism:
+        raise ValueError(
+            f"config.max_parallelism={state.max_parallelism} but the state in "
+            f"{store.location} has {layout.max_parallelism} key groups (fixed for the life "
+            "of a checkpoint, as in Flink)"
+        )
+    if (
+        not is_uri(spark_root)
+        and not _has_entries(os.path.join(spark_root, "offsets"))
+        and _has_checkpoints(store)
+    ):
+        raise ValueError(
+            f"{store.location} holds state but Spark's checkpoint {spark_root} has no "
+            "micro-batch: it was deleted or moved; restore it or use a new checkpoint_location"
+        )
+    return layout
 
 
 def _has_entries(directory: str) -> bool:
@@ -231,163 +248,10 @@ def _has_entries(directory: str) -> bool:
         return False
 
 
-def _has_checkpoints(state_root: str, partitions: int) -> bool:
-    return any(_checkpoint_ids(_partition_dir(state_root, p)) for p in range(partitions))
+def _has_checkpoints(store: CheckpointStore) -> bool:
+    return any(
+        store.child(name).checkpoint_ids(complete=False)
+        for name in store.list_names()
+        if name.startswith("partition-")
+    )
 
-
-# -- per partition: checkpoint files ---------------------------------------------------------------
-def _partition_dir(state_root: str, partition: int) -> str:
-    return os.path.join(state_root, f"partition-{partition}")
-
-
-def _checkpoint_ids(directory: str) -> list[int]:
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted(int(n[4:]) for n in names if n.startswith("chk-") and n[4:].isdigit())
-
-
-def _watermarks_file(directory: str, checkpoint_id: int) -> str:
-    return os.path.join(directory, f"watermarks-{checkpoint_id}.json")
-
-
-def _delete_checkpoint(directory: str, checkpoint_id: int) -> None:
-    # raise if it cannot go: a surviving manifest would make it the base of a replay
-    path = os.path.join(directory, f"chk-{checkpoint_id}")
-    if os.path.lexists(path):
-        shutil.rmtree(path)
-    try:
-        os.remove(_watermarks_file(directory, checkpoint_id))
-    except FileNotFoundError:
-        pass
-
-
-def _base_checkpoint(directory: str, batch_id: int) -> CheckpointHandle | None:
-    """Make ``directory`` ready for micro-batch ``batch_id``; the checkpoint to restore.
-
-    Deletes ``chk-<batch_id>`` (left by a failed attempt of this batch) and any
-    abandoned staging directory; the base is then the newest complete checkpoint,
-    all older than the batch (None: the partition starts empty).
-
-    Raises:
-        RuntimeError: a checkpoint newer than ``batch_id`` exists, so Spark runs
-            a micro-batch this state has gone past (its checkpoint was reset).
-    """
-    ids = _checkpoint_ids(directory)
-    if ids and ids[-1] > batch_id:
-        raise RuntimeError(
-            f"{directory} has checkpoint {ids[-1]} but Spark runs micro-batch {batch_id}: "
-            "Spark's checkpoint is older than the state (reset or replaced); refusing to "
-            "rewind the state"
-        )
-    if batch_id in ids:
-        _delete_checkpoint(directory, batch_id)
-    try:
-        for name in os.listdir(directory):
-            if name.startswith(".chk-") and ".staging-" in name:
-                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
-    except FileNotFoundError:
-        pass
-    return latest_checkpoint(directory)
-
-
-def _prune(directory: str) -> None:
-    """Keep the newest ``_KEEP`` checkpoints (a replay of the newest batch restores the
-    one before it)."""
-    for checkpoint_id in _checkpoint_ids(directory)[:-_KEEP]:
-        _delete_checkpoint(directory, checkpoint_id)
-
-
-def _save_watermarks(directory: str, checkpoint_id: int, watermarks: BoundedOutOfOrderness) -> None:
-    """The generator's progress beside ``chk-<id>``, written before it (the checkpoint's
-    rename commits both)."""
-    path = _watermarks_file(directory, checkpoint_id)
-    data = {"max_timestamp": watermarks.max_timestamp, "current": watermarks.current}
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(data, handle)  # infinities as -Infinity, which json.load reads back
-    os.replace(path + ".tmp", path)
-
-
-def _load_watermarks(directory: str, checkpoint_id: int, watermarks: BoundedOutOfOrderness) -> None:
-    path = _watermarks_file(directory, checkpoint_id)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        raise RuntimeError(
-            f"{path} is missing: checkpoint {checkpoint_id} cannot continue its watermarks"
-        ) from None
-    watermarks.max_timestamp = float(data["max_timestamp"])
-    watermarks.current = float(data["current"])
-
-
-# -- per partition: one micro-batch ------------------------------------------------------------
-@dataclass(frozen=True)
-class _StreamTask:
-    """What a partition needs for any micro-batch; ``for_batch`` binds the batch id."""
-
-    job: PartitionJob
-    state_root: str
-    partitions: int
-
-    def for_batch(self, batch_id: int) -> Callable[[Iterator[pa.RecordBatch]], Any]:
-        return _BatchTask(self, batch_id).run
-
-
-@dataclass(frozen=True)
-class _BatchTask:
-    task: _StreamTask
-    batch_id: int
-
-    def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The ``mapInArrow`` function: restore, process the rows, snapshot, emit.
-
-        A partition without rows does nothing: its newest checkpoint stays its
-        state (the base of its next micro-batch).
-        """
-        batches = iter(batches)
-        first = next((b for b in batches if b.num_rows), None)
-        if first is None:
-            return
-        partition = _partition_of(first)
-        directory = _partition_dir(self.task.state_root, partition)
-        os.makedirs(directory, exist_ok=True)
-        base = _base_checkpoint(directory, self.batch_id)  # again: a retried task
-        with PartitionRun(self.task.job, partition) as run:
-            if base is None:
-                run.operator.open()
-            else:
-                run.operator.restore(base)
-                _load_watermarks(directory, base.checkpoint_id, run.watermarks)
-            yield from run.feed(_without_partition(first, partition))
-            for batch in batches:
-                if batch.num_rows:
-                    yield from run.feed(_without_partition(batch, partition))
-            mark = run.watermarks.check_now()
-            if mark is not None:
-                run.operator.process_watermark(Watermark(mark))
-            _save_watermarks(directory, self.batch_id, run.watermarks)
-            run.operator.snapshot(self.batch_id, directory)
-            yield from run.drain()
-        _prune(directory)
-        yield run.metrics_batch(
-            batch_id=self.batch_id,
-            restored_from=None if base is None else base.checkpoint_id,
-        )
-
-
-def _partition_of(batch: pa.RecordBatch) -> int:
-    return int(batch.column(_PARTITION)[0].as_py())
-
-
-def _without_partition(batch: pa.RecordBatch, partition: int) -> pa.RecordBatch:
-    """``batch`` without the partition column, after checking every row has ``partition``
-    (the rows of one task must be one state partition)."""
-    column = batch.column(_PARTITION)
-    if not pc.all(pc.equal(column, partition)).as_py():
-        raise RuntimeError(
-            f"rows of state partitions {sorted(set(column.to_pylist()))} reached one task: "
-            "the micro-batch was not hash-partitioned by key as planned"
-        )
-    return batch.drop_columns([_PARTITION])
