@@ -48,12 +48,13 @@ entry may be returned twice only if Redis shrinks (rehashes) the hash during the
 iteration. Map order is Redis's (insertion order for small hashes); ``MAP_ITER``
 (``HGETALL``) and chunked iteration agree for small (listpack) hashes only.
 
-Snapshots. ``snapshot(dir)`` ``SCAN``s this partition's keys and ``DUMP``s them
+Snapshots (``backends.redis_snapshots``). ``snapshot(dir)`` ``SCAN``s this partition's keys and ``DUMP``s them
 into ``redis-state-<id>.pickle`` (keys relative to ``{prefix}:{partition}:``, so
 a snapshot restores into any prefix/partition), then atomically replaces
 ``redis-manifest.json`` (format, key count, size, SHA-256), then deletes older
-data files. ``restore(dir)`` validates manifest and checksum, ``RESTORE``s the
-dumps under a staging namespace, then in one ``MULTI`` deletes the partition's
+data files. ``restore(dirs, key_groups)`` validates every manifest and checksum,
+keeps the dumps whose key group (in the key name) is in ``key_groups``, ``RESTORE``s
+them under a staging namespace, then in one ``MULTI`` deletes the partition's
 keys and renames the staged keys into place: a failure before the switch leaves
 the live state untouched. DUMP payloads restore on the same or a newer Redis.
 Neither may overlap ``execute_batch`` (the engine drains before snapshotting).

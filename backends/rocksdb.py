@@ -8,8 +8,8 @@ Layout (Flink's RocksDB state backend, simplified):
   for value and list state, followed by the encoded user key for map state, so one
   key's map is one prefix range; values are pickled (highest protocol);
 * a batch's requests run over ``backends.overlay``'s op functions (shared with
-  SlateDB), against ``_BatchView``: one multi-get per column family, one
-  ``WriteBatch`` at the end.
+  SlateDB), against ``backends.rocksdb_batch.RocksBatchView``: one multi-get per
+  column family, one ``WriteBatch`` at the end.
 
 Value state is one entry per key; list state is one entry holding the pickled list
 (``LIST_ADD`` reads, appends and rewrites it); map state is one entry per
@@ -23,6 +23,11 @@ The live directory is a working copy: writes skip the write-ahead log by default
 flushes, so reopening a closed directory sees its state. The memtable updates values
 in place (``inplace_update_support``): state overwrites the same keys, and a version
 per write made reads and writes slower as the memtable filled.
+
+Snapshots (``backends.rocksdb_snapshots``) are RocksDB checkpoints (hard links); a
+restore hard-links the first snapshot into a new live directory, range-deletes keys
+outside the key groups kept and range-scans the key groups of any further snapshot:
+never a copy of a whole database.
 """
 
 from __future__ import annotations

@@ -28,13 +28,16 @@ object store and raises if that fails, so every write acknowledged before it
 survives a crash; SlateDB also flushes its WAL on its own every
 ``flush_interval`` (100 ms by default). ``close()`` flushes before closing.
 
-Snapshots: ``snapshot(dir)`` flushes the memtable to L0 SSTs, creates a SlateDB
-checkpoint (a pinned manifest, no data copy) and writes
-``dir/slatedb-snapshot.json`` naming it (atomically). ``restore(dir)`` opens a
-``DbReader`` pinned to that checkpoint and rewrites the live database to equal it
-(a merge of the two sorted key streams: puts for changed keys, deletes for keys
-the snapshot lacks), so the live path never changes. Checkpoints never expire;
-snapshotting again into the same directory deletes the checkpoint it replaces.
+Snapshots (``backends.slatedb_snapshots``): ``snapshot(dir)`` flushes the memtable to
+L0 SSTs, creates a SlateDB checkpoint (a pinned manifest, no data copy) and writes
+``dir/slatedb-snapshot.json`` naming it and the durable sequence number (atomically).
+``restore(dirs, key_groups)`` is a no-op when the one snapshot is this database's own
+and nothing was written since (a restarted task); otherwise it opens a ``DbReader``
+pinned to each checkpoint, range-scans their key-group ranges and rewrites the live
+database to equal the union (a merge of the sorted key streams: puts for changed
+keys, deletes for keys the union lacks), so the live path never changes. A ``fresh``
+open defers its wipe to the first use other than ``restore``. Checkpoints never
+expire; snapshotting again into the same directory deletes the checkpoint it replaces.
 
 Object stores, by URL:
 
@@ -44,8 +47,9 @@ Object stores, by URL:
   database is at ``prefix/<path>`` in the bucket. Configuration comes from the
   environment as the Rust ``object_store`` crate reads it (S3:
   ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
-  ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT`` for S3-compatible
-  servers such as MinIO, ``AWS_ALLOW_HTTP=true`` for a plain-HTTP endpoint; GCS:
+  ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` or ``AWS_ENDPOINT`` for
+  S3-compatible servers such as MinIO or moto, ``AWS_ALLOW_HTTP=true`` for a
+  plain-HTTP endpoint, refused with ValueError without it; GCS:
   ``GOOGLE_SERVICE_ACCOUNT``...; Azure: ``AZURE_STORAGE_ACCOUNT_NAME``,
   ``AZURE_STORAGE_ACCOUNT_KEY``...) plus ``object_store_options`` (the crate's
   config keys: ``endpoint``, ``region``, ``access_key_id``, ``allow_http``...).
@@ -53,7 +57,6 @@ Object stores, by URL:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import pickle
@@ -61,7 +64,6 @@ import threading
 import uuid
 import zlib
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from slatedb import uniffi as sdb
@@ -71,24 +73,24 @@ from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
+from backends.slatedb_loop import LoopThread
 from backends.slatedb_snapshots import (
     create_checkpoint,
     read_manifest,
     restore_union,
+    unchanged_since,
     write_manifest,
 )
 from backends.slatedb_store import (
     FORMAT,
     FORMAT_KEY,
-    STATES,
     WAL,
-    Writer,
     join_path,
     object_store,
     parse_url,
     scan,
     state_prefix,
-    stream,
+    wipe_states,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
 
@@ -163,14 +165,15 @@ class SlateDBBackend(StateBackend):
         self.timeout = timeout
         self._make_settings()  # validate now, not on an executor
         self._lock = threading.Lock()  # lifecycle
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         self._store: Any = None
         self._db_path = ""
         self._db: Any = None
         self._admin: Any = None
         self._closed = False
         self._state_prefixes: dict[str, bytes] = {}
+        self._wipe_pending = False  # ``fresh``: the wipe waits for the first use
+        self._wipe_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"SlateDBBackend({self.url!r}, {self.path!r})"
@@ -194,6 +197,7 @@ class SlateDBBackend(StateBackend):
             try:
                 self._db = self._call(self._open_db())
                 self._admin = sdb.AdminBuilder(self._db_path, self._store).build()
+                self._wipe_pending = self.fresh
             except BaseException:
                 if self._db is not None:
                     self._close_db()
@@ -209,7 +213,10 @@ class SlateDBBackend(StateBackend):
             self._closed = True
             try:
                 if self._db is not None:
-                    self._close_db()
+                    try:
+                        self._ready_db()  # a fresh database closes empty
+                    finally:
+                        self._close_db()
             finally:
                 self._stop_loop()
 
@@ -218,7 +225,7 @@ class SlateDBBackend(StateBackend):
 
         Raises whatever SlateDB raised: an acknowledged write may then be lost, so
         the caller (the engine at drain and snapshot) must fail the job."""
-        db = self._live_db()
+        db = self._ready_db()
         self._call(db.flush_with_options(WAL))
 
     def _check_not_closed(self) -> None:
@@ -232,21 +239,26 @@ class SlateDBBackend(StateBackend):
             raise RuntimeError(f"{self!r} is not open: call open() first")
         return db
 
+    def _ready_db(self) -> Any:
+        """The live database, once the wipe a ``fresh`` open deferred has run.
+
+        Deferred so that ``restore`` right after a fresh ``open`` (a restarted task)
+        need not delete the state it is about to restore."""
+        db = self._live_db()
+        if self._wipe_pending:
+            with self._wipe_lock:
+                if self._wipe_pending:
+                    self._call(wipe_states(db))
+                    self._wipe_pending = False
+        return db
+
     def _start_loop(self) -> None:
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(
-            target=_run_loop, args=(loop,), name="aec-slatedb-loop", daemon=True
-        )
-        thread.start()
-        self._loop, self._thread = loop, thread
+        self._loop = LoopThread(repr(self), self.timeout)
 
     def _stop_loop(self) -> None:
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
-        if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
-            loop.close()
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop()
 
     def _call(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on the backend's loop and wait for its result."""
@@ -255,16 +267,7 @@ class SlateDBBackend(StateBackend):
             coroutine.close()
             self._check_not_closed()
             raise RuntimeError(f"{self!r} is not open: call open() first")
-        future: Future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-        try:
-            return future.result(self.timeout)
-        except TimeoutError:
-            if future.done():  # the operation itself raised TimeoutError
-                raise
-            future.cancel()
-            raise TimeoutError(
-                f"{self!r}: a SlateDB operation took over {self.timeout} s"
-            ) from None
+        return loop.call(coroutine)
 
     def _make_settings(self) -> Any:
         settings = sdb.Settings.default()
@@ -301,11 +304,6 @@ class SlateDBBackend(StateBackend):
                 raise ValueError(
                     f"{self._db_path!r} holds aec SlateDB format {marker!r}, not {FORMAT!r}"
                 )
-            if self.fresh:
-                writer = Writer(db)
-                async for key, _ in stream(db, STATES):
-                    await writer.delete(key)
-                await writer.done()
             await db.flush_with_options(WAL)
         except BaseException:
             await db.shutdown()
@@ -325,7 +323,7 @@ class SlateDBBackend(StateBackend):
         return prefix
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        self._call(execute(self._live_db(), requests, self._state_prefix))
+        self._call(execute(self._ready_db(), requests, self._state_prefix))
 
     # snapshots
 
@@ -335,7 +333,7 @@ class SlateDBBackend(StateBackend):
         A snapshot lives in the source database (as a SlateDB checkpoint) for as
         long as that database and its checkpoint exist."""
         with self._lock:
-            db = self._live_db()
+            db = self._ready_db()
             os.makedirs(directory, exist_ok=True)
             try:
                 previous = read_manifest(directory)
@@ -348,6 +346,7 @@ class SlateDBBackend(StateBackend):
                 "db_path": self._db_path,
                 "checkpoint": checkpoint.id,
                 "manifest_id": checkpoint.manifest_id,
+                "sequence": db.status().durable_seq,  # what restore's fast path compares
                 "name": name,
             }
             write_manifest(directory, manifest)
@@ -393,7 +392,23 @@ class SlateDBBackend(StateBackend):
                 )
                 for manifest in manifests
             ]
+            if self._at_checkpoint(db, manifests, key_groups):
+                self._wipe_pending = False
+                return
             self._call(restore_union(db, sources, key_groups))
+            self._wipe_pending = False
+
+    def _at_checkpoint(
+        self, db: Any, manifests: list[dict[str, Any]], key_groups: KeyGroupRange | None
+    ) -> bool:
+        """Whether the live database is the one snapshot's own database, unchanged since
+        (a task restarting on its partition's path): then restore has nothing to do."""
+        if len(manifests) != 1:
+            return False
+        manifest = manifests[0]
+        if manifest["url"] != self.url or manifest["db_path"] != self._db_path:
+            return False
+        return self._call(unchanged_since(db, self._admin, manifest, key_groups))
 
     # introspection
 
@@ -410,7 +425,7 @@ class SlateDBBackend(StateBackend):
     def state_items(self, state: str) -> dict[Any, Any]:
         """``{key: value | list | dict}``; keys and user keys in canonical form."""
         prefix = self._state_prefix(state)
-        rows = self._call(scan(self._live_db(), prefix))
+        rows = self._call(scan(self._ready_db(), prefix))
         items: dict[Any, Any] = {}
         skip = len(prefix)
         for db_key, raw in rows:
@@ -420,19 +435,6 @@ class SlateDBBackend(StateBackend):
             else:
                 items[key] = pickle.loads(raw)
         return items
-
-
-def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-    asyncio.set_event_loop(loop)
-    try:
-        loop.run_forever()
-    finally:
-        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 async def _shutdown(db: Any) -> None:

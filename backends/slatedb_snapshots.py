@@ -116,6 +116,38 @@ async def restore_union(
             await reader.shutdown()
 
 
+async def unchanged_since(
+    db: Any, admin: Any, manifest: dict[str, Any], key_groups: KeyGroupRange | None
+) -> bool:
+    """Whether ``db`` holds exactly the state of the checkpoint ``manifest`` names: it
+    is the checkpoint's database (the checkpoint is still in its manifest), nothing
+    was written since (the durable sequence number is the one recorded at the
+    snapshot, after a WAL flush), and no state key lies outside ``key_groups``."""
+    sequence = manifest.get("sequence")
+    if not isinstance(sequence, int):
+        return False
+    await db.flush_with_options(WAL)
+    if db.status().durable_seq != sequence:
+        return False
+    if manifest["checkpoint"] not in {c.id for c in await admin.list_checkpoints(None)}:
+        return False
+    return key_groups is None or not await _keys_outside(db, key_groups)
+
+
+async def _keys_outside(db: Any, key_groups: KeyGroupRange) -> bool:
+    """Whether some state key of ``db`` lies outside ``key_groups`` (two probes a state)."""
+    low, high = key_group_bounds(key_groups.start, key_groups.end)
+    prefix = await _next_state(db, STATES)
+    while prefix is not None:
+        end = prefix_end(prefix)
+        if await first_key(db, prefix, prefix + low) is not None:
+            return True
+        if high is not None and await first_key(db, prefix + high, end) is not None:
+            return True
+        prefix = await _next_state(db, end)
+    return False
+
+
 async def _in_key_groups(
     reader: Any, key_groups: KeyGroupRange | None
 ) -> AsyncIterator[tuple[bytes, bytes]]:

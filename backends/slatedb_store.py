@@ -150,6 +150,15 @@ def state_prefix_of(db_key: bytes) -> bytes:
     return db_key[: len(STATES) + _NAME_LEN.size + size]
 
 
+async def wipe_states(db: Any) -> None:
+    """Delete every state entry of ``db`` (durably); the format marker stays."""
+    writer = Writer(db)
+    async for key, _ in stream(db, STATES):
+        await writer.delete(key)
+    await writer.done()
+    await db.flush_with_options(WAL)
+
+
 class Writer:
     """Puts and deletes sent in ``WriteBatch``es of bounded size (no durability wait)."""
 

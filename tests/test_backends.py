@@ -911,3 +911,40 @@ def test_rocksdb_restore_hard_links_the_snapshot_instead_of_copying(tmp_path):
             if key_groups is None or key_group_for(key, MAX_PARALLELISM) in key_groups
         )
         target.close()
+
+
+@given(
+    keys=st.lists(st.one_of(st.integers(-50, 50), st.text(max_size=3)), max_size=40, unique=True),
+    parallelism=st.integers(1, 3),
+    target=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    order=st.randoms(use_true_random=False),
+)
+def test_rocksdb_restore_matches_the_contract_on_random_snapshots(keys, parallelism, target, order):
+    """Random keys snapshotted by ``parallelism`` operators (each owning its key-group
+    range), restored in a random order into operator ``index`` of ``q``."""
+    q, index = target[0], min(target[1], target[0] - 1)
+    owned = key_group_range_for(MAX_PARALLELISM, q, index)
+    with tempfile.TemporaryDirectory(prefix="aec-rescale-") as tmp:
+        directories, parts = [], []
+        for source_index in range(parallelism):
+            source = RocksDBBackend(os.path.join(tmp, f"source-{source_index}"))
+            source.open()
+            mine = key_group_range_for(MAX_PARALLELISM, parallelism, source_index)
+            values = {
+                k: (source_index, k) for k in keys if key_group_for(k, MAX_PARALLELISM) in mine
+            }
+            if values:
+                source.execute_batch(
+                    [req(Op.VALUE_PUT, "v", k, value=v) for k, v in values.items()]
+                )
+            directories.append(os.path.join(tmp, f"snap-{source_index}"))
+            source.snapshot(directories[-1])
+            source.close()
+            parts.append({"v": values, "l": {}, "m": {}})
+        order.shuffle(directories)
+        target_backend = RocksDBBackend(os.path.join(tmp, "target"))
+        try:
+            target_backend.restore(directories, owned, MAX_PARALLELISM)
+            assert target_backend.state_items("v") == expected_union(parts, owned)["v"]
+        finally:
+            target_backend.close()

@@ -518,3 +518,72 @@ def test_s3_plain_http_endpoint_without_allow_http_is_refused(s3, monkeypatch):
     with pytest.raises(ValueError, match="AWS_ALLOW_HTTP"):
         backend.open()  # at once, not after the timeout of SlateDB's retries
     backend.close()
+
+
+def test_a_restarted_task_restores_its_own_unchanged_checkpoint_without_rewriting(tmp_path):
+    spec = SlateDBSpec(url_of(tmp_path), "job")
+    first = spec.build(0)
+    first.open()
+    run(first, *[req(Op.VALUE_PUT, "v", key, value=key) for key in range(300)])
+    first.snapshot(str(tmp_path / "snap"))
+    first.close()
+    again = spec.build(0)  # fresh=True, the same database: a restarted task
+    again.open()
+    sequence = again._db.status().durable_seq
+    again.restore(str(tmp_path / "snap"))
+    assert again._db.status().durable_seq == sequence  # nothing deleted, nothing rewritten
+    assert again.state_items("v") == {key: key for key in range(300)}
+    # Restoring a narrower key-group range must still drop the other keys.
+    half = KeyGroupRange(0, 63)
+    again.restore(str(tmp_path / "snap"), half, 128)
+    assert again.state_items("v") == {k: k for k in range(300) if key_group_for(k, 128) in half}
+    again.close()
+
+
+def test_a_fresh_backend_without_restore_starts_empty_and_stays_empty(tmp_path):
+    spec = SlateDBSpec(url_of(tmp_path), "job")
+    first = spec.build(0)
+    first.open()
+    run(first, req(Op.VALUE_PUT, "v", "a", value=1))
+    first.close()
+    fresh = spec.build(0)
+    fresh.open()
+    fresh.close()  # never used: the deferred wipe still runs
+    reopened = SlateDBBackend(url_of(tmp_path), spec.path_for(0))
+    reopened.open()
+    assert reopened.state_items("v") == {}
+    reopened.close()
+
+
+def test_s3_operator_checkpoint_and_restart(s3, tmp_path):
+    """The operator on SlateDB in S3: a checkpoint, a restart from it on the same
+    database (as a restarted task does), then the rest of the input."""
+    _, bucket = s3
+    spec = SlateDBBackend(f"s3://{bucket}/jobs", "counter", timeout=60).spec()
+    keys = ["a", "b", 3]
+    backend = spec.build(0)
+    first = KeyedProcessOperator(Counter(), backend, AecConfig(buffer_size=4))
+    try:
+        first.open()
+        for i in range(12):
+            first.process(Record(keys[i % 3], i, timestamp=i))
+        handle = first.snapshot(1, str(tmp_path / "checkpoints"))
+        before = first.drain_outputs()
+        first.close()
+    finally:
+        backend.close()
+    backend = spec.build(0)
+    second = KeyedProcessOperator(Counter(), backend, AecConfig(buffer_size=4))
+    try:
+        second.restore(handle)
+        for i in range(12, 15):
+            second.process(Record(keys[i % 3], i, timestamp=i))
+        second.finish()
+        after = [out for out in second.drain_outputs() if type(out) is not Watermark]
+        second.close()
+    finally:
+        backend.close()
+    assert sorted(before, key=repr) == sorted(
+        [(key, n) for key in keys for n in range(1, 5)], key=repr
+    )
+    assert sorted(after, key=repr) == sorted([(key, 5) for key in keys], key=repr)

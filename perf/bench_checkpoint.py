@@ -1,0 +1,344 @@
+"""Checkpoint benchmark: is a streaming micro-batch's cost flat in state size?
+
+A micro-batch is what ``spark_glue.process_keyed_stream`` does per partition, at the
+operator level (``aec.KeyedProcessOperator``, no Spark): the live operator (state
+already in its backend) takes a fixed 200-row micro-batch over 100 keys (a keyed
+counter: one read and one write per row), then the end-of-batch watermark, then
+``snapshot(<id>, dir)`` writes ``chk-<id>``; checkpoints older than the previous one
+are pruned. State sizes are 1k, 2k, 10k, 100k, 1M and 2M keys, preloaded straight into
+the backend (value state ``count``, as the operator writes it) and checkpointed once
+before the clock starts. Backends: ``MemoryBackend``, ``RocksDBBackend``,
+``SlateDBBackend`` (``file://`` store).
+
+Per backend the sizes run side by side: every round takes one micro-batch of every
+size, in a rotating order, so machine noise hits all sizes alike; a figure is the
+median over ``--rounds`` rounds (min kept in the JSON). Also measured:
+
+* checkpoint bytes written per micro-batch: bytes of files new in ``chk-<id>`` (files
+  hard-linked from the previous checkpoint do not count) plus, for SlateDB, bytes of
+  objects new in its store;
+* restore time: a restarted task: the live operator is closed, a fresh backend on the
+  same path (as the backend's spec builds it) and a new operator ``restore`` the newest
+  checkpoint (then take the next micro-batches); best of ``--restores`` per size,
+  sizes interleaved.
+
+Goals (issue 12): a micro-batch with 2M keys of state costs at most 1.3x the same with
+2k keys (per backend); restore at 1M keys takes at most 2x restore at 10k keys.
+
+Usage::
+
+    .venv/bin/python perf/bench_checkpoint.py            # full run, writes perf/results/
+    .venv/bin/python perf/bench_checkpoint.py --quick    # 1k/2k/10k/20k, temp output
+
+Outputs (in ``--out``): bench_checkpoint.json, bench_checkpoint.md, bench_checkpoint.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from aec import AecConfig, KeyedProcessFunction, KeyedProcessOperator, Record, ValueStateDescriptor
+from aec.elements import Watermark
+from aec.keygroups import key_group_for
+from aec.state.memory import MemoryBackend
+from aec.state.requests import Op, StateRequest
+from backends.rocksdb import RocksDBBackend
+
+SIZES = (1_000, 2_000, 10_000, 100_000, 1_000_000, 2_000_000)
+QUICK_SIZES = (1_000, 2_000, 10_000, 20_000)
+BATCH_ROWS = 200
+BATCH_KEYS = 100
+LOAD_CHUNK = 20_000  # requests per preload batch
+CONFIG = AecConfig()
+GOALS = {"batch": (2_000, 2_000_000, 1.3), "restore": (10_000, 1_000_000, 2.0)}
+
+
+class Count(KeyedProcessFunction):
+    """The keyed counter: one read, one write, one output per row."""
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count"))
+
+    def process_element(self, value, ctx):
+        count = self.count
+
+        def bump(n):
+            n = (n or 0) + value
+            return count.async_update(n).then_accept(lambda _: ctx.output(n))
+
+        return count.async_value().then_compose(bump)
+
+
+# --- backends -------------------------------------------------------------------------------
+
+
+def make_backend(kind: str, root: Path, name: str, fresh: bool = False) -> Any:
+    """A backend of ``kind`` (``fresh``: as its spec builds it for a task)."""
+    if kind == "memory":
+        return MemoryBackend()
+    if kind == "rocksdb":
+        return RocksDBBackend(root / "db" / name, fresh=fresh)
+    from backends.slatedb import SlateDBBackend  # loads a 28 MB native library
+
+    return SlateDBBackend(f"file://{root / 'store'}", name, fresh=fresh)
+
+
+def preload(backend: Any, size: int) -> None:
+    """Keys ``0..size-1`` of value state ``count`` (as the operator writes them)."""
+    groups = CONFIG.max_parallelism
+    for start in range(0, size, LOAD_CHUNK):
+        backend.execute_batch(
+            [
+                StateRequest(Op.VALUE_PUT, "count", key, key_group_for(key, groups), None, 1)
+                for key in range(start, min(size, start + LOAD_CHUNK))
+            ]
+        )
+    backend.flush()
+
+
+# --- bytes written ------------------------------------------------------------------------
+
+
+def inodes(path: Path) -> dict[tuple[int, int], int]:
+    """``{(device, inode): size}`` of every file under ``path``."""
+    found = {}
+    for directory, _, files in os.walk(path):
+        for name in files:
+            stat = os.stat(os.path.join(directory, name))
+            found[stat.st_dev, stat.st_ino] = stat.st_size
+    return found
+
+
+def new_bytes(before: dict, after: dict) -> int:
+    return sum(size for node, size in after.items() if node not in before)
+
+
+# --- one state size of one backend ----------------------------------------------------------
+
+
+class Partition:
+    """A live operator over ``size`` keys of state, taking micro-batches."""
+
+    def __init__(self, kind: str, root: Path, size: int, seed: int) -> None:
+        self.kind, self.size = kind, size
+        self.root = root / f"{kind}-{size}"
+        self.checkpoints = self.root / "checkpoints"
+        self.backend = make_backend(kind, self.root, "live")
+        self.operator = KeyedProcessOperator(Count(), self.backend, CONFIG)
+        self.operator.open()
+        preload(self.backend, size)
+        self.batch_id = 0
+        self.handles = [self.operator.snapshot(0, self.checkpoints)]
+        self.watermark = 0.0
+        self.keys = random.Random(seed).sample(range(size), BATCH_KEYS)
+        self.seen = self._written()
+
+    def _written(self) -> dict:
+        store = self.root / "store" if self.kind == "slatedb" else None
+        found = inodes(self.checkpoints)
+        if store is not None:
+            found.update(inodes(store))
+        return found
+
+    def micro_batch(self) -> tuple[float, int]:
+        """One micro-batch: seconds and checkpoint bytes written."""
+        self.batch_id += 1
+        rows = [
+            Record(self.keys[i % BATCH_KEYS], 1, timestamp=self.watermark + i)
+            for i in range(BATCH_ROWS)
+        ]
+        started = time.perf_counter()
+        for row in rows:
+            self.operator.process(row)
+        self.watermark += BATCH_ROWS
+        self.operator.process_watermark(Watermark(self.watermark - 1))
+        handle = self.operator.snapshot(self.batch_id, self.checkpoints)
+        self.operator.drain_outputs()
+        elapsed = time.perf_counter() - started
+        self.handles.append(handle)
+        while len(self.handles) > 2:  # the glue keeps the newest checkpoints only
+            shutil.rmtree(self.handles.pop(0).path)
+        written = self._written()
+        grown = new_bytes(self.seen, written)
+        self.seen = written
+        return elapsed, grown
+
+    def restart(self) -> float:
+        """A restarted task: the live operator goes away, a fresh backend on the same
+        path (what the backend's spec builds) and a new operator restore the newest
+        checkpoint and become the live ones. Seconds the restore took."""
+        self.operator.close()
+        self.backend = make_backend(self.kind, self.root, "live", fresh=True)
+        self.operator = KeyedProcessOperator(Count(), self.backend, CONFIG)
+        gc.collect()
+        started = time.perf_counter()
+        self.operator.restore(self.handles[-1])
+        return time.perf_counter() - started
+
+    def check(self) -> None:
+        """Every batch key counted every row once (1 preloaded + 2 per batch)."""
+        items = self.backend.state_items("count")
+        expected = 1 + self.batch_id * BATCH_ROWS // BATCH_KEYS
+        wrong = [k for k in self.keys if items.get(k) != expected]
+        if wrong or len(items) != self.size:
+            raise AssertionError(f"{self.kind} {self.size}: wrong state for {wrong[:5]}")
+
+    def close(self) -> None:
+        self.operator.close()
+
+
+def rotated(items: list, round_number: int) -> list:
+    shift = round_number % len(items)
+    return items[shift:] + items[:shift]
+
+
+def run_backend(kind: str, sizes: tuple[int, ...], rounds: int, restores: int, root: Path) -> dict:
+    """Every size of one backend side by side; ``{size: figures}``."""
+    print(f"{kind}: preloading {', '.join(f'{s:,}' for s in sizes)} keys", flush=True)
+    partitions = [Partition(kind, root, size, seed=size) for size in sizes]
+    times: dict[int, list[float]] = {p.size: [] for p in partitions}
+    written: dict[int, list[int]] = {p.size: [] for p in partitions}
+    restored: dict[int, list[float]] = {p.size: [] for p in partitions}
+    try:
+        for partition in partitions:  # warm-up batch, not counted
+            partition.micro_batch()
+        for number in range(rounds):
+            for partition in rotated(partitions, number):
+                elapsed, grown = partition.micro_batch()
+                times[partition.size].append(elapsed)
+                written[partition.size].append(grown)
+        for partition in partitions:
+            partition.check()
+        for number in range(restores):
+            for partition in rotated(partitions, number):
+                restored[partition.size].append(partition.restart())
+    finally:
+        for partition in partitions:
+            partition.close()
+    return {
+        size: {
+            "batch_ms": 1e3 * statistics.median(times[size]),
+            "batch_ms_min": 1e3 * min(times[size]),
+            "checkpoint_bytes": int(statistics.median(written[size])),
+            "restore_ms": 1e3 * min(restored[size]),
+            "restore_ms_median": 1e3 * statistics.median(restored[size]),
+        }
+        for size in sizes
+    }
+
+
+# --- report -------------------------------------------------------------------------------
+
+
+def ratios(results: dict[str, dict[int, dict]]) -> dict[str, dict[str, Any]]:
+    """Per backend: the goal ratios, where both sizes were measured."""
+    found: dict[str, dict[str, Any]] = {}
+    for kind, figures in results.items():
+        found[kind] = {}
+        for goal, (small, large, limit) in GOALS.items():
+            field = "batch_ms" if goal == "batch" else "restore_ms"
+            if small in figures and large in figures:
+                ratio = figures[large][field] / figures[small][field]
+                found[kind][goal] = {"small": small, "large": large, "ratio": ratio,
+                                     "limit": limit, "met": ratio <= limit}  # fmt: skip
+    return found
+
+
+def table(results: dict[str, dict[int, dict]], goal_ratios: dict) -> str:
+    lines = [
+        "| backend | keys of state | micro-batch ms (median) | checkpoint bytes written | restore ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for kind, figures in results.items():
+        for size, row in figures.items():
+            lines.append(
+                f"| {kind} | {size:,} | {row['batch_ms']:.1f} | {row['checkpoint_bytes']:,} "
+                f"| {row['restore_ms']:.1f} |"
+            )
+    lines += ["", "| backend | goal | ratio | limit | met |", "|---|---|---:|---:|---|"]
+    for kind, goals in goal_ratios.items():
+        for goal, row in goals.items():
+            what = (f"micro-batch {row['large']:,} / {row['small']:,} keys" if goal == "batch"
+                    else f"restore {row['large']:,} / {row['small']:,} keys")  # fmt: skip
+            lines.append(
+                f"| {kind} | {what} | {row['ratio']:.2f}x | {row['limit']}x "
+                f"| {'yes' if row['met'] else 'NO'} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fields = [("batch_ms", "micro-batch (ms)"), ("checkpoint_bytes", "checkpoint bytes written"),
+              ("restore_ms", "restore (ms)")]  # fmt: skip
+    figure, axes = plt.subplots(1, len(fields), figsize=(15, 4.2))
+    for axis, (field, label) in zip(axes, fields, strict=True):
+        for kind, figures in results.items():
+            sizes = sorted(figures)
+            axis.plot(sizes, [max(figures[s][field], 1e-3) for s in sizes], marker="o", label=kind)
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("keys of state")
+        axis.set_title(label)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].legend()
+    figure.suptitle(f"{BATCH_ROWS}-row micro-batch over {BATCH_KEYS} keys, against state size")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, temp output")
+    parser.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")))
+    parser.add_argument("--backends", default="memory,rocksdb,slatedb")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--restores", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    rounds = args.rounds or (5 if args.quick else 15)
+    out = args.out or (Path(tempfile.mkdtemp(prefix="bench-checkpoint-")) if args.quick
+                       else Path(__file__).resolve().parent / "results")  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[int, dict]] = {}
+    for kind in args.backends.split(","):
+        with tempfile.TemporaryDirectory(
+            prefix=f"bench-checkpoint-{kind}-", ignore_cleanup_errors=True
+        ) as root:
+            results[kind] = run_backend(kind, sizes, rounds, args.restores, Path(root))
+    goal_ratios = ratios(results)
+    text = table(results, goal_ratios)
+    print(text)
+    about = {"python": sys.version.split()[0], "machine": platform.platform(),
+             "cpus": os.cpu_count(), "rounds": rounds, "restores": args.restores,
+             "batch_rows": BATCH_ROWS, "batch_keys": BATCH_KEYS}  # fmt: skip
+    payload = {"about": about, "results": {k: {str(s): r for s, r in v.items()} for k, v in results.items()},
+               "goals": goal_ratios}  # fmt: skip
+    (out / "bench_checkpoint.json").write_text(json.dumps(payload, indent=1))
+    (out / "bench_checkpoint.md").write_text(
+        f"# bench_checkpoint\n\n{json.dumps(about)}\n\n{text}\n"
+    )
+    plot(results, out / "bench_checkpoint.png")
+    print(f"wrote {out}/bench_checkpoint.{{json,md,png}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
