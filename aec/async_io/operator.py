@@ -22,7 +22,6 @@ Invariants (caller's thread only):
 from __future__ import annotations
 
 import itertools
-import math
 import os
 from collections.abc import Callable
 from time import monotonic
@@ -36,7 +35,7 @@ from aec.checkpoint import files as checkpoint
 from aec.checkpoint.files import CheckpointHandle
 from aec.elements import Watermark
 from aec.errors import JobFailure
-from aec.retry import NoRetry, RetryStrategy
+from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 
 __all__ = ["AsyncWaitOperator", "MODES"]
 
@@ -360,19 +359,10 @@ def check_arguments(function: Any, timeout: Any, capacity: Any, retry: Any) -> f
     Raises TypeError / ValueError naming the bad argument.
     """
     is_asyncio_style(function)  # raises TypeError for a function it cannot call
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-        if math.isnan(timeout) or timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds (or None for none), got {timeout!r}")
-        timeout = None if math.isinf(timeout) else float(timeout)
+    timeout = check_timeout(timeout)
     if isinstance(capacity, bool) or not isinstance(capacity, int):
         raise TypeError(f"capacity must be an int >= 1, got {capacity!r}")
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1, got {capacity}")
-    if not isinstance(retry, RetryStrategy):
-        raise TypeError(
-            f"retry must be an aec.retry strategy (NoRetry, FixedDelay, ExponentialBackoff), "
-            f"got {retry!r}"
-        )
+    check_strategy(retry)
     return timeout

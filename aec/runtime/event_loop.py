@@ -1,9 +1,10 @@
-"""The one asyncio event loop of a wait call, on one background thread.
+"""The one asyncio event loop of an operator, on one background thread.
 
-asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``) run here, off
-the mailbox thread (DESIGN: no asyncio on the caller's thread, no per-record
-threads). Completions go back through the task's ``ResultFuture``, i.e. through
-the wait call's ``Mailbox``.
+asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``) and the calls
+of ``Context.call_async`` run here, off the mailbox thread (DESIGN: no asyncio on
+the caller's thread, no per-record threads). Completions go back through the
+``future`` handed to ``submit`` (an object with ``complete`` and
+``complete_exceptionally``), which posts a mail to the owner's ``Mailbox``.
 
 Invariants:
 - Started lazily by the first ``submit``; ``stop`` ends it within a bounded time.
@@ -53,16 +54,18 @@ class TaskHandle:
 
 
 class EventLoopThread:
-    """One event loop on one daemon thread, owned by one wait call.
+    """One event loop on one daemon thread, owned by one operator.
 
     Args:
+        name: the thread name's prefix (a number is appended).
         grace: seconds ``stop`` waits for cancelled tasks and for the thread to end;
             a coroutine that blocks the loop longer is abandoned (the daemon thread
             ends when it returns), so ``stop`` never hangs.
     """
 
-    def __init__(self, grace: float = 2.0) -> None:
+    def __init__(self, grace: float = 2.0, name: str = "aec-async-io-loop") -> None:
         self._grace = grace
+        self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -81,6 +84,14 @@ class EventLoopThread:
         self._loop.call_soon_threadsafe(self._start_task, handle, coro, future)
         return handle
 
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the loop and block the calling thread until it finished;
+        its return value, or raises what it raised (synchronous mode)."""
+        if self._loop is None:
+            self._start()
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
     def stop(self) -> None:
         """Cancel every task, stop the loop and join the thread (at most ~2 x grace s)."""
         loop, thread = self._loop, self._thread
@@ -97,7 +108,7 @@ class EventLoopThread:
     def _start(self) -> None:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(
-            target=self._run, args=(loop,), name=f"aec-async-io-loop-{next(_names)}", daemon=True
+            target=self._run, args=(loop,), name=f"{self._name}-{next(_names)}", daemon=True
         )
         self._loop, self._thread = loop, thread
         thread.start()
