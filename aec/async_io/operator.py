@@ -360,9 +360,15 @@ def check_arguments(function: Any, timeout: Any, capacity: Any, retry: Any) -> f
     """
     is_asyncio_style(function)  # raises TypeError for a function it cannot call
     timeout = check_timeout(timeout)
+    check_capacity(capacity)
+    check_strategy(retry)
+    return timeout
+
+
+def check_capacity(capacity: Any) -> int:
+    """Return ``capacity`` if it is an int >= 1; TypeError / ValueError otherwise."""
     if isinstance(capacity, bool) or not isinstance(capacity, int):
         raise TypeError(f"capacity must be an int >= 1, got {capacity!r}")
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1, got {capacity}")
-    check_strategy(retry)
-    return timeout
+    return capacity
