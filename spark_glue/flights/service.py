@@ -61,7 +61,8 @@ class FlightsService:
     """The weather and planes tables over HTTP on ``127.0.0.1`` (any free port).
 
     Args:
-        latency: seconds before each answer (>= 0; default 5 ms).
+        latency: seconds before each answer (>= 0; default 5 ms), or a ``(low, high)``
+            range drawn uniformly per request (seeded).
         failure_rate: probability in [0, 1) that a request is answered 503.
         seed: seeds the failure draws.
         host: the interface to bind (loopback by default).
@@ -72,16 +73,19 @@ class FlightsService:
 
     def __init__(
         self,
-        latency: float = DEFAULT_LATENCY,
+        latency: float | tuple[float, float] = DEFAULT_LATENCY,
         failure_rate: float = DEFAULT_FAILURE_RATE,
         seed: int = 0,
         host: str = "127.0.0.1",
     ) -> None:
-        if not latency >= 0:
-            raise ValueError(f"latency must be seconds >= 0, got {latency!r}")
+        low, high = latency if isinstance(latency, tuple) else (latency, latency)
+        if not 0 <= low <= high < math.inf:
+            raise ValueError(
+                f"latency must be seconds >= 0 (or a low <= high range), got {latency!r}"
+            )
         if not 0 <= failure_rate < 1:
             raise ValueError(f"failure_rate must be in [0, 1), got {failure_rate!r}")
-        self.latency = float(latency)
+        self.latency = (float(low), float(high))
         self.failure_rate = float(failure_rate)
         self.host = host
         self._rng = random.Random(seed)
@@ -186,8 +190,10 @@ class FlightsService:
         self._in_flight += 1
         self._max_in_flight = max(self._max_in_flight, self._in_flight)
         try:
-            if self.latency:
-                await asyncio.sleep(self.latency)
+            low, high = self.latency
+            delay = low if low == high else self._rng.uniform(low, high)
+            if delay:
+                await asyncio.sleep(delay)
             self._requests += 1
             if self._rng.random() < self.failure_rate:
                 self._failures += 1
@@ -304,3 +310,26 @@ async def _close_at_shutdown(
         _SESSIONS.pop(loop, None)
         _KEEPERS.pop(loop, None)
         await session.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve in this process until stdin closes (benchmarks run the service in its own
+    process, so its event loop does not share a GIL with the callers). Prints the URL."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m spark_glue.flights.service")
+    parser.add_argument("--latency", type=float, nargs="+", default=[DEFAULT_LATENCY],
+                        help="seconds, or LOW HIGH for a uniform range")  # fmt: skip
+    parser.add_argument("--failure-rate", type=float, default=DEFAULT_FAILURE_RATE)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    latency = args.latency[0] if len(args.latency) == 1 else (args.latency[0], args.latency[1])
+    with FlightsService(latency, args.failure_rate, args.seed) as service:
+        print(service.url, flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
