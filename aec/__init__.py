@@ -4,6 +4,8 @@ Data flow: source -> mailbox -> AEC -> executor -> backend -> completion ->
 callback -> output. See README.md and docs/ARCHITECTURE.md.
 """
 
+__version__ = "0.2.0.dev0"  # the one place: pyproject.toml reads it, ``aec --version`` prints it
+
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
 from aec.errors import JobFailure
@@ -33,5 +35,5 @@ __all__ = [
     "ListStateDescriptor", "MapState", "MapStateDescriptor", "Record", "ReducingState",
     "ReducingStateDescriptor", "RunResult", "RuntimeContext", "StateFuture", "StateIterator",
     "TimerService", "ValueState", "ValueStateDescriptor", "Watermark", "combine_all",
-    "completed_future", "run_keyed",
+    "__version__", "completed_future", "run_keyed",
 ]  # fmt: skip

@@ -1,7 +1,9 @@
-"""The one error a failed run raises."""
+"""The one error a failed run raises, and the one a missing optional dependency raises."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -30,3 +32,45 @@ def describe(value: Any, limit: int = 200) -> str:
     except Exception as exc:  # a user __repr__ that fails must not hide the real error
         text = f"<unrepresentable {type(value).__name__}: {exc}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class MissingExtraError(ImportError):
+    """A feature needs an optional dependency group (an "extra") that is not installed.
+
+    The message names the feature, the missing module and the ``pip install``
+    line, e.g. ``backends.RocksDBBackend needs the 'rocksdb' extra (module
+    'rocksdict' is missing): pip install 'aec[rocksdb]'``.
+
+    Attributes:
+        extra: the extra to install (``"spark"``, ``"rocksdb"``, ...).
+    """
+
+    def __init__(self, feature: str, extra: str, missing: str) -> None:
+        super().__init__(
+            f"{feature} needs the {extra!r} extra (module {missing!r} is missing): "
+            f"pip install 'aec[{extra}]'",
+            name=missing,
+        )
+        self.extra = extra
+
+
+@contextmanager
+def needs_extra(extra: str, feature: str, *modules: str) -> Iterator[None]:
+    """Turn a missing optional module, imported inside the block, into ``MissingExtraError``.
+
+    Only a ``ModuleNotFoundError`` for one of ``modules`` (top-level names, e.g.
+    ``"rocksdict"``) is translated; any other import error propagates unchanged.
+
+        with needs_extra("rocksdb", "backends.RocksDBBackend", "rocksdict"):
+            from backends.rocksdb import RocksDBBackend
+
+    Raises:
+        MissingExtraError: (an ``ImportError``) naming ``extra`` and ``feature``.
+    """
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in modules:
+            raise
+        raise MissingExtraError(feature, extra, top) from exc

@@ -130,7 +130,8 @@ def _checked(timestamp: Any, domain: str) -> float:
     if timestamp is None:
         raise TypeError(f"{domain} timer timestamp must be a number, got None")
     check_timestamp(timestamp, f"{domain} timer timestamp")
-    return timestamp
+    checked: float = timestamp  # a real number now (int or float, kept as given)
+    return checked
 
 
 class Context:

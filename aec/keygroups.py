@@ -26,7 +26,8 @@ def stable_key_bytes(key: Any) -> bytes:
     """
     kind = type(key)
     if kind is str:
-        return b"s" + key.encode("utf-8", "surrogatepass")
+        text: str = key
+        return b"s" + text.encode("utf-8", "surrogatepass")
     if kind is int or kind is bool:
         return b"i" + str(int(key)).encode()
     if kind is float:
@@ -34,7 +35,8 @@ def stable_key_bytes(key: Any) -> bytes:
             return b"i" + str(int(key)).encode()
         return b"f" + _pack_double(key)
     if kind is bytes:
-        return b"b" + key
+        raw: bytes = key
+        return b"b" + raw
     if kind is tuple:
         return b"t" + b"\x00".join(stable_key_bytes(k) for k in key)
     return b"p" + pickle.dumps(key, protocol=4)

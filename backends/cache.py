@@ -49,127 +49,28 @@ evictions, and writes between chunks behave as on RocksDB.
 
 from __future__ import annotations
 
-import bisect
-import pickle
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
-from aec.state.requests import Op, StateRequest, op_table
-from backends.keycodec import encode_key
+from aec.state.requests import Op, StateRequest
+from backends.cache_entries import (
+    APPLY,
+    KIND,
+    KIND_NAMES,
+    MAP,
+    SLOT_OVERHEAD_BYTES,
+    Slot,
+    SlotPlan,
+    approx_bytes,
+    merge_fetched,
+)
 
 WRITEBACK_QUEUE_LIMIT = 256  # evicted dirty entries held before they are sent on their own
 FLUSH_BATCH_REQUESTS = 1000  # remote requests per flush batch (a flush may send several)
-_SLOT_OVERHEAD_BYTES = 100  # rough per-entry bookkeeping cost added to pickled sizes
-
-_ABSENT = object()  # a map entry known to be absent (None is a legal map value)
-
-_VALUE, _LIST, _MAP = 0, 1, 2
-_KIND = {
-    Op.VALUE_GET: _VALUE, Op.VALUE_PUT: _VALUE, Op.VALUE_CLEAR: _VALUE,
-    Op.LIST_GET: _LIST, Op.LIST_ADD: _LIST, Op.LIST_ADD_ALL: _LIST, Op.LIST_PUT: _LIST,
-    Op.LIST_CLEAR: _LIST, Op.LIST_GET_CHUNK: _LIST,
-    Op.MAP_GET: _MAP, Op.MAP_PUT: _MAP, Op.MAP_PUT_ALL: _MAP, Op.MAP_REMOVE: _MAP,
-    Op.MAP_CONTAINS: _MAP, Op.MAP_IS_EMPTY: _MAP, Op.MAP_ITER: _MAP, Op.MAP_CLEAR: _MAP,
-    Op.MAP_ITER_CHUNK: _MAP,
-}  # fmt: skip
-_KIND_NAMES = ("value", "list", "map")
-_OVERWRITES = frozenset({Op.VALUE_PUT, Op.VALUE_CLEAR, Op.LIST_PUT, Op.LIST_CLEAR})
-_MAP_POINT_READS = frozenset({Op.MAP_GET, Op.MAP_CONTAINS})
-_MAP_WHOLE_READS = frozenset({Op.MAP_ITER, Op.MAP_ITER_CHUNK, Op.MAP_IS_EMPTY})
-
-# Knowledge of a value or list entry while planning a batch.
-_UNKNOWN, _FETCHED, _LOCAL = 0, 1, 2
-
-
-class _Slot:
-    """One cached state entry: ``(state, key)`` of value, list or map state.
-
-    ``data``: value state: the value or None (absent); list state: the list ([]
-    when absent); map state: ``{user key: value | _ABSENT}``, with no ``_ABSENT``
-    once ``complete``. ``known``: value/list data is loaded (maps use ``complete``
-    and per-entry knowledge). Dirty state: ``dirty``; maps also ``cleared`` (the
-    remote map must be cleared first) and ``dirty_keys``.
-    """
-
-    __slots__ = (
-        "sid", "state", "key", "key_group", "kind", "known", "data", "complete",
-        "cleared", "dirty_keys", "dirty", "pins", "version", "weight", "nbytes", "order",
-    )  # fmt: skip
-
-    def __init__(self, sid: tuple, state: str, key: Any, key_group: int, kind: int) -> None:
-        self.sid = sid
-        self.state = state
-        self.key = key
-        self.key_group = key_group
-        self.kind = kind
-        self.known = False
-        self.data: Any = {} if kind == _MAP else [] if kind == _LIST else None
-        self.complete = False
-        self.cleared = False
-        self.dirty_keys: set[Any] = set()
-        self.dirty = False
-        self.pins = 0
-        self.version = 0  # bumped by every write: flush marks clean only what it wrote
-        self.weight = 1
-        self.nbytes = 0
-        self.order: tuple[list[bytes], list[Any]] | None = None  # sorted map keys, lazily
-
-    def request(self, op: int, user_key: Any = None, value: Any = None) -> StateRequest:
-        return StateRequest(op, self.state, self.key, self.key_group, user_key, value)
-
-    def writebacks(self) -> list[StateRequest]:
-        """Idempotent remote requests that store this entry's dirty data."""
-        if self.kind == _VALUE:
-            return [self.request(Op.VALUE_PUT, value=self.data)]  # None clears
-        if self.kind == _LIST:
-            return [self.request(Op.LIST_PUT, value=list(self.data))]  # [] clears
-        entries = self.data
-        requests = []
-        if self.cleared:  # complete: no _ABSENT entries
-            requests.append(self.request(Op.MAP_CLEAR))
-            puts = dict(entries)
-        else:
-            puts = {}
-            for user_key in self.dirty_keys:
-                value = entries.get(user_key, _ABSENT)
-                if value is _ABSENT:
-                    requests.append(self.request(Op.MAP_REMOVE, user_key))
-                else:
-                    puts[user_key] = value
-        if puts:
-            requests.append(self.request(Op.MAP_PUT_ALL, value=puts))
-        return requests
-
-    def mark_clean(self) -> None:
-        self.dirty = self.cleared = False
-        if self.dirty_keys:
-            self.dirty_keys = set()
-
-    def map_order(self) -> tuple[list[bytes], list[Any]]:
-        """The map's user keys sorted by encoded bytes: (encodings, user keys)."""
-        if self.order is None:
-            pairs = sorted((encode_key(user_key), user_key) for user_key in self.data)
-            self.order = ([p[0] for p in pairs], [p[1] for p in pairs])
-        return self.order
-
-
-class _Plan:
-    """What one batch needs of one slot: the fetches to send and how to count hits."""
-
-    __slots__ = ("slot", "state", "fetch", "complete", "full", "local_keys", "points")
-
-    def __init__(self, slot: _Slot) -> None:
-        self.slot = slot
-        self.state = _LOCAL if slot.known else _UNKNOWN  # value and list
-        self.fetch = False  # value and list: one VALUE_GET / LIST_GET
-        self.complete = slot.complete  # map: complete without this batch's fetch
-        self.full = False  # map: fetch the whole map (MAP_ITER)
-        self.local_keys: set[Any] | None = None  # map: user keys this batch wrote
-        self.points: dict[Any, None] | None = None  # map: user keys to fetch, in order
 
 
 class CachedBackend(StateBackend):
@@ -224,10 +125,10 @@ class CachedBackend(StateBackend):
         self._lock = threading.Lock()
         self._landed = threading.Condition(self._lock)  # in-flight write-backs finished
         self._remote_lock = None if remote.blocking else threading.Lock()
-        self._index: OrderedDict[tuple, _Slot] = OrderedDict()  # LRU first
-        self._dirty: dict[tuple, _Slot] = {}  # dirty slots of the index
-        self._queue: OrderedDict[tuple, _Slot] = OrderedDict()  # evicted, not yet sent
-        self._in_flight: dict[tuple, _Slot] = {}  # evicted, being written back
+        self._index: OrderedDict[tuple, Slot] = OrderedDict()  # LRU first
+        self._dirty: dict[tuple, Slot] = {}  # dirty slots of the index
+        self._queue: OrderedDict[tuple, Slot] = OrderedDict()  # evicted, not yet sent
+        self._in_flight: dict[tuple, Slot] = {}  # evicted, being written back
         self._closed = False
         self.entries = 0
         self.bytes = 0
@@ -299,13 +200,13 @@ class CachedBackend(StateBackend):
         if sending:
             self._send_writebacks(sending)
 
-    def _plan(self, requests: Sequence[StateRequest]) -> tuple[dict[tuple, _Plan], list[_Slot]]:
+    def _plan(self, requests: Sequence[StateRequest]) -> tuple[dict[tuple, SlotPlan], list[Slot]]:
         """Pin the batch's slots (creating or reviving them) and decide the fetches.
 
         Walks the batch in order, so a read after a write of the batch needs no fetch.
         """
-        plans: dict[tuple, _Plan] = {}
-        slots: list[_Slot] = []
+        plans: dict[tuple, SlotPlan] = {}
+        slots: list[Slot] = []
         hits = misses = 0
         try:
             for request in requests:
@@ -313,57 +214,20 @@ class CachedBackend(StateBackend):
                 plan = plans.get(sid)
                 op = request.op
                 if plan is None:
-                    slot = self._pin(sid, request, _KIND[op])
-                    plan = plans[sid] = _Plan(slot)
+                    slot = self._pin(sid, request, KIND[op])
+                    plan = plans[sid] = SlotPlan(slot)
                 slot = plan.slot
-                if slot.kind != _KIND[op]:
+                if slot.kind != KIND[op]:
                     raise ValueError(
-                        f"state {request.state!r} of key {request.key!r} is {_KIND_NAMES[slot.kind]} "
-                        f"state; {Op.NAMES[op]} is a {_KIND_NAMES[_KIND[op]]} state request"
+                        f"state {request.state!r} of key {request.key!r} is {KIND_NAMES[slot.kind]} "
+                        f"state; {Op.NAMES[op]} is a {KIND_NAMES[KIND[op]]} state request"
                     )
                 slots.append(slot)
-                if slot.kind != _MAP:
-                    if op in _OVERWRITES:
-                        plan.state = _LOCAL
-                    elif op == Op.LIST_ADD_ALL and not request.value:
-                        pass  # a no-op: reads nothing
-                    elif plan.state == _LOCAL:
-                        hits += 1
-                    else:  # a read (or LIST_ADD, a read-modify-write) needing remote data
-                        misses += 1
-                        plan.state = _FETCHED
-                        plan.fetch = True
-                elif op in _MAP_POINT_READS:
-                    user_key = request.user_key
-                    if (
-                        plan.complete
-                        or (plan.local_keys is not None and user_key in plan.local_keys)
-                        or user_key in slot.data
-                    ):
-                        hits += 1
-                    else:
-                        misses += 1
-                        if not plan.full:
-                            if plan.points is None:
-                                plan.points = {}
-                            plan.points[user_key] = None
-                elif op in _MAP_WHOLE_READS:
-                    if plan.complete:
-                        hits += 1
-                    else:
-                        misses += 1
-                        plan.full = True
-                        plan.points = None
-                elif op == Op.MAP_CLEAR:
-                    plan.complete = True
-                else:  # MAP_PUT, MAP_PUT_ALL, MAP_REMOVE: blind writes
-                    if plan.local_keys is None:
-                        plan.local_keys = set()
-                    if op == Op.MAP_PUT_ALL:
-                        if request.value:
-                            plan.local_keys.update(dict(request.value))
-                    else:
-                        plan.local_keys.add(request.user_key)
+                found = plan.note(request)
+                if found > 0:
+                    hits += 1
+                elif found < 0:
+                    misses += 1
         except BaseException:
             for plan in plans.values():
                 plan.slot.pins -= 1
@@ -372,14 +236,14 @@ class CachedBackend(StateBackend):
         self.misses += misses
         return plans, slots
 
-    def _pin(self, sid: tuple, request: StateRequest, kind: int) -> _Slot:
+    def _pin(self, sid: tuple, request: StateRequest, kind: int) -> Slot:
         slot = self._index.get(sid)
         if slot is None:
             slot = self._queue.pop(sid, None)
             if slot is None:
-                slot = _Slot(sid, request.state, request.key, request.key_group, kind)
+                slot = Slot(sid, request.state, request.key, request.key_group, kind)
                 if self.capacity_bytes is not None:
-                    slot.nbytes = _SLOT_OVERHEAD_BYTES
+                    slot.nbytes = SLOT_OVERHEAD_BYTES
             else:  # evicted but not yet written back: still dirty, still ours
                 self._dirty[sid] = slot
             self._index[sid] = slot
@@ -388,56 +252,17 @@ class CachedBackend(StateBackend):
         slot.pins += 1
         return slot
 
-    def _fetch_requests(self, plans: dict[tuple, _Plan]) -> list[tuple]:
+    def _fetch_requests(self, plans: dict[tuple, SlotPlan]) -> list[tuple]:
         """``(slot, kind of fetch, [remote requests])`` for every slot needing data."""
-        fetches = []
-        for plan in plans.values():
-            slot = plan.slot
-            if slot.kind != _MAP:
-                if plan.fetch:
-                    op = Op.VALUE_GET if slot.kind == _VALUE else Op.LIST_GET
-                    fetches.append((slot, None, [slot.request(op)]))
-            elif plan.full:
-                fetches.append((slot, None, [slot.request(Op.MAP_ITER)]))
-            elif plan.points:
-                group = []
-                for user_key in plan.points:
-                    group.append(slot.request(Op.MAP_CONTAINS, user_key))
-                    group.append(slot.request(Op.MAP_GET, user_key))
-                fetches.append((slot, list(plan.points), group))
+        fetches = [fetch for plan in plans.values() if (fetch := plan.fetch_requests())]
         self.fetches += sum(len(group) for _, _, group in fetches)
         return fetches
-
-    def _merge(self, fetches: list[tuple]) -> None:
-        """Fill what memory did not know with the remote's answers."""
-        for slot, user_keys, group in fetches:
-            if slot.kind == _VALUE:
-                if not slot.known:
-                    slot.data, slot.known = group[0].result, True
-            elif slot.kind == _LIST:
-                if not slot.known:
-                    slot.data, slot.known = list(group[0].result), True
-            elif user_keys is None:  # the whole map
-                if not slot.complete:
-                    entries = dict(group[0].result)
-                    for user_key, value in slot.data.items():  # memory is never older
-                        if value is _ABSENT:
-                            entries.pop(user_key, None)
-                        else:
-                            entries[user_key] = value
-                    slot.data, slot.complete, slot.order = entries, True, None
-            elif not slot.complete:
-                entries = slot.data
-                for index, user_key in enumerate(user_keys):
-                    if user_key not in entries:
-                        contains, get = group[2 * index], group[2 * index + 1]
-                        entries[user_key] = get.result if contains.result else _ABSENT
 
     def _answer(
         self,
         requests: Sequence[StateRequest],
-        slots: list[_Slot],
-        plans: dict[tuple, _Plan],
+        slots: list[Slot],
+        plans: dict[tuple, SlotPlan],
         fetches: list[tuple] | None = None,
     ) -> None:
         """Merge ``fetches``, apply the batch in order; unpin, account and touch its
@@ -448,25 +273,25 @@ class CachedBackend(StateBackend):
         """
         try:
             if fetches:
-                self._merge(fetches)
+                merge_fetched(fetches)
             for request, slot in zip(requests, slots, strict=True):
-                _APPLY[request.op](slot, request)
+                APPLY[request.op](slot, request)
         finally:
             self._release(plans)
         self._evict()
 
-    def _release(self, plans: dict[tuple, _Plan]) -> None:
+    def _release(self, plans: dict[tuple, SlotPlan]) -> None:
         measure = self.capacity_bytes is not None
         index, dirty = self._index, self._dirty
         for sid, plan in plans.items():
             slot = plan.slot
             slot.pins -= 1
-            if slot.kind == _MAP:
+            if slot.kind == MAP:
                 weight = len(slot.data) or 1
                 self.entries += weight - slot.weight
                 slot.weight = weight
             if measure:
-                nbytes = _approx_bytes(slot)
+                nbytes = approx_bytes(slot)
                 self.bytes += nbytes - slot.nbytes
                 slot.nbytes = nbytes
             if slot.dirty:
@@ -498,7 +323,7 @@ class CachedBackend(StateBackend):
 
     # write-backs
 
-    def _take_queue(self, limit: int) -> list[_Slot]:
+    def _take_queue(self, limit: int) -> list[Slot]:
         """Move the write-back queue in flight when it holds at least ``limit`` entries
         (and at least one)."""
         queue = self._queue
@@ -510,14 +335,14 @@ class CachedBackend(StateBackend):
             self._in_flight[slot.sid] = slot
         return sending
 
-    def _landed_ok(self, sending: list[_Slot]) -> None:
+    def _landed_ok(self, sending: list[Slot]) -> None:
         if sending:
             for slot in sending:
                 del self._in_flight[slot.sid]
             self.written_back += len(sending)
             self._landed.notify_all()
 
-    def _requeue(self, sending: list[_Slot]) -> None:
+    def _requeue(self, sending: list[Slot]) -> None:
         """A write-back failed: its entries stay dirty in the queue, readable."""
         if sending:
             for slot in sending:
@@ -525,7 +350,7 @@ class CachedBackend(StateBackend):
                 self._queue[slot.sid] = slot
             self._landed.notify_all()
 
-    def _send_writebacks(self, sending: list[_Slot]) -> None:
+    def _send_writebacks(self, sending: list[Slot]) -> None:
         try:
             self._call_remote([w for slot in sending for w in slot.writebacks()])
         except BaseException:
@@ -554,8 +379,8 @@ class CachedBackend(StateBackend):
                 self._landed.wait()
             queued = self._take_queue(0)  # in flight: a stray batch waits for them
             dirty = list(self._dirty.values())
-        groups: list[tuple[list[tuple[_Slot, int]], list[StateRequest]]] = []
-        members: list[tuple[_Slot, int]] = []
+        groups: list[tuple[list[tuple[Slot, int]], list[StateRequest]]] = []
+        members: list[tuple[Slot, int]] = []
         requests: list[StateRequest] = []
         for slot in queued + dirty:
             members.append((slot, slot.version))
@@ -592,12 +417,21 @@ class CachedBackend(StateBackend):
         self.flush()
         self.remote.snapshot(directory)
 
-    def restore(self, directory: str) -> None:
-        """``remote.restore(directory)``, then drop the cache (dirty entries too).
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """``remote.restore(directory, key_groups, max_parallelism)``, then drop the
+        cache (dirty entries too).
 
         When the remote raises, the cache is left as it was.
         """
-        self.remote.restore(directory)
+        if key_groups is None and max_parallelism is None:  # also a backend of the old contract
+            self.remote.restore(directory)
+        else:
+            self.remote.restore(directory, key_groups, max_parallelism)
         with self._lock:
             self._index.clear()
             self._dirty.clear()
@@ -644,129 +478,3 @@ def _check_capacity(name: str, value: Any) -> int | None:
     if value < 1:
         raise ValueError(f"{name} must be >= 1 or None, got {value!r}")
     return value
-
-
-def _approx_bytes(slot: _Slot) -> int:
-    data = slot.data
-    if slot.kind == _MAP and not slot.complete:
-        data = {k: v for k, v in data.items() if v is not _ABSENT}
-    try:
-        size = len(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:  # an unpicklable value: the remote will complain; estimate here
-        size = sys.getsizeof(data)
-    return size + _SLOT_OVERHEAD_BYTES
-
-
-# --- ops: (slot, request), after the plan made the data each one reads available -----
-
-
-def _value_get(s: _Slot, r: StateRequest) -> None:
-    r.result = s.data
-
-
-def _value_put(s: _Slot, r: StateRequest) -> None:
-    s.data, s.known, s.dirty = r.value, True, True  # None clears
-    s.version += 1
-
-
-def _value_clear(s: _Slot, r: StateRequest) -> None:
-    s.data, s.known, s.dirty = None, True, True
-    s.version += 1
-
-
-def _list_get(s: _Slot, r: StateRequest) -> None:
-    r.result = list(s.data)
-
-
-def _list_add(s: _Slot, r: StateRequest) -> None:
-    s.data.append(r.value)
-    s.dirty = True
-    s.version += 1
-
-
-def _list_add_all(s: _Slot, r: StateRequest) -> None:
-    if r.value:
-        s.data.extend(r.value)
-        s.dirty = True
-        s.version += 1
-
-
-def _list_put(s: _Slot, r: StateRequest) -> None:
-    s.data, s.known, s.dirty = (list(r.value) if r.value else []), True, True
-    s.version += 1
-
-
-def _list_clear(s: _Slot, r: StateRequest) -> None:
-    s.data, s.known, s.dirty = [], True, True
-    s.version += 1
-
-
-def _list_get_chunk(s: _Slot, r: StateRequest) -> None:
-    offset, limit = r.value
-    offset = offset or 0
-    stored = s.data
-    end = offset + limit
-    r.result = (stored[offset:end], end if end < len(stored) else None)
-
-
-def _map_get(s: _Slot, r: StateRequest) -> None:
-    value = s.data.get(r.user_key, _ABSENT)
-    r.result = None if value is _ABSENT else value
-
-
-def _map_contains(s: _Slot, r: StateRequest) -> None:
-    r.result = s.data.get(r.user_key, _ABSENT) is not _ABSENT
-
-
-def _map_put(s: _Slot, r: StateRequest) -> None:
-    s.data[r.user_key] = r.value
-    s.dirty_keys.add(r.user_key)
-    s.dirty, s.order = True, None
-    s.version += 1
-
-
-def _map_put_all(s: _Slot, r: StateRequest) -> None:
-    if r.value:
-        entries = dict(r.value)
-        s.data.update(entries)
-        s.dirty_keys.update(entries)
-        s.dirty, s.order = True, None
-        s.version += 1
-
-
-def _map_remove(s: _Slot, r: StateRequest) -> None:
-    if s.complete:
-        s.data.pop(r.user_key, None)
-    else:
-        s.data[r.user_key] = _ABSENT
-    s.dirty_keys.add(r.user_key)
-    s.dirty, s.order = True, None
-    s.version += 1
-
-
-def _map_is_empty(s: _Slot, r: StateRequest) -> None:
-    r.result = not s.data  # complete: no _ABSENT entries
-
-
-def _map_iter(s: _Slot, r: StateRequest) -> None:
-    entries = s.data
-    r.result = [(user_key, entries[user_key]) for user_key in s.map_order()[1]]
-
-
-def _map_clear(s: _Slot, r: StateRequest) -> None:
-    s.data, s.complete, s.cleared, s.dirty, s.order = {}, True, True, True, None
-    s.dirty_keys = set()
-    s.version += 1
-
-
-def _map_iter_chunk(s: _Slot, r: StateRequest) -> None:
-    after, limit = r.value  # after: the encoded user key the last chunk ended with
-    encoded, user_keys = s.map_order()
-    start = 0 if after is None else bisect.bisect_right(encoded, after)
-    end = start + limit
-    entries = s.data
-    items = [(user_key, entries[user_key]) for user_key in user_keys[start:end]]
-    r.result = (items, encoded[end - 1] if end < len(encoded) else None)
-
-
-_APPLY = op_table(globals())

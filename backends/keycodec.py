@@ -79,3 +79,21 @@ def prefix_end(prefix: bytes) -> bytes | None:
     if not stripped:
         return None
     return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+MAX_KEY_GROUPS = 1 << 16  # the key group is stored in 2 bytes
+
+
+def key_group_bounds(start: int, end: int) -> tuple[bytes, bytes | None]:
+    """``(low, high)``: DB keys of key groups ``start..end`` (inclusive) are exactly those
+    with ``low <= key < high`` (``high`` None: no upper bound)."""
+    low = _KEY_GROUP.pack(start)
+    return low, (_KEY_GROUP.pack(end + 1) if end + 1 < MAX_KEY_GROUPS else None)
+
+
+def key_group_of(db_key: bytes) -> int:
+    """The key group a DB key (as ``key_prefix`` made it) belongs to."""
+    return _KEY_GROUP.unpack_from(db_key)[0]
+
+
+_KEY_GROUP = struct.Struct(">H")

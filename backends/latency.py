@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from numbers import Real
 from typing import Any
 
+from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 
@@ -177,8 +178,16 @@ class LatencyBackend(StateBackend):
     def snapshot(self, directory: str) -> None:
         self.inner.snapshot(directory)
 
-    def restore(self, directory: str) -> None:
-        self.inner.restore(directory)
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        if key_groups is None and max_parallelism is None:  # also a backend of the old contract
+            self.inner.restore(directory)
+        else:
+            self.inner.restore(directory, key_groups, max_parallelism)
 
     def spec(self) -> BackendSpec:
         return LatencySpec(

@@ -32,158 +32,32 @@ import pickle
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
-from backends.keycodec import decode_key, encode_key, key_prefix, prefix_end, split_db_key
-from backends.overlay import (
-    ABSENT,
-    APPLY_OPS,
-    POINT_READS,
-    USER_KEY_OPS,
-    BatchView,
-    dumps,
-    merge_map_overlay,
+from backends.keycodec import decode_key, encode_key, key_group_bounds, key_prefix, split_db_key
+from backends.overlay import APPLY_OPS, POINT_READS, USER_KEY_OPS
+from backends.rocksdb_batch import RocksBatchView, Table, scan_range
+from backends.rocksdb_snapshots import (
+    holds_database,
+    linked_copy,
+    snapshot_source,
+    write_checkpoint,
 )
+from backends.snapshot_sets import checked_key_groups, snapshot_directories
 
 _CF_PREFIX = "state/"
 _FORMAT_KEY = b"aec/format"
 _FORMAT = b"aec-rocksdb-1"
-_SNAPSHOT_SUBDIR = "rocksdb"
+_PAST_EVERY_KEY = b"\xff" * 8  # above every DB key (the key group is at most 0xffff)
+_COPY_BATCH = 10_000  # puts per WriteBatch when merging a snapshot in
 
 OptionsHook = Callable[[Options], None]
-
-
-# --- storage -----------------------------------------------------------------------
-
-
-class _Table:
-    """One state's column family: ``rdict`` for reads and scans, ``handle`` for writes."""
-
-    __slots__ = ("state", "rdict", "handle")
-
-    def __init__(self, state: str, rdict: Rdict, handle: Any) -> None:
-        self.state = state
-        self.rdict = rdict
-        self.handle = handle
-
-
-def _scan(
-    table: _Table, prefix: bytes, with_values: bool, start: bytes | None = None
-) -> Iterator[Any]:
-    """The DB keys (or ``(key, raw value)`` pairs) starting with ``prefix``, in order.
-
-    A generator, so the ReadOptions object outlives the iterator: rocksdict keeps
-    only a pointer to the upper bound it holds (a temporary ReadOptions silently
-    truncates the scan). The bound stops the scan early, skipping tombstones past
-    the prefix; the ``startswith`` check is a cheap second guard. ``start`` (a key
-    under ``prefix``) resumes a scan.
-    """
-    from_key = prefix if start is None else start
-    read_options = ReadOptions()
-    end = prefix_end(prefix)
-    if end is not None:
-        read_options.set_iterate_upper_bound(end)
-    if with_values:
-        for pair in table.rdict.items(from_key=from_key, read_opt=read_options):
-            if not pair[0].startswith(prefix):
-                return
-            yield pair
-    else:
-        for db_key in table.rdict.keys(from_key=from_key, read_opt=read_options):
-            if not db_key.startswith(prefix):
-                return
-            yield db_key
-
-
-class _BatchView(BatchView):
-    """The state as one batch sees it: the DB plus the batch's own earlier writes.
-
-    ``prefetch`` fills a cache with one multi-get per column family; ``get``/``set``
-    read and write through an overlay; ``commit`` writes the overlay as one
-    ``WriteBatch``. Map scans merge the DB range with the overlay's entries of that
-    map, so the batch never has to write early.
-    """
-
-    def __init__(self) -> None:
-        self._known: dict[tuple[_Table, bytes], Any] = {}  # current value or ABSENT
-        self._dirty: dict[tuple[_Table, bytes], Any] = {}  # written in this batch
-        self._dirty_maps: dict[tuple[_Table, bytes], set[bytes]] = {}  # map prefix -> DB keys
-
-    def prefetch(self, table: _Table, db_keys: list[bytes]) -> None:
-        known = self._known
-        for db_key, raw in zip(db_keys, table.rdict.get(db_keys), strict=True):
-            known[table, db_key] = ABSENT if raw is None else pickle.loads(raw)
-
-    def get(self, table: _Table, db_key: bytes) -> Any:
-        """The current value of ``db_key``, or ``ABSENT``."""
-        slot = (table, db_key)
-        value = self._known.get(slot, ABSENT)
-        if value is ABSENT and slot not in self._known:  # not prefetched: read it now
-            raw = table.rdict.get(db_key)
-            value = self._known[slot] = ABSENT if raw is None else pickle.loads(raw)
-        return value
-
-    def set(
-        self, table: _Table, db_key: bytes, value: Any, map_prefix: bytes | None = None
-    ) -> None:
-        """Write ``value`` (``ABSENT`` deletes); ``map_prefix`` for map entries."""
-        slot = (table, db_key)
-        self._known[slot] = self._dirty[slot] = value
-        if map_prefix is not None:
-            self._dirty_maps.setdefault((table, map_prefix), set()).add(db_key)
-
-    def map_entries(self, table: _Table, prefix: bytes) -> list[tuple[bytes, Any]]:
-        """``(DB key, value)`` of every entry under ``prefix``, in DB key order."""
-        dirty = {k: self._dirty[table, k] for k in self._dirty_maps.get((table, prefix), ())}
-        return merge_map_overlay(_scan(table, prefix, True), dirty)
-
-    def map_chunk(
-        self, table: _Table, prefix: bytes, after: bytes | None, limit: int
-    ) -> tuple[list[tuple[bytes, Any]], bytes | None]:
-        """Up to ``limit`` ``(DB key, value)`` entries under ``prefix`` with DB key
-        greater than ``after`` (None: from the start), and the last one's DB key if
-        more follow. Scans only what it returns unless this batch wrote the map."""
-        if (table, prefix) in self._dirty_maps:  # merge with this batch's writes
-            entries = [e for e in self.map_entries(table, prefix) if after is None or e[0] > after]
-        else:
-            start = prefix if after is None else after + b"\x00"
-            entries = []
-            for db_key, raw in _scan(table, prefix, True, start):
-                entries.append((db_key, pickle.loads(raw)))
-                if len(entries) > limit:
-                    break
-        if len(entries) > limit:
-            return entries[:limit], entries[limit - 1][0]
-        return entries, None
-
-    def map_is_empty(self, table: _Table, prefix: bytes) -> bool:
-        dirty = self._dirty_maps.get((table, prefix), ())
-        if any(self._dirty[table, db_key] is not ABSENT for db_key in dirty):
-            return False
-        # Every dirty entry is a deletion: the map is empty unless the DB has another.
-        return all(db_key in dirty for db_key in _scan(table, prefix, False))
-
-    def map_clear(self, table: _Table, prefix: bytes) -> None:
-        keys = set(_scan(table, prefix, False))
-        keys.update(self._dirty_maps.get((table, prefix), ()))
-        for db_key in keys:
-            self.set(table, db_key, ABSENT, prefix)
-
-    def commit(self, db: Rdict, write_options: WriteOptions) -> None:
-        if not self._dirty:
-            return
-        batch = WriteBatch(raw_mode=True)
-        for (table, db_key), value in self._dirty.items():
-            if value is ABSENT:
-                batch.delete(db_key, table.handle)
-            else:
-                batch.put(db_key, dumps(value), table.handle)
-        db.write(batch, write_options)
 
 
 # --- backend -----------------------------------------------------------------------
@@ -236,7 +110,7 @@ class RocksDBBackend(StateBackend):
         self._write_options.disable_wal = disable_wal  # a property, though the stub says method
         self._lock = threading.Lock()  # lifecycle and column-family creation
         self._db: Rdict | None = None
-        self._tables: dict[str, _Table] = {}
+        self._tables: dict[str, Table] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -249,7 +123,7 @@ class RocksDBBackend(StateBackend):
         with self._lock:
             self._check_not_closed()
             if self._db is None:
-                if self._fresh and _holds_database(self.path):
+                if self._fresh and holds_database(self.path):
                     Rdict.destroy(self.path, self._make_options())
                 self._open_db()
 
@@ -279,7 +153,7 @@ class RocksDBBackend(StateBackend):
         return options
 
     def _open_db(self) -> None:
-        existed = _holds_database(self.path)
+        existed = holds_database(self.path)
         os.makedirs(self.path, exist_ok=True)
         options = self._make_options()
         # RocksDB refuses to open a DB without naming all its column families.
@@ -292,7 +166,7 @@ class RocksDBBackend(StateBackend):
             raise ValueError(f"{self.path} holds a RocksDB database that aec did not write")
         self._db = db
         self._tables = {
-            name[len(_CF_PREFIX) :]: _Table(
+            name[len(_CF_PREFIX) :]: Table(
                 name[len(_CF_PREFIX) :],
                 db.get_column_family(name),
                 db.get_column_family_handle(name),
@@ -310,7 +184,7 @@ class RocksDBBackend(StateBackend):
             self._db.close()
             self._db = None
 
-    def _table(self, state: str) -> _Table:
+    def _table(self, state: str) -> Table:
         table = self._tables.get(state)
         if table is None:
             with self._lock:
@@ -319,7 +193,7 @@ class RocksDBBackend(StateBackend):
                     name = _CF_PREFIX + state
                     db = self._live_db()
                     rdict = db.create_column_family(name, self._make_options())
-                    table = _Table(state, rdict, db.get_column_family_handle(name))
+                    table = Table(state, rdict, db.get_column_family_handle(name))
                     self._tables = {**self._tables, state: table}  # readers see old or new
         return table
 
@@ -339,9 +213,9 @@ class RocksDBBackend(StateBackend):
         # request on an I/O thread that shares the GIL with the mailbox thread.
         tables = self._tables
         prefixes: dict[Any, bytes] = {}  # a record's requests share its key: encode it once
-        plan_tables: list[_Table] = []
+        plan_tables: list[Table] = []
         plan_keys: list[bytes] = []
-        reads: dict[_Table, dict[bytes, None]] = {}  # ordered sets of DB keys to multi-get
+        reads: dict[Table, dict[bytes, None]] = {}  # ordered sets of DB keys to multi-get
         last_state, table, table_reads = None, None, None
         for request in requests:
             state = request.state
@@ -362,7 +236,7 @@ class RocksDBBackend(StateBackend):
                 table_reads[db_key] = None
             plan_tables.append(table)
             plan_keys.append(db_key)
-        view = _BatchView()
+        view = RocksBatchView()
         for table, keys in reads.items():
             if keys:
                 view.prefetch(table, list(keys))
@@ -376,40 +250,100 @@ class RocksDBBackend(StateBackend):
     def snapshot(self, directory: str) -> None:
         """Checkpoint all state into ``directory/rocksdb`` (hard links where possible)."""
         with self._lock:
-            db = self._live_db()
-            os.makedirs(directory, exist_ok=True)
-            target = os.path.join(directory, _SNAPSHOT_SUBDIR)
-            staging = f"{target}.tmp-{uuid.uuid4().hex}"  # Checkpoint needs a new directory
-            Checkpoint(db).create_checkpoint(staging)  # flushes memtables first
-            if os.path.exists(target):
-                shutil.rmtree(target)
-            os.replace(staging, target)
+            write_checkpoint(self._live_db(), directory)
 
-    def restore(self, directory: str) -> None:
-        """Replace all state with ``directory/rocksdb``; opens the backend if needed.
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """Replace all state with the union of the snapshots in ``directory`` (one
+        snapshot directory or several), keeping only keys of ``key_groups`` (None:
+        all); opens the backend if needed.
 
-        Raises FileNotFoundError when the snapshot is missing and ValueError when it
-        is not an aec RocksDB checkpoint; the live state is untouched in both cases.
+        The first snapshot becomes the new live database by hard links (no state
+        bytes copied) and keys outside ``key_groups`` are dropped with range deletes
+        (one tombstone per state and bound), so restoring one snapshot costs the
+        same whatever its size. Each further snapshot adds only its keys inside
+        ``key_groups`` (a range scan; keys are prefixed by key group). Snapshots
+        are expected to hold disjoint key groups; a key in several keeps the value
+        of the last one listed. ``max_parallelism`` is only checked (keys carry
+        their key group).
+
+        Raises FileNotFoundError when a snapshot is missing and ValueError when one
+        is not an aec RocksDB checkpoint or ``key_groups`` is out of range; the live
+        state is untouched in all these cases (everything is built beside it and
+        swapped in last).
         """
-        source = os.path.join(directory, _SNAPSHOT_SUBDIR)
-        if not os.path.isdir(source):
-            raise FileNotFoundError(f"no RocksDB snapshot at {source}")
-        if not _holds_database(source):
-            raise ValueError(f"{source} is not a RocksDB checkpoint (no CURRENT file)")
+        key_groups = checked_key_groups(key_groups, max_parallelism)
+        sources = [snapshot_source(d) for d in snapshot_directories(directory)]
         self.open()
         with self._lock:
             self._check_not_closed()
             staging = f"{self.path}.restore-{uuid.uuid4().hex}"
-            shutil.copytree(source, staging)  # a copy: opening the DB appends to its MANIFEST
             try:
-                _check_database(staging, self._options_hook)
-            except Exception:
+                self._build_union(staging, sources, key_groups)
+            except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             self._close_db()
             shutil.rmtree(self.path)
             os.replace(staging, self.path)
             self._open_db()
+
+    def _build_union(
+        self, target: str, sources: list[str], key_groups: KeyGroupRange | None
+    ) -> None:
+        linked_copy(sources[0], target)
+        merged = _opened(target, self._options_hook)
+        try:
+            if key_groups is not None:
+                merged._drop_outside(key_groups)
+            for source in sources[1:]:
+                scratch = f"{target}.source-{uuid.uuid4().hex}"
+                try:
+                    linked_copy(source, scratch)
+                    other = _opened(scratch, self._options_hook)
+                    try:
+                        merged._copy_from(other, key_groups)
+                    finally:
+                        other.close()
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+        finally:
+            merged.close()
+
+    def _drop_outside(self, key_groups: KeyGroupRange) -> None:
+        """Range-delete every state key outside ``key_groups`` (O(1) per state)."""
+        low, high = key_group_bounds(key_groups.start, key_groups.end)
+        batch = WriteBatch(raw_mode=True)
+        for table in self._tables.values():
+            if key_groups.start > 0:
+                batch.delete_range(b"", low, table.handle)
+            if high is not None:
+                batch.delete_range(high, _PAST_EVERY_KEY, table.handle)
+        if not batch.is_empty():
+            self._live_db().write(batch, self._write_options)
+
+    def _copy_from(self, other: RocksDBBackend, key_groups: KeyGroupRange | None) -> None:
+        """Write every key of ``other`` inside ``key_groups`` into this database."""
+        low, high = (
+            (b"", None)
+            if key_groups is None
+            else key_group_bounds(key_groups.start, key_groups.end)
+        )
+        db = self._live_db()
+        for state, source in other._tables.items():
+            table = self._table(state)
+            batch = WriteBatch(raw_mode=True)
+            for db_key, raw in scan_range(source, low, high):
+                batch.put(db_key, raw, table.handle)
+                if batch.len() >= _COPY_BATCH:
+                    db.write(batch, self._write_options)
+                    batch = WriteBatch(raw_mode=True)
+            if not batch.is_empty():
+                db.write(batch, self._write_options)
 
     # introspection
 
@@ -432,21 +366,18 @@ class RocksDBBackend(StateBackend):
         return items
 
 
-def _holds_database(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "CURRENT"))  # every RocksDB directory has one
-
-
-def _check_database(path: str, options: OptionsHook | None) -> None:
-    """Raise ValueError unless ``path`` opens as an aec RocksDB database."""
-    probe = RocksDBBackend(path, options=options)
+def _opened(path: str, options: OptionsHook | None) -> RocksDBBackend:
+    """An open ``RocksDBBackend`` on ``path``; ValueError unless it is an aec database."""
+    backend = RocksDBBackend(path, options=options)
     try:
-        probe.open()
+        backend.open()
     except ValueError:
+        backend.close()
         raise
     except Exception as exc:  # rocksdict raises bare Exception for corrupt databases
+        backend.close()
         raise ValueError(f"cannot open the RocksDB database at {path}: {exc}") from exc
-    finally:
-        probe.close()
+    return backend
 
 
 class RocksDBSpec(BackendSpec):

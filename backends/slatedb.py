@@ -57,225 +57,44 @@ import asyncio
 import json
 import os
 import pickle
-import struct
 import threading
-import time
 import uuid
 import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
-from urllib.parse import urlsplit
 
 from slatedb import uniffi as sdb
 
+from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
-from aec.state.requests import Op, StateRequest
-from backends.keycodec import decode_key, encode_key, key_prefix, prefix_end, split_db_key
-from backends.overlay import (
-    ABSENT,
-    APPLY_OPS,
-    POINT_READS,
-    USER_KEY_OPS,
-    BatchView,
-    dumps,
-    merge_map_overlay,
+from aec.state.requests import StateRequest
+from backends.keycodec import decode_key, split_db_key
+from backends.slatedb_batch import execute
+from backends.slatedb_snapshots import (
+    create_checkpoint,
+    read_manifest,
+    restore_union,
+    write_manifest,
 )
+from backends.slatedb_store import (
+    FORMAT,
+    FORMAT_KEY,
+    STATES,
+    WAL,
+    Writer,
+    join_path,
+    object_store,
+    parse_url,
+    scan,
+    state_prefix,
+    stream,
+)
+from backends.snapshot_sets import checked_key_groups, snapshot_directories
 
-_FORMAT_KEY = b"\x00aec/format"
-_FORMAT = b"aec-slatedb-1"
-_STATES = b"s"  # every state key starts with this byte
-_NAME_LEN = struct.Struct(">H")
-_SNAPSHOT_FILE = "slatedb-snapshot.json"
-_SNAPSHOT_FORMAT = "aec-slatedb-snapshot-1"
-_SCAN_BATCH = 1024  # rows per DbIterator.next_batch call (one FFI crossing each)
-_REWRITE_BATCH = 1000  # operations per WriteBatch when restoring or clearing
-_CLOUD = {"s3": "S3", "gs": "GCS", "az": "AZURE"}
-_MAP_WRITES = frozenset({Op.MAP_PUT, Op.MAP_PUT_ALL, Op.MAP_REMOVE, Op.MAP_CLEAR})
-_MAP_SCANS = frozenset({Op.MAP_ITER, Op.MAP_CLEAR, Op.MAP_IS_EMPTY, Op.MAP_ITER_CHUNK})
-_WAL = sdb.FlushOptions(flush_type=sdb.FlushType.WAL)
-_MEMTABLE = sdb.FlushOptions(flush_type=sdb.FlushType.MEM_TABLE)
+__all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
+
 DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
-
-
-# --- object stores and keys -----------------------------------------------------------
-
-
-def _parse_url(url: str) -> tuple[str, str, str]:
-    """``(scheme, root, prefix)``: root is the local directory or the bucket."""
-    parts = urlsplit(url)
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ValueError(f"a file URL needs an absolute path (file:///dir), got {url!r}")
-        return "file", os.path.normpath(parts.path), ""
-    if parts.scheme in _CLOUD:
-        if not parts.netloc:
-            raise ValueError(f"{url!r} names no bucket")
-        return parts.scheme, parts.netloc, parts.path.strip("/")
-    raise ValueError(f"unsupported object store URL {url!r}: use file:///dir or s3://bucket/prefix")
-
-
-def _object_store(url: str, options: Mapping[str, str]) -> tuple[Any, str]:
-    """A SlateDB ``ObjectStore`` for ``url`` and the path prefix inside it."""
-    scheme, root, prefix = _parse_url(url)
-    if scheme == "file":
-        if options:
-            raise ValueError("object_store_options apply to cloud object stores only")
-        os.makedirs(root, exist_ok=True)  # the local store must have an existing root
-        builder = sdb.ObjectStoreBuilder(sdb.ObjectStoreType.LOCAL)
-        builder.with_config("local_path", root)
-    else:
-        builder = sdb.ObjectStoreBuilder.from_env(getattr(sdb.ObjectStoreType, _CLOUD[scheme]))
-        builder.with_url(f"{scheme}://{root}")
-        for key, value in options.items():
-            builder.with_config(key, str(value))
-    return builder.build(), prefix
-
-
-def _join(*parts: str) -> str:
-    return "/".join(p.strip("/") for p in parts if p.strip("/"))
-
-
-def state_prefix(state: str) -> bytes:
-    """The prefix of every key of state ``state``."""
-    name = state.encode("utf-8", "surrogatepass")
-    if len(name) > 0xFFFF:
-        raise ValueError(f"state name too long ({len(name)} bytes, at most 65535)")
-    return _STATES + _NAME_LEN.pack(len(name)) + name
-
-
-def _range(prefix: bytes, after: bytes | None = None) -> Any:
-    """The keys under ``prefix`` (all keys for b""), past ``after`` when given."""
-    return sdb.KeyRange(
-        start=(prefix or None) if after is None else after,
-        start_inclusive=after is None,
-        end=prefix_end(prefix),
-        end_inclusive=False,
-    )
-
-
-async def _scan(db: Any, prefix: bytes, after: bytes | None = None, limit: int | None = None):
-    """``[(key, raw value)]`` under ``prefix`` past ``after``, at most ``limit`` rows."""
-    iterator = await db.scan(_range(prefix, after))
-    rows: list[tuple[bytes, bytes]] = []
-    while limit is None or len(rows) < limit:
-        want = _SCAN_BATCH if limit is None else min(_SCAN_BATCH, limit - len(rows))
-        chunk = await iterator.next_batch(want)
-        rows.extend((kv.key, kv.value) for kv in chunk)
-        if len(chunk) < want:
-            break
-    return rows
-
-
-async def _stream(db: Any, prefix: bytes):
-    """Every ``(key, raw value)`` under ``prefix``, in key order, read in chunks."""
-    iterator = await db.scan(_range(prefix))
-    while True:
-        chunk = await iterator.next_batch(_SCAN_BATCH)
-        for kv in chunk:
-            yield kv.key, kv.value
-        if len(chunk) < _SCAN_BATCH:
-            return
-
-
-class _Writer:
-    """Puts and deletes sent in ``WriteBatch``es of bounded size (no durability wait)."""
-
-    def __init__(self, db: Any) -> None:
-        self._db = db
-        self._batch = sdb.WriteBatch()
-        self._size = 0
-
-    async def put(self, key: bytes, value: bytes) -> None:
-        self._batch.put(key, value)
-        await self._count()
-
-    async def delete(self, key: bytes) -> None:
-        self._batch.delete(key)
-        await self._count()
-
-    async def _count(self) -> None:
-        self._size += 1
-        if self._size >= _REWRITE_BATCH:
-            await self.done()
-
-    async def done(self) -> None:
-        if self._size:
-            batch, self._batch, self._size = self._batch, sdb.WriteBatch(), 0
-            await self._db.write(batch)
-
-
-# --- one batch ---------------------------------------------------------------------------
-
-
-class _BatchView(BatchView):
-    """The state as one batch sees it: what the batch prefetched plus its own writes.
-
-    A ``backends.overlay.BatchView`` (the ``table`` argument is unused: the state is
-    part of every key), so the shared op functions run on it.
-    Map reads use prefetched ranges: ``full`` holds whole maps (raw values) read at
-    the batch's start, ``ranges`` holds ``(prefix, after) -> rows`` for chunked
-    reads and emptiness checks of maps the batch had not written before them.
-    """
-
-    def __init__(
-        self,
-        known: dict[bytes, Any],
-        full: dict[bytes, list[tuple[bytes, bytes]]],
-        ranges: dict[tuple[bytes, bytes | None], list[tuple[bytes, bytes]]],
-    ) -> None:
-        self._known = known  # DB key -> current value or ABSENT
-        self._full = full
-        self._ranges = ranges
-        self._dirty: dict[bytes, Any] = {}  # written in this batch (value or ABSENT)
-        self._dirty_maps: dict[bytes, set[bytes]] = {}  # map prefix -> DB keys written
-
-    def get(self, table: Any, db_key: bytes) -> Any:
-        return self._known[db_key]  # every point read was prefetched
-
-    def set(self, table: Any, db_key: bytes, value: Any, map_prefix: bytes | None = None) -> None:
-        self._known[db_key] = self._dirty[db_key] = value
-        if map_prefix is not None:
-            self._dirty_maps.setdefault(map_prefix, set()).add(db_key)
-
-    def map_entries(self, table: Any, prefix: bytes) -> list[tuple[bytes, Any]]:
-        dirty = {k: self._dirty[k] for k in self._dirty_maps.get(prefix, ())}
-        return merge_map_overlay(self._full[prefix], dirty)
-
-    def map_chunk(
-        self, table: Any, prefix: bytes, after: bytes | None, limit: int
-    ) -> tuple[list[tuple[bytes, Any]], bytes | None]:
-        if prefix in self._full:
-            entries = [e for e in self.map_entries(table, prefix) if after is None or e[0] > after]
-        else:  # planned as a range: the batch had not written this map before
-            rows = self._ranges[prefix, after]
-            entries = [(db_key, pickle.loads(raw)) for db_key, raw in rows[: limit + 1]]
-        if len(entries) > limit:
-            return entries[:limit], entries[limit - 1][0]
-        return entries, None
-
-    def map_is_empty(self, table: Any, prefix: bytes) -> bool:
-        if prefix in self._full:
-            return not self.map_entries(table, prefix)
-        return not self._ranges[prefix, None]
-
-    def map_clear(self, table: Any, prefix: bytes) -> None:
-        keys = {db_key for db_key, _ in self._full[prefix]}
-        keys.update(self._dirty_maps.get(prefix, ()))
-        for db_key in keys:
-            self.set(table, db_key, ABSENT, prefix)
-
-    def write_batch(self) -> Any:
-        """The batch's writes as one SlateDB ``WriteBatch``, or None."""
-        if not self._dirty:
-            return None
-        batch = sdb.WriteBatch()
-        for db_key, value in self._dirty.items():
-            if value is ABSENT:
-                batch.delete(db_key)
-            else:
-                batch.put(db_key, dumps(value))
-        return batch
 
 
 # --- backend -----------------------------------------------------------------------------
@@ -326,7 +145,7 @@ class SlateDBBackend(StateBackend):
         fresh: bool = False,
         timeout: float | None = 300.0,
     ) -> None:
-        _parse_url(url)
+        parse_url(url)
         if block_cache_bytes is not None and (
             not isinstance(block_cache_bytes, int) or block_cache_bytes < 0
         ):
@@ -359,7 +178,7 @@ class SlateDBBackend(StateBackend):
     @property
     def db_path(self) -> str:
         """The database's path inside the object store."""
-        return _join(_parse_url(self.url)[2], self.path)
+        return join_path(parse_url(self.url)[2], self.path)
 
     # lifecycle
 
@@ -369,8 +188,8 @@ class SlateDBBackend(StateBackend):
             self._check_not_closed()
             if self._db is not None:
                 return
-            self._store, prefix = _object_store(self.url, self.object_store_options)
-            self._db_path = _join(prefix, self.path)
+            self._store, prefix = object_store(self.url, self.object_store_options)
+            self._db_path = join_path(prefix, self.path)
             self._start_loop()
             try:
                 self._db = self._call(self._open_db())
@@ -400,7 +219,7 @@ class SlateDBBackend(StateBackend):
         Raises whatever SlateDB raised: an acknowledged write may then be lost, so
         the caller (the engine at drain and snapshot) must fail the job."""
         db = self._live_db()
-        self._call(db.flush_with_options(_WAL))
+        self._call(db.flush_with_options(WAL))
 
     def _check_not_closed(self) -> None:
         if self._closed:
@@ -469,25 +288,25 @@ class SlateDBBackend(StateBackend):
             builder.with_db_cache(sdb.DbCache.new_moka_cache(options), cache_id)
         db = await builder.build()
         try:
-            marker = await db.get(_FORMAT_KEY)
+            marker = await db.get(FORMAT_KEY)
             if marker is None:
-                if await _scan(db, b"", limit=1):
+                if await scan(db, b"", limit=1):
                     raise ValueError(
                         f"{self.url} {self._db_path!r} holds a SlateDB database that aec did not write"
                     )
                 batch = sdb.WriteBatch()
-                batch.put(_FORMAT_KEY, _FORMAT)
+                batch.put(FORMAT_KEY, FORMAT)
                 await db.write(batch)
-            elif marker != _FORMAT:
+            elif marker != FORMAT:
                 raise ValueError(
-                    f"{self._db_path!r} holds aec SlateDB format {marker!r}, not {_FORMAT!r}"
+                    f"{self._db_path!r} holds aec SlateDB format {marker!r}, not {FORMAT!r}"
                 )
             if self.fresh:
-                writer = _Writer(db)
-                async for key, _ in _stream(db, _STATES):
+                writer = Writer(db)
+                async for key, _ in stream(db, STATES):
                     await writer.delete(key)
                 await writer.done()
-            await db.flush_with_options(_WAL)
+            await db.flush_with_options(WAL)
         except BaseException:
             await db.shutdown()
             raise
@@ -506,63 +325,7 @@ class SlateDBBackend(StateBackend):
         return prefix
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        self._call(self._execute(self._live_db(), requests))
-
-    async def _execute(self, db: Any, requests: Sequence[StateRequest]) -> None:
-        # Plan: the DB key of each request, what to read (deduplicated), in list order.
-        plan = []
-        points: dict[bytes, None] = {}
-        full: dict[bytes, None] = {}  # map prefixes read whole
-        ranges: dict[tuple[bytes, bytes | None], int] = {}  # (prefix, after) -> rows to read
-        written: set[bytes] = set()  # maps written so far in the batch
-        key_prefixes: dict[Any, bytes] = {}
-        for request in requests:
-            key_bytes = key_prefixes.get(request.key)
-            if key_bytes is None:
-                key_bytes = key_prefixes[request.key] = key_prefix(request.key_group, request.key)
-            db_key = self._state_prefix(request.state) + key_bytes
-            op = request.op
-            if op in POINT_READS:
-                if op in USER_KEY_OPS:  # MAP_GET, MAP_CONTAINS read one map entry
-                    db_key += encode_key(request.user_key)
-                points[db_key] = None
-            elif op in _MAP_SCANS:
-                if db_key in written or op == Op.MAP_ITER or op == Op.MAP_CLEAR:
-                    full[db_key] = None
-                elif op == Op.MAP_IS_EMPTY:
-                    ranges[db_key, None] = max(ranges.get((db_key, None), 0), 1)
-                else:  # MAP_ITER_CHUNK of a map not yet written: read just the chunk
-                    after, limit = request.value
-                    slot = (db_key, None if after is None else db_key + after)
-                    ranges[slot] = max(ranges.get(slot, 0), limit + 1)
-            if op in _MAP_WRITES:
-                written.add(db_key)
-            plan.append((op, db_key, request))
-        # Read: every point get and range scan of the batch at once.
-        point_keys = list(points)
-        full_keys = list(full)
-        range_keys = [slot for slot in ranges if slot[0] not in full]
-        results = await asyncio.gather(
-            *[db.get(key) for key in point_keys],
-            *[_scan(db, prefix) for prefix in full_keys],
-            *[_scan(db, prefix, after, ranges[prefix, after]) for prefix, after in range_keys],
-        )
-        offset = len(point_keys)
-        known = {
-            key: ABSENT if raw is None else pickle.loads(raw)
-            for key, raw in zip(point_keys, results[:offset], strict=True)
-        }
-        view = _BatchView(
-            known,
-            dict(zip(full_keys, results[offset : offset + len(full_keys)], strict=True)),
-            dict(zip(range_keys, results[offset + len(full_keys) :], strict=True)),
-        )
-        # Apply in list order over the overlay, then write once, not waiting for durability.
-        for op, db_key, request in plan:
-            APPLY_OPS[op](view, None, db_key, request)
-        batch = view.write_batch()
-        if batch is not None:
-            await db.write(batch)
+        self._call(execute(self._live_db(), requests, self._state_prefix))
 
     # snapshots
 
@@ -574,28 +337,20 @@ class SlateDBBackend(StateBackend):
         with self._lock:
             db = self._live_db()
             os.makedirs(directory, exist_ok=True)
-            target = os.path.join(directory, _SNAPSHOT_FILE)
             try:
-                previous = _read_manifest(directory)
+                previous = read_manifest(directory)
             except (OSError, ValueError):
                 previous = None
             name = f"aec-snapshot-{uuid.uuid4().hex}"
-            checkpoint = self._call(_checkpoint(db, self._admin, name))
+            checkpoint = self._call(create_checkpoint(db, self._admin, name))
             manifest = {
-                "format": _SNAPSHOT_FORMAT,
                 "url": self.url,
                 "db_path": self._db_path,
                 "checkpoint": checkpoint.id,
                 "manifest_id": checkpoint.manifest_id,
                 "name": name,
-                "created": time.time(),
             }
-            staging = f"{target}.tmp-{uuid.uuid4().hex}"
-            with open(staging, "w", encoding="utf-8") as out:
-                json.dump(manifest, out, indent=1)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(staging, target)
+            write_manifest(directory, manifest)
             if (
                 previous is not None
                 and previous["url"] == self.url
@@ -607,21 +362,38 @@ class SlateDBBackend(StateBackend):
                 except sdb.Error:
                     pass  # already gone
 
-    def restore(self, directory: str) -> None:
-        """Make the live state equal the snapshot in ``directory``; opens if needed.
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """Make the live state equal the union of the snapshots in ``directory`` (one
+        or several), keeping only keys of ``key_groups`` (None: all); opens if needed.
 
-        Raises FileNotFoundError when there is no snapshot manifest and ValueError
-        when it is invalid or its checkpoint cannot be read; the live state is
-        untouched in both cases."""
-        manifest = _read_manifest(directory)
+        Each snapshot's checkpoint is read by range scans of its key-group range (one
+        per state; keys carry their key group, so ``max_parallelism`` is only checked),
+        and only the differences are written to the live database. A key in several
+        snapshots keeps the value of the last one listed.
+
+        Raises FileNotFoundError when a snapshot manifest is missing and ValueError
+        when one is invalid, its checkpoint cannot be read, or ``key_groups`` is out
+        of range; the live state is untouched in all these cases."""
+        key_groups = checked_key_groups(key_groups, max_parallelism)
+        manifests = [read_manifest(d) for d in snapshot_directories(directory)]
         self.open()
         with self._lock:
             db = self._live_db()
-            if manifest["url"] == self.url:
-                store = self._store
-            else:
-                store, _ = _object_store(manifest["url"], self.object_store_options)
-            self._call(_restore(db, store, manifest))
+            sources = [
+                (
+                    self._store
+                    if manifest["url"] == self.url
+                    else object_store(manifest["url"], self.object_store_options)[0],
+                    manifest,
+                )
+                for manifest in manifests
+            ]
+            self._call(restore_union(db, sources, key_groups))
 
     # introspection
 
@@ -638,7 +410,7 @@ class SlateDBBackend(StateBackend):
     def state_items(self, state: str) -> dict[Any, Any]:
         """``{key: value | list | dict}``; keys and user keys in canonical form."""
         prefix = self._state_prefix(state)
-        rows = self._call(_scan(self._live_db(), prefix))
+        rows = self._call(scan(self._live_db(), prefix))
         items: dict[Any, Any] = {}
         skip = len(prefix)
         for db_key, raw in rows:
@@ -665,73 +437,9 @@ def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
 
 async def _shutdown(db: Any) -> None:
     try:
-        await db.flush_with_options(_WAL)
+        await db.flush_with_options(WAL)
     finally:
         await db.shutdown()
-
-
-async def _checkpoint(db: Any, admin: Any, name: str) -> Any:
-    # A checkpoint pins a manifest, which names SSTs only: writes still in the WAL
-    # would be missing, so flush the memtable into L0 first.
-    await db.flush_with_options(_WAL)
-    await db.flush_with_options(_MEMTABLE)
-    options = sdb.CheckpointOptions(lifetime_ms=None, source=None, name=name)
-    return await admin.create_detached_checkpoint(options)
-
-
-async def _restore(db: Any, store: Any, manifest: dict[str, Any]) -> None:
-    builder = sdb.DbReaderBuilder(manifest["db_path"], store)
-    builder.with_reader_mode(sdb.ReaderMode.CHECKPOINT(manifest["checkpoint"]))
-    builder.with_db_cache_disabled()
-    try:
-        reader = await builder.build()
-    except sdb.Error as exc:
-        raise ValueError(
-            f"cannot open checkpoint {manifest['checkpoint']} of {manifest['url']} "
-            f"{manifest['db_path']!r}: {exc}"
-        ) from exc
-    try:
-        if await reader.get(_FORMAT_KEY) != _FORMAT:
-            raise ValueError(f"checkpoint {manifest['checkpoint']} is not an aec SlateDB database")
-        # Merge the sorted live and snapshot streams; write only the differences.
-        writer = _Writer(db)
-        live, wanted = _stream(db, _STATES), _stream(reader, _STATES)
-        have = await anext(live, None)
-        want = await anext(wanted, None)
-        while have is not None or want is not None:
-            if want is None or (have is not None and have[0] < want[0]):
-                await writer.delete(have[0])
-                have = await anext(live, None)
-            elif have is None or want[0] < have[0]:
-                await writer.put(*want)
-                want = await anext(wanted, None)
-            else:
-                if have[1] != want[1]:
-                    await writer.put(*want)
-                have = await anext(live, None)
-                want = await anext(wanted, None)
-        await writer.done()
-        await db.flush_with_options(_WAL)
-    finally:
-        await reader.shutdown()
-
-
-def _read_manifest(directory: str) -> dict[str, Any]:
-    path = os.path.join(directory, _SNAPSHOT_FILE)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no SlateDB snapshot at {path}")
-    try:
-        with open(path, encoding="utf-8") as source:
-            manifest = json.load(source)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not a SlateDB snapshot manifest: {exc}") from exc
-    if (
-        not isinstance(manifest, dict)
-        or manifest.get("format") != _SNAPSHOT_FORMAT
-        or not all(isinstance(manifest.get(k), str) for k in ("url", "db_path", "checkpoint"))
-    ):
-        raise ValueError(f"{path} is not an aec SlateDB snapshot manifest")
-    return manifest
 
 
 class SlateDBSpec(BackendSpec):
@@ -762,7 +470,7 @@ class SlateDBSpec(BackendSpec):
     def path_for(self, partition: int) -> str:
         if partition < 0:
             raise ValueError(f"partition must be >= 0, got {partition}")
-        return _join(self.path, f"partition-{partition}")
+        return join_path(self.path, f"partition-{partition}")
 
     def build(self, partition: int) -> StateBackend:
         return SlateDBBackend(

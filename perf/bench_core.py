@@ -1,70 +1,59 @@
-"""Core benchmark: a keyed counter through the aec engine, sync vs async, memory vs RocksDB.
+"""Core benchmark: a keyed counter through the aec engine, sync vs async, memory vs RocksDB,
+across key skews.
 
 Workload: one read and one write per record (``async_value()`` then ``async_update(n + 1)``,
-then one output), ``--records`` records over ``--keys`` int keys, in two key distributions
-(uniform, and Zipf-skewed with exponent ``--zipf-s``), both seeded. Variants, run side by
-side in interleaved rounds (the variant order rotates per round, so machine noise hits all
-of them alike); each figure is the best of ``--repeats`` rounds (median kept in the JSON):
+then one output), ``--records`` records over ``--keys`` int keys, in the key distributions
+of the skew sweep (seeded): ``uniform``, Zipf with exponent 0.8 / 1.1 / 1.5 (``zipf-0.8``,
+...; rank r drawn with probability proportional to 1 / r**s, ranks shuffled onto keys) and
+``hot-50`` (one key holds 50% of the records, the rest uniform). Variants:
 
 * ``plain``: a Python dict loop doing the same work (the floor);
-* ``memory sync`` / ``memory async``: ``AecConfig(async_state=False)`` / ``AecConfig()``
+* ``memory-sync`` / ``memory-async``: ``AecConfig(async_state=False)`` / ``AecConfig()``
   on ``MemoryBackend``, callback style (``then_compose``/``then_accept``);
-* ``memory sync (async def)`` / ``memory async (async def)``: the same in ``async def``;
-* ``rocksdb sync`` / ``rocksdb async``: callback style on ``RocksDBBackend`` in a fresh
+* ``memory-sync-asyncdef`` / ``memory-async-asyncdef``: the same in ``async def``;
+* ``rocksdb-sync`` / ``rocksdb-async``: callback style on ``RocksDBBackend`` in a fresh
   temporary directory per run (opened before the clock starts).
 
-The clock covers ``run_keyed`` (operator open, all records, final watermark, close); source
-generation, DB creation and the correctness check after each run are outside it. Every run's
-final state is checked against the expected per-key counts.
+Method (``perf/harness.py``): interleaved rounds with the variant order rotated per round,
+best of ``--repeats`` (median, samples and records per CPU-second in the JSON). The clock
+covers ``run_keyed``; source generation, DB creation and the final-state check (every run's
+final state is checked against the expected counts) are outside it.
 
-Goals (issue 2, section 7): async on MemoryBackend costs at most 1.5x the synchronous mode
-(cost = sync records/s / async records/s), and the synchronous mode on MemoryBackend reaches
-200,000 records/s on one core. When a goal is missed the failing variant is profiled once
-with cProfile and the top 15 functions by tottime go to ``bench_core_profile.txt``.
+Goals (issue 9; ratios of best-of figures from this one run): Zipf(1.1) RocksDB async/sync
+>= 1.0x; Zipf(1.1) Memory sync/async cost <= 1.3x; uniform Memory cost <= 1.15x; uniform
+RocksDB async/sync >= 1.3x; Memory sync >= 200,000 records/s. A missed goal's async
+variant is profiled once (cProfile, every thread) into ``bench_core_profile.txt``.
 
 Usage::
 
     .venv/bin/python perf/bench_core.py                 # full run, writes perf/results/
     .venv/bin/python perf/bench_core.py --quick         # smoke run, writes to a temp dir
     .venv/bin/python perf/bench_core.py --records 50000 --keys 1000 --repeats 5
-
-Outputs (in ``--out``): bench_core.json, bench_core.md, bench_core.png and, when a goal is
-missed, bench_core_profile.txt.
+    .venv/bin/python perf/bench_core.py --dists uniform,zipf-1.1 --variants plain,memory-async
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import datetime as dt
-import gc
-import importlib.metadata
-import io
-import json
-import os
-import platform
-import pstats
-import random
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter as Tally
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aec import AecConfig, KeyedProcessFunction, Record, ValueStateDescriptor, run_keyed
-from aec.state.memory import MemoryBackend
-from backends.rocksdb import RocksDBBackend
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as h  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "perf" / "results"
-GOAL_ASYNC_COST = 1.5  # memory: sync records/s / async records/s, at most
-GOAL_SYNC_RATE = 200_000.0  # memory, synchronous mode: records/s, at least
+from aec import AecConfig, KeyedProcessFunction, Record, ValueStateDescriptor, run_keyed  # noqa: E402
+from aec.state.memory import MemoryBackend  # noqa: E402
+from backends.rocksdb import RocksDBBackend  # noqa: E402
+
+DEFAULTS = {"records": 200_000, "keys": 10_000, "repeats": 3}
 QUICK = {"records": 20_000, "keys": 1_000, "repeats": 1}
+DISTS = ["uniform", "zipf-0.8", "zipf-1.1", "zipf-1.5", "hot-50"]
+GOAL_SYNC_RATE = 200_000.0
 
 
 # --- the keyed functions --------------------------------------------------------------------
@@ -131,57 +120,18 @@ VARIANTS = [
 BY_NAME = {v.name: v for v in VARIANTS}
 
 
-@dataclass
-class Sample:
-    seconds: float  # wall clock
-    cpu_seconds: float  # process CPU time (all threads), robust to other load on the machine
-    metrics: dict[str, Any]
-
-
-class GcClock:
-    """Seconds spent in (and number of) garbage collections while registered."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.by_generation = [0, 0, 0]
-        self._start = 0.0
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._start
-            self.by_generation[info["generation"]] += 1
-
-    def __enter__(self) -> GcClock:
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self)
-
-
-def run_variant(
-    variant: Variant, source: list[Record], expected: dict[Any, int], collect: bool = True
-) -> Sample:
-    """One timed run of ``variant`` over ``source``; checks the final state afterwards.
-
-    ``collect``: run a full garbage collection first, so every run starts alike.
-    """
-    if collect:
-        gc.collect()
-    gc_clock = GcClock()
+def run_variant(variant: Variant, source: list[Record], expected: dict[Any, int]) -> h.Sample:
+    """One timed run of ``variant`` over ``source``; checks the final state afterwards."""
     if variant.backend is None:
-        with gc_clock:
-            cpu, start = time.process_time(), time.perf_counter()
-            counts = plain_loop(source)
-            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        counts: dict[Any, int] = {}
+
+        def loop() -> None:
+            counts.update(plain_loop(source))
+
+        sample = h.timed(loop, len(source))
         if counts != expected:
             raise AssertionError("plain loop: wrong counts")
-        return Sample(
-            seconds, cpu, {"gc_seconds": gc_clock.seconds, "gc_runs": gc_clock.by_generation}
-        )
-
+        return sample
     tmp = None
     if variant.backend == "memory":
         backend: Any = MemoryBackend()
@@ -192,12 +142,9 @@ def run_variant(
     function = AsyncDefCounter() if variant.style == "async def" else Counter()
     config = AecConfig(async_state=variant.async_state)
     try:
-        with gc_clock:
-            cpu, start = time.process_time(), time.perf_counter()
-            result = run_keyed(source, function, backend, config)
-            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        metrics = dict(result.metrics, gc_seconds=gc_clock.seconds, gc_runs=gc_clock.by_generation)
-        del result  # 200k outputs: free them before the check
+        sample = h.timed(
+            lambda: dict(run_keyed(source, function, backend, config).metrics), len(source)
+        )
         state = backend.state_items("count")
         if state != expected:
             wrong = sum(1 for k, n in expected.items() if state.get(k) != n)
@@ -206,35 +153,30 @@ def run_variant(
         backend.close()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return Sample(seconds, cpu, metrics)
+    return sample
 
 
 # --- sources --------------------------------------------------------------------------------
 
 
-def make_keys(distribution: str, records: int, keys: int, zipf_s: float, seed: int) -> list[int]:
-    """Seeded key sequence: uniform over ``range(keys)``, or bounded Zipf (rank r drawn with
-    probability proportional to 1 / r**s) with ranks mapped to keys by a seeded shuffle, so
-    the hot keys land in arbitrary key groups."""
-    rng = random.Random(f"{seed}-{distribution}")
-    try:
-        import numpy as np
-    except ImportError:  # numpy is optional: the same distributions with random
-        np = None
+def make_keys(distribution: str, records: int, keys: int, seed: int) -> list[int]:
+    """Seeded key sequence for one distribution of ``DISTS``."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, DISTS.index(distribution)])
     if distribution == "uniform":
-        if np is not None:
-            return np.random.default_rng(seed).integers(0, keys, size=records).tolist()
-        return [rng.randrange(keys) for _ in range(records)]
-    if distribution != "zipf":
-        raise ValueError(distribution)
-    ids = list(range(keys))
-    rng.shuffle(ids)
-    weights = [1.0 / (rank**zipf_s) for rank in range(1, keys + 1)]
-    if np is not None:
-        p = np.asarray(weights)
-        ranks = np.random.default_rng(seed + 1).choice(keys, size=records, p=p / p.sum())
-        return [ids[r] for r in ranks.tolist()]
-    return [ids[r] for r in rng.choices(range(keys), weights=weights, k=records)]
+        return rng.integers(0, keys, size=records).tolist()
+    ids = rng.permutation(keys)  # ranks land on arbitrary keys (and key groups)
+    if distribution.startswith("zipf-"):
+        s = float(distribution.split("-", 1)[1])
+        p = 1.0 / np.arange(1, keys + 1) ** s
+        return ids[rng.choice(keys, size=records, p=p / p.sum())].tolist()
+    if distribution.startswith("hot-"):
+        share = int(distribution.split("-", 1)[1]) / 100
+        out = rng.integers(0, keys, size=records)
+        out[rng.random(records) < share] = 0
+        return ids[out].tolist()
+    raise ValueError(f"unknown distribution {distribution!r}; known: {DISTS}")
 
 
 def describe_keys(key_seq: list[int]) -> dict[str, Any]:
@@ -247,187 +189,190 @@ def describe_keys(key_seq: list[int]) -> dict[str, Any]:
     }
 
 
-# --- reporting ------------------------------------------------------------------------------
+# --- results --------------------------------------------------------------------------------
 
 
-def machine_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "processor": platform.machine(),
-        "cpu_count": os.cpu_count(),
-    }
-    if hasattr(os, "sched_getaffinity"):
-        facts["usable_cpus"] = len(os.sched_getaffinity(0))
-    for package in ("rocksdict", "numpy", "matplotlib"):
-        try:
-            facts[f"{package}_version"] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            facts[f"{package}_version"] = None
-    facts["git_commit"] = git_commit()
-    return facts
+def async_pairs(variants: list[Variant]) -> list[tuple[Variant, Variant]]:
+    """(sync twin, async variant) of the same backend and style."""
+    pairs = []
+    for v in variants:
+        twin = next((s for s in variants if v.async_state and s.backend == v.backend
+                     and s.style == v.style and not s.async_state), None)  # fmt: skip
+        if twin is not None:
+            pairs.append((twin, v))
+    return pairs
 
 
-def git_commit() -> str | None:
-    """The short HEAD commit, marked ``+dirty(aec/backends)`` when the engine or
-    backends have uncommitted changes; None outside a git checkout."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "aec", "backends"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+dirty(aec/backends)" if dirty else "")
+def judge(
+    res: dict[tuple[str, str], dict[str, Any]], samples: dict[str, list[h.Sample]]
+) -> dict[str, Any]:
+    def ratio(num: str, den: str, dist: str) -> tuple[float | None, float | None, list[float]]:
+        a, b = res.get((num, dist)), res.get((den, dist))
+        if a is None or b is None:
+            return None, None, []
+        return (a["best_rps"] / b["best_rps"], a["cpu_rps"] / b["cpu_rps"],
+                h.paired(samples, f"{num}@{dist}", f"{den}@{dist}"))  # fmt: skip
 
-
-def fmt_rate(rate: float) -> str:
-    return f"{rate:,.0f}"
-
-
-def profile_variant(
-    variant: Variant, source: list[Record], expected: dict[Any, int]
-) -> tuple[str, pstats.Stats]:
-    """cProfile one run of ``variant``: the top 15 functions by tottime as text, and the stats."""
-    profiler = cProfile.Profile()
-    gc.collect()
-    start = time.perf_counter()
-    profiler.enable()
-    run_variant(variant, source, expected, collect=False)
-    profiler.disable()
-    seconds = time.perf_counter() - start
-    out = io.StringIO()
-    out.write(
-        f"== {variant.label}: {len(source):,} records, {seconds:.2f} s under cProfile "
-        f"(includes the state check) ==\n"
-    )
-    stats = pstats.Stats(profiler, stream=out)
-    stats.strip_dirs().sort_stats("tottime").print_stats(15)
-    return out.getvalue(), stats
-
-
-def profile_diff(slow: pstats.Stats, base: pstats.Stats, slow_label: str, base_label: str) -> str:
-    """The 15 functions whose tottime grew most from ``base`` to ``slow``."""
-    rows = []
-    for func, (_, calls, tottime, _, _) in slow.stats.items():  # type: ignore[attr-defined]
-        base_row = base.stats.get(func)  # type: ignore[attr-defined]
-        base_calls, base_tottime = (base_row[1], base_row[2]) if base_row else (0, 0.0)
-        rows.append((tottime - base_tottime, calls, base_calls, tottime, base_tottime, func))
-    rows.sort(reverse=True)
-    total = sum(r[3] for r in rows) - sum(
-        row[2]
-        for row in base.stats.values()  # type: ignore[attr-defined]
-    )
-    lines = [
-        f"== where {slow_label} spends more than {base_label} (tottime, s; "
-        f"total difference {total:+.2f} s) ==",
-        f"{'extra':>8} {'calls':>9} {'base calls':>10} {'tottime':>8} {'base':>8}  function",
-    ]
-    for extra, calls, base_calls, tottime, base_tottime, (file, line, name) in rows[:15]:
-        lines.append(
-            f"{extra:>8.3f} {calls:>9,} {base_calls:>10,} {tottime:>8.3f} {base_tottime:>8.3f}  "
-            f"{file}:{line}({name})"
-        )
-    return "\n".join(lines) + "\n\n"
-
-
-def plot(results: list[dict[str, Any]], distributions: list[str], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [v.label for v in VARIANTS if any(r["variant"] == v.name for r in results)]
-    names = [v.name for v in VARIANTS if v.label in labels]
-    rate = {(r["variant"], r["distribution"]): r["best_rps"] for r in results}
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    width = 0.8 / len(distributions)
-    colors = ["#4c72b0", "#dd8452", "#55a868"]
-    for i, dist in enumerate(distributions):
-        xs = [j + (i - (len(distributions) - 1) / 2) * width for j in range(len(names))]
-        ys = [rate[n, dist] for n in names]
-        bars = ax.bar(xs, ys, width, label=dist, color=colors[i % len(colors)])
-        for bar, y in zip(bars, ys, strict=True):
-            ax.annotate(
-                f"{y / 1e6:.2f}M" if y >= 1e6 else f"{y / 1000:.0f}k", (bar.get_x() + bar.get_width() / 2, y),
-                ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points",
-            )  # fmt: skip
-    ax.axhline(GOAL_SYNC_RATE, color="red", linestyle="--", linewidth=1)
-    ax.annotate(
-        "goal: memory sync >= 200k/s", (len(names) - 0.5, GOAL_SYNC_RATE), color="red",
-        ha="right", va="bottom", fontsize=8,
+    goals = {}
+    for gid, num, den, dist, text, bound in (
+        ("zipf_rocksdb", "rocksdb-async", "rocksdb-sync", "zipf-1.1",
+         "Zipf(1.1) RocksDB async / sync records/s", {"at_least": 1.0}),
+        ("zipf_memory", "memory-sync", "memory-async", "zipf-1.1",
+         "Zipf(1.1) Memory sync / async (cost of async)", {"at_most": 1.3}),
+        ("uniform_memory", "memory-sync", "memory-async", "uniform",
+         "uniform Memory sync / async (cost of async)", {"at_most": 1.15}),
+        ("uniform_rocksdb", "rocksdb-async", "rocksdb-sync", "uniform",
+         "uniform RocksDB async / sync records/s", {"at_least": 1.3}),
+    ):  # fmt: skip
+        value, cpu, rounds = ratio(num, den, dist)
+        goals[gid] = h.goal(text, value, cpu_value=cpu, per_round=rounds, **bound)
+        goals[gid]["profile"] = num if num.endswith("async") else den
+    sync = [r for (n, _), r in res.items() if n == "memory-sync"]
+    goals["sync_rate"] = h.goal(
+        "Memory sync records/s (worst distribution)",
+        min((r["best_rps"] for r in sync), default=None), at_least=GOAL_SYNC_RATE,
+        cpu_value=min((r["cpu_rps"] for r in sync), default=None), unit=" records/s",
     )  # fmt: skip
+    goals["sync_rate"]["profile"] = "memory-sync"
+    return goals
+
+
+def markdown(report: dict[str, Any]) -> str:
+    p = report["params"]
+    lines = [
+        "# bench_core: keyed counter across key skews",
+        "",
+        f"{p['records']:,} records over {p['keys']:,} keys; best of {p['repeats']} interleaved "
+        f"rounds. {h.machine_line(report)}",
+        "",
+        *h.md_table(
+            ["distribution", "distinct keys", "hottest key", "top 10 keys"],
+            [
+                [
+                    d,
+                    f"{i['distinct_keys']:,}",
+                    f"{i['hottest_key_share']:.1%}",
+                    f"{i['top10_keys_share']:.1%}",
+                ]
+                for d, i in report["distributions"].items()
+            ],
+        ),  # fmt: skip
+        "",
+        *h.md_table(
+            [
+                "variant",
+                "keys",
+                "records/s (best)",
+                "median",
+                "per CPU-s",
+                "vs plain",
+                "GC s",
+                "batches",
+                "mean batch",
+                "inline batches",
+                "max in-flight",
+            ],
+            [
+                [
+                    r["label"],
+                    r["distribution"],
+                    h.fmt_rate(r["best_rps"]),
+                    h.fmt_rate(r["median_rps"]),
+                    h.fmt_rate(r["cpu_rps"]),
+                    f"{r['cost_vs_plain']:.1f}x",
+                    f"{r['metrics']['gc_seconds']:.2f}",
+                    *(
+                        [
+                            f"{r['metrics']['batches']:,}",
+                            f"{r['metrics']['mean_batch_size']:.0f}",
+                            f"{r['metrics'].get('inline_batches', 0):,}",
+                            f"{r['metrics']['max_in_flight']:,}",
+                        ]
+                        if r["async_state"]
+                        else ["", "", "", ""]
+                    ),
+                ]
+                for r in report["results"]
+            ],
+            numeric_from=2,
+        ),  # fmt: skip
+        "",
+        "Async / sync records/s per backend and skew (above 1: async faster; the cost of async "
+        "is the inverse):",
+        "",
+        *h.md_table(
+            [
+                "backend",
+                "style",
+                "keys",
+                "sync rec/s",
+                "async rec/s",
+                "async / sync",
+                "cost (sync / async)",
+                "cost per CPU-s",
+            ],
+            [
+                [
+                    c["backend"],
+                    c["style"],
+                    c["distribution"],
+                    h.fmt_rate(c["sync_rps"]),
+                    h.fmt_rate(c["async_rps"]),
+                    f"{1 / c['cost']:.2f}x",
+                    f"{c['cost']:.2f}x",
+                    f"{c['cpu_cost']:.2f}x",
+                ]
+                for c in report["async_cost"]
+            ],
+            numeric_from=3,
+        ),  # fmt: skip
+        "",
+        "Goals:",
+        "",
+    ]
+    lines += [
+        f"- {g['text']}: {g['measured']} -> **{h.verdict(g)}**" for g in report["goals"].values()
+    ]
+    if report.get("profile"):
+        lines += ["", f"A goal was missed: cProfile top functions in `{report['profile']}`."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    plt = h.pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [3, 2]})
+    dists = list(report["distributions"])
+    names = list(dict.fromkeys(r["variant"] for r in report["results"]))
+    labels = [BY_NAME[n].label for n in names]
+    rate = {(r["variant"], r["distribution"]): r["best_rps"] for r in report["results"]}
+    width = 0.8 / len(dists)
+    for i, dist in enumerate(dists):
+        xs = [j + (i - (len(dists) - 1) / 2) * width for j in range(len(names))]
+        h.bars(ax, xs, [rate[n, dist] for n in names], width, label=dist)
+    ax.axhline(GOAL_SYNC_RATE, color="red", linestyle="--", linewidth=1)
     ax.set_yscale("log")
     ax.set_ylabel("records/s (best of rounds, log scale)")
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(labels, rotation=20, ha="right")
-    ax.set_title(title, fontsize=10)
-    ax.legend(title="keys")
+    ax.legend(title="keys", fontsize=7)
     ax.grid(axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def verdict(goal: dict[str, Any]) -> str:
-    """Judged on wall-clock records/s; says so when CPU time alone would meet it."""
-    if goal["met"]:
-        return "met"
-    if goal["met_cpu"]:
-        return "MISSED on wall clock, met per CPU-second (machine under load?)"
-    return "MISSED"
-
-
-def markdown(report: dict[str, Any]) -> str:
-    p, m = report["params"], report["machine"]
-    lines = [
-        "# bench_core: keyed counter",
-        "",
-        f"{p['records']:,} records over {p['keys']:,} keys; uniform and Zipf (s={p['zipf_s']}); "
-        f"best of {p['repeats']} interleaved rounds. {report['date']}, Python {m['python']}, "
-        f"{m['cpu_count']} CPUs, commit {m['git_commit']}.",
-        "",
-        "| variant | keys | records/s (best) | records/s (median) | records per CPU-s |"
-        " cost vs plain loop | GC s | batches | mean batch | max in-flight |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in report["results"]:
-        mt = r["metrics"]
-        extra = (
-            f"{mt['batches']:,} | {mt['mean_batch_size']:.0f} | {mt['max_in_flight']:,}"
-            if r["async_state"]
-            else " | | "
-        )
-        lines.append(
-            f"| {r['label']} | {r['distribution']} | {fmt_rate(r['best_rps'])} | "
-            f"{fmt_rate(r['median_rps'])} | {fmt_rate(r['cpu_rps'])} | {r['cost_vs_plain']:.1f}x | "
-            f"{mt['gc_seconds']:.2f} | {extra} |"
-        )
-    lines += [
-        "",
-        "Cost of async = sync records/s / async records/s (1.0 = free; below 1 = async faster);"
-        " the CPU-time column uses records per process CPU-second instead of wall clock:",
-        "",
-        "| backend | style | keys | sync records/s | async records/s | cost of async |"
-        " cost in CPU time |",
-        "|---|---|---|---:|---:|---:|---:|",
-    ]
-    for c in report["async_cost"]:
-        lines.append(
-            f"| {c['backend']} | {c['style']} | {c['distribution']} | {fmt_rate(c['sync_rps'])} | "
-            f"{fmt_rate(c['async_rps'])} | {c['cost']:.2f}x | {c['cpu_cost']:.2f}x |"
-        )
-    lines += ["", "Goals:", ""]
-    for goal in report["goals"].values():
-        lines.append(f"- {goal['text']}: {goal['measured']} -> **{verdict(goal)}**")
-    if report.get("profile"):
-        lines += ["", f"A goal was missed: cProfile top functions in `{report['profile']}`."]
-    return "\n".join(lines) + "\n"
+    ax.set_title(f"keyed counter, {report['params']['records']:,} records, "
+                 f"{report['params']['keys']:,} keys", fontsize=10)  # fmt: skip
+    for (backend, style), color in ((("memory", "callback"), "#4c72b0"), (("memory", "async def"), "#8172b2"),
+                                    (("rocksdb", "callback"), "#dd8452")):  # fmt: skip
+        pts = [(dists.index(c["distribution"]), 1 / c["cost"]) for c in report["async_cost"]
+               if c["backend"] == backend and c["style"] == style]  # fmt: skip
+        if pts:
+            ax2.plot(*zip(*pts, strict=True), marker="o", color=color, label=f"{backend} {style}")
+    ax2.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax2.set_xticks(range(len(dists)))
+    ax2.set_xticklabels(dists)
+    ax2.set_xlabel("key skew")
+    ax2.set_ylabel("async / sync records/s")
+    ax2.set_title("async / sync vs skew (above 1: async faster)", fontsize=10)
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    h.save(fig, path)
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -437,250 +382,92 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, help="records per run (default 200,000)")
     parser.add_argument("--keys", type=int, help="distinct keys (default 10,000)")
-    parser.add_argument("--repeats", type=int, help="interleaved rounds (default 3)")
+    parser.add_argument("--dists", default=",".join(DISTS), help=f"subset of {','.join(DISTS)}")
     parser.add_argument(
-        "--quick", action="store_true",
-        help="smoke run: 20,000 records, 1,000 keys, 1 round, output to a temp dir",
-    )  # fmt: skip
-    parser.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent (default 1.1)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument(
-        "--variants", default=",".join(BY_NAME),
-        help=f"comma-separated subset of: {', '.join(BY_NAME)}",
-    )  # fmt: skip
-    parser.add_argument("--out", type=Path, help="output directory (default perf/results)")
-    parser.add_argument(
-        "--no-profile", action="store_true", help="skip the cProfile run when a goal is missed"
+        "--variants", default=",".join(BY_NAME), help=f"subset of {','.join(BY_NAME)}"
     )
-    args = parser.parse_args(argv)
-    defaults = QUICK if args.quick else {"records": 200_000, "keys": 10_000, "repeats": 3}
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.records < 1 or args.keys < 1 or args.repeats < 1:
-        parser.error("--records, --keys and --repeats must be >= 1")
-    if args.out is None:
-        args.out = Path(tempfile.mkdtemp(prefix="bench_core_quick_")) if args.quick else DEFAULT_OUT
-    args.variants = [name.strip() for name in args.variants.split(",") if name.strip()]
-    unknown = [name for name in args.variants if name not in BY_NAME]
+    h.add_common_args(parser)
+    args = h.finish_args(parser, parser.parse_args(argv), "bench_core", DEFAULTS, QUICK)
+    args.variants = [n.strip() for n in args.variants.split(",") if n.strip()]
+    args.dists = [d.strip() for d in args.dists.split(",") if d.strip()]
+    unknown = [n for n in args.variants if n not in BY_NAME] + [
+        d for d in args.dists if d not in DISTS
+    ]
     if unknown or "plain" not in args.variants:
-        parser.error(f"unknown variants {unknown} (or 'plain' missing; it is the baseline)")
+        parser.error(f"unknown variants/distributions {unknown} (or 'plain' missing: the baseline)")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    wall = time.perf_counter()
+    machine = h.machine_facts(("rocksdict", "numpy", "matplotlib"))
     variants = [v for v in VARIANTS if v.name in args.variants]
-    distributions = ["uniform", "zipf"]
     sources, expected, dist_info = {}, {}, {}
-    for dist in distributions:
-        key_seq = make_keys(dist, args.records, args.keys, args.zipf_s, args.seed)
+    for dist in args.dists:
+        key_seq = make_keys(dist, args.records, args.keys, args.seed)
         sources[dist] = [Record(key, i) for i, key in enumerate(key_seq)]
         expected[dist] = dict(Tally(key_seq))
         dist_info[dist] = describe_keys(key_seq)
-        print(
-            f"{dist:>7}: {args.records:,} records, {dist_info[dist]['distinct_keys']:,} distinct "
-            f"keys, hottest key {dist_info[dist]['hottest_key_share']:.1%} of records"
-        )
+        print(f"{dist:>9}: {dist_info[dist]['distinct_keys']:,} distinct keys, hottest key "
+              f"{dist_info[dist]['hottest_key_share']:.1%} of records")  # fmt: skip
+    warm = sources[args.dists[0]][: min(2000, args.records)]
+    for v in variants:  # warm-up: imports, first DB creation, code paths (not recorded)
+        run_variant(v, warm, dict(Tally(r.key for r in warm)))
 
-    # warm-up: imports, first DB creation, code paths (not recorded)
-    warm = sources["uniform"][: min(2000, args.records)]
-    warm_expected = dict(Tally(r.key for r in warm))
-    for variant in variants:
-        run_variant(variant, warm, warm_expected)
+    runs = [(v, d) for d in args.dists for v in variants]
+    samples = h.run_rounds(runs, lambda vd: run_variant(vd[0], sources[vd[1]], expected[vd[1]]),
+                           args.repeats, name=lambda vd: f"{vd[0].name}@{vd[1]}")  # fmt: skip
+    res: dict[tuple[str, str], dict[str, Any]] = {}
+    for v, dist in runs:
+        res[v.name, dist] = {"variant": v.name, "label": v.label, "backend": v.backend,
+                             "async_state": v.async_state, "style": v.style if v.backend else None,
+                             "distribution": dist, **h.summarize(samples[f"{v.name}@{dist}"])}  # fmt: skip
+    for (_, dist), r in res.items():
+        r["cost_vs_plain"] = res["plain", dist]["best_rps"] / r["best_rps"]
+    async_cost = [
+        {"backend": a.backend, "style": a.style, "distribution": d,
+         "sync_rps": res[s.name, d]["best_rps"], "async_rps": res[a.name, d]["best_rps"],
+         "cost": res[s.name, d]["best_rps"] / res[a.name, d]["best_rps"],
+         "cpu_cost": res[s.name, d]["cpu_rps"] / res[a.name, d]["cpu_rps"]}
+        for s, a in async_pairs(variants) for d in args.dists
+    ]  # fmt: skip
+    goals = judge(res, samples)
 
-    samples: dict[tuple[str, str], list[Sample]] = {
-        (v.name, d): [] for v in variants for d in distributions
-    }
-    for rnd in range(args.repeats):
-        shift = rnd % len(variants)
-        order = variants[shift:] + variants[:shift]
-        for dist in distributions:
-            for variant in order:
-                sample = run_variant(variant, sources[dist], expected[dist])
-                samples[variant.name, dist].append(sample)
-                print(
-                    f"  round {rnd + 1}/{args.repeats} {dist:>7} {variant.label:<26} "
-                    f"{args.records / sample.seconds:>12,.0f} rec/s",
-                    flush=True,
-                )
-
-    # aggregate
-    results = []
-    for dist in distributions:
-        plain_best = max(args.records / s.seconds for s in samples["plain", dist])
-        for variant in variants:
-            runs = samples[variant.name, dist]
-            rates = [args.records / s.seconds for s in runs]
-            best = max(range(len(runs)), key=lambda i: rates[i])
-            results.append(
-                {
-                    "variant": variant.name,
-                    "label": variant.label,
-                    "backend": variant.backend,
-                    "async_state": variant.async_state,
-                    "style": variant.style if variant.backend else None,
-                    "distribution": dist,
-                    "rps_samples": [round(r, 1) for r in rates],
-                    "best_rps": rates[best],
-                    "median_rps": statistics.median(rates),
-                    "cpu_rps": max(args.records / s.cpu_seconds for s in runs if s.cpu_seconds > 0),
-                    "cost_vs_plain": plain_best / rates[best],
-                    "metrics": runs[best].metrics,
-                }
-            )
-    by_key = {(r["variant"], r["distribution"]): r for r in results}
-    async_cost = []
-    for variant in variants:
-        if not variant.async_state:
-            continue
-        twin = next(
-            (v for v in variants if v.backend == variant.backend and v.style == variant.style
-             and not v.async_state),
-            None,
-        )  # fmt: skip
-        if twin is None:
-            continue
-        for dist in distributions:
-            sync_row, async_row = by_key[twin.name, dist], by_key[variant.name, dist]
-            sync_rps, async_rps = sync_row["best_rps"], async_row["best_rps"]
-            async_cost.append(
-                {
-                    "backend": variant.backend,
-                    "style": variant.style,
-                    "distribution": dist,
-                    "sync_rps": sync_rps,
-                    "async_rps": async_rps,
-                    "cost": sync_rps / async_rps,
-                    "cpu_cost": sync_row["cpu_rps"] / async_row["cpu_rps"],
-                }
-            )
-
-    # goals (callback style on MemoryBackend, both distributions)
-    goals: dict[str, Any] = {}
-    failing: list[Variant] = []
-    costs = [c for c in async_cost if c["backend"] == "memory" and c["style"] == "callback"]
-    if costs:
-        worst = max(costs, key=lambda c: c["cost"])
-        goals["async_cost"] = {
-            "text": f"async on MemoryBackend costs <= {GOAL_ASYNC_COST}x sync",
-            "measured": ", ".join(
-                f"{c['distribution']} {c['cost']:.2f}x (CPU time {c['cpu_cost']:.2f}x)"
-                for c in costs
-            ),
-            "worst": worst["cost"],
-            "met": worst["cost"] <= GOAL_ASYNC_COST,
-            "met_cpu": max(c["cpu_cost"] for c in costs) <= GOAL_ASYNC_COST,
-        }
-        if not goals["async_cost"]["met"]:
-            failing.append(BY_NAME["memory-async"])
-    sync_rows = [r for r in results if r["variant"] == "memory-sync"]
-    if sync_rows:
-        lowest = min(r["best_rps"] for r in sync_rows)
-        goals["sync_rate"] = {
-            "text": f"sync on MemoryBackend >= {GOAL_SYNC_RATE:,.0f} records/s",
-            "measured": ", ".join(
-                f"{r['distribution']} {fmt_rate(r['best_rps'])} (per CPU-s {fmt_rate(r['cpu_rps'])})"
-                for r in sync_rows
-            ),
-            "worst": lowest,
-            "met": lowest >= GOAL_SYNC_RATE,
-            "met_cpu": min(r["cpu_rps"] for r in sync_rows) >= GOAL_SYNC_RATE,
-        }
-        if not goals["sync_rate"]["met"]:
-            failing.append(BY_NAME["memory-sync"])
-
-    # print
-    print()
-    print(
-        f"{'variant':<26} {'keys':>7} {'best rec/s':>12} {'median':>12} "
-        f"{'per CPU-s':>12} {'vs plain':>9}"
-    )
-    for r in results:
-        print(
-            f"{r['label']:<26} {r['distribution']:>7} {fmt_rate(r['best_rps']):>12} "
-            f"{fmt_rate(r['median_rps']):>12} {fmt_rate(r['cpu_rps']):>12} "
-            f"{r['cost_vs_plain']:>8.1f}x"
-        )
-    print("\nengine metrics of the async rows (best run):")
-    for r in results:
-        if r["async_state"]:
-            mt = r["metrics"]
-            print(
-                f"  {r['label']:<26} {r['distribution']:>7}: batches {mt['batches']:,}, mean batch "
-                f"{mt['mean_batch_size']:.1f}, max in-flight {mt['max_in_flight']:,}, "
-                f"blocked {mt['blocked_requests']:,}, GC {mt['gc_seconds']:.2f} s "
-                f"(collections by generation {mt['gc_runs']})"
-            )
-    print("\ncost of async (sync rec/s / async rec/s):")
+    print(f"\n{'variant':<26} {'keys':>9} {'best rec/s':>12} {'median':>12} {'per CPU-s':>12} "
+          f"{'batches':>8} {'mean':>6} {'inline':>7}")  # fmt: skip
+    for r in res.values():
+        mt = r["metrics"]
+        extra = (f"{mt['batches']:>8,} {mt['mean_batch_size']:>6.1f} {mt.get('inline_batches', 0):>7,}"
+                 if r["async_state"] else "")  # fmt: skip
+        print(f"{r['label']:<26} {r['distribution']:>9} {h.fmt_rate(r['best_rps']):>12} "
+              f"{h.fmt_rate(r['median_rps']):>12} {h.fmt_rate(r['cpu_rps']):>12} {extra}")  # fmt: skip
+    print("\nasync / sync records/s:")
     for c in async_cost:
-        print(
-            f"  {c['backend']:<8} {c['style']:<10} {c['distribution']:>7}: {c['cost']:.2f}x "
-            f"(CPU time {c['cpu_cost']:.2f}x)"
-        )
+        print(f"  {c['backend']:<8} {c['style']:<10} {c['distribution']:>9}: {1 / c['cost']:.2f}x "
+              f"(cost {c['cost']:.2f}x, per CPU-s {c['cpu_cost']:.2f}x)")  # fmt: skip
     print()
-    for goal in goals.values():
-        print(f"goal: {goal['text']}: {goal['measured']} -> {verdict(goal)}")
+    for g in goals.values():
+        print(f"{h.verdict(g)}: {g['text']}: {g['measured']}")
 
-    # profile what failed (once, on the uniform source)
-    args.out.mkdir(parents=True, exist_ok=True)
-    profile_path = args.out / "bench_core_profile.txt"
-    profile_rel = None
+    text = None
+    failing = {g["profile"] for g in goals.values() if g["met"] is False}
     if failing and not args.no_profile:
-        profiled = {
-            v.name: profile_variant(v, sources["uniform"], expected["uniform"]) for v in failing
-        }
-        text = "".join(t for t, _ in profiled.values())
-        if "memory-async" in profiled:  # where the async cost goes: diff against sync
-            if "memory-sync" not in profiled:
-                profiled["memory-sync"] = profile_variant(
-                    BY_NAME["memory-sync"], sources["uniform"], expected["uniform"]
-                )
-            text += profile_diff(
-                profiled["memory-async"][1],
-                profiled["memory-sync"][1],
-                "memory async",
-                "memory sync",
-            )
-        profile_path.write_text(text)
-        profile_rel = profile_path.name
-        print(f"\n{text}")
-    elif profile_path.exists() and not failing:
-        profile_path.unlink()  # stale: every goal is met now
-
+        dist = "zipf-1.1" if "zipf-1.1" in sources else args.dists[0]
+        text = "".join(
+            h.profile_call(lambda n=name: run_variant(BY_NAME[n], sources[dist], expected[dist]),
+                           f"{BY_NAME[name].label}, {dist}, {args.records:,} records", threads=True)[0]
+            for name in sorted(failing) if name in BY_NAME and name in args.variants
+        ) or None  # fmt: skip
     report = {
-        "benchmark": "bench_core",
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_facts(),
-        "params": {
-            "records": args.records,
-            "keys": args.keys,
-            "repeats": args.repeats,
-            "zipf_s": args.zipf_s,
-            "seed": args.seed,
-            "quick": args.quick,
-            "statistic": "best of repeats (median also given)",
-            "aec_config": "AecConfig() defaults; async_state=False for sync rows",
-        },
-        "distributions": dist_info,
-        "results": results,
-        "async_cost": async_cost,
-        "goals": goals,
-        "profile": profile_rel,
-        "wall_seconds": round(time.perf_counter() - wall, 1),
-    }
-    (args.out / "bench_core.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "bench_core.md").write_text(markdown(report))
-    plot(
-        results,
-        distributions,
-        args.out / "bench_core.png",
-        f"aec keyed counter: {args.records:,} records, {args.keys:,} keys "
-        f"(best of {args.repeats}; Python {report['machine']['python']}, "
-        f"{report['machine']['cpu_count']} CPUs)",
-    )
-    print(f"\nwrote {args.out}/bench_core.{{json,md,png}} in {report['wall_seconds']:.0f} s total")
+        "benchmark": "bench_core", "date": h.now(), "machine": machine,
+        "params": {"records": args.records, "keys": args.keys, "repeats": args.repeats,
+                   "seed": args.seed, "quick": args.quick,
+                   "statistic": "best of repeats (median and samples also given)",
+                   "aec_config": "AecConfig() defaults; async_state=False for sync rows"},
+        "distributions": dist_info, "results": list(res.values()), "async_cost": async_cost,
+        "goals": goals, "profile": h.write_profile(args.out, "bench_core", text),
+    }  # fmt: skip
+    h.write_outputs(args.out, "bench_core", report, markdown(report), lambda p: plot(report, p))
     return 0
 
 

@@ -10,10 +10,21 @@ Structured Streaming query, with exactly-once state (``spark_glue.stream``).
 ``async_udf`` turns an ``async def`` into a pandas UDF and ``async_map`` maps rows
 through async calls, both with bounded calls in flight per task
 (``spark_glue.async_calls``).
+
+Needs the ``spark`` extra (``pip install 'aec[spark]'``: pyspark, pyarrow,
+pandas). The names above load on first use, so ``import spark_glue`` (and the
+``aec`` console script's ``--version``) work without it; using one without
+PySpark raises ``aec.errors.MissingExtraError`` (an ``ImportError``) naming the extra.
 """
 
+from __future__ import annotations
+
+import importlib
 import os
 import sys
+from typing import TYPE_CHECKING, Any
+
+from aec.errors import needs_extra
 
 # Spark starts Python workers with ``$PYSPARK_PYTHON`` (default: ``python3`` on
 # PATH). They must run this interpreter: it has aec installed and unpickles the
@@ -21,9 +32,32 @@ import sys
 # must happen before the SparkContext starts (importing spark_glue first does).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from spark_glue.async_calls import async_map, async_udf  # noqa: E402
-from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist  # noqa: E402
-from spark_glue.stream import process_keyed_stream  # noqa: E402
+if TYPE_CHECKING:
+    from spark_glue.async_calls import async_map, async_udf
+    from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
+    from spark_glue.stream import process_keyed_stream
+
+SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "cloudpickle")  # the 'spark' extra
+
+_EXPORTS = {
+    "async_map": "spark_glue.async_calls",
+    "async_udf": "spark_glue.async_calls",
+    "partition_metrics": "spark_glue.keyed",
+    "process_keyed": "spark_glue.keyed",
+    "side_output": "spark_glue.keyed",
+    "unpersist": "spark_glue.keyed",
+    "process_keyed_stream": "spark_glue.stream",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'spark_glue' has no attribute {name!r}")
+    with needs_extra("spark", f"spark_glue.{name}", *SPARK_MODULES):
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later look-ups skip this hook
+    return value
+
 
 __all__ = [
     "async_map",

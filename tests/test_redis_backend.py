@@ -35,6 +35,11 @@ from test_backends import (
     test_list_chunks_concatenate_to_the_list,
     test_map_chunks_concatenate_to_the_map,
     test_restore_from_missing_directory,
+    test_restore_is_the_union_of_snapshots_in_the_key_groups,
+    test_restore_of_one_snapshot_into_smaller_ranges,
+    test_restore_of_two_of_three_snapshots_in_another_order,
+    test_restore_refuses_bad_arguments_before_changing_anything,
+    test_restore_with_a_missing_snapshot_changes_nothing,
     test_snapshot_then_restore_rolls_back,
 )
 
@@ -58,6 +63,11 @@ __all__ = [  # the imported conformance tests, collected here against Redis
     "TestListState", "TestMapState", "TestValueState",
     "test_list_chunks_concatenate_to_the_list", "test_map_chunks_concatenate_to_the_map",
     "test_restore_from_missing_directory", "test_snapshot_then_restore_rolls_back",
+    "test_restore_is_the_union_of_snapshots_in_the_key_groups",
+    "test_restore_of_one_snapshot_into_smaller_ranges",
+    "test_restore_of_two_of_three_snapshots_in_another_order",
+    "test_restore_refuses_bad_arguments_before_changing_anything",
+    "test_restore_with_a_missing_snapshot_changes_nothing",
 ]  # fmt: skip
 
 
@@ -105,6 +115,21 @@ def backend(request, redis_server):
 @pytest.fixture
 def snapshotting(backend):
     return backend
+
+
+@pytest.fixture
+def rescaling(redis_server):
+    """``make(name)``: a new, open RedisBackend with its own prefix."""
+    made: list[RedisBackend] = []
+
+    def make(name: str) -> RedisBackend:
+        made.append(_open(redis_server.url))
+        return made[-1]
+
+    yield make
+    for instance in made:
+        instance.clear()
+        instance.close()
 
 
 @pytest.fixture

@@ -37,16 +37,23 @@ from test_backends import (  # noqa: F401  (pytest collects the imported tests h
     test_list_chunks_concatenate_to_the_list,
     test_map_chunks_concatenate_to_the_map,
     test_restore_from_missing_directory,
+    test_restore_is_the_union_of_snapshots_in_the_key_groups,
+    test_restore_of_one_snapshot_into_smaller_ranges,
+    test_restore_of_two_of_three_snapshots_in_another_order,
+    test_restore_refuses_bad_arguments_before_changing_anything,
+    test_restore_with_a_missing_snapshot_changes_nothing,
     test_snapshot_then_restore_rolls_back,
 )
 
 from aec import AecConfig, JobFailure, KeyedProcessOperator, Record, Watermark
+from aec.keygroups import KeyGroupRange, key_group_for
 from aec.runtime.executor import ThreadPoolStateExecutor
 from aec.state.requests import Op
 from aec.testing import assert_equivalent
 from backends.keycodec import encode_key
 from backends.rocksdb import RocksDBBackend
-from backends.slatedb import SlateDBBackend, SlateDBSpec, _object_store
+from backends.slatedb import SlateDBBackend, SlateDBSpec
+from backends.slatedb_store import object_store
 
 LOOP_THREAD = "aec-slatedb-loop"
 
@@ -75,6 +82,20 @@ def backend(tmp_path):
 @pytest.fixture
 def snapshotting(backend):
     return backend
+
+
+@pytest.fixture
+def rescaling(tmp_path):
+    """``make(name)``: a new, open SlateDBBackend (database ``name`` in one store)."""
+    made: list[SlateDBBackend] = []
+
+    def build(name: str) -> SlateDBBackend:
+        made.append(make(tmp_path, name))
+        return made[-1]
+
+    yield build
+    for instance in made:
+        instance.close()
 
 
 @pytest.fixture(autouse=True)
@@ -300,7 +321,7 @@ def test_close_is_idempotent_final_and_stops_the_loop_thread(tmp_path):
 
 def test_rejects_a_database_aec_did_not_write(tmp_path):
     async def foreign() -> None:
-        store, _ = _object_store(url_of(tmp_path), {})
+        store, _ = object_store(url_of(tmp_path), {})
         db = await sdb.DbBuilder("foreign", store).build()
         await db.put(b"k", b"v")
         await db.shutdown()
@@ -333,7 +354,7 @@ def test_configuration_is_validated_and_applied(tmp_path):
 def test_s3_url_builds_an_object_store_without_touching_the_network():
     backend = SlateDBBackend("s3://bucket/some/prefix", "job", object_store_options={"region": "x"})
     assert backend.db_path == "some/prefix/job"
-    store, prefix = _object_store(
+    store, prefix = object_store(
         "s3://bucket/some/prefix",
         {"endpoint": "http://127.0.0.1:9", "allow_http": "true", "region": "us-east-1"},
     )
@@ -413,7 +434,7 @@ def test_snapshotting_again_into_a_directory_drops_the_replaced_checkpoint(backe
     backend.snapshot(snap)
 
     async def checkpoints() -> list[str]:
-        store, _ = _object_store(url_of(tmp_path), {})
+        store, _ = object_store(url_of(tmp_path), {})
         return [c.id for c in await sdb.AdminBuilder("db", store).build().list_checkpoints(None)]
 
     live = asyncio.run(checkpoints())
@@ -445,3 +466,55 @@ def test_spec_pickles_and_separates_partitions(tmp_path):
     assert not loop_threads()
     with pytest.raises(ValueError, match="partition"):
         spec.build(-1)
+
+
+# --- on a real S3 API server (moto, the `s3` fixture) -----------------------------------------
+
+
+def test_s3_state_snapshot_and_restore_end_to_end(s3, tmp_path):
+    server, bucket = s3
+    url = f"s3://{bucket}/jobs"
+    backend = SlateDBBackend(url, "partition-0", timeout=60)
+    backend.open()
+    try:
+        run(
+            backend,
+            *[req(Op.VALUE_PUT, "v", key, value=key * 10) for key in range(50)],
+            req(Op.LIST_ADD_ALL, "l", "a", value=[1, 2]),
+            req(Op.MAP_PUT_ALL, "m", "a", value={"x": 1, 2: "y"}),
+        )
+        snap = tmp_path / "snap"
+        before = set(server.list_keys(bucket, "jobs/partition-0/"))
+        backend.snapshot(str(snap))
+        after = set(server.list_keys(bucket, "jobs/partition-0/"))
+        # The checkpoint is a pin of SlateDB's manifest plus a small local JSON: no
+        # state bytes copied, only SlateDB's own flush of the memtable.
+        assert os.listdir(snap) == ["slatedb-snapshot.json"]
+        assert (snap / "slatedb-snapshot.json").stat().st_size < 1024
+        assert any(key.startswith("jobs/partition-0/manifest/") for key in after)
+        assert not any("snapshot" in key for key in after - before)
+        expected = {state: backend.state_items(state) for state in ("v", "l", "m")}
+        run(backend, req(Op.VALUE_PUT, "v", 0, value=-1), req(Op.MAP_CLEAR, "m", "a"))
+        backend.restore(str(snap))
+        assert {state: backend.state_items(state) for state in ("v", "l", "m")} == expected
+    finally:
+        backend.close()
+    # Another database (another partition after rescaling) restores half the key groups.
+    half = KeyGroupRange(0, 63)
+    other = SlateDBBackend(url, "partition-1", timeout=60)
+    try:
+        other.restore(str(snap), half, 128)
+        assert other.state_items("v") == {
+            key: value for key, value in expected["v"].items() if key_group_for(key, 128) in half
+        }
+    finally:
+        other.close()
+
+
+def test_s3_plain_http_endpoint_without_allow_http_is_refused(s3, monkeypatch):
+    _, bucket = s3
+    monkeypatch.delenv("AWS_ALLOW_HTTP")
+    backend = SlateDBBackend(f"s3://{bucket}/jobs", "db", timeout=60)
+    with pytest.raises(ValueError, match="AWS_ALLOW_HTTP"):
+        backend.open()  # at once, not after the timeout of SlateDB's retries
+    backend.close()

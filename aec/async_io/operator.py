@@ -31,8 +31,8 @@ from aec.async_io import snapshot as async_snapshot
 from aec.async_io.driver import CallDriver, is_asyncio_style
 from aec.async_io.function import AsyncFunction
 from aec.async_io.queue import AsyncEntry, OrderedQueue, UnorderedQueue
-from aec.checkpoint import files as checkpoint
 from aec.checkpoint.files import CheckpointHandle
+from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore
 from aec.elements import Watermark
 from aec.errors import JobFailure
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
@@ -266,28 +266,33 @@ class AsyncWaitOperator(CallDriver):
 
     # -- checkpoints ---------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
-        """Write checkpoint ``checkpoint_id`` to ``directory/chk-<id>`` and return its
-        handle, without waiting for calls and without emitting anything: it stores
+        """Write checkpoint ``checkpoint_id`` to ``directory/chk-<id>`` (a local path or a
+        URI: ``file://``, ``s3://bucket/prefix``, ...) and return its handle, without waiting for calls and without emitting anything: it stores
         every input admitted and not yet emitted (running, in backoff, or completed),
         in arrival order, with the watermarks between them, each input's calls so
         far, and the last watermark. Same manifest, checksums and atomic commit as
         keyed checkpoints (``aec.checkpoint.files``).
 
         Raises:
-            TypeError / ValueError: a bad id or directory (nothing changes).
+            TypeError / ValueError: a bad id or directory, an unresolvable scheme
+                (nothing changes).
             FileExistsError: ``chk-<id>`` exists.
+            CheckpointStorageError: the store cannot be reached or an upload failed
+                (nothing committed; the operator stays usable, as a keyed one does).
             RuntimeError: the operator finished, failed or was closed.
             JobFailure: an input cannot be pickled or writing failed; no checkpoint
                 is left and the operator is failed.
         """
-        target = checkpoint.prepare(directory, checkpoint_id)
+        store = CheckpointStore.at(directory)
+        store.prepare(checkpoint_id)
         self._require_open()
         self._restorable = False
         try:
             inputs = async_snapshot.encode(self._queued.values(), self._watermark)
-            return checkpoint.write_files(
-                target, checkpoint_id, async_snapshot.files(self.mode, self.capacity, inputs)
-            )
+            contents = async_snapshot.files(self.mode, self.capacity, inputs)
+            return store.write_files(checkpoint_id, contents)
+        except CheckpointStorageError:
+            raise  # the upload failed: nothing committed, the operator goes on
         except BaseException as exc:
             failure = JobFailure(
                 f"async I/O checkpoint {checkpoint_id} failed: {type(exc).__name__}: {exc}"

@@ -27,6 +27,7 @@ from typing import Any
 from aec.async_io.queue import AsyncEntry
 from aec.checkpoint import files as checkpoint
 from aec.checkpoint.files import CheckpointHandle
+from aec.checkpoint.storage import local_copy
 from aec.elements import Watermark
 
 __all__ = ["encode", "files", "read"]
@@ -67,7 +68,8 @@ def files(mode: str, capacity: int, inputs: dict[str, Any]) -> dict[str, bytes]:
 def read(
     handle: CheckpointHandle | str | os.PathLike[str], mode: str
 ) -> tuple[list[tuple[Any, int]], float]:
-    """Verify and parse an async I/O checkpoint taken in ``mode``.
+    """Verify and parse an async I/O checkpoint taken in ``mode`` (a handle, or the
+    path or URI of its ``chk-<id>``; a remote one is downloaded first).
 
     Returns ``([(value or Watermark, attempts), ...], last_watermark)``.
 
@@ -75,9 +77,16 @@ def read(
         TypeError / FileNotFoundError: as ``aec.checkpoint.files.read_files``.
         ValueError: incomplete or corrupt, a keyed-operator checkpoint (no
             ``inputs.pickle``), another mode, or malformed contents.
+        CheckpointStorageError: an object store could not be read.
     """
-    handle, contents = checkpoint.read_files(handle, (checkpoint.METADATA, INPUTS))
-    path = handle.path
+    with local_copy(handle) as local:
+        located = (
+            CheckpointHandle(handle.checkpoint_id, local)
+            if isinstance(handle, CheckpointHandle)
+            else local
+        )
+        _, contents = checkpoint.read_files(located, (checkpoint.METADATA, INPUTS))
+    path = handle.path if isinstance(handle, CheckpointHandle) else os.fspath(handle)
     try:
         metadata = json.loads(contents[checkpoint.METADATA])
         inputs = pickle.loads(contents[INPUTS])

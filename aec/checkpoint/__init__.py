@@ -1,9 +1,18 @@
-"""Checkpoints: the on-disk format of a keyed operator's snapshot (DESIGN rule 9).
+"""Checkpoints: the format of a keyed operator's snapshot (DESIGN rule 9) and where it lives.
 
-``files`` stages, checksums and commits a checkpoint and verifies it on read.
-``KeyedProcessOperator.snapshot`` / ``restore`` (``aec.runtime.operator``) use it.
+``files`` stages, checksums and commits a checkpoint and verifies it on read;
+``storage`` puts it in a local directory or on an object store (``pyarrow.fs``
+URIs, the manifest written last as the commit).
+``KeyedProcessOperator.snapshot`` / ``restore`` (``aec.runtime.operator``) use them.
 """
 
-from aec.checkpoint.files import CheckpointHandle, OperatorState, latest_checkpoint
+from aec.checkpoint.files import CheckpointHandle, OperatorState
+from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore, latest_checkpoint
 
-__all__ = ["CheckpointHandle", "OperatorState", "latest_checkpoint"]
+__all__ = [
+    "CheckpointHandle",
+    "CheckpointStorageError",
+    "CheckpointStore",
+    "OperatorState",
+    "latest_checkpoint",
+]

@@ -26,7 +26,9 @@ Invariants:
   ``read`` checks all of this before it parses anything, and raises
   ``ValueError`` naming the first bad file; it changes nothing.
 - An existing ``chk-<n>`` is never overwritten (checkpoint ids are unique,
-  as in Flink): ``prepare`` and ``write`` raise ``FileExistsError``.
+  as in Flink): ``write`` (and ``storage.CheckpointStore.prepare``) raise
+  ``FileExistsError``.
+- Object stores (no atomic rename) and listing: ``aec.checkpoint.storage``.
 - Checksums detect corruption, not tampering: ``timers.pickle`` is a pickle,
   so restore only checkpoints you trust (as with any pickle).
 """
@@ -85,6 +87,9 @@ class OperatorState:
         config: the operator's ``AecConfig`` as a dict (informational).
         counts: records_in, records_out, timers_fired, ... (informational).
         backend: the backend's class name (informational).
+        key_group_range: ``(start, end)`` of the key groups the operator owned
+            (inclusive, ``aec.keygroups.KeyGroupRange``); None: every key group
+            (and what a checkpoint written before rescaling existed reads as).
     """
 
     watermark: float
@@ -99,6 +104,7 @@ class OperatorState:
     config: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     backend: str = ""
+    key_group_range: tuple[int, int] | None = None
 
 
 @dataclass
@@ -133,41 +139,6 @@ def checkpoint_path(directory: str | os.PathLike[str], checkpoint_id: int) -> st
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a path, got {type(directory).__name__}")
     return os.path.join(os.path.abspath(os.fspath(directory)), f"chk-{checkpoint_id}")
-
-
-def prepare(directory: str | os.PathLike[str], checkpoint_id: Any) -> str:
-    """Validate the arguments of a snapshot before anything runs; the target path.
-
-    Raises:
-        TypeError / ValueError: a checkpoint id that is not an int >= 0, or a
-            directory that is not a path.
-        FileExistsError: ``chk-<id>`` already exists (complete or not).
-    """
-    target = checkpoint_path(directory, check_checkpoint_id(checkpoint_id))
-    if os.path.lexists(target):
-        raise FileExistsError(
-            f"checkpoint {checkpoint_id} already exists at {target}; checkpoint ids are "
-            "never reused (delete it first to take it again)"
-        )
-    return target
-
-
-def latest_checkpoint(directory: str | os.PathLike[str]) -> CheckpointHandle | None:
-    """The complete-looking checkpoint (manifest present) with the highest id under
-    ``directory``, or None. ``read`` still verifies it."""
-    root = os.path.abspath(os.fspath(directory))
-    best: CheckpointHandle | None = None
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return None
-    for name in names:
-        number = name[4:] if name.startswith("chk-") else ""
-        path = os.path.join(root, name)
-        if number.isdigit() and os.path.isfile(os.path.join(path, MANIFEST)):
-            if best is None or int(number) > best.checkpoint_id:
-                best = CheckpointHandle(int(number), path)
-    return best
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -222,7 +193,7 @@ def commit(target: str, checkpoint_id: int, fill: Callable[[str], None]) -> Chec
     os.mkdir(staging)
     try:
         fill(staging)
-        files = {name: _describe_file(staging, name) for name in _files(staging)}
+        files = {name: _describe_file(staging, name) for name in list_files(staging)}
         manifest = {"format": FORMAT, "checkpoint_id": checkpoint_id, "files": files}
         _write_file(staging, MANIFEST, _json_bytes(manifest))  # last: the commit record
         _fsync_directory(staging)
@@ -252,6 +223,7 @@ def _metadata(checkpoint_id: int, state: OperatorState) -> dict[str, Any]:
         "counts": {**state.counts, "event_timers": len(state.event_timers),
                    "processing_timers": len(state.processing_timers)},
         "backend": state.backend,
+        "key_group_range": None if state.key_group_range is None else list(state.key_group_range),
     }  # fmt: skip
 
 
@@ -329,6 +301,7 @@ def read(
             config=dict(metadata["config"]),
             counts=dict(metadata["counts"]),
             backend=str(metadata["backend"]),
+            key_group_range=_key_group_range(metadata.get("key_group_range")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: operator metadata or timers are malformed: {exc}") from exc
@@ -397,7 +370,7 @@ def _verify_files(path: str, listed: dict[str, Any], wanted: tuple[str, ...]) ->
     """Check every listed file's size and SHA-256 and that none is unlisted; return
     the contents of the small operator files (read once, so what was verified is
     what gets parsed)."""
-    present = set(_files(path)) - {MANIFEST}
+    present = set(list_files(path)) - {MANIFEST}
     unlisted = sorted(present - set(listed))
     if unlisted:
         file = os.path.join(path, unlisted[0])
@@ -436,7 +409,7 @@ def _parse(path: str, name: str, data: bytes, loads: Any) -> Any:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def _files(root: str) -> list[str]:
+def list_files(root: str) -> list[str]:
     """Relative paths ('/'-separated) of every file under ``root``, sorted."""
     found = []
     for folder, _, names in os.walk(root):
@@ -454,6 +427,15 @@ def _json_bytes(value: Any) -> bytes:
 def _encode_time(value: float) -> float | str:
     """Strict JSON has no infinities: -inf/inf are stored as strings."""
     return value if math.isfinite(value) else str(value)
+
+
+def _key_group_range(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    start, end = value
+    if not (type(start) is int and type(end) is int and 0 <= start <= end + 1):
+        raise ValueError(f"not a key-group range: {value!r}")
+    return start, end
 
 
 def _decode_time(value: Any) -> float:

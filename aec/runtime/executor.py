@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter
 from typing import Any
 
+from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.mailbox import Mailbox
 
 
@@ -30,6 +32,7 @@ class StateExecutor:
 
     def __init__(self) -> None:
         self.pending = 0
+        self.inline_batches = 0  # batches run on the mailbox thread (a metric)
         self._backend: Any = None
         self._mailbox: Mailbox | None = None
 
@@ -72,19 +75,55 @@ class InlineExecutor(StateExecutor):
 
 
 class ThreadPoolStateExecutor(StateExecutor):
-    """Runs batches on ``threads`` I/O threads (named ``aec-io-N``), for blocking backends."""
+    """Runs batches on ``threads`` I/O threads (named ``aec-io-N``), for blocking backends.
 
-    def __init__(self, threads: int) -> None:
+    Adaptive (``adaptive=True``, the default): a batch runs on the mailbox thread
+    instead when the backend answered batches of its size there faster than a
+    thread hand-off costs (``BatchCostModel``): a store answering from memory
+    gains nothing from a thread for a handful of requests, and with skewed keys
+    (a hot key's records run one after another) most batches are that small.
+    Results and order are the same either way: a batch is applied whole, and
+    concurrent batches never share a key.
+    """
+
+    def __init__(self, threads: int, adaptive: bool = True) -> None:
         super().__init__()
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.cost = BatchCostModel() if adaptive else None
+        self._posted_at = 0.0  # perf_counter of the last thread-pool completion post
+        self._queue_delay = 0.0  # submit -> start of the last thread-pool batch, seconds
 
     def submit(self, batch: Sequence[Any]) -> None:
+        self.pending += 1
+        cost = self.cost
+        if cost is not None and cost.run_inline(len(batch)):
+            self.inline_batches += 1
+            start = perf_counter()
+            self._run(batch, self._mailbox.post_local)
+            cost.record_inline(len(batch), perf_counter() - start)
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="aec-io")
-        self.pending += 1
-        self._pool.submit(self._run, batch, self._mailbox.post)
+        self._pool.submit(self._run_timed, batch, perf_counter())
+
+    def _run_timed(self, batch: Sequence[Any], submitted: float) -> None:
+        self._queue_delay = perf_counter() - submitted
+        post = self._mailbox.post
+
+        def timed_post(mail: Any) -> None:
+            self._posted_at = perf_counter()
+            post(mail)
+
+        self._run(batch, timed_post)
+
+    def wait(self, timeout: float | None) -> None:
+        """Block for a completion; measures the hand-off the mailbox thread waited for."""
+        start = perf_counter()
+        self._mailbox.wait(timeout)
+        if self.cost is not None and self._posted_at >= start:
+            self.cost.record_handoff(self._queue_delay + perf_counter() - self._posted_at)
 
     def close(self) -> None:
         with self._lock:

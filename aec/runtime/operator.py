@@ -21,7 +21,7 @@ from aec.config import AecConfig
 from aec.elements import ClockTick, Record, Watermark, check_key, check_timestamp
 from aec.errors import describe
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
-from aec.keygroups import key_group_for
+from aec.keygroups import KeyGroupRange, key_group_for
 from aec.runtime import interpreter_tuning
 from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch, EpochManager
@@ -51,6 +51,10 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             a thread pool of ``config.executor_threads`` for blocking ones.
         clock: the processing-time ``Clock`` (default ``SystemClock()``); see
             ``aec.clock`` for when it is read and how advances cut epochs.
+        key_group_range: the ``aec.keygroups.KeyGroupRange`` this operator owns
+            (Flink's ``KeyGroupRange`` of a subtask); None: every key group of
+            ``config.max_parallelism``. Records of other key groups are refused
+            with ValueError; ``restore`` keeps only these key groups.
 
     Errors: bad input raises TypeError/ValueError and leaves the operator usable;
     any failure of user code or the backend raises ``JobFailure`` (key and record
@@ -65,6 +69,8 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         config: AecConfig | None = None,
         executor: StateExecutor | None = None,
         clock: Clock | None = None,
+        *,
+        key_group_range: KeyGroupRange | None = None,
     ) -> None:
         if not isinstance(function, KeyedProcessFunction):
             raise TypeError(
@@ -77,6 +83,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self.config = config if config is not None else AecConfig()
         if not isinstance(self.config, AecConfig):
             raise TypeError(f"config must be an AecConfig, got {type(self.config).__name__}")
+        self.key_group_range = _owned_range(key_group_range, self.config.max_parallelism)
         self.synchronous = not self.config.async_state
         if executor is None:
             if self.synchronous or not getattr(backend, "blocking", True):
@@ -101,6 +108,8 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         # (kind, emitting RecordContext, value) per emission, for aec.testing.checker; None = off
         self.trace: list[tuple[str, Any, Any]] | None = None
         self._key_groups: dict[Any, int] = {}
+        self._first_group = self.key_group_range.start
+        self._last_group = self.key_group_range.end
         self._ticks = type(executor).tick is not StateExecutor.tick
         self._outputs: list[Any] = []
         self._side_outputs: dict[Any, list[Any]] = {}
@@ -166,6 +175,14 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         timestamp = record.timestamp
         if timestamp is not None and (type(timestamp) is not float or timestamp != timestamp):
             check_timestamp(timestamp)
+        key_group = self._key_groups.get(key)
+        if key_group is None:
+            key_group = self._key_group(key)
+        if not self._first_group <= key_group <= self._last_group:
+            raise ValueError(
+                f"record key {key!r} is in key group {key_group}, outside this operator's "
+                f"{self.key_group_range}: route records by key group (operator_index_for)"
+            )
         if self._state != "open":
             self._require_open()
         controller = self.controller
@@ -185,9 +202,6 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
                 self._poll_clock()
             self._sequence += 1
             self._records_in += 1
-            key_group = self._key_groups.get(key)
-            if key_group is None:
-                key_group = self._key_group(key)
             context = RecordContext(
                 record.value, key, key_group, timestamp, self._sequence,
                 self.epochs.active, self._watermark, controller.on_context_finished,
@@ -322,6 +336,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             "requests": c.requests,
             "max_batch_size": c.max_batch_size if not self.synchronous else min(1, c.requests),
             "mean_batch_size": (c.requests / c.batches) if c.batches else 0.0,
+            "inline_batches": getattr(self.executor, "inline_batches", 0),
             "blocked_requests": c.blocked,
             "timers_fired": self._timers_fired,
             "watermarks_out": self._watermarks_out,
@@ -415,3 +430,23 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         if self.trace is not None:
             self.trace.append(("watermark", None, epoch.watermark))
 
+
+
+def _owned_range(key_groups: Any, max_parallelism: int) -> KeyGroupRange:
+    """The operator's key groups: ``key_groups``, or all of ``max_parallelism``.
+
+    Raises TypeError (not a KeyGroupRange) or ValueError (outside
+    ``range(max_parallelism)``, or empty).
+    """
+    if key_groups is None:
+        return KeyGroupRange.all(max_parallelism)
+    if not isinstance(key_groups, KeyGroupRange):
+        raise TypeError(
+            f"key_group_range must be an aec.keygroups.KeyGroupRange, got {key_groups!r}"
+        )
+    if not key_groups.within(max_parallelism) or not len(key_groups):
+        raise ValueError(
+            f"key_group_range {key_groups} must be a non-empty range inside "
+            f"range(max_parallelism={max_parallelism})"
+        )
+    return key_groups

@@ -7,14 +7,21 @@ how a restored checkpoint replaces the live state.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from aec.checkpoint import files as checkpoint
 from aec.checkpoint.files import CheckpointHandle, OperatorState
+from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore, local_copy
+from aec.keygroups import KeyGroupRange
 from aec.runtime.epochs import Epoch
+from aec.runtime.operator_rescale import merge
 from aec.runtime.timers import TimerQueue
+
+HandleLike = CheckpointHandle | str | os.PathLike[str]
 
 
 class OperatorCheckpoints:
@@ -29,9 +36,15 @@ class OperatorCheckpoints:
     controller: Any
     epochs: Any
     _timers_fired: int
+    key_group_range: KeyGroupRange
 
     def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
         """Take checkpoint ``checkpoint_id`` into ``directory/chk-<id>``; its handle.
+
+        ``directory`` is a local path or a URI (``file://``, ``s3://bucket/prefix``,
+        whatever ``pyarrow.fs`` resolves; ``aec.checkpoint.storage``): on an object
+        store the checkpoint is staged locally, uploaded, and its manifest uploaded
+        last (the commit).
 
         A checkpoint barrier between the input before it and after it: first
         runs the mailbox until every in-flight record, every callback and every
@@ -45,15 +58,21 @@ class OperatorCheckpoints:
         barrier has started, and a restored operator continues that epoch.
 
         Raises:
-            TypeError / ValueError: ``checkpoint_id`` is not an int >= 0 or
-                ``directory`` is not a path (the operator stays usable).
+            TypeError / ValueError: ``checkpoint_id`` is not an int >= 0,
+                ``directory`` is not a path, or its URI scheme cannot be resolved
+                (the operator stays usable).
             FileExistsError: ``chk-<id>`` exists already (ids are never reused).
+            CheckpointStorageError (an OSError): the object store cannot be
+                reached, refuses access, or an upload fails; no manifest is
+                written and the operator stays usable (its state is unchanged;
+                Flink declines the checkpoint likewise).
             RuntimeError: the operator failed, finished or was closed.
             JobFailure: user code or the backend failed while draining, or the
                 backend's snapshot or the writing failed; no checkpoint is left
                 and the operator is failed.
         """
-        target = checkpoint.prepare(directory, checkpoint_id)
+        store = CheckpointStore.at(directory)
+        store.prepare(checkpoint_id)
         if self._state != "open":
             if self._state != "new":
                 raise RuntimeError(
@@ -67,30 +86,43 @@ class OperatorCheckpoints:
             flush = getattr(self.backend, "flush", None)
             if flush is not None:
                 flush()
-            return checkpoint.write(target, checkpoint_id, self.backend, self._checkpoint_state())
+            return store.write(checkpoint_id, self.backend, self._checkpoint_state())
+        except CheckpointStorageError:
+            raise  # the upload failed: nothing committed, the drained operator goes on
         except BaseException as exc:
             self._raise_failure(exc, f"checkpoint {checkpoint_id}")
 
-    def restore(self, handle: CheckpointHandle | str | os.PathLike[str]) -> None:
-        """Replace state, timers, watermark and clock reading with a checkpoint's.
+    def restore(self, handle: HandleLike | Sequence[HandleLike]) -> None:
+        """Replace state, timers, watermark and clock reading with a checkpoint's, or
+        with the union of several (rescaling, Flink's restore from key-group ranges).
 
         Call it on a new operator (it opens it: the backend, then the function)
         or right after ``open()``, before any record, watermark or snapshot,
-        then replay the input that came after the checkpoint. The checkpoint is
-        verified (manifest, sizes, SHA-256) before anything live changes.
+        then replay the input that came after the checkpoint. Every checkpoint is
+        verified (manifest, sizes, SHA-256) and the set is checked to fit
+        together before anything live changes. Only the key groups of this
+        operator's ``key_group_range`` are kept (state and timers), also from a
+        single checkpoint. Merge rules (``aec.runtime.operator_rescale``): the
+        watermark is the minimum of the checkpoints', the clock reading the
+        maximum; key groups of the range that no checkpoint holds start empty.
         Metrics start from zero. (Flink: ``initializeState`` on restore.)
 
         Args:
-            handle: a ``CheckpointHandle`` from ``snapshot`` or the path of a
-                ``chk-<id>`` directory.
+            handle: a ``CheckpointHandle`` from ``snapshot``, the path or URI of a
+                ``chk-<id>`` directory, or a list of those (the checkpoints of
+                every operator of the previous run).
 
         Raises:
             RuntimeError: the operator took input already, was restored, or is
                 not usable.
-            FileNotFoundError: no checkpoint directory at the handle's path.
-            ValueError: a missing manifest (incomplete checkpoint), a corrupt,
-                missing or unlisted file (named), a different ``max_parallelism``,
-                or a backend snapshot this backend cannot read; nothing changed.
+            TypeError: a handle that is none of the above.
+            FileNotFoundError: no checkpoint directory at a handle's location.
+            ValueError: an empty list; a missing manifest (incomplete checkpoint),
+                a corrupt, missing or unlisted file (named); a ``max_parallelism``
+                other than this operator's; checkpoints of different state names
+                or overlapping key-group ranges; an unresolvable URI scheme; a
+                backend snapshot this backend cannot read; nothing changed.
+            CheckpointStorageError: an object store could not be read.
             JobFailure: the backend failed otherwise while restoring.
         """
         if not self._restorable or self._records_in or self._state not in ("new", "open"):
@@ -98,24 +130,31 @@ class OperatorCheckpoints:
                 f"restore() needs a fresh operator (the operator is {self._state} and has "
                 "taken input, a snapshot or a restore): restore before processing"
             )
-        restored = checkpoint.read(handle, TimerQueue.from_export)  # verifies everything before anything changes
-        state = restored.state
-        if state.max_parallelism != self.config.max_parallelism:
-            raise ValueError(
-                f"checkpoint {restored.handle.checkpoint_id} has max_parallelism "
-                f"{state.max_parallelism}, this operator {self.config.max_parallelism}: "
-                "key groups would not match"
-            )
-        self.open()
-        try:
-            self.backend.restore(restored.backend_dir)
-        except (FileNotFoundError, ValueError) as exc:  # backends leave live state untouched
-            raise ValueError(
-                f"the backend state of checkpoint {restored.handle.path} does not restore "
-                f"into {self.backend!r}: {exc}"
-            ) from exc
-        except BaseException as exc:
-            self._raise_failure(exc, f"restore of {restored.handle.path}")
+        handles = _handle_list(handle)
+        with contextlib.ExitStack() as copies:
+            restored = []
+            for original in handles:
+                local = copies.enter_context(local_copy(original))
+                item = checkpoint.read(_relocated(original, local), TimerQueue.from_export)
+                restored.append(dataclasses.replace(item, handle=_named(original, item.handle)))
+            plan = merge(restored, self.config.max_parallelism, self.key_group_range)
+            self.open()
+            where = ", ".join(item.handle.path for item in restored)
+            try:
+                if len(plan.backend_dirs) == 1 and plan.key_groups is None:
+                    self.backend.restore(plan.backend_dirs[0])
+                else:
+                    self.backend.restore(
+                        plan.backend_dirs, plan.key_groups, self.config.max_parallelism
+                    )
+            except (FileNotFoundError, ValueError) as exc:  # backends leave live state untouched
+                raise ValueError(
+                    f"the backend state of checkpoint {where} does not restore "
+                    f"into {self.backend!r}: {exc}"
+                ) from exc
+            except BaseException as exc:
+                self._raise_failure(exc, f"restore of {where}")
+        state = plan.state
         self._restorable = False
         self.event_timers = state.event_timers
         self.processing_timers = state.processing_timers
@@ -152,4 +191,27 @@ class OperatorCheckpoints:
                 "watermarks_out": self._watermarks_out,
             },
             backend=type(self.backend).__name__,
+            key_group_range=(self.key_group_range.start, self.key_group_range.end),
         )
+
+
+def _handle_list(handle: Any) -> list[Any]:
+    """One handle, path or URI, or a list/tuple of them, as a list."""
+    if isinstance(handle, (list, tuple)):
+        return list(handle)
+    return [handle]
+
+
+def _relocated(original: Any, local: str) -> Any:
+    """What ``files.read`` takes for ``original`` now at ``local`` (the id is kept)."""
+    if isinstance(original, CheckpointHandle):
+        return CheckpointHandle(original.checkpoint_id, local)
+    return local
+
+
+def _named(original: Any, read: CheckpointHandle) -> CheckpointHandle:
+    """The handle as the user knows it (its URI, not the download directory)."""
+    if isinstance(original, CheckpointHandle):
+        return original
+    text = os.fspath(original)
+    return CheckpointHandle(read.checkpoint_id, text if "://" in text else read.path)

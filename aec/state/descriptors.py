@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -74,7 +74,7 @@ class MapStateDescriptor(StateDescriptor):
 class ReducingStateDescriptor(StateDescriptor):
     """A value per key folded with ``reduce_function(old, new) -> combined``."""
 
-    reduce_function: Callable[[Any, Any], Any] | None = None
+    reduce_function: Callable[[Any, Any], Any] = field(kw_only=True)  # set by __init__
 
     def __init__(
         self, name: str, reduce_function: Callable[[Any, Any], Any], ttl: float | None = None
@@ -91,7 +91,7 @@ class ReducingStateDescriptor(StateDescriptor):
 class AggregatingStateDescriptor(StateDescriptor):
     """An accumulator per key driven by an ``AggregateFunction``."""
 
-    aggregate_function: AggregateFunction | None = None
+    aggregate_function: AggregateFunction = field(kw_only=True)  # set by __init__
 
     def __init__(
         self, name: str, aggregate_function: AggregateFunction, ttl: float | None = None

@@ -9,7 +9,7 @@ the key of the record (or timer) whose code is running.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from aec.state.descriptors import (
     AggregatingStateDescriptor,
@@ -21,6 +21,13 @@ from aec.state.descriptors import (
 )
 from aec.state.future import StateFuture, _as_future, combine_all
 from aec.state.requests import DefaultedGet, Op, RmwRead, RmwWrite
+
+# The controller's side of a handle: ``submit(op, state, user_key=None, value=None,
+# kind=StateRequest)`` admits one request and returns its future; ``wait(future)``
+# runs the mailbox until the future is done and returns its result.
+Submit = Callable[..., StateFuture]
+Wait = Callable[[StateFuture], Any]
+D = TypeVar("D", bound=StateDescriptor)
 
 # -- iterator ------------------------------------------------------------------------------
 
@@ -47,13 +54,14 @@ class StateIterator:
         items: list[Any],
         cursor: Any = None,
         load: Callable[[Any], StateFuture] | None = None,
-        wait: Callable[[StateFuture], Any] | None = None,
+        wait: Wait | None = None,
         project: Callable[[Any], Any] | None = None,
     ) -> None:
         self._items = items  # the current chunk, as stored (before ``project``)
         self._cursor = cursor  # where the next chunk starts; None: this is the last
-        self._load = load  # cursor -> future of (items, next cursor)
-        self._wait = wait
+        # cursor -> future of (items, next cursor); needed only when a cursor is given
+        self._load: Callable[[Any], StateFuture] = load or _no_further_chunk
+        self._wait: Wait = wait or _no_further_chunk
         self._project = project
 
     def _view(self, items: list[Any]) -> list[Any]:
@@ -92,16 +100,17 @@ class StateIterator:
 # -- handles -------------------------------------------------------------------------------
 
 
-class _Handle:
+class _Handle(Generic[D]):
     """Binds a state name to the controller's ``submit`` and ``wait_for``."""
 
     __slots__ = ("_name", "_submit", "_wait", "_release", "descriptor")
+    _clear_op: ClassVar[int]  # the Op that clears this kind of state
 
     def __init__(
         self,
-        descriptor: StateDescriptor,
-        submit: Callable,
-        wait: Callable,
+        descriptor: D,
+        submit: Submit,
+        wait: Wait,
         release: Callable[[str], None] | None = None,
     ) -> None:
         self.descriptor = descriptor
@@ -129,7 +138,7 @@ class _Handle:
         )
 
 
-class ValueState(_Handle):
+class ValueState(_Handle[ValueStateDescriptor]):
     """``async_value()``, ``async_update(v)`` (None clears), ``async_clear()``."""
 
     __slots__ = ()
@@ -151,7 +160,7 @@ class ValueState(_Handle):
         self._wait(self.async_update(value))
 
 
-class ListState(_Handle):
+class ListState(_Handle[ListStateDescriptor]):
     """``async_get()`` -> StateIterator, ``async_add``, ``async_add_all``, ``async_update``."""
 
     __slots__ = ()
@@ -170,7 +179,8 @@ class ListState(_Handle):
         return self._submit(Op.LIST_PUT, self._name, None, list(values or ()))
 
     def get(self) -> StateIterator:
-        return self._wait(self.async_get())
+        iterator: StateIterator = self._wait(self.async_get())
+        return iterator
 
     def add(self, value: Any) -> None:
         self._wait(self.async_add(value))
@@ -182,7 +192,7 @@ class ListState(_Handle):
         self._wait(self.async_update(values))
 
 
-class MapState(_Handle):
+class MapState(_Handle[MapStateDescriptor]):
     """Map state; iteration order is the backend's (insertion order in memory)."""
 
     __slots__ = ()
@@ -229,22 +239,25 @@ class MapState(_Handle):
         self._wait(self.async_remove(user_key))
 
     def contains(self, user_key: Any) -> bool:
-        return self._wait(self.async_contains(user_key))
+        return bool(self._wait(self.async_contains(user_key)))
 
     def is_empty(self) -> bool:
-        return self._wait(self.async_is_empty())
+        return bool(self._wait(self.async_is_empty()))
 
     def entries(self) -> StateIterator:
-        return self._wait(self.async_entries())
+        iterator: StateIterator = self._wait(self.async_entries())
+        return iterator
 
     def keys(self) -> StateIterator:
-        return self._wait(self.async_keys())
+        iterator: StateIterator = self._wait(self.async_keys())
+        return iterator
 
     def values(self) -> StateIterator:
-        return self._wait(self.async_values())
+        iterator: StateIterator = self._wait(self.async_values())
+        return iterator
 
 
-class ReducingState(_Handle):
+class ReducingState(_Handle[ReducingStateDescriptor]):
     """``async_get()``, ``async_add(v)`` folds with the reduce function, ``async_clear()``."""
 
     __slots__ = ()
@@ -269,7 +282,7 @@ class ReducingState(_Handle):
         self._wait(self.async_add(value))
 
 
-class AggregatingState(_Handle):
+class AggregatingState(_Handle[AggregatingStateDescriptor]):
     """``async_get()`` -> ``get_result(acc)`` (None if empty), ``async_add(v)``, ``async_clear()``."""
 
     __slots__ = ()
@@ -307,7 +320,7 @@ def _second(pair: tuple[Any, Any]) -> Any:
     return pair[1]
 
 
-_HANDLES: dict[type, type] = {
+_HANDLES: dict[type[StateDescriptor], type[_Handle[Any]]] = {
     ValueStateDescriptor: ValueState,
     ListStateDescriptor: ListState,
     MapStateDescriptor: MapState,
@@ -320,12 +333,16 @@ def _no_lane(state: str) -> None:
     pass
 
 
+def _no_further_chunk(_: Any) -> Any:
+    raise RuntimeError("StateIterator: no further chunk to load (the iterator was complete)")
+
+
 def make_handle(
     descriptor: StateDescriptor,
-    submit: Callable,
-    wait: Callable,
+    submit: Submit,
+    wait: Wait,
     release: Callable[[str], None] | None = None,
-) -> _Handle:
+) -> _Handle[Any]:
     """The handle for ``descriptor``. Raises TypeError for an unknown descriptor type."""
     for kind in type(descriptor).__mro__:
         handle = _HANDLES.get(kind)

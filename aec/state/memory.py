@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import Any
 
+from aec.keygroups import KeyGroupRange, key_group_for
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest, op_table
 
@@ -44,19 +45,74 @@ class MemoryBackend(StateBackend):
             pickle.dump(self._tables, out, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
 
-    def restore(self, directory: str) -> None:
-        path = os.path.join(directory, _SNAPSHOT_FILE)
-        with open(path, "rb") as src:
-            tables = pickle.load(src)
-        if not isinstance(tables, dict):
-            raise ValueError(f"{path} is not a MemoryBackend snapshot")
-        self._tables = tables
+    def restore(
+        self,
+        directory: str | Sequence[str],
+        key_groups: KeyGroupRange | None = None,
+        max_parallelism: int | None = None,
+    ) -> None:
+        """Replace all state with the union of the snapshots in ``directory`` (one or
+        several), keeping only keys of ``key_groups`` (None: all). Every snapshot is
+        loaded and merged before the live tables are swapped.
+
+        Raises:
+            FileNotFoundError: a directory without a snapshot.
+            ValueError: a file that is not a MemoryBackend snapshot, ``key_groups``
+                without ``max_parallelism``, or a key stored in two snapshots.
+        """
+        directories = [directory] if isinstance(directory, (str, os.PathLike)) else list(directory)
+        if key_groups is not None and max_parallelism is None:
+            raise ValueError("restore with key_groups needs the max_parallelism they use")
+        merged: dict[str, dict[Any, Any]] = {}
+        for source in directories:
+            tables = _load(os.fspath(source))
+            if key_groups is not None:
+                tables = _only(tables, key_groups, max_parallelism)
+            if not merged and len(directories) == 1:
+                merged = tables
+                break
+            for name, table in tables.items():
+                target = merged.setdefault(name, {})
+                if not target.keys().isdisjoint(table):
+                    raise ValueError(
+                        f"state {name!r}: a key is stored in two of the snapshots {directories}"
+                    )
+                target.update(table)
+        self._tables = merged
 
     def spec(self) -> BackendSpec:
         return MemorySpec()
 
     def state_items(self, state: str) -> dict[Any, Any]:
         return {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
+
+
+def _load(directory: str) -> dict[str, dict[Any, Any]]:
+    path = os.path.join(directory, _SNAPSHOT_FILE)
+    with open(path, "rb") as src:
+        try:
+            tables = pickle.load(src)
+        except Exception as exc:
+            raise ValueError(f"{path} is not a MemoryBackend snapshot: {exc}") from exc
+    if not isinstance(tables, dict):
+        raise ValueError(f"{path} is not a MemoryBackend snapshot")
+    return tables
+
+
+def _only(tables: dict, key_groups: KeyGroupRange, max_parallelism: Any) -> dict:
+    """``tables`` with the keys of ``key_groups`` only."""
+    groups: dict[Any, bool] = {}
+    kept = {}
+    for name, table in tables.items():
+        own = {}
+        for key, value in table.items():
+            inside = groups.get(key)
+            if inside is None:
+                inside = groups[key] = key_group_for(key, max_parallelism) in key_groups
+            if inside:
+                own[key] = value
+        kept[name] = own
+    return kept
 
 
 class MemorySpec(BackendSpec):
@@ -75,27 +131,27 @@ def _copy(value: Any) -> Any:
 
 
 # One small function per op; indexed by the Op constant.
-def _value_get(t: dict, r: StateRequest) -> None:
+def _value_get(t: dict[Any, Any], r: StateRequest) -> None:
     r.result = t.get(r.key)
 
 
-def _value_put(t: dict, r: StateRequest) -> None:
+def _value_put(t: dict[Any, Any], r: StateRequest) -> None:
     if r.value is None:
         t.pop(r.key, None)
     else:
         t[r.key] = r.value
 
 
-def _clear(t: dict, r: StateRequest) -> None:
+def _clear(t: dict[Any, Any], r: StateRequest) -> None:
     t.pop(r.key, None)
 
 
-def _list_get(t: dict, r: StateRequest) -> None:
+def _list_get(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = list(stored) if stored else []
 
 
-def _list_add(t: dict, r: StateRequest) -> None:
+def _list_add(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is None:
         t[r.key] = [r.value]
@@ -103,7 +159,7 @@ def _list_add(t: dict, r: StateRequest) -> None:
         stored.append(r.value)
 
 
-def _list_add_all(t: dict, r: StateRequest) -> None:
+def _list_add_all(t: dict[Any, Any], r: StateRequest) -> None:
     if not r.value:
         return
     stored = t.get(r.key)
@@ -113,19 +169,19 @@ def _list_add_all(t: dict, r: StateRequest) -> None:
         stored.extend(r.value)
 
 
-def _list_put(t: dict, r: StateRequest) -> None:
+def _list_put(t: dict[Any, Any], r: StateRequest) -> None:
     if r.value:
         t[r.key] = list(r.value)
     else:
         t.pop(r.key, None)
 
 
-def _map_get(t: dict, r: StateRequest) -> None:
+def _map_get(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = None if stored is None else stored.get(r.user_key)
 
 
-def _map_put(t: dict, r: StateRequest) -> None:
+def _map_put(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is None:
         t[r.key] = {r.user_key: r.value}
@@ -133,7 +189,7 @@ def _map_put(t: dict, r: StateRequest) -> None:
         stored[r.user_key] = r.value
 
 
-def _map_put_all(t: dict, r: StateRequest) -> None:
+def _map_put_all(t: dict[Any, Any], r: StateRequest) -> None:
     if not r.value:
         return
     stored = t.get(r.key)
@@ -143,7 +199,7 @@ def _map_put_all(t: dict, r: StateRequest) -> None:
         stored.update(r.value)
 
 
-def _map_remove(t: dict, r: StateRequest) -> None:
+def _map_remove(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is not None:
         stored.pop(r.user_key, None)
@@ -151,21 +207,21 @@ def _map_remove(t: dict, r: StateRequest) -> None:
             del t[r.key]
 
 
-def _map_contains(t: dict, r: StateRequest) -> None:
+def _map_contains(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = stored is not None and r.user_key in stored
 
 
-def _map_is_empty(t: dict, r: StateRequest) -> None:
+def _map_is_empty(t: dict[Any, Any], r: StateRequest) -> None:
     r.result = not t.get(r.key)
 
 
-def _map_iter(t: dict, r: StateRequest) -> None:
+def _map_iter(t: dict[Any, Any], r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = list(stored.items()) if stored else []
 
 
-def _list_get_chunk(t: dict, r: StateRequest) -> None:
+def _list_get_chunk(t: dict[Any, Any], r: StateRequest) -> None:
     offset, limit = r.value
     offset = offset or 0
     stored = t.get(r.key) or ()
@@ -173,7 +229,7 @@ def _list_get_chunk(t: dict, r: StateRequest) -> None:
     r.result = (list(stored[offset:end]), end if end < len(stored) else None)
 
 
-def _map_iter_chunk(t: dict, r: StateRequest) -> None:
+def _map_iter_chunk(t: dict[Any, Any], r: StateRequest) -> None:
     offset, limit = r.value
     offset = offset or 0
     stored = t.get(r.key) or {}

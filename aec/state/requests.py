@@ -63,14 +63,16 @@ def op_table(namespace: Mapping[str, Any]) -> tuple[Callable[..., Any], ...]:
 
     Raises LookupError naming every op without a handler.
     """
-    table, missing = [], []
+    table: list[Callable[..., Any]] = []
+    missing: list[str] = []
     for name in Op.NAMES:
         handler = namespace.get("_" + name.lower())
         if handler is None and name.endswith("_CLEAR"):
             handler = namespace.get("_clear")
         if handler is None:
             missing.append(name)
-        table.append(handler)
+        else:
+            table.append(handler)
     if missing:
         raise LookupError(f"no handler for {', '.join(missing)} in {namespace.get('__name__')}")
     return tuple(table)
@@ -114,7 +116,7 @@ class StateRequest(StateFuture):
         self.key_group = key_group
         self.user_key = user_key
         self.value = value
-        self.result = None
+        self.result: Any = None
 
     @property
     def context(self) -> Any:

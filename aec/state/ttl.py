@@ -14,15 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture, _done
 from aec.state.handles import (
     AggregatingState,
     ListState,
     MapState,
     ReducingState,
-    StateDescriptor,
     StateIterator,
     ValueState,
+    _Handle,
 )
 from aec.state.requests import Op, RmwRead, RmwWrite, StateRequest
 
@@ -45,6 +46,7 @@ class _Ttl:
 
 class TtlValueState(ValueState):
     __slots__ = ("_ttl",)
+    _ttl: _Ttl
 
     def async_value(self) -> StateFuture:
         default, ttl, submit, name = self.descriptor.default, self._ttl, self._submit, self._name
@@ -64,11 +66,12 @@ class TtlValueState(ValueState):
 
 class TtlListState(ListState):
     __slots__ = ("_ttl",)
+    _ttl: _Ttl
 
     def async_get(self) -> StateFuture:
         ttl, submit, name = self._ttl, self._submit, self._name
 
-        def read(pairs: list) -> Any:
+        def read(pairs: list[Any]) -> Any:
             alive = [p for p in pairs if ttl.alive(p)]
             iterator = StateIterator([p[0] for p in alive])
             if len(alive) == len(pairs):
@@ -92,6 +95,7 @@ class TtlListState(ListState):
 
 class TtlMapState(MapState):
     __slots__ = ("_ttl",)
+    _ttl: _Ttl
 
     def async_get(self, user_key: Any) -> StateFuture:
         ttl, submit, name = self._ttl, self._submit, self._name
@@ -118,7 +122,7 @@ class TtlMapState(MapState):
         """A future of the alive ``(user_key, value)`` list; removes expired entries."""
         ttl, submit, name = self._ttl, self._submit, self._name
 
-        def read(entries: list) -> Any:
+        def read(entries: list[Any]) -> Any:
             alive = [(k, p[0]) for k, p in entries if ttl.alive(p)]
             if len(alive) == len(entries):
                 self._release(name)
@@ -145,9 +149,12 @@ class TtlMapState(MapState):
         return self._alive_entries().then_apply(lambda es: StateIterator([v for _, v in es]))
 
 
-class _TtlFolding:
+class _TtlFolding(_Handle[Any]):
     """Shared by reducing and aggregating TTL state: the stored value is the
     (accumulator, expiry) pair; an expired accumulator reads as absent."""
+
+    __slots__ = ()
+    _ttl: _Ttl  # a slot of the concrete class
 
     def _read_alive(self, kind: type = StateRequest) -> StateFuture:
         """A future of the alive accumulator; ``kind=RmwRead`` when a ``_write`` follows."""
@@ -189,7 +196,10 @@ class TtlAggregatingState(_TtlFolding, AggregatingState):
         )
 
 
-TTL_HANDLES: dict[type, type] = {
+TtlHandle = TtlValueState | TtlListState | TtlMapState | TtlReducingState | TtlAggregatingState
+
+# plain handle class -> its TTL class, built with (descriptor, submit, wait, release)
+TTL_HANDLES: dict[type[_Handle[Any]], Callable[..., TtlHandle]] = {
     ValueState: TtlValueState,
     ListState: TtlListState,
     MapState: TtlMapState,
@@ -198,8 +208,15 @@ TTL_HANDLES: dict[type, type] = {
 }
 
 
-def with_ttl(handle: Any, descriptor: StateDescriptor, now: Callable[[], float]) -> Any:
-    """The TTL variant of ``handle`` (same descriptor, submit and wait)."""
+def with_ttl(
+    handle: _Handle[Any], descriptor: StateDescriptor, now: Callable[[], float]
+) -> TtlHandle:
+    """The TTL variant of ``handle`` (same descriptor, submit and wait).
+
+    Raises ValueError if ``descriptor`` has no ``ttl``.
+    """
+    if descriptor.ttl is None:
+        raise ValueError(f"state {descriptor.name!r} has no ttl")
     ttl_handle = TTL_HANDLES[type(handle)](
         descriptor, handle._submit, handle._wait, handle._release
     )

@@ -41,10 +41,10 @@ class _Observed:
     watermark's timers of the same key.
     """
 
-    def __init__(self, trace: list, backend: Any, state_names: list[str]) -> None:
+    def __init__(self, trace: list[Any], backend: Any, state_names: list[str]) -> None:
         self.watermarks: list[Any] = []
-        self.per_key: dict[tuple, list[Any]] = {}
-        self.per_origin: dict[tuple, list[Any]] = {}
+        self.per_key: dict[tuple[Any, ...], list[Any]] = {}
+        self.per_origin: dict[tuple[Any, ...], list[Any]] = {}
         self.positions: list[tuple[int, int, Any]] = []  # (epoch, epochs done before, value)
         boundaries = 0  # epochs finished so far: watermarks and processing-time ticks
         for kind, context, value in trace:
@@ -163,11 +163,14 @@ def assert_equivalent(
     source = list(source)
     backend_factory = backend_factory or default_backend
 
-    def problem_with(elements: list[Any], config: AecConfig, seed: int | None) -> tuple:
+    def problem_with(
+        elements: list[Any], config: AecConfig, seed: int | None
+    ) -> tuple[str | None, StateExecutor]:
         reference = _observe(
             elements, function_factory(), backend_factory(), AecConfig(async_state=False), None,
             clock_advances,
         )  # fmt: skip
+        executor: StateExecutor
         if executor_factory is None:
             executor = ScriptedExecutor(seed, data=data)
         else:
@@ -188,9 +191,11 @@ def assert_equivalent(
                 continue
             smallest = source
             if data is None:  # hypothesis shrinks its own draws; shrink seeded runs here
-                smallest = _shrink(
-                    source, lambda e, c=config, s=seed: bool(problem_with(e, c, s)[0])
-                )
+
+                def fails(e: list[Any], c: AecConfig = config, s: int | None = seed) -> bool:
+                    return bool(problem_with(e, c, s)[0])
+
+                smallest = _shrink(source, fails)
                 if len(smallest) < len(source):
                     problem, executor = problem_with(smallest, config, seed)
             schedule = getattr(executor, "schedule", ["(not scripted)"])[:40]

@@ -26,13 +26,14 @@ class ScriptedExecutor(StateExecutor):
         self._rng = random.Random(seed)
         self._data = data
         self._held: list[Any] = []
-        self.schedule: list[tuple] = []
+        self.schedule: list[tuple[Any, ...]] = []
 
     def _integer(self, high: int) -> int:
         if self._data is not None:
             from hypothesis import strategies as st
 
-            return self._data.draw(st.integers(0, high), label="schedule")
+            drawn: int = self._data.draw(st.integers(0, high), label="schedule")
+            return drawn
         return self._rng.randint(0, high)
 
     def submit(self, batch: Sequence[Any]) -> None:
@@ -42,6 +43,8 @@ class ScriptedExecutor(StateExecutor):
     def _complete_one(self) -> None:
         index = self._integer(len(self._held) - 1)
         self.schedule.append(("complete", index, len(self._held)))
+        if self._mailbox is None:
+            raise RuntimeError("ScriptedExecutor: no operator attached its mailbox yet")
         self._run(self._held.pop(index), self._mailbox.post_local)
 
     def tick(self, controller: Any) -> None:

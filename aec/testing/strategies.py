@@ -23,12 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-try:
+from aec.errors import needs_extra
+
+with needs_extra("hypothesis", "aec.testing.strategies", "hypothesis"):
     from hypothesis import strategies as st
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "aec.testing.strategies needs hypothesis (pip install hypothesis); the rest of aec does not"
-    ) from exc
 
 from aec.config import AecConfig
 from aec.elements import Record, Watermark

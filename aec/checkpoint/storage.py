@@ -1,0 +1,332 @@
+"""Where checkpoints live: a local directory or an object store URI (``pyarrow.fs``).
+
+``CheckpointStore.at(location)`` takes a local path or a URI (``file://``,
+``s3://bucket/prefix``, anything ``pyarrow.fs.FileSystem.from_uri`` resolves;
+S3 reads ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_REGION`` when the call is made). The layout is the same everywhere,
+``<location>/chk-<id>/`` with the manifest inside (``aec.checkpoint.files``).
+
+Commit rule. A local directory commits a checkpoint by renaming its staging
+directory (``files.write``). An object store has no atomic rename, so the
+checkpoint is staged in a local temporary directory (the backend snapshots
+there), every file is uploaded, and the manifest is uploaded last: the
+manifest is the commit. A directory without a manifest is incomplete: never
+listed by ``latest``, refused by ``local_copy`` with ``ValueError``. A failed
+upload removes what it uploaded (best effort; without a manifest a leftover
+is inert anyway).
+
+A location string with a scheme (``name://``) is never taken as a local path:
+a scheme ``pyarrow.fs`` cannot resolve raises ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pyarrow.fs as pafs
+
+from aec.checkpoint import files
+from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_CHUNK = 1 << 20  # bytes per upload/download write
+
+
+class CheckpointStorageError(OSError):
+    """The checkpoint store failed (unreachable, access denied, a write failed).
+
+    The message names the location; the store's own error is ``__cause__``.
+    Nothing was committed: no manifest was written.
+    """
+
+
+def is_uri(location: str | os.PathLike[str]) -> bool:
+    """Whether ``location`` has a URI scheme (``name://...``)."""
+    return isinstance(location, str) and _SCHEME.match(location) is not None
+
+
+def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """``pyarrow.fs.FileSystem.from_uri(uri)``: the file system and the path in it.
+
+    Read on every call, so the AWS variables of the moment apply. Tests replace
+    it to wrap the file system (fault injection).
+
+    Raises:
+        ValueError: the scheme is not one ``pyarrow.fs`` resolves (named), or the
+            URI is malformed for it.
+    """
+    scheme = _SCHEME.match(uri)
+    name = scheme.group(1) if scheme else "?"
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (ValueError, OSError, TypeError) as exc:  # ArrowInvalid is a ValueError
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(
+            f"checkpoint location {uri!r}: the scheme {name!r} cannot be resolved by "
+            f"pyarrow.fs ({first_line}); use a local path, file://, s3://, gs://, ..."
+        ) from exc
+
+
+class CheckpointStore:
+    """The checkpoints under one location: list, write, delete, small side files.
+
+    Attributes:
+        location: the location as a string (an absolute path, or the URI given).
+        local: True for a local directory (atomic-rename commits).
+    """
+
+    def __init__(self, location: str, fs: pafs.FileSystem, root: str, local: bool) -> None:
+        self.location = location
+        self.fs = fs
+        self.root = root
+        self.local = local
+
+    @classmethod
+    def at(cls, location: str | os.PathLike[str]) -> CheckpointStore:
+        """The store at ``location`` (a path, ``file://`` or another URI).
+
+        Raises:
+            TypeError: ``location`` is not a str or path.
+            ValueError: an unresolvable scheme or an empty location.
+        """
+        if not isinstance(location, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path or URI, got {type(location).__name__}")
+        text = os.fspath(location)
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"directory must be a non-empty path or URI, got {location!r}")
+        if is_uri(text):
+            if text.lower().startswith("file://"):
+                path = unquote(urlparse(text).path)
+                return cls(
+                    os.path.abspath(path), pafs.LocalFileSystem(), os.path.abspath(path), True
+                )
+            fs, root = resolve_filesystem(text)
+            if isinstance(fs, pafs.LocalFileSystem):
+                return cls(os.path.abspath(root), fs, os.path.abspath(root), True)
+            return cls(text.rstrip("/"), fs, root.rstrip("/"), False)
+        path = os.path.abspath(text)
+        return cls(path, pafs.LocalFileSystem(), path, True)
+
+    # -- names ------------------------------------------------------------------------------
+    def name_of(self, *parts: str) -> str:
+        """The location (path or URI) of ``parts`` under this store."""
+        if self.local:
+            return os.path.join(self.location, *parts)
+        return "/".join([self.location, *parts])
+
+    def _path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def child(self, *parts: str) -> CheckpointStore:
+        """The store at a sub-directory."""
+        return CheckpointStore(self.name_of(*parts), self.fs, self._path(*parts), self.local)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def checkpoint_ids(self, complete: bool = True) -> list[int]:
+        """Ids of the ``chk-<id>`` directories, ascending; with ``complete`` only those
+        with a manifest (the committed ones)."""
+        ids = []
+        for name in self.list_names():
+            number = name[4:] if name.startswith("chk-") else ""
+            if number.isdigit() and (not complete or self.exists(name, MANIFEST)):
+                ids.append(int(number))
+        return sorted(ids)
+
+    def latest(self) -> CheckpointHandle | None:
+        """The committed checkpoint (manifest present) with the highest id, or None."""
+        ids = self.checkpoint_ids()
+        return CheckpointHandle(ids[-1], self.name_of(f"chk-{ids[-1]}")) if ids else None
+
+    def prepare(self, checkpoint_id: Any) -> str:
+        """Check a snapshot's arguments before anything runs; the target location.
+
+        Raises TypeError/ValueError (a bad id), FileExistsError (``chk-<id>`` exists,
+        complete or not), CheckpointStorageError (the store cannot be reached).
+        """
+        files.check_checkpoint_id(checkpoint_id)
+        target = self.name_of(f"chk-{checkpoint_id}")
+        if (
+            self._guarded("check", lambda: self._info(f"chk-{checkpoint_id}"))
+            != pafs.FileType.NotFound
+        ):
+            raise FileExistsError(
+                f"checkpoint {checkpoint_id} already exists at {target}; checkpoint ids are "
+                "never reused (delete it first to take it again)"
+            )
+        return target
+
+    def write(self, checkpoint_id: int, backend: Any, state: OperatorState) -> CheckpointHandle:
+        """Write checkpoint ``checkpoint_id``: locally by ``files.write`` (atomic rename);
+        on an object store staged locally, uploaded, manifest last.
+
+        Raises what ``files.write`` raises (backend, pickling, local disk) and
+        ``CheckpointStorageError`` when the upload fails (nothing committed).
+        """
+        return self._write_with(
+            checkpoint_id, lambda target: files.write(target, checkpoint_id, backend, state)
+        )
+
+    def write_files(self, checkpoint_id: int, contents: dict[str, bytes]) -> CheckpointHandle:
+        """Write checkpoint ``checkpoint_id`` made of the given files (``name -> bytes``),
+        committed like ``write`` (operators without keyed state: async I/O)."""
+        return self._write_with(
+            checkpoint_id, lambda target: files.write_files(target, checkpoint_id, contents)
+        )
+
+    def _write_with(
+        self, checkpoint_id: int, write: Callable[[str], CheckpointHandle]
+    ) -> CheckpointHandle:
+        """``write(local_target)`` commits locally; on an object store it stages in a
+        temporary directory, then the files are uploaded, the manifest last."""
+        if self.local:
+            return write(files.checkpoint_path(self.location, checkpoint_id))
+        name = f"chk-{checkpoint_id}"
+        with tempfile.TemporaryDirectory(prefix="aec-stage-") as staging:
+            local = write(os.path.join(staging, name))
+            self._upload(local.path, name)
+        return CheckpointHandle(checkpoint_id, self.name_of(name))
+
+    def _upload(self, source: str, name: str) -> None:
+        listed = [f for f in files.list_files(source) if f != MANIFEST]
+        try:
+            for relative in [*listed, MANIFEST]:  # the manifest last: the commit
+                self._put(os.path.join(source, relative), self._path(name, relative))
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.fs.delete_dir(self._path(name))
+            raise CheckpointStorageError(
+                f"uploading checkpoint {self.name_of(name)} failed, nothing committed: {exc}"
+            ) from exc
+
+    def _put(self, source: str, path: str) -> None:
+        with open(source, "rb") as src, self.fs.open_output_stream(path) as out:
+            while chunk := src.read(_CHUNK):
+                out.write(chunk)
+
+    def delete(self, checkpoint_id: int) -> None:
+        """Remove ``chk-<id>`` (complete or not) if it exists; the manifest first, so a
+        half-deleted checkpoint is never taken for a complete one."""
+        name = f"chk-{checkpoint_id}"
+        if self._info(name) == pafs.FileType.NotFound:
+            return
+        if self.exists(name, MANIFEST):
+            self.fs.delete_file(self._path(name, MANIFEST))
+        self.fs.delete_dir(self._path(name))
+
+    # -- small files and listing --------------------------------------------------------------
+    def list_names(self) -> list[str]:
+        """Names directly under this location ([] if it does not exist)."""
+        selector = pafs.FileSelector(self.root, allow_not_found=True)
+        infos = self._guarded("list", lambda: self.fs.get_file_info(selector))
+        return sorted(info.base_name for info in infos)
+
+    def exists(self, *parts: str) -> bool:
+        return self._info(*parts) != pafs.FileType.NotFound
+
+    def read_bytes(self, *parts: str) -> bytes:
+        """A whole file; FileNotFoundError naming it when absent."""
+        if not self.exists(*parts):
+            raise FileNotFoundError(f"{self.name_of(*parts)} does not exist")
+        with self.fs.open_input_stream(self._path(*parts)) as src:
+            return src.read()
+
+    def write_bytes(self, data: bytes, *parts: str) -> None:
+        """Write a whole file, replacing it atomically (a rename locally, one PUT on
+        an object store)."""
+        path = self._path(*parts)
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            staging = f"{path}.tmp"
+            with open(staging, "wb") as out:
+                out.write(data)
+            os.replace(staging, path)
+            return
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+
+    def delete_file(self, *parts: str) -> None:
+        """Remove a file if present."""
+        if self.exists(*parts):
+            self.fs.delete_file(self._path(*parts))
+
+    def _info(self, *parts: str) -> pafs.FileType:
+        return self._guarded("check", lambda: self.fs.get_file_info(self._path(*parts)).type)
+
+    def _guarded(self, what: str, call: Any) -> Any:
+        if self.local:
+            return call()
+        try:
+            return call()
+        except OSError as exc:
+            raise CheckpointStorageError(
+                f"checkpoint store {self.location} is unreachable or refused access ({what}): {exc}"
+            ) from exc
+
+
+@contextlib.contextmanager
+def local_copy(handle: CheckpointHandle | str | os.PathLike[str]) -> Iterator[str]:
+    """A local directory holding checkpoint ``handle`` (a handle, path or URI of a
+    ``chk-<id>`` directory), for ``files.read``. Local checkpoints are used in place;
+    remote ones are downloaded to a temporary directory, removed on exit.
+
+    Raises:
+        TypeError: ``handle`` is not a handle, path or URI.
+        FileNotFoundError: nothing at a remote location.
+        ValueError: a remote ``chk-<id>`` without manifest (incomplete), or an
+            unresolvable scheme.
+        CheckpointStorageError: the store cannot be reached or read.
+    """
+    location = handle.path if isinstance(handle, CheckpointHandle) else handle
+    if not isinstance(location, (str, os.PathLike)):
+        raise TypeError(
+            f"restore takes a CheckpointHandle or a checkpoint path, got {type(handle).__name__}"
+        )
+    text = os.fspath(location)
+    if not is_uri(text):
+        yield text
+        return
+    parent, _, name = text.rstrip("/").rpartition("/")
+    store = CheckpointStore.at(parent).child(name)
+    if store.local:
+        yield store.location
+        return
+    if not store.exists(MANIFEST):
+        if not store.list_names():
+            raise FileNotFoundError(f"no checkpoint at {store.location}")
+        raise ValueError(
+            f"{store.name_of(MANIFEST)} is missing: {store.location} is an incomplete "
+            "checkpoint (not committed)"
+        )
+    target = tempfile.mkdtemp(prefix="aec-restore-")
+    try:
+        local = os.path.join(target, name)
+        store._guarded("download", lambda: _download(store, local))
+        yield local
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def _download(store: CheckpointStore, local: str) -> None:
+    selector = pafs.FileSelector(store.root, recursive=True)
+    for info in store.fs.get_file_info(selector):
+        if info.type != pafs.FileType.File:
+            continue
+        relative = info.path[len(store.root) :].lstrip("/")
+        destination = os.path.join(local, *relative.split("/"))
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        with store.fs.open_input_stream(info.path) as src, open(destination, "wb") as out:
+            while chunk := src.read(_CHUNK):
+                out.write(chunk)
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> CheckpointHandle | None:
+    """The committed checkpoint (manifest present) with the highest id under
+    ``directory`` (a path or URI), or None. ``restore`` still verifies it."""
+    return CheckpointStore.at(directory).latest()

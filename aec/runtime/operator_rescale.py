@@ -1,0 +1,166 @@
+"""Restoring several checkpoints into one operator: rescaling by key group.
+
+Flink restores a keyed operator of a new parallelism from the key-group ranges
+of every old subtask that overlap its own (``StateAssignmentOperation``,
+``KeyGroupRangeAssignment``). ``merge`` does the operator's part: it checks
+that the checkpoints fit together and builds the restored operator state:
+timers of the operator's key groups only, the minimum watermark, the latest
+clock reading. The backend does its part (``StateBackend.restore(dirs,
+key_groups, max_parallelism)``). Everything here is checked before anything
+live changes.
+
+Merge rules (``docs/checkpoints.md``):
+- every checkpoint has the operator's ``max_parallelism`` and the same state
+  names; their key-group ranges (recorded in each checkpoint; none recorded:
+  every key group) are pairwise disjoint;
+- watermark: the minimum (every checkpoint's due timers fired up to its own
+  watermark, so its remaining timers are all above the minimum);
+- clock reading: the maximum (processing time never goes back); clock polling:
+  on if any was;
+- epoch and record sequence: the maximum. A single checkpoint keeps its
+  timers' registration order and epochs exactly; several checkpoints have
+  independent epoch numbers, so their timers are renumbered as registered in
+  the restored epoch, in (timestamp, registration) order. That is exact: a
+  restored timer has not fired (the checkpoints were drained), so the only
+  boundaries that can have fired it lie after the restore.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from aec.checkpoint.files import OperatorState, RestoredCheckpoint
+from aec.keygroups import KeyGroupRange, key_group_for
+from aec.runtime.timers import TimerQueue
+
+
+@dataclasses.dataclass
+class MergedCheckpoint:
+    """What ``merge`` returns: the operator state to apply and how to restore the backend.
+
+    Attributes:
+        state: watermark, clock, epoch, sequence and filtered, merged timer queues.
+        backend_dirs: the backend directories, in handle order.
+        key_groups: the key-group range the backend must filter to, or None when
+            every stored key belongs to the operator (no filtering needed).
+    """
+
+    state: OperatorState
+    backend_dirs: list[str]
+    key_groups: KeyGroupRange | None
+
+
+def stored_range(state: OperatorState) -> KeyGroupRange:
+    """The key groups a checkpoint holds (every group if it recorded none)."""
+    if state.key_group_range is None:
+        return KeyGroupRange(0, state.max_parallelism - 1)
+    return KeyGroupRange(*state.key_group_range)
+
+
+def merge(
+    restored: Sequence[RestoredCheckpoint], max_parallelism: int, own: KeyGroupRange
+) -> MergedCheckpoint:
+    """Check that ``restored`` fit together and into an operator owning ``own``;
+    their merged state.
+
+    Raises:
+        ValueError: no checkpoint; a ``max_parallelism`` other than the operator's;
+            different state names; overlapping key-group ranges; a recorded range
+            outside ``range(max_parallelism)``.
+    """
+    if not restored:
+        raise ValueError("restore needs at least one checkpoint handle")
+    ranges = []
+    first = restored[0]
+    for item in restored:
+        state, where = item.state, item.handle.path
+        if state.max_parallelism != max_parallelism:
+            raise ValueError(
+                f"checkpoint {where} has max_parallelism {state.max_parallelism}, this "
+                f"operator {max_parallelism}: key groups would not match"
+            )
+        if sorted(state.state_names) != sorted(first.state.state_names):
+            raise ValueError(
+                f"checkpoint {where} has states {sorted(state.state_names)}, checkpoint "
+                f"{first.handle.path} {sorted(first.state.state_names)}: checkpoints of "
+                "different operators cannot be merged"
+            )
+        stored = stored_range(state)
+        if not stored.within(max_parallelism):
+            raise ValueError(
+                f"checkpoint {where} records key groups {stored} beyond {max_parallelism}"
+            )
+        for other, other_where in ranges:
+            common = stored.intersection(other)
+            if len(common):
+                raise ValueError(
+                    f"checkpoints {other_where} ({other}) and {where} ({stored}) both hold "
+                    f"key groups {common}: restore checkpoints of disjoint key-group ranges "
+                    "(one per operator of the previous run)"
+                )
+        ranges.append((stored, where))
+    inside = all(own.intersection(r) == r for r, _ in ranges)
+    states = [item.state for item in restored]
+    if len(states) == 1:
+        event = _filtered(states[0].event_timers, own, max_parallelism)
+        processing = _filtered(states[0].processing_timers, own, max_parallelism)
+        epoch = states[0].epoch
+    else:
+        epoch = max(s.epoch for s in states)
+        event = _renumbered([s.event_timers for s in states], own, max_parallelism, epoch)
+        processing = _renumbered([s.processing_timers for s in states], own, max_parallelism, epoch)
+    merged = dataclasses.replace(
+        first.state,
+        watermark=min(s.watermark for s in states),
+        processing_time=max(s.processing_time for s in states),
+        poll_clock=any(s.poll_clock for s in states),
+        epoch=epoch,
+        record_sequence=max(s.record_sequence for s in states),
+        event_timers=event,
+        processing_timers=processing,
+        key_group_range=(own.start, own.end),
+    )
+    return MergedCheckpoint(
+        merged, [item.backend_dir for item in restored], None if inside else own
+    )
+
+
+def _keeps(own: KeyGroupRange, max_parallelism: int) -> Any:
+    cache: dict[Any, bool] = {}
+
+    def keep(key: Any) -> bool:
+        kept = cache.get(key)
+        if kept is None:
+            kept = cache[key] = key_group_for(key, max_parallelism) in own
+        return kept
+
+    return keep
+
+
+def _filtered(queue: TimerQueue, own: KeyGroupRange, max_parallelism: int) -> TimerQueue:
+    """``queue`` without the timers of keys outside ``own`` (order and epochs kept)."""
+    keep = _keeps(own, max_parallelism)
+    data = queue.export()
+    data["timers"] = [t for t in data["timers"] if keep(t[2])]
+    data["rearmed"] = [r for r in data["rearmed"] if keep(r[0])]
+    return TimerQueue.from_export(data)
+
+
+def _renumbered(
+    queues: list[TimerQueue], own: KeyGroupRange, max_parallelism: int, epoch: int
+) -> TimerQueue:
+    """The timers of ``own``'s keys from every queue, registered in ``epoch`` in
+    (timestamp, registration, queue) order; no boundaries (see the module doc)."""
+    keep = _keeps(own, max_parallelism)
+    timers, rearmed = [], []
+    for index, queue in enumerate(queues):
+        data = queue.export()
+        timers += [(t, seq, index, key) for t, seq, key, _ in data["timers"] if keep(key)]
+        rearmed += [(key, t, [epoch] * len(e)) for key, t, e in data["rearmed"] if keep(key)]
+    timers.sort(key=lambda item: item[:3])
+    exported = [(t, number, key, epoch) for number, (t, _, _, key) in enumerate(timers, 1)]
+    return TimerQueue.from_export(
+        {"timers": exported, "sequence": len(exported), "rearmed": rearmed, "boundaries": []}
+    )

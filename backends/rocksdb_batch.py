@@ -1,0 +1,151 @@
+"""One RocksDB batch: one multi-get per column family, the requests over an overlay, one
+``WriteBatch``; and the prefix scans map state needs.
+
+``Table`` is one state's column family. ``RocksBatchView`` is the state as one batch
+sees it (``backends.overlay``'s op functions run on it, shared with SlateDB).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from backends.keycodec import prefix_end
+from backends.overlay import ABSENT, BatchView, dumps, merge_map_overlay
+
+
+class Table:
+    """One state's column family: ``rdict`` for reads and scans, ``handle`` for writes."""
+
+    __slots__ = ("state", "rdict", "handle")
+
+    def __init__(self, state: str, rdict: Rdict, handle: Any) -> None:
+        self.state = state
+        self.rdict = rdict
+        self.handle = handle
+
+
+def scan(
+    table: Table, prefix: bytes, with_values: bool, start: bytes | None = None
+) -> Iterator[Any]:
+    """The DB keys (or ``(key, raw value)`` pairs) starting with ``prefix``, in order.
+
+    A generator, so the ReadOptions object outlives the iterator: rocksdict keeps
+    only a pointer to the upper bound it holds (a temporary ReadOptions silently
+    truncates the scan). The bound stops the scan early, skipping tombstones past
+    the prefix; the ``startswith`` check is a cheap second guard. ``start`` (a key
+    under ``prefix``) resumes a scan.
+    """
+    from_key = prefix if start is None else start
+    read_options = ReadOptions()
+    end = prefix_end(prefix)
+    if end is not None:
+        read_options.set_iterate_upper_bound(end)
+    if with_values:
+        for pair in table.rdict.items(from_key=from_key, read_opt=read_options):
+            if not pair[0].startswith(prefix):
+                return
+            yield pair
+    else:
+        for db_key in table.rdict.keys(from_key=from_key, read_opt=read_options):
+            if not db_key.startswith(prefix):
+                return
+            yield db_key
+
+
+class RocksBatchView(BatchView):
+    """The state as one batch sees it: the DB plus the batch's own earlier writes.
+
+    ``prefetch`` fills a cache with one multi-get per column family; ``get``/``set``
+    read and write through an overlay; ``commit`` writes the overlay as one
+    ``WriteBatch``. Map scans merge the DB range with the overlay's entries of that
+    map, so the batch never has to write early.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[Table, bytes], Any] = {}  # current value or ABSENT
+        self._dirty: dict[tuple[Table, bytes], Any] = {}  # written in this batch
+        self._dirty_maps: dict[tuple[Table, bytes], set[bytes]] = {}  # map prefix -> DB keys
+
+    def prefetch(self, table: Table, db_keys: list[bytes]) -> None:
+        known = self._known
+        for db_key, raw in zip(db_keys, table.rdict.get(db_keys), strict=True):
+            known[table, db_key] = ABSENT if raw is None else pickle.loads(raw)
+
+    def get(self, table: Table, db_key: bytes) -> Any:
+        """The current value of ``db_key``, or ``ABSENT``."""
+        slot = (table, db_key)
+        value = self._known.get(slot, ABSENT)
+        if value is ABSENT and slot not in self._known:  # not prefetched: read it now
+            raw = table.rdict.get(db_key)
+            value = self._known[slot] = ABSENT if raw is None else pickle.loads(raw)
+        return value
+
+    def set(self, table: Table, db_key: bytes, value: Any, map_prefix: bytes | None = None) -> None:
+        """Write ``value`` (``ABSENT`` deletes); ``map_prefix`` for map entries."""
+        slot = (table, db_key)
+        self._known[slot] = self._dirty[slot] = value
+        if map_prefix is not None:
+            self._dirty_maps.setdefault((table, map_prefix), set()).add(db_key)
+
+    def map_entries(self, table: Table, prefix: bytes) -> list[tuple[bytes, Any]]:
+        """``(DB key, value)`` of every entry under ``prefix``, in DB key order."""
+        dirty = {k: self._dirty[table, k] for k in self._dirty_maps.get((table, prefix), ())}
+        return merge_map_overlay(scan(table, prefix, True), dirty)
+
+    def map_chunk(
+        self, table: Table, prefix: bytes, after: bytes | None, limit: int
+    ) -> tuple[list[tuple[bytes, Any]], bytes | None]:
+        """Up to ``limit`` ``(DB key, value)`` entries under ``prefix`` with DB key
+        greater than ``after`` (None: from the start), and the last one's DB key if
+        more follow. Scans only what it returns unless this batch wrote the map."""
+        if (table, prefix) in self._dirty_maps:  # merge with this batch's writes
+            entries = [e for e in self.map_entries(table, prefix) if after is None or e[0] > after]
+        else:
+            start = prefix if after is None else after + b"\x00"
+            entries = []
+            for db_key, raw in scan(table, prefix, True, start):
+                entries.append((db_key, pickle.loads(raw)))
+                if len(entries) > limit:
+                    break
+        if len(entries) > limit:
+            return entries[:limit], entries[limit - 1][0]
+        return entries, None
+
+    def map_is_empty(self, table: Table, prefix: bytes) -> bool:
+        dirty = self._dirty_maps.get((table, prefix), ())
+        if any(self._dirty[table, db_key] is not ABSENT for db_key in dirty):
+            return False
+        # Every dirty entry is a deletion: the map is empty unless the DB has another.
+        return all(db_key in dirty for db_key in scan(table, prefix, False))
+
+    def map_clear(self, table: Table, prefix: bytes) -> None:
+        keys = set(scan(table, prefix, False))
+        keys.update(self._dirty_maps.get((table, prefix), ()))
+        for db_key in keys:
+            self.set(table, db_key, ABSENT, prefix)
+
+    def commit(self, db: Rdict, write_options: WriteOptions) -> None:
+        if not self._dirty:
+            return
+        batch = WriteBatch(raw_mode=True)
+        for (table, db_key), value in self._dirty.items():
+            if value is ABSENT:
+                batch.delete(db_key, table.handle)
+            else:
+                batch.put(db_key, dumps(value), table.handle)
+        db.write(batch, write_options)
+
+
+def scan_range(table: Table, low: bytes, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+    """``(DB key, raw value)`` of every key in ``[low, high)`` (``high`` None: to the end).
+
+    A generator for the same reason as ``scan``: the ReadOptions must outlive the
+    iterator."""
+    read_options = ReadOptions()
+    if high is not None:
+        read_options.set_iterate_upper_bound(high)
+    yield from table.rdict.items(from_key=low, read_opt=read_options)

@@ -1,0 +1,76 @@
+"""RocksDBBackend's snapshots on disk: RocksDB checkpoints, hard-linked both ways.
+
+``snapshot`` is a RocksDB checkpoint (``rocksdict.Checkpoint``): the memtables are
+flushed and every SST file is hard-linked into ``dir/rocksdb``, so a checkpoint
+writes only what the last flush produced plus a small MANIFEST, whatever the state
+size. ``linked_copy`` goes the other way for ``restore``: SST and blob files are
+immutable in RocksDB (compaction writes new files and unlinks old ones), so they
+are hard-linked into the new live directory and only the small mutable files
+(MANIFEST, CURRENT, OPTIONS, WAL) are copied: opening a database appends to its
+MANIFEST, which must never touch the snapshot. Where hard links are impossible (a
+snapshot on another file system) files are copied.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from typing import Any
+
+from rocksdict import Checkpoint
+
+SNAPSHOT_SUBDIR = "rocksdb"
+_IMMUTABLE = (".sst", ".blob")
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}
+
+
+def holds_database(path: str) -> bool:
+    """Whether ``path`` holds a RocksDB database (every one has a CURRENT file)."""
+    return os.path.isfile(os.path.join(path, "CURRENT"))
+
+
+def snapshot_source(directory: str) -> str:
+    """The RocksDB checkpoint inside snapshot directory ``directory``.
+
+    Raises FileNotFoundError when it is missing, ValueError when it is no database.
+    """
+    source = os.path.join(directory, SNAPSHOT_SUBDIR)
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"no RocksDB snapshot at {source}")
+    if not holds_database(source):
+        raise ValueError(f"{source} is not a RocksDB checkpoint (no CURRENT file)")
+    return source
+
+
+def write_checkpoint(db: Any, directory: str) -> None:
+    """Checkpoint ``db`` into ``directory/rocksdb`` (replacing one already there)."""
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(directory, SNAPSHOT_SUBDIR)
+    staging = f"{target}.tmp-{uuid.uuid4().hex}"  # Checkpoint needs a new directory
+    Checkpoint(db).create_checkpoint(staging)  # flushes memtables first
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    os.replace(staging, target)
+
+
+def linked_copy(source: str, target: str) -> int:
+    """Make ``target`` (new) a copy of database ``source``: immutable files hard-linked,
+    the rest copied. Returns the bytes copied (not linked)."""
+    os.mkdir(target)
+    copied = 0
+    for name in os.listdir(source):
+        src, dst = os.path.join(source, name), os.path.join(target, name)
+        if os.path.isdir(src):
+            raise ValueError(f"{source} holds a directory {name!r}: not a RocksDB checkpoint")
+        if name.endswith(_IMMUTABLE):
+            try:
+                os.link(src, dst)
+                continue
+            except OSError as exc:
+                if exc.errno not in _NO_LINK:
+                    raise
+        shutil.copyfile(src, dst)
+        copied += os.path.getsize(dst)
+    return copied

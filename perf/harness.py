@@ -1,0 +1,372 @@
+"""The shared benchmark harness: rounds, samples, summaries, goals, reports, plots, profiles.
+
+A bench file keeps only its workloads (the functions, the variants, how one variant runs,
+its tables and plot) and uses this module for the rest:
+
+* :func:`timed` runs one callable under the wall clock, the process CPU clock and a GC
+  clock and returns a :class:`Sample`;
+* :func:`run_rounds` runs every variant once per round for ``repeats`` rounds, rotating
+  the variant order each round, so machine noise hits all variants alike (ratios measured
+  side by side in one run);
+* :func:`summarize` turns a variant's samples into best-of / median / per-CPU-second
+  figures; :func:`paired` gives per-round ratios of two variants;
+* :func:`goal` judges one measured figure against an ``at_least`` / ``at_most`` bound;
+* :func:`machine_facts` (Python, CPUs, load average, package versions, git commit),
+  :func:`md_table` and :func:`write_outputs` (JSON + Markdown + PNG) write the report;
+* :class:`ThreadProfiler`, :func:`profile_call`, :func:`top_text` and
+  :func:`profile_diff` (from ``perf/profiles.py``) explain a missed goal with cProfile.
+
+Benchmarks are scripts, not tests: they print, write under ``perf/results/`` and never
+fail a build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profiles import ThreadProfiler, profile_call, profile_diff, top_text  # noqa: E402, F401 (re-exported)
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "perf" / "results"
+V = TypeVar("V")
+
+# --- samples and rounds ---------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """One timed run: wall seconds, process CPU seconds (all threads), records timed."""
+
+    seconds: float
+    cpu_seconds: float
+    records: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rps(self) -> float:
+        """Records per wall-clock second."""
+        return self.records / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def cpu_rps(self) -> float:
+        """Records per process CPU-second (other load on the machine inflates it little)."""
+        return self.records / self.cpu_seconds if self.cpu_seconds > 0 else float("inf")
+
+
+class GcClock:
+    """Seconds spent in (and number of) garbage collections while entered."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.by_generation = [0, 0, 0]
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.by_generation[info["generation"]] += 1
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def timed(run: Callable[[], dict[str, Any] | None], records: int, collect: bool = True) -> Sample:
+    """Time ``run()`` (wall and process CPU); its returned dict becomes the sample's metrics,
+    plus ``gc_seconds`` and ``gc_runs``. ``collect``: a full GC first, so runs start alike."""
+    if collect:
+        gc.collect()
+    with GcClock() as gc_clock:
+        cpu, start = time.process_time(), time.perf_counter()
+        metrics = run() or {}
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    metrics = dict(metrics, gc_seconds=gc_clock.seconds, gc_runs=gc_clock.by_generation)
+    return Sample(seconds, cpu, records, metrics)
+
+
+def run_rounds(
+    variants: Sequence[V],
+    run: Callable[[V], Sample],
+    repeats: int,
+    name: Callable[[V], str] = lambda v: v.name,  # type: ignore[attr-defined]
+    log: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> dict[str, list[Sample]]:
+    """Every variant once per round, ``repeats`` rounds, the order rotated per round.
+
+    Returns ``{name(variant): [Sample per round]}``."""
+    samples: dict[str, list[Sample]] = {name(v): [] for v in variants}
+    for rnd in range(repeats):
+        shift = (rnd * len(variants)) // max(repeats, 1)
+        for v in list(variants[shift:]) + list(variants[:shift]):
+            sample = run(v)
+            samples[name(v)].append(sample)
+            log(
+                f"  round {rnd + 1}/{repeats} {name(v):<34} {sample.records:>8,} rec "
+                f"{sample.seconds:>6.2f} s {sample.rps:>11,.0f} rec/s "
+                f"({sample.cpu_seconds / sample.seconds:.2f} cores)"
+            )
+    return samples
+
+
+def summarize(runs: Sequence[Sample]) -> dict[str, Any]:
+    """Best-of and median records/s, best records per CPU-second, the best run's metrics."""
+    rates = [s.rps for s in runs]
+    best = max(range(len(runs)), key=lambda i: rates[i])
+    return {
+        "records": runs[best].records,
+        "rps_samples": [round(r, 1) for r in rates],
+        "best_rps": rates[best],
+        "median_rps": statistics.median(rates),
+        "cpu_rps": max(s.cpu_rps for s in runs),
+        "cores_busy": runs[best].cpu_seconds / runs[best].seconds,
+        "metrics": runs[best].metrics,
+    }
+
+
+def paired(samples: dict[str, list[Sample]], num: str, den: str) -> list[float]:
+    """Per-round ratios num/den of records/s (the two ran in the same round)."""
+    return [a.rps / b.rps for a, b in zip(samples.get(num, []), samples.get(den, []), strict=False)]
+
+
+# --- goals ----------------------------------------------------------------------------------
+
+
+def goal(
+    text: str,
+    value: float | None,
+    *,
+    at_least: float | None = None,
+    at_most: float | None = None,
+    cpu_value: float | None = None,
+    per_round: Sequence[float] = (),
+    unit: str = "x",
+) -> dict[str, Any]:
+    """A goal's verdict: ``value`` against ``at_least`` or ``at_most`` (None: not measured).
+
+    ``cpu_value`` is the same figure in records per CPU-second (a second opinion on a
+    loaded machine); ``per_round`` the paired per-round figures."""
+
+    def ok(x: float | None) -> bool | None:
+        if x is None:
+            return None
+        return (at_least is None or x >= at_least) and (at_most is None or x <= at_most)
+
+    bound = f">= {at_least:g}{unit}" if at_least is not None else f"<= {at_most:g}{unit}"
+    measured = (
+        "not measured" if value is None else fmt_ratio(value) if unit == "x" else f"{value:,.0f}"
+    )
+    if per_round and len(per_round) > 1:
+        measured += f" (per round {min(per_round):.2f}x..{max(per_round):.2f}x)"
+    if cpu_value is not None:
+        measured += (
+            f"; per CPU-second {fmt_ratio(cpu_value) if unit == 'x' else f'{cpu_value:,.0f}'}"
+        )
+    return {
+        "text": f"{text} {bound}",
+        "value": value,
+        "at_least": at_least,
+        "at_most": at_most,
+        "per_round": [round(r, 3) for r in per_round],
+        "cpu_value": cpu_value,
+        "met": ok(value),
+        "met_cpu": ok(cpu_value),
+        "measured": measured,
+    }
+
+
+def verdict(g: dict[str, Any]) -> str:
+    if g["met"] is None:
+        return "n/a"
+    if g["met"]:
+        return "PASS"
+    return "MISS (met per CPU-second: machine under load?)" if g.get("met_cpu") else "MISS"
+
+
+# --- formatting and reports -----------------------------------------------------------------
+
+
+def fmt_rate(rate: float | None) -> str:
+    return "" if rate is None else f"{rate:,.0f}"
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return ""
+    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.1f}x"
+
+
+def fmt_load(load: Any) -> str:
+    return "n/a" if not load else ", ".join(f"{x:.1f}" for x in load)
+
+
+def md_table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric_from: int = 1
+) -> list[str]:
+    """A Markdown table; columns from ``numeric_from`` on are right-aligned."""
+    align = ["---" if i < numeric_from else "---:" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def git_commit() -> str | None:
+    """The short HEAD commit, marked ``+dirty(aec/backends/spark_glue)`` when the engine,
+    backends or glue have uncommitted changes; None outside a git checkout."""
+    try:
+        git = ["git", "-C", str(ROOT)]
+        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(git + ["status", "--porcelain", "--", "aec", "backends", "spark_glue"],
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty(aec/backends/spark_glue)" if dirty else "")
+
+
+def machine_facts(packages: Sequence[str] = (), **extra: Any) -> dict[str, Any]:
+    """Python, platform, CPUs, load average, the versions of ``packages``, the git commit."""
+    facts: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+    for package in packages:
+        try:
+            facts[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            facts[package] = None
+    facts["git_commit"] = git_commit()
+    facts.update(extra)
+    return facts
+
+
+def now() -> str:
+    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def machine_line(report: dict[str, Any]) -> str:
+    """One sentence for a Markdown report: date, Python, CPUs, load, commit."""
+    m = report["machine"]
+    return (
+        f"{report['date']}, Python {m['python']}, {m['cpu_count']} CPUs (load average at start "
+        f"{fmt_load(m.get('load_average'))}), commit {m['git_commit']}."
+    )
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """``--quick``, ``--repeats``, ``--seed``, ``--out``, ``--no-profile``."""
+    parser.add_argument("--quick", action="store_true", help="smoke run, output to a temp dir")
+    parser.add_argument("--repeats", type=int, help="interleaved rounds")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", type=Path, help="output directory (default perf/results)")
+    parser.add_argument(
+        "--no-profile", action="store_true", help="skip the cProfile run when a goal is missed"
+    )
+
+
+def finish_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, name: str,
+    defaults: dict[str, Any], quick: dict[str, Any],
+) -> argparse.Namespace:  # fmt: skip
+    """Fill unset options from ``quick`` or ``defaults``, check counts, choose ``--out``."""
+    for key, value in (quick if args.quick else defaults).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    for key in defaults:
+        value = getattr(args, key)
+        if isinstance(value, int) and value < 1:
+            parser.error(f"--{key.replace('_', '-')} must be >= 1")
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix=f"{name}_quick_")) if args.quick else RESULTS
+    return args
+
+
+def write_outputs(
+    out: Path, name: str, report: dict[str, Any], markdown: str,
+    plot: Callable[[Path], None] | None = None,
+) -> None:  # fmt: skip
+    """``<name>.json`` (every sample, machine facts), ``<name>.md`` and ``<name>.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / f"{name}.md").write_text(markdown)
+    if plot is not None:
+        plot(out / f"{name}.png")
+    print(f"\nwrote {out}/{name}.{{json,md{',png' if plot else ''}}}")
+
+
+def write_profile(out: Path, name: str, text: str | None) -> str | None:
+    """Write ``<name>_profile.txt`` (or remove a stale one when ``text`` is None)."""
+    path = out / f"{name}_profile.txt"
+    out.mkdir(parents=True, exist_ok=True)
+    if text is None:
+        if path.exists():
+            path.unlink()
+        return None
+    path.write_text(text)
+    print(f"profile written to {path}")
+    return path.name
+
+
+# --- plots ----------------------------------------------------------------------------------
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def short_rate(y: float) -> str:
+    return (
+        f"{y / 1e6:.2f}M" if y >= 1e6 else f"{y / 1000:.1f}k" if y < 10_000 else f"{y / 1000:.0f}k"
+    )
+
+
+def bars(ax: Any, xs: Sequence[float], ys: Sequence[float], width: float = 0.8, **kw: Any) -> None:
+    """Bars annotated with their short rates."""
+    for bar, y in zip(ax.bar(xs, ys, width, **kw), ys, strict=True):
+        ax.annotate(short_rate(y), (bar.get_x() + bar.get_width() / 2, y), ha="center",
+                    va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")  # fmt: skip
+
+
+def save(fig: Any, path: Path, dpi: int = 115) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
+def points(ax: Any, pts: Sequence[tuple[float, float]], **kw: Any) -> None:
+    """A line through ``(x, records/s)`` points, each annotated with its rate."""
+    if not pts:
+        return
+    ax.plot(*zip(*pts, strict=True), marker="o", **kw)
+    for x, y in pts:
+        ax.annotate(f"{y:,.0f}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
