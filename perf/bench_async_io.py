@@ -296,8 +296,9 @@ def start_service(low: float, high: float) -> tuple[subprocess.Popen, str]:
 
 
 def spark_session() -> Any:
-    import spark_glue  # noqa: F401  (sets PYSPARK_PYTHON)
     from pyspark.sql import SparkSession
+
+    import spark_glue  # noqa: F401  (sets PYSPARK_PYTHON)
 
     spark = (
         SparkSession.builder.master("local[2]").appName(NAME)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_async_io import split_at_watermarks
 
 from aec import JobFailure, KeyedProcessFunction, KeyedProcessOperator, Watermark
 from aec.async_io import AsyncFunction, AsyncWaitOperator
@@ -311,19 +312,8 @@ def run_with_crashes(source, snapshots, crashes, mode, capacity, seed, directory
 
 def check_segments(source: list[Any], outputs: list[Any]) -> None:
     """Watermarks in order and never crossed: each segment's results stay in it."""
-
-    def split(elements):
-        segments, marks = [[]], []
-        for element in elements:
-            if isinstance(element, Watermark):
-                marks.append(element)
-                segments.append([])
-            else:
-                segments[-1].append(element)
-        return segments, marks
-
-    in_segments, in_marks = split(source)
-    out_segments, out_marks = split(outputs)
+    in_segments, in_marks = split_at_watermarks(source)
+    out_segments, out_marks = split_at_watermarks(outputs)
     assert out_marks == in_marks
     for inputs, results in zip(in_segments, out_segments, strict=True):
         expected = collections.Counter(r for item in inputs for r in results_of(item))

@@ -16,7 +16,8 @@ requests, injected failures, not-found answers, latency percentiles and the
 concurrency achieved (mean and max requests in flight).
 
 ``ServiceClient`` is the caller side used by the job's ``async def``s: one aiohttp
-session per running event loop, closed when that loop shuts down.
+session per running event loop (at most ``CONNECTIONS`` connections; more calls wait
+for one), closed when that loop shuts down.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = ["FlightsService", "ServiceClient", "ServiceError", "SERVICE_RETRY"]
 
 DEFAULT_LATENCY = 0.005  # seconds per answer
 DEFAULT_FAILURE_RATE = 0.01  # share of requests answered 503
+CONNECTIONS = 100  # per event loop of a caller
 
 
 class ServiceError(Exception):
@@ -295,7 +297,9 @@ def _session_of_this_loop() -> aiohttp.ClientSession:
         for stale in [other for other in _SESSIONS if other.is_closed()]:
             _SESSIONS.pop(stale, None)
             _KEEPERS.pop(stale, None)
-        connector = aiohttp.TCPConnector(limit=0)  # the callers bound concurrency
+        # at most CONNECTIONS sockets per loop: a keyed operator may have thousands of
+        # records in flight; the rest wait for a connection (inside their timeout)
+        connector = aiohttp.TCPConnector(limit=CONNECTIONS)
         session = _SESSIONS[loop] = aiohttp.ClientSession(connector=connector)
         _KEEPERS[loop] = loop.create_task(_close_at_shutdown(loop, session))
     return session
