@@ -143,6 +143,8 @@ def check_timeout(timeout: Any) -> float | None:
     """
     if timeout is None:
         return None
+    if type(timeout) is float and 0 < timeout < math.inf:  # the common case, fast
+        return timeout
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
     if math.isnan(timeout) or timeout <= 0:

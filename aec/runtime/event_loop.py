@@ -9,7 +9,11 @@ the caller's thread, no per-record threads). Completions go back through the
 Invariants:
 - Started lazily by the first ``submit``; ``stop`` ends it within a bounded time.
 - Task objects are touched only on the loop thread: the owner (mailbox thread)
-  talks to the loop only through ``call_soon_threadsafe``, so no lock is needed.
+  hands coroutines over through ``_inbox`` (a deque: atomic append/popleft) and
+  wakes the loop with ``call_soon_threadsafe`` only when no wake-up is pending, so
+  a burst of submissions costs one wake-up (one self-pipe write), not one each.
+  ``_wake_pending`` is cleared on the loop thread *before* it drains the inbox, so
+  a coroutine appended meanwhile is either drained now or gets its own wake-up.
 - Every submitted coroutine completes its future exactly once (result, exception,
   or ``CancelledError`` when cancelled), unless the loop is stopped first.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -68,6 +73,8 @@ class EventLoopThread:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._inbox: deque[tuple[TaskHandle, Coroutine[Any, Any, Any], Any]] = deque()
+        self._wake_pending = False
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -81,7 +88,10 @@ class EventLoopThread:
             self._start()
         assert self._loop is not None
         handle = TaskHandle(self._loop)
-        self._loop.call_soon_threadsafe(self._start_task, handle, coro, future)
+        self._inbox.append((handle, coro, future))
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._start_tasks)
         return handle
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -103,6 +113,9 @@ class EventLoopThread:
         except RuntimeError:  # the loop already stopped and closed
             pass
         thread.join(self._grace * 2)
+        while self._inbox:  # handed over after the loop stopped: never started
+            self._inbox.popleft()[1].close()
+        self._wake_pending = False
 
     # -- loop thread --------------------------------------------------------------------
     def _start(self) -> None:
@@ -120,6 +133,12 @@ class EventLoopThread:
             loop.run_forever()
         finally:
             loop.close()
+
+    def _start_tasks(self) -> None:
+        self._wake_pending = False
+        inbox = self._inbox
+        while inbox:
+            self._start_task(*inbox.popleft())
 
     @staticmethod
     def _start_task(handle: TaskHandle, coro: Coroutine[Any, Any, Any], future: Any) -> None:

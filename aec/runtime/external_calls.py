@@ -15,7 +15,7 @@ thing a record waits for, like a state request (FLIP-425's reference counting):
   loop thread before ``call`` returns a completed future.
 
 Invariants: ``controller.calls_in_flight`` counts calls whose mail has not run; a
-timed-out call is cancelled (``asyncio.wait_for``); ``close`` cancels what is left
+timed-out call is cancelled (``asyncio.timeout``); ``close`` cancels what is left
 and stops the thread without waiting for abandoned calls to finish.
 """
 
@@ -198,7 +198,8 @@ async def _call(
     cancels the running attempt (``TimeoutError``)."""
     if timeout is None:
         return await _attempts(fn, args, retry)
-    return await asyncio.wait_for(_attempts(fn, args, retry), timeout)
+    async with asyncio.timeout(timeout):  # no extra task per call, unlike wait_for
+        return await _attempts(fn, args, retry)
 
 
 async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], retry: RetryStrategy) -> Any:
