@@ -319,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-high", type=float, default=0.020)
     parser.add_argument("--no-spark", action="store_true", help="engine variants only")
     parser.add_argument("--no-http", action="store_true", help="no aiohttp service variants")
+    parser.add_argument("--part", type=int, choices=(1, 2), help="run one part only")
     args = harness.finish_args(parser, parser.parse_args(argv), NAME, DEFAULTS, QUICK)
     n, capacity = args.inputs, args.capacity
     lat = latencies(n, args.latency_low, args.latency_high, args.seed)
@@ -362,8 +363,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, run in spark_keyed_variants(spark, len(records), args.keys, capacity).items():
                 variants.append(Variant(name, 2, len(records), run))
             for v in variants:  # one untimed warm-up each for Spark (workers, imports)
-                if "park" in v.name:
+                if "park" in v.name and args.part in (None, v.part):
                     v.run()
+        variants = [v for v in variants if args.part in (None, v.part)]
         samples = harness.run_rounds(variants, lambda v: harness.timed(v.run, v.records),
                                      args.repeats)  # fmt: skip
     finally:
@@ -398,12 +400,16 @@ def build_report(args: Any, variants: list[Variant], samples: dict[str, list[Any
         harness.goal("async_udf in Spark / bound", None if udf is None else udf / bound,
                      at_least=GOAL_UDF),
         harness.goal("call_async async / sync", ratio("call_async async", "call_async sync"),
-                     at_least=GOAL_CALL_SPEEDUP),
+                     at_least=GOAL_CALL_SPEEDUP,
+                     per_round=harness.paired(samples, "call_async async", "call_async sync")),
         harness.goal("engine: unordered_wait + run_keyed / call_async",
                      ratio("unordered_wait + run_keyed", "call_async async"),
-                     at_most=GOAL_CALL_VS_TWO_OPERATORS),
+                     at_most=GOAL_CALL_VS_TWO_OPERATORS,
+                     per_round=harness.paired(samples, "unordered_wait + run_keyed",
+                                              "call_async async")),
         harness.goal("Spark: async_map + process_keyed / call_async", ratio(two, one),
-                     at_most=GOAL_CALL_VS_TWO_OPERATORS),
+                     at_most=GOAL_CALL_VS_TWO_OPERATORS,
+                     per_round=harness.paired(samples, two, one)),
     ]  # fmt: skip
     return {
         "date": harness.now(),
