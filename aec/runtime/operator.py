@@ -26,6 +26,7 @@ from aec.runtime import interpreter_tuning
 from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
+from aec.runtime.external_calls import ExternalCalls
 from aec.runtime.operator_checkpoints import OperatorCheckpoints
 from aec.runtime.operator_failures import OperatorFailures
 from aec.runtime.operator_timers import OperatorTimers
@@ -94,6 +95,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self.controller = AsyncExecutionController(
             self.config, backend, executor, self.epochs, self._run_entry, self._next_timer
         )
+        self.external_calls = ExternalCalls(self.controller)  # Context.call_async
         self.event_timers = TimerQueue()
         self.processing_timers = TimerQueue()
         self.clock = clock if clock is not None else SystemClock()
@@ -148,6 +150,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self._state = "closed"
         try:
             self.executor.close()
+            self.external_calls.close()
             if was_open:
                 self.function.close()
         finally:
@@ -366,6 +369,10 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
     def state_names(self) -> list[str]:
         """Names of the states the function created."""
         return list(self._handles)
+
+    def call_async(self, fn: Any, args: tuple[Any, ...], timeout: Any, retry: Any) -> StateFuture:
+        """An external call of the running record (``Context.call_async``)."""
+        return self.external_calls.call(fn, args, timeout, retry)
 
     def current_context(self) -> RecordContext:
         context = self.controller.current
