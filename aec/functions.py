@@ -175,6 +175,12 @@ class Context:
         """The record's event time, or the firing timer's timestamp (seconds)."""
         return self._operator.current_context().timestamp
 
+    @property
+    def timer_domain(self) -> str | None:
+        """In ``on_timer``: ``"event-time"`` or ``"processing-time"``; None for a record."""
+        timer = self._operator.current_context().timer
+        return None if timer is None else timer[0]
+
     def output(self, value: Any) -> None:
         """Emit ``value`` downstream."""
         self._operator.emit(value)

@@ -31,6 +31,7 @@ import pandas as pd
 import pytest
 from pyspark.sql import functions as F
 
+from aec import Record, Watermark, run_keyed
 from spark_glue import (
     cli,
     partition_metrics,
@@ -44,6 +45,7 @@ from spark_glue.flights import (
     NO_TAILNUM_SCHEMA,
     ROTATIONS_SCHEMA,
     ROUTE_HOURLY_SCHEMA,
+    AircraftSessions,
     FlightsOptions,
     FlightsRun,
     Rotations,
@@ -442,6 +444,77 @@ def test_rotations_equal_a_pandas_shift_in_arrival_order(january_df, january):
     ).all()
 
 
+# --- the window operators in-process (aec.windowing, no Spark) -------------------------------
+
+
+def in_process(prepared: pd.DataFrame, key: str, delay: float, interval: int) -> list:
+    """The records of one partition in arrival order, with the glue's periodic
+    watermarks (``max event time - delay`` every ``interval`` records)."""
+    ordered = flights_data.in_arrival_order(prepared)
+    stamps = seconds(ordered["event_time"]).to_numpy()
+    rows = ordered.astype(object).where(ordered.notna(), None).to_dict("records")
+    source, high = [], -np.inf
+    for i, (row, stamp) in enumerate(zip(rows, stamps, strict=True)):
+        if i and i % interval == 0:
+            source.append(Watermark(high - delay))
+        high = max(high, stamp)
+        source.append(Record(row[key], row, float(stamp)))
+    return source
+
+
+def test_route_hourly_windows_equal_pandas_in_process(january):
+    sample = january[january["day"] <= 7]
+    result = run_keyed(in_process(sample, "route", 2 * HOUR, 200), RouteHourly())
+    late_rows = expected_late_rows(sample, pd.Series(0, index=sample.index), 2 * HOUR, 200)
+    late = pd.DataFrame(result.side_outputs.get("late", []))
+    assert len(late_rows) > 5 and set(late["row"]) == late_rows and len(late) == len(late_rows)
+    windows = pd.DataFrame([o for o in result.outputs if not isinstance(o, Watermark)])
+    windows["window_start"] = pd.to_datetime(windows["window_start"], unit="s")
+    assert_same(windows, expected_windows(sample[~sample["row"].isin(late_rows)]))
+
+
+def expected_sessions(prepared: pd.DataFrame) -> pd.DataFrame:
+    """aircraft_sessions by pandas: per tail number in event-time order, a new session
+    when the next scheduled departure is more than 12 h after the previous one."""
+    frame = prepared[prepared["tailnum"].notna()].sort_values(["tailnum", "event_time"])
+    gap = frame.groupby("tailnum")["event_time"].diff() > pd.Timedelta(hours=12)
+    frame = frame.assign(session=gap.groupby(frame["tailnum"]).cumsum())
+    table = frame.groupby(["tailnum", "session"], as_index=False).agg(
+        window_start=("event_time", "min"),
+        last=("event_time", "max"),
+        flights=("row", "size"),
+        cancelled=("cancelled", "sum"),
+        mean_dep_delay=("dep_delay", "mean"),
+    )
+    table["window_end"] = table["last"] + pd.Timedelta(hours=12)
+    table = table.rename(columns={"tailnum": "aircraft"})
+    return table[
+        ["aircraft", "window_start", "window_end", "flights", "cancelled", "mean_dep_delay"]
+    ]
+
+
+def test_aircraft_sessions_equal_pandas_in_process(january):
+    sample = january[(january["day"] <= 10) & january["tailnum"].notna()]
+    result = run_keyed(in_process(sample, "aircraft", 24 * HOUR, 500), AircraftSessions())
+    assert result.side_outputs.get("late_sessions", []) == []
+    got = pd.DataFrame([o for o in result.outputs if not isinstance(o, Watermark)])
+    for column in ("window_start", "window_end"):
+        got[column] = pd.to_datetime(got[column], unit="s")
+    expected = expected_sessions(sample)
+    assert (expected["flights"] > 1).sum() > 100  # sessions did merge
+    assert expected["mean_dep_delay"].isna().any()  # an all-cancelled session has a null mean
+    assert_same(got, expected)
+
+
+def test_aircraft_sessions_late_records_in_process(january):
+    sample = january[(january["day"] <= 5) & january["tailnum"].notna()]
+    result = run_keyed(in_process(sample, "aircraft", 0, 50), AircraftSessions())
+    late = pd.DataFrame(result.side_outputs["late_sessions"])
+    sessions = [o for o in result.outputs if not isinstance(o, Watermark)]
+    assert len(late) > 0 and sum(s["flights"] for s in sessions) + len(late) == len(sample)
+    assert (late["event_time"] + 12 * HOUR <= late["watermark"]).all()
+
+
 # --- the command line end to end ------------------------------------------------------------
 
 
@@ -458,7 +531,9 @@ def test_cli_runs_end_to_end(spark, rocksdb_run, tmp_path):
     out = rocksdb_run
     for dataset in ("route_hourly", "late", "rotations", "no_tailnum"):
         assert (out / dataset / "_SUCCESS").exists()
-    assert sorted(os.listdir(out / "state")) == ["rotations", "route_hourly"]  # rocksdb default
+    assert sorted(os.listdir(out / "state")) == [
+        "aircraft_sessions", "rotations", "route_hourly"
+    ]  # rocksdb default  # fmt: skip
     summary = (out / "summary.md").read_text()
     for heading in (
         "## Row counts",

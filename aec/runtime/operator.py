@@ -342,6 +342,8 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             "watermarks_out": self._watermarks_out,
             "elapsed_s": elapsed,
             "records_per_s": (self._records_in / elapsed) if elapsed > 0 else 0.0,
+            # counters the function keeps (windows: late_records_dropped)
+            **(getattr(self.function, "metric_counters", dict)()),
         }
 
     # -- state and timers (called by handles and the timer service) ------------------------------

@@ -6,18 +6,24 @@ pipeline: backends, stages, Parquet outputs), ``report`` (summary.md and the plo
 """
 
 from spark_glue.flights.functions import (
+    AIRCRAFT_SESSIONS_SCHEMA,
     DATASETS,
     LATE_SCHEMA,
+    LATE_SESSIONS_SCHEMA,
     NO_TAILNUM_SCHEMA,
     ROTATIONS_SCHEMA,
     ROUTE_HOURLY_SCHEMA,
+    AircraftSessions,
     Rotations,
     RouteHourly,
 )
 from spark_glue.flights.job import FlightsOptions, FlightsRun, StageResult
 
 __all__ = [
+    "AIRCRAFT_SESSIONS_SCHEMA",
     "DATASETS",
+    "LATE_SESSIONS_SCHEMA",
+    "AircraftSessions",
     "LATE_SCHEMA",
     "NO_TAILNUM_SCHEMA",
     "ROTATIONS_SCHEMA",

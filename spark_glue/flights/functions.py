@@ -1,10 +1,12 @@
 """The flights job's two keyed operators and their rows.
 
-* ``RouteHourly`` (key ``route``, callback-chain style): tumbling one-hour
-  event-time windows per route, kept in MapState ``window start -> accumulator``
-  and fired by an event-time timer at the window's end. A record whose window
-  has already fired (window end <= the watermark it sees) goes to the ``late``
-  side output instead.
+* ``RouteHourly()`` (key ``route``): ``aec.windowing``'s tumbling one-hour
+  event-time windows per route with an ``AggregateFunction``; a record whose
+  window has already fired (window end <= the watermark it sees) goes to the
+  ``late`` side output instead.
+* ``AircraftSessions()`` (key ``aircraft``, rows with a tail number only):
+  event-time session windows with a 12 h gap over the scheduled departures;
+  records reaching a session already fired go to ``late_sessions``.
 * ``Rotations`` (key ``aircraft``, ``async def`` style): ValueState holds the
   aircraft's previous flight in arrival order; one output row per flight.
   Rows without a tail number go to the ``no_tailnum`` side output.
@@ -19,15 +21,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from aec import (
-    KeyedProcessFunction,
-    MapStateDescriptor,
-    ValueStateDescriptor,
+from aec import AggregateFunction, KeyedProcessFunction, ValueStateDescriptor
+from aec.windowing import (
+    EventTimeSessionWindows,
+    ProcessWindowFunction,
+    TumblingEventTimeWindows,
+    window,
 )
 
 HOUR = 3600
 DELAYED_MINUTES = 15  # FAA's definition of a delayed flight
-DATASETS = ("route_hourly", "late", "rotations", "no_tailnum")
+SESSION_GAP = 12 * HOUR  # an aircraft idle this long starts a new session
+DATASETS = ("route_hourly", "late", "rotations", "no_tailnum", "aircraft_sessions", "late_sessions")
 
 ROUTE_HOURLY_SCHEMA = (
     "origin string, dest string, window_start timestamp_ntz, flights long, cancelled long, "
@@ -42,46 +47,61 @@ ROTATIONS_SCHEMA = (
     "prev_dest string, prev_arr_delay double, dep_delay double, gap_minutes double, "
     "propagated boolean, relocated boolean"
 )
+AIRCRAFT_SESSIONS_SCHEMA = (
+    "aircraft string, window_start timestamp_ntz, window_end timestamp_ntz, flights long, "
+    "cancelled long, mean_dep_delay double"
+)
+LATE_SESSIONS_SCHEMA = (
+    "row long, aircraft string, event_time timestamp_ntz, dep_delay double, cancelled boolean, "
+    "watermark timestamp_ntz"
+)
 NO_TAILNUM_SCHEMA = (
     "row long, carrier string, flight long, origin string, dest string, "
     "event_time timestamp_ntz, dep_delay double, arr_delay double"
 )
 
 
-class RouteHourly(KeyedProcessFunction):
-    """Hourly departures per route; callback-chain style.
+class HourlyAggregate(AggregateFunction):
+    """A route-hour's accumulator ``(flights, cancelled, delays counted, delay sum,
+    delay max)`` over non-null ``dep_delay`` (minutes)."""
 
-    State: MapState ``windows``: window start (int seconds) -> accumulator
-    ``(flights, cancelled, delays counted, delay sum, delay max)`` over non-null
-    ``dep_delay`` (minutes). Output dicts match ``ROUTE_HOURLY_SCHEMA``.
-    """
+    def create_accumulator(self) -> tuple:
+        return (0, 0, 0, 0.0, None)
 
-    def open(self, ctx: Any) -> None:
-        self.windows = ctx.get_state(MapStateDescriptor("windows"))
+    def add(self, flight: dict[str, Any], acc: tuple) -> tuple:
+        return _accumulate(acc, flight["dep_delay"], flight["cancelled"])
 
-    def process_element(self, flight: dict[str, Any], ctx: Any) -> Any:
-        start = math.floor(ctx.timestamp / HOUR) * HOUR
-        end = start + HOUR
-        watermark = ctx.timer_service.current_watermark()
-        if end <= watermark:  # the window's timer (at end) has already fired
-            ctx.side_output("late", _late_row(flight, ctx.timestamp, start, watermark))
-            return None
-        ctx.timer_service.register_event_time_timer(end)  # once per (route, window)
-        delay, cancelled = flight["dep_delay"], flight["cancelled"]
-        return self.windows.async_get(start).then_compose(
-            lambda acc: self.windows.async_put(start, _accumulate(acc, delay, cancelled))
-        )
+    def get_result(self, acc: tuple) -> tuple:
+        return acc
 
-    def on_timer(self, timestamp: float, ctx: Any) -> Any:
-        start = int(timestamp) - HOUR
-        origin, dest = ctx.current_key.split("-", 1)
+    def merge(self, a: tuple, b: tuple) -> tuple:
+        worst = [w for w in (a[4], b[4]) if w is not None]
+        return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], max(worst) if worst else None)
 
-        def emit(acc: tuple | None) -> Any:
-            if acc is not None:
-                ctx.output(_window_row(origin, dest, start, acc))
-            return self.windows.async_remove(start)
 
-        return self.windows.async_get(start).then_compose(emit)
+class HourlyRows(ProcessWindowFunction):
+    """One ``ROUTE_HOURLY_SCHEMA`` row per fired route-hour."""
+
+    def process(self, key: str, context: Any, elements: list) -> list[dict[str, Any]]:
+        origin, dest = key.split("-", 1)
+        return [_window_row(origin, dest, context.window().start, elements[0])]
+
+
+def RouteHourly() -> KeyedProcessFunction:  # noqa: N802 (the operator's name since wave 1)
+    """Hourly departures per route: ``TumblingEventTimeWindows.of(3600)`` with
+    ``HourlyAggregate``; late records to ``late`` as ``LATE_SCHEMA`` rows."""
+    return window(
+        TumblingEventTimeWindows.of(HOUR),
+        aggregate=HourlyAggregate(),
+        process=HourlyRows(),
+        late_data_tag="late",
+        late_output=_late_route_row,
+    )
+
+
+def _late_route_row(flight: dict[str, Any], event_time: float, watermark: float) -> dict:
+    start = math.floor(event_time / HOUR) * HOUR  # TumblingEventTimeWindows' start, offset 0
+    return _late_row(flight, event_time, start, watermark)
 
 
 def _accumulate(acc: tuple | None, delay: float | None, cancelled: bool) -> tuple:
@@ -117,6 +137,68 @@ def _late_row(flight: dict[str, Any], event_time: float, start: int, watermark: 
         "dep_delay": flight["dep_delay"],
         "cancelled": flight["cancelled"],
         "window_start": start,
+        "watermark": watermark,
+    }
+
+
+class SessionAggregate(AggregateFunction):
+    """An aircraft session's accumulator ``(flights, cancelled, delays counted, delay sum)``."""
+
+    def create_accumulator(self) -> tuple:
+        return (0, 0, 0, 0.0)
+
+    def add(self, flight: dict[str, Any], acc: tuple) -> tuple:
+        flights, cancelled, counted, total = acc
+        delay = flight["dep_delay"]
+        if delay is None or math.isnan(delay):
+            return (flights + 1, cancelled + bool(flight["cancelled"]), counted, total)
+        return (flights + 1, cancelled + bool(flight["cancelled"]), counted + 1, total + delay)
+
+    def get_result(self, acc: tuple) -> tuple:
+        return acc
+
+    def merge(self, a: tuple, b: tuple) -> tuple:
+        return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+
+
+class SessionRows(ProcessWindowFunction):
+    """One ``AIRCRAFT_SESSIONS_SCHEMA`` row per fired session: ``window_start`` is the
+    first scheduled departure, ``window_end`` the last one + 12 h."""
+
+    def process(self, key: str, context: Any, elements: list) -> list[dict[str, Any]]:
+        flights, cancelled, counted, total = elements[0]
+        session = context.window()
+        return [
+            {
+                "aircraft": key,
+                "window_start": session.start,
+                "window_end": session.end,
+                "flights": flights,
+                "cancelled": cancelled,
+                "mean_dep_delay": total / counted if counted else None,
+            }
+        ]
+
+
+def AircraftSessions() -> KeyedProcessFunction:  # noqa: N802 (named like the other operators)
+    """Each aircraft's busy periods: ``EventTimeSessionWindows.with_gap(12 h)`` over the
+    scheduled departure; late records to ``late_sessions`` (``LATE_SESSIONS_SCHEMA``)."""
+    return window(
+        EventTimeSessionWindows.with_gap(SESSION_GAP),
+        aggregate=SessionAggregate(),
+        process=SessionRows(),
+        late_data_tag="late_sessions",
+        late_output=_late_session_row,
+    )
+
+
+def _late_session_row(flight: dict[str, Any], event_time: float, watermark: float) -> dict:
+    return {
+        "row": flight["row"],
+        "aircraft": flight["aircraft"],
+        "event_time": event_time,
+        "dep_delay": flight["dep_delay"],
+        "cancelled": flight["cancelled"],
         "watermark": watermark,
     }
 

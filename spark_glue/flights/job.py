@@ -34,11 +34,14 @@ from backends import LatencyBackend, LocalRedisServer, MemoryBackend, RedisBacke
 from spark_glue.flights import data as flights_data
 from spark_glue.flights import enrich as flights_enrich
 from spark_glue.flights.functions import (
+    AIRCRAFT_SESSIONS_SCHEMA,
     HOUR,
     LATE_SCHEMA,
+    LATE_SESSIONS_SCHEMA,
     NO_TAILNUM_SCHEMA,
     ROTATIONS_SCHEMA,
     ROUTE_HOURLY_SCHEMA,
+    AircraftSessions,
     Rotations,
     RouteHourly,
 )
@@ -131,8 +134,8 @@ def run(
     """Run both operators over the flights table and write their Parquet outputs.
 
     ``step(description)`` is called as each stage finishes (progress reporting).
-    Writes ``out/route_hourly``, ``out/late``, ``out/rotations``, ``out/no_tailnum``
-    (Parquet directories, overwritten).
+    Writes ``out/route_hourly``, ``out/late``, ``out/rotations``, ``out/no_tailnum``,
+    ``out/aircraft_sessions``, ``out/late_sessions`` (Parquet directories, overwritten).
 
     Raises:
         ValueError: bad options. Spark's error (carrying ``aec.JobFailure``'s
@@ -318,6 +321,19 @@ def _run(
             enricher.rotations_done()
             report.enrichment = enricher.stats
     step("rotations")
+    sessions = process_keyed(
+        source.where(source["aircraft"] != flights_data.NO_TAILNUM_KEY),
+        AircraftSessions(),
+        key="aircraft",
+        output_schema=AIRCRAFT_SESSIONS_SCHEMA,
+        backend=backends.build("aircraft_sessions"),
+        side_outputs={"late_sessions": LATE_SESSIONS_SCHEMA},
+        **common,
+    )
+    report.stages.append(
+        _write_stage(options.out, "aircraft_sessions", sessions, ["late_sessions"])
+    )
+    step("aircraft_sessions")
     source.unpersist()
     report.wall_s = time.perf_counter() - started
     return report

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from spark_glue.flights import enrich as flights_enrich  # noqa: E402
+from spark_glue.flights import sessions_report  # noqa: E402
 from spark_glue.flights.functions import DELAYED_MINUTES  # noqa: E402
 from spark_glue.flights.job import (  # noqa: E402
     SYNC_DIR,
@@ -42,8 +43,11 @@ def write(run: FlightsRun) -> tuple[str, str]:
     plot_path = os.path.join(out, PLOT_FILE)
     plot_delay_by_hour(hourly, plot_path)
     summary_path = os.path.join(out, SUMMARY_FILE)
+    sessions = sessions_report.write(
+        out, _read(run, "aircraft_sessions"), _read(run, "late_sessions")
+    )
     with open(summary_path, "w", encoding="utf-8") as handle:
-        handle.write(render(run, hourly, late, rotations))
+        handle.write(render(run, hourly, late, rotations) + "\n".join(sessions) + "\n")
     return summary_path, plot_path
 
 

@@ -1,0 +1,213 @@
+"""Window assigners (Flink's ``WindowAssigner`` family; PyFlink's names).
+
+An assigner maps a record (value, timestamp in seconds) to its windows and
+names the default trigger. Time grids are indexed by an integer ``k``
+(``start = offset + k * slide``), so a window rebuilt from a timer's timestamp
+is bit-for-bit the window a record was put in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from aec.windowing.triggers import EventTimeTrigger, NeverTrigger, ProcessingTimeTrigger, Trigger
+from aec.windowing.windows import GlobalWindow, TimeWindow
+
+
+def _positive(owner: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}: {name} must be a number of seconds, got {value!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{owner}: {name} must be > 0 seconds and finite, got {value!r}")
+    return value
+
+
+def _offset(owner: str, offset: Any, bound: float, bound_name: str) -> float:
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)):
+        raise TypeError(f"{owner}: offset must be a number of seconds, got {offset!r}")
+    if not abs(offset) < bound:
+        raise ValueError(f"{owner}: |offset| must be < {bound_name} ({bound!r}), got {offset!r}")
+    return offset
+
+
+class WindowAssigner:
+    """Base of all assigners.
+
+    Attributes:
+        event_time: windows follow the watermark (else the operator's clock).
+        merging: windows merge (sessions).
+    """
+
+    event_time = True
+    merging = False
+
+    def assign_windows(self, value: Any, timestamp: float) -> list[Any]:
+        """The windows of a record at ``timestamp`` seconds (event or processing time)."""
+        raise NotImplementedError
+
+    def default_trigger(self) -> Trigger:
+        return EventTimeTrigger() if self.event_time else ProcessingTimeTrigger()
+
+    def describe(self) -> str:
+        """A stable text naming the assigner and its parameters (checkpoint metadata)."""
+        return repr(self)
+
+
+class SlidingEventTimeWindows(WindowAssigner):
+    """Windows of ``size`` seconds starting every ``slide`` seconds on the grid
+    ``offset + k * slide`` (Flink's ``SlidingEventTimeWindows``); a record belongs
+    to every window with ``start <= t < start + size``.
+
+    Raises:
+        ValueError: ``size`` or ``slide`` <= 0, or ``|offset| >= slide``.
+    """
+
+    def __init__(self, size: float, slide: float, offset: float = 0) -> None:
+        name = type(self).__name__
+        self.size = _positive(name, "size", size)
+        self.slide = _positive(name, "slide", slide)
+        self.offset = _offset(name, offset, self.slide, "slide")
+
+    @classmethod
+    def of(cls, size: float, slide: float, offset: float = 0) -> SlidingEventTimeWindows:
+        return cls(size, slide, offset)
+
+    def grid_window(self, k: int) -> TimeWindow:
+        start = self.offset + k * self.slide
+        return TimeWindow(start, start + self.size)
+
+    def grid_index(self, timestamp: float) -> int:
+        """``floor((timestamp - offset) / slide)``: the contract's start formula, taken
+        as is (a float boundary may round either way; the grid never drifts)."""
+        return math.floor((timestamp - self.offset) / self.slide)
+
+    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
+        k = self.grid_index(timestamp)
+        windows = []
+        while True:
+            window = self.grid_window(k)
+            if window.end <= timestamp:
+                break
+            windows.append(window)
+            k -= 1
+        return windows
+
+    def window_ending_at(self, end: float) -> TimeWindow | None:
+        """The grid window whose ``end`` is exactly ``end``, or None."""
+        window = self.grid_window(round((end - self.size - self.offset) / self.slide))
+        return window if window.end == end else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}.of({self.size!r}, {self.slide!r}, {self.offset!r})"
+
+
+class TumblingEventTimeWindows(SlidingEventTimeWindows):
+    """Back-to-back windows of ``size`` seconds: ``[offset + k*size, offset + (k+1)*size)``
+    (Flink's ``TumblingEventTimeWindows``).
+
+    Raises:
+        ValueError: ``size`` <= 0 or ``|offset| >= size``.
+    """
+
+    def __init__(self, size: float, offset: float = 0) -> None:
+        name = type(self).__name__
+        self.size = self.slide = _positive(name, "size", size)
+        self.offset = _offset(name, offset, self.size, "size")
+
+    @classmethod
+    def of(cls, size: float, offset: float = 0) -> TumblingEventTimeWindows:  # type: ignore[override]
+        return cls(size, offset)
+
+    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
+        return [self.grid_window(self.grid_index(timestamp))]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}.of({self.size!r}, {self.offset!r})"
+
+
+class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
+    """``SlidingEventTimeWindows`` over the operator's clock (processing time)."""
+
+    event_time = False
+
+
+class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
+    """``TumblingEventTimeWindows`` over the operator's clock (processing time)."""
+
+    event_time = False
+
+
+class EventTimeSessionWindows(WindowAssigner):
+    """Session windows: a record's window is ``[t, t + gap)``; windows that overlap
+    or touch merge into their cover (Flink's ``EventTimeSessionWindows``).
+    ``with_gap(seconds)`` or ``with_dynamic_gap(fn(value) -> seconds)``.
+
+    Raises:
+        ValueError: a gap <= 0 (at construction; a dynamic gap <= 0 fails the run).
+    """
+
+    merging = True
+
+    def __init__(self, gap: float | None = None, gap_fn: Callable[[Any], float] | None = None):
+        name = type(self).__name__
+        if gap_fn is None:
+            self.gap: float | None = _positive(name, "gap", gap)
+        else:
+            if not callable(gap_fn):
+                raise TypeError(f"{name}: the dynamic gap must be callable, got {gap_fn!r}")
+            self.gap = None
+        self.gap_fn = gap_fn
+
+    @classmethod
+    def with_gap(cls, gap: float) -> EventTimeSessionWindows:
+        return cls(gap)
+
+    @classmethod
+    def with_dynamic_gap(cls, fn: Callable[[Any], float]) -> EventTimeSessionWindows:
+        return cls(None, fn)
+
+    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
+        gap = self.gap
+        if gap is None:
+            gap = self.gap_fn(value)  # type: ignore[misc]
+            if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap > 0:
+                raise ValueError(
+                    f"{type(self).__name__}: the dynamic gap for {value!r} is {gap!r}; "
+                    "it must be a number of seconds > 0"
+                )
+        return [TimeWindow(timestamp, timestamp + gap)]
+
+    def __repr__(self) -> str:
+        gap = self.gap if self.gap_fn is None else getattr(self.gap_fn, "__qualname__", "fn")
+        return f"{type(self).__name__}(gap={gap!r})"
+
+
+class ProcessingTimeSessionWindows(EventTimeSessionWindows):
+    """``EventTimeSessionWindows`` over the operator's clock (processing time)."""
+
+    event_time = False
+
+
+class GlobalWindows(WindowAssigner):
+    """One ``GlobalWindow`` per key; its default trigger never fires (Flink's
+    ``GlobalWindows``): give a trigger such as ``CountTrigger.of(n)``."""
+
+    event_time = False
+
+    @classmethod
+    def create(cls) -> GlobalWindows:
+        return cls()
+
+    def assign_windows(self, value: Any, timestamp: float) -> list[GlobalWindow]:
+        return [GLOBAL_WINDOW]
+
+    def default_trigger(self) -> Trigger:
+        return NeverTrigger()
+
+    def __repr__(self) -> str:
+        return "GlobalWindows.create()"
+
+
+GLOBAL_WINDOW = GlobalWindow()

@@ -1,0 +1,41 @@
+"""The merging-window set of a key (Flink's ``MergingWindowSet`` with
+``TimeWindow.mergeWindows``), as a plain list the operator keeps in ValueState.
+
+Windows merge when they intersect or touch: ``a.start <= b.end and a.end >= b.start``
+(``TimeWindow.intersects``). The set's windows never intersect each other, so a
+new window merges with the ones it intersects into their cover.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def add_session(sessions: list[Any], window: Any) -> tuple[Any, list[Any]]:
+    """Add ``window`` to ``sessions`` (a list, changed in place, kept sorted by start).
+
+    Returns ``(actual, merged)``: the window the record belongs to and the
+    existing windows merged into it. ``merged`` is empty when the window is new
+    or lies inside one existing window (no merge, as in Flink: a pre-existing
+    window merged only with the new one and not extended is not a merge).
+    """
+    touching = [w for w in sessions if w.intersects(window)]
+    if not touching:
+        _insert(sessions, window)
+        return window, []
+    cover = window
+    for other in touching:
+        cover = cover.cover(other)
+    if len(touching) == 1 and touching[0] == cover:
+        return cover, []
+    for other in touching:
+        sessions.remove(other)
+    _insert(sessions, cover)
+    return cover, touching
+
+
+def _insert(sessions: list[Any], window: Any) -> None:
+    position = len(sessions)
+    while position and sessions[position - 1] > window:
+        position -= 1
+    sessions.insert(position, window)

@@ -1,0 +1,89 @@
+"""Windows: ``TimeWindow`` (a half-open interval of seconds) and ``GlobalWindow``.
+
+After Flink's ``org.apache.flink.streaming.api.windowing.windows``. aec's
+timestamps are real seconds, so a ``TimeWindow`` holds ``start <= t < end``
+and fires when the watermark reaches ``end`` (Flink's millisecond windows use
+``max_timestamp() == end - 1``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class TimeWindow:
+    """The interval ``[start, end)`` in seconds; frozen, hashable, ordered by (start, end).
+
+    Raises:
+        TypeError: ``start`` or ``end`` is not a number.
+        ValueError: ``end < start`` or either is NaN.
+    """
+
+    start: float
+    end: float
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"TimeWindow {name} must be a number of seconds, got {value!r}")
+            if math.isnan(value):
+                raise ValueError(f"TimeWindow {name} is NaN")
+        if self.end < self.start:
+            raise ValueError(f"TimeWindow end {self.end!r} is before its start {self.start!r}")
+
+    def max_timestamp(self) -> float:
+        """The window's firing time in aec: ``end`` (Flink: ``end - 1`` ms)."""
+        return self.end
+
+    def intersects(self, other: TimeWindow) -> bool:
+        """True when the windows overlap or touch (Flink's ``TimeWindow.intersects``):
+        ``self.start <= other.end and self.end >= other.start``."""
+        return self.start <= other.end and self.end >= other.start
+
+    def cover(self, other: TimeWindow) -> TimeWindow:
+        """The smallest window holding both."""
+        return TimeWindow(min(self.start, other.start), max(self.end, other.end))
+
+    def __repr__(self) -> str:
+        return f"TimeWindow({self.start!r}, {self.end!r})"
+
+
+@dataclass(frozen=True)
+class GlobalWindow:
+    """The one window of ``GlobalWindows``: every record of a key, never ends
+    (``end`` is ``math.inf``); fires only through a trigger."""
+
+    @property
+    def start(self) -> float:
+        return -math.inf
+
+    @property
+    def end(self) -> float:
+        return math.inf
+
+    def max_timestamp(self) -> float:
+        return math.inf
+
+    def __repr__(self) -> str:
+        return "GlobalWindow()"
+
+
+def window_start(timestamp: float, offset: float, size: float) -> float:
+    """The start of the ``size``-grid window holding ``timestamp``:
+    ``offset + floor((timestamp - offset) / size) * size`` (Flink's
+    ``TimeWindow.getWindowStartWithOffset``, without the ``t - t % size`` float drift)."""
+    return offset + math.floor((timestamp - offset) / size) * size
+
+
+def window_key(window: object) -> object:
+    """The map key a window's state is stored under: ``(start, end)`` for a
+    ``TimeWindow`` (a tuple, so the byte backends encode ``1`` and ``1.0`` alike),
+    ``"global"`` for the ``GlobalWindow``, the window itself otherwise."""
+    if type(window) is TimeWindow:
+        return (window.start, window.end)
+    if type(window) is GlobalWindow:
+        return "global"
+    return window
