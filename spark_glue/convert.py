@@ -10,7 +10,8 @@ silently read as microseconds). This module does that conversion itself:
 * ``encode_columns`` turns output rows (dicts, or tuples in schema order)
   into Arrow arrays of exactly the declared types, with the coercions listed
   in its docstring, and raises ``TypeError`` naming the field and the value
-  otherwise.
+  otherwise; ``encode_rows`` does the same column by column, without a dict
+  per row, and converts plain integers and seconds in pyarrow.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import decimal
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
@@ -139,19 +141,46 @@ def encode_columns(
         TypeError: naming the field and the offending value, including None in a
             non-nullable field.
     """
-    arrays = []
-    for field, arrow_field in zip(schema.fields, target, strict=True):
-        values = [row.get(field.name) for row in rows]
-        arrays.append(_encode(values, field, arrow_field.type))
-    return arrays
+    columns = [[row.get(field.name) for row in rows] for field in schema.fields]
+    return _encode_all(columns, schema, target)
+
+
+def encode_rows(rows: Sequence[Any], schema: T.StructType, target: pa.Schema) -> list[pa.Array]:
+    """``encode_columns(rows_as_dicts(rows, schema), schema, target)`` without a dict
+    per row: plain dict rows are read column by column, tuple rows transposed (the
+    glue's per-column output builder). Same checks, coercions and errors."""
+    names = schema.fieldNames()
+    kinds = set(map(type, rows))
+    if kinds == {dict}:
+        known = frozenset(names)
+        if not all(map(known.issuperset, rows)):
+            rows_as_dicts(rows, schema)  # raises, naming the row with unknown fields
+        columns = [list(map(dict.get, rows, repeat(name))) for name in names]
+    elif kinds == {tuple} and set(map(len, rows)) == {len(names)}:
+        columns = [list(column) for column in zip(*rows, strict=True)]
+    else:
+        dicts = rows_as_dicts(rows, schema)
+        columns = [[row.get(name) for row in dicts] for name in names]
+    return _encode_all(columns, schema, target)
+
+
+def _encode_all(
+    columns: list[list[Any]], schema: T.StructType, target: pa.Schema
+) -> list[pa.Array]:
+    return [
+        _encode(values, field, arrow_field.type)
+        for values, field, arrow_field in zip(columns, schema.fields, target, strict=True)
+    ]
 
 
 def _encode(values: list[Any], field: T.StructField, arrow_type: pa.DataType) -> pa.Array:
     coerce = _COERCERS.get(type(field.dataType))
     try:
         if coerce is not None:
-            values = [None if v is None else coerce(v) for v in values]
-            array = pa.array(values, type=arrow_type)
+            array = _columnar(values, arrow_type)
+            if array is None:
+                values = [None if v is None else coerce(v) for v in values]
+                array = pa.array(values, type=arrow_type)
         else:
             try:
                 array = pa.array(values, type=arrow_type)
@@ -171,6 +200,40 @@ def _encode(values: list[Any], field: T.StructField, arrow_type: pa.DataType) ->
             f"output field {field.name!r} is not nullable but a row has no value for it"
         )
     return array
+
+
+def _columnar(values: list[Any], arrow_type: pa.DataType) -> pa.Array | None:
+    """The common cases of the integer and timestamp coercions, column at a time: a
+    column pyarrow reads as plain integers (or, for timestamps, non-negative seconds
+    as floats). None: anything else, which takes the per-value path (and its errors)."""
+    try:
+        array = pa.array(values)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None
+    kind = array.type
+    try:
+        if pa.types.is_null(kind):
+            return pa.nulls(len(values), arrow_type)
+        if pa.types.is_integer(arrow_type):
+            return array.cast(arrow_type) if pa.types.is_int64(kind) else None
+        if not pa.types.is_timestamp(arrow_type):
+            return None
+        if pa.types.is_int64(kind):
+            micros = pc.multiply_checked(array, 1_000_000)
+        elif pa.types.is_floating(kind) and (pc.min(array).as_py() or 0.0) >= 0:
+            # as timedelta(seconds=x) does: whole seconds exactly, the fraction
+            # rounded half to even to the microsecond (NaN fails the cast below)
+            whole = pc.floor(array)
+            fraction = pc.round(pc.multiply(pc.subtract(array, whole), 1e6), 0, "half_to_even")
+            micros = pc.add_checked(
+                pc.multiply_checked(pc.cast(whole, pa.int64()), 1_000_000),
+                pc.cast(fraction, pa.int64()),
+            )
+        else:
+            return None
+        return micros.cast(pa.timestamp("us", tz=arrow_type.tz))
+    except (pa.ArrowException, OverflowError):
+        return None
 
 
 def _field_error(field: T.StructField, values: list[Any], exc: Exception) -> TypeError:

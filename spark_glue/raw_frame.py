@@ -18,7 +18,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from aec.elements import Watermark
-from spark_glue.convert import arrow_schema, encode_columns, rows_as_dicts
+from spark_glue.convert import arrow_schema, encode_rows
 
 _STREAM = "__aec_stream"
 _METRICS = "__aec_metrics"
@@ -40,9 +40,7 @@ class RawLayout:
         numbered: dict[str, tuple[int, T.StructType]] = {}
         for index, (tag, schema) in enumerate(sides.items()):
             numbered[tag] = (index, schema)
-            fields += [
-                T.StructField(side_column(index, f.name), f.dataType) for f in schema.fields
-            ]
+            fields += [T.StructField(side_column(index, f.name), f.dataType) for f in schema.fields]
         return RawLayout(main, numbered, T.StructType(fields))
 
 
@@ -99,7 +97,7 @@ class RawWriter:
         width = len(schema.fields)
         target = pa.schema(list(self.target)[offset : offset + width])
         try:
-            encoded = encode_columns(rows_as_dicts(values, schema), schema, target)
+            encoded = encode_rows(values, schema, target)
         except TypeError as exc:
             where = "main output" if stream == "main" else f"side output {stream[5:]!r}"
             raise TypeError(f"{where} does not fit its schema: {exc}") from None

@@ -78,6 +78,22 @@ class BoundedOutOfOrderness:
         self._count = 0
         return self._advance()
 
+    def until_check(self) -> int:
+        """Records until the next interval check (>= 1)."""
+        return self.interval - self._count
+
+    def on_records(self, count: int, max_timestamp: float | None) -> float | None:
+        """Account ``count`` records (at most ``until_check()``) whose largest event
+        time is ``max_timestamp`` (None: none has one); the same answer as
+        ``on_record`` for each of them, for the last one."""
+        if max_timestamp is not None and max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+        self._count += count
+        if self._count < self.interval:
+            return None
+        self._count = 0
+        return self._advance()
+
     def check_now(self) -> float | None:
         """A watermark now, between intervals (a micro-batch's end): ``max event time
         - delay`` if it is finite and ahead of the last one, else None."""

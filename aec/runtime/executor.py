@@ -94,6 +94,7 @@ class ThreadPoolStateExecutor(StateExecutor):
         self.cost = BatchCostModel() if adaptive else None
         self._posted_at = 0.0  # perf_counter of the last thread-pool completion post
         self._queue_delay = 0.0  # submit -> start of the last thread-pool batch, seconds
+        self._submit_cost = 0.0  # the mailbox thread's time in the last pool submit, seconds
 
     def submit(self, batch: Sequence[Any]) -> None:
         self.pending += 1
@@ -106,7 +107,10 @@ class ThreadPoolStateExecutor(StateExecutor):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="aec-io")
-        self._pool.submit(self._run_timed, batch, perf_counter())
+        start = perf_counter()
+        self._pool.submit(self._run_timed, batch, start)
+        if cost is not None:  # waking an I/O thread may hand it the GIL: part of the hand-off
+            self._submit_cost = perf_counter() - start
 
     def _run_timed(self, batch: Sequence[Any], submitted: float) -> None:
         self._queue_delay = perf_counter() - submitted
@@ -123,7 +127,8 @@ class ThreadPoolStateExecutor(StateExecutor):
         start = perf_counter()
         self._mailbox.wait(timeout)
         if self.cost is not None and self._posted_at >= start:
-            self.cost.record_handoff(self._queue_delay + perf_counter() - self._posted_at)
+            woken = perf_counter() - self._posted_at
+            self.cost.record_handoff(self._submit_cost + self._queue_delay + woken)
 
     def close(self) -> None:
         with self._lock:

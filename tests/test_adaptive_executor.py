@@ -1,0 +1,102 @@
+"""The thread-pool executor's inline choice (``BatchCostModel``): batches a backend
+answers faster than a hand-off run on the mailbox thread, slow ones stay on I/O
+threads, and the results are the synchronous run's either way."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+from engine_helpers import Counter
+
+from aec import AecConfig, Record, run_keyed
+from aec.runtime.batch_cost import BatchCostModel
+from aec.runtime.executor import ThreadPoolStateExecutor
+from aec.testing import run_sync
+from backends import MemoryBackend
+
+
+class BlockingMemory(MemoryBackend):
+    """MemoryBackend declared blocking (so it gets the thread pool), recording
+    which threads ran its batches, optionally sleeping per batch."""
+
+    blocking = True
+
+    def __init__(self, sleep: float = 0.0) -> None:
+        super().__init__()
+        self.sleep = sleep
+        self.threads: list[str] = []
+
+    def execute_batch(self, requests) -> None:
+        self.threads.append(threading.current_thread().name)
+        if self.sleep:
+            time.sleep(self.sleep)
+        super().execute_batch(requests)
+
+
+def hot_key_source(n: int, seed: int = 3) -> list[Record]:
+    rng = random.Random(seed)
+    return [Record("hot" if rng.random() < 0.5 else rng.randrange(50), i) for i in range(n)]
+
+
+def test_fast_backend_batches_run_inline_with_the_synchronous_answer():
+    source = hot_key_source(3000)
+    backend = BlockingMemory()
+    result = run_keyed(source, Counter(), backend, AecConfig(in_flight_records_limit=200))
+    expected = run_sync(source, Counter())
+    assert per_key(result.outputs) == per_key(expected.outputs)
+    assert backend.state_items("count") == _counts(source)
+    mailbox = threading.current_thread().name
+    inline = sum(1 for name in backend.threads if name == mailbox)
+    assert result.metrics["inline_batches"] == inline
+    assert inline > result.metrics["batches"] / 2  # a hot key: most batches are tiny
+
+
+def test_slow_backend_batches_stay_on_io_threads():
+    source = hot_key_source(400)
+    backend = BlockingMemory(sleep=0.003)  # slower than any hand-off
+    result = run_keyed(source, Counter(), backend, AecConfig(in_flight_records_limit=100))
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+    # only the occasional exploration of a size class runs inline
+    assert result.metrics["inline_batches"] <= result.metrics["batches"] / 8 + 6
+
+
+def test_adaptive_off_never_runs_inline():
+    source = hot_key_source(500)
+    backend = BlockingMemory()
+    executor = ThreadPoolStateExecutor(2, adaptive=False)
+    result = run_keyed(source, Counter(), backend, AecConfig(), executor=executor)
+    assert result.metrics["inline_batches"] == 0
+    assert threading.current_thread().name not in backend.threads
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+
+
+def test_cost_model_follows_measured_costs():
+    model = BatchCostModel(handoff_seconds=100e-6)
+    decisions = [model.run_inline(8) for _ in range(64)]
+    assert 0 < sum(decisions) < 4  # unknown class: explored now and then only
+    model.record_inline(8, 10e-6)
+    assert sum(model.run_inline(8) for _ in range(128)) >= 120  # cheap: inline
+    for _ in range(60):
+        model.record_inline(8, 2e-3)  # became slow (a cache went cold)
+    assert sum(model.run_inline(8) for _ in range(128)) <= 4
+    for _ in range(60):
+        model.record_handoff(5e-3)  # hand-offs got dearer than that
+    assert sum(model.run_inline(8) for _ in range(128)) >= 120
+
+
+def _counts(source):
+    counts: dict = {}
+    for record in source:
+        counts[record.key] = counts.get(record.key, 0) + 1
+    return counts
+
+
+def per_key(outputs):
+    """Each key's output sequence (async runs interleave keys; each key keeps its order)."""
+    keyed: dict = {}
+    for output in outputs:
+        if isinstance(output, tuple):
+            keyed.setdefault(output[0], []).append(output)
+    return keyed
