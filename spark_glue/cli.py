@@ -2,9 +2,10 @@
 
 ``aec flights --out DIR [--backend memory|rocksdb|remote-latency|slatedb|redis]
 [--latency 1ms] [--object-store URL] [--redis-url URL] [--compare-sync]
-[--partitions N] [--watermark-delay 2h] [--sync] [--limit N]`` runs the flights
-job (see ``spark_glue.flights``) on a local Spark (``local[*]``; an already
-active SparkSession is used as it is), writes Parquet, summary.md and a PNG into
+[--partitions N] [--watermark-delay 2h] [--sync] [--limit N] [--master URL]`` runs the
+flights job (see ``spark_glue.flights``) on Spark (``--master``, default the one
+``spark-submit`` set, else ``local[*]``: ``spark_glue.session``; an already active
+SparkSession is used as it is), writes Parquet, summary.md and a PNG into
 DIR, and shows a progress bar of its stages on stderr. ``--compare-sync`` runs
 the job a second time synchronously (outputs in DIR/sync) and puts both times in
 summary.md. Exit status 0 on success, 1 when the job fails (or, with
@@ -123,8 +124,58 @@ def build_parser() -> argparse.ArgumentParser:
     flights.add_argument(
         "--limit", type=_positive_int, default=None, help="use only the first N rows of the table"
     )
+    flights.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master URL, e.g. local[4], local-cluster[2,1,1024], spark://host:7077 "
+        "(default: the one spark-submit set, else local[*])",
+    )
+    _add_stream_arguments(flights)
     _add_enrich_arguments(flights)
     return parser
+
+
+def _add_stream_arguments(flights: argparse.ArgumentParser) -> None:
+    flights.add_argument(
+        "--stream",
+        action="store_true",
+        help="run the operators with process_keyed_stream over the year as files arriving in "
+        "order (backends memory and rocksdb)",
+    )
+    flights.add_argument(
+        "--file-rows",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="--stream: rows per arriving file (default: 2000)",
+    )
+    flights.add_argument(
+        "--files-per-trigger",
+        type=_positive_int,
+        default=None,
+        metavar="M",
+        help="--stream: files per micro-batch, Spark's maxFilesPerTrigger (default: 5)",
+    )
+    flights.add_argument(
+        "--rescale-at",
+        type=_rescale,
+        default=None,
+        metavar="BATCH:N",
+        help="--stream: from micro-batch BATCH on, run on N state partitions",
+    )
+    flights.add_argument(
+        "--compare-batch",
+        action="store_true",
+        help="--stream: also run the batch job (outputs in OUT/batch) and compare in summary.md",
+    )
+
+
+def _rescale(text: str) -> tuple[int, int]:
+    batch, colon, partitions = text.partition(":")
+    if not colon:
+        raise argparse.ArgumentTypeError(f"expected BATCH:N, e.g. 10:4; got {text!r}")
+    return _positive_int(batch), _positive_int(partitions)
 
 
 def _add_enrich_arguments(flights: argparse.ArgumentParser) -> None:
@@ -187,6 +238,11 @@ def _check_flights_args(parser: argparse.ArgumentParser, args: argparse.Namespac
             parser.error(f"{flag} applies to --backend {backend} only")
     if args.compare_sync and args.sync:
         parser.error("--compare-sync runs both modes: leave out --sync")
+    for name in ("file_rows", "files_per_trigger", "rescale_at", "compare_batch"):
+        if getattr(args, name) not in (None, False) and not args.stream:
+            parser.error(f"--{name.replace('_', '-')} applies to --stream only")
+    if args.stream and args.compare_sync:
+        parser.error("--compare-sync applies to the batch job: leave out --stream")
     if args.latency is None:
         args.latency = DEFAULT_LATENCY
 
@@ -199,6 +255,7 @@ def _flights(args: argparse.Namespace) -> int:
 
         from spark_glue.flights import job as flights
         from spark_glue.flights import report as flights_report
+        from spark_glue.session import command_session
 
     options = flights.FlightsOptions(
         out=args.out,
@@ -219,6 +276,8 @@ def _flights(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"aec flights: error: {exc}", file=sys.stderr)
         return 2
+    if args.stream:
+        return _flights_stream(args, options)
     runs = ["async", "sync"] if args.compare_sync else [""]
     labels = [
         f"{mode} {stage}".strip()
@@ -229,7 +288,7 @@ def _flights(args: argparse.Namespace) -> int:
     if args.compare_sync:
         labels.insert(0, "warm-up")
     with tqdm(total=len(labels) + 1, desc="aec flights", unit="step", file=sys.stderr) as bar:
-        spark, owned = _spark_session(options.partitions)
+        spark, owned = command_session(options.partitions, args.master)
         following = iter(labels[1:])
         bar.set_postfix_str(labels[0])
         bar.update(1)
@@ -270,6 +329,54 @@ def _flights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flights_stream(args: argparse.Namespace, options: object) -> int:
+    """``aec flights --stream``: spark_glue.flights.stream_job, then summary.md."""
+    from tqdm import tqdm
+
+    from spark_glue.flights import report as flights_report
+    from spark_glue.flights import stream_job
+    from spark_glue.session import command_session
+
+    stream = stream_job.StreamOptions(
+        file_rows=args.file_rows or stream_job.StreamOptions.file_rows,
+        files_per_trigger=args.files_per_trigger or stream_job.StreamOptions.files_per_trigger,
+        rescale_at=args.rescale_at,
+        compare_batch=args.compare_batch,
+    )
+    try:
+        stream_job.validate_stream(options, stream)
+    except ValueError as exc:
+        print(f"aec flights: error: {exc}", file=sys.stderr)
+        return 2
+    steps = 5 + args.compare_batch
+    with tqdm(total=steps, desc="aec flights --stream", unit="step", file=sys.stderr) as bar:
+        spark, owned = command_session(options.partitions, args.master)
+        bar.update(1)
+        try:
+            run = stream_job.run(spark, options, stream, lambda done: bar.update(1))
+            summary, plot = flights_report.write(run)
+            bar.update(1)
+        except Exception as exc:
+            bar.close()
+            print(f"aec flights failed: {_short_error(exc)}", file=sys.stderr)
+            return 1
+        finally:
+            if owned:
+                spark.stop()
+    print(f"wrote {summary} and {plot} ({run.wall_s:.1f} s)")
+    comparison = run.stream.comparison
+    if comparison is not None:
+        print(
+            f"stream {run.wall_s:.1f} s, batch {comparison.batch_run.wall_s:.1f} s; "
+            + (
+                "identical outputs"
+                if not comparison.mismatches
+                else "different: " + ", ".join(comparison.mismatches)
+            )
+        )
+    return 0
+
+
 def _short_error(exc: Exception) -> str:
     """The useful line of an error: Spark wraps a task's Python error in pages of
     JVM stack; keep the ``JobFailure`` line when there is one."""
@@ -278,31 +385,6 @@ def _short_error(exc: Exception) -> str:
     if failures:
         return failures[-1]
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _spark_session(partitions: int) -> tuple[object, bool]:
-    """The active SparkSession if there is one (tests, notebooks), else a new local one.
-
-    Returns ``(session, owned)``; ``owned`` sessions are stopped at the end.
-    """
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
-    session = (
-        SparkSession.builder.appName("aec flights")
-        .master("local[*]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")  # tqdm owns the terminal
-        .config("spark.sql.shuffle.partitions", str(partitions))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session, True
 
 
 if __name__ == "__main__":

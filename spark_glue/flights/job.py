@@ -126,6 +126,7 @@ class FlightsRun:
     sync_run: FlightsRun | None = None
     sync_mismatches: list[str] = field(default_factory=list)
     enrichment: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> service stats
+    stream: Any = None  # --stream: a spark_glue.flights.stream_job.StreamNote
 
 
 def run(

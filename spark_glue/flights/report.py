@@ -28,6 +28,7 @@ from spark_glue.flights.job import (  # noqa: E402
     StageResult,
     format_seconds,
 )
+from spark_glue.flights.stream_report import stream_section  # noqa: E402
 
 PLOT_FILE = "delay_by_hour.png"
 SUMMARY_FILE = "summary.md"
@@ -127,6 +128,8 @@ def render(
     ]
     if run.sync_run is not None:
         lines += sync_vs_async(run, run.sync_run) + [""]
+    if run.stream is not None:
+        lines += stream_section(run) + [""]
     lines += [
         "## Row counts",
         "",
