@@ -120,7 +120,7 @@ def test_same_key_order_holds_with_slow_calls():
     for key in range(3):
         mine = [o for o in out if o[0] == key]
         values = [r.value for r in source if r.key == key]
-        assert mine == [(key, p, v) for p, v in zip([-1] + values[:-1], values)]
+        assert mine == [(key, p, v) for p, v in zip([-1] + values[:-1], values, strict=False)]
 
 
 def test_calls_count_toward_the_in_flight_limit():
