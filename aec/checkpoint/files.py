@@ -83,7 +83,9 @@ class OperatorState:
         max_parallelism: key groups; a restore must use the same number.
         event_timers / processing_timers: the timer queues (Flink's
             ``InternalTimeServiceManager`` snapshots them with keyed state).
-        state_names: the states the function created (informational).
+        state_names: the states the function created in ``open()`` (states made later
+            on demand, such as a window trigger's, are left out: they depend on the
+            data seen); checkpoints merged by a restore must agree on them.
         config: the operator's ``AecConfig`` as a dict (informational).
         counts: records_in, records_out, timers_fired, ... (informational).
         backend: the backend's class name (informational).

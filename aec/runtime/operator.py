@@ -105,6 +105,9 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self._now = -math.inf  # last clock reading
         self.context = Context(self)
         self._handles: dict[str, Any] = {}
+        # states made in function.open(): what identifies the function in a checkpoint
+        # (states made later on demand, e.g. a window trigger's, depend on the data seen)
+        self.declared_states: list[str] = []
         # (kind, emitting RecordContext, value) per emission, for aec.testing.checker; None = off
         self.trace: list[tuple[str, Any, Any]] | None = None
         self._key_groups: dict[Any, int] = {}
@@ -138,6 +141,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
                 self._now = self.clock.now()
             self.backend.open()
             self.function.open(RuntimeContext(self))
+            self.declared_states = list(self._handles)
         except BaseException as exc:
             self._raise_failure(exc)
 
