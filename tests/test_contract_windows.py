@@ -538,3 +538,44 @@ def test_window_function_is_picklable():
     clone = pickle.loads(cloudpickle.dumps(fn))
     source = records([("a", 1, 1.0), ("a", 2, 2.0), ("b", 3, 3.0)])
     assert _run(source, clone).outputs == _run(source, fn).outputs
+
+
+def test_rescale_when_trigger_state_exists_in_only_some_checkpoints(tmp_path):
+    """Trigger state (``get_partitioned_state``) is made on demand: an operator whose
+    key groups saw no record has none, yet its checkpoint belongs to the same function
+    and must merge with the others (contract: window functions are rescaled)."""
+    max_p = 8
+    config = AecConfig(max_parallelism=max_p)
+    ranges = [key_group_range_for(max_p, 2, i) for i in range(2)]
+    keys = [f"k{i}" for i in range(50)]
+    first = [k for k in keys if key_group_for(k, max_p) in ranges[0]][:3]
+    every = keys[:12]
+    before = [Record(k, i, timestamp=float(i)) for i, k in enumerate(first * 3)]
+    after = [Record(k, 100 + i, timestamp=float(20 + i)) for i, k in enumerate(every * 2)]
+
+    def make():
+        return window(TumblingEventTimeWindows.of(10), trigger=CountTrigger.of(2),
+                      reduce=lambda a, b: a + b)
+
+    expected = _values(_run(before + after, make(), config).outputs)
+    handles, outputs = [], []
+    for i, r in enumerate(ranges):
+        op = KeyedProcessOperator(make(), MemoryBackend(), config, key_group_range=r)
+        op.open()
+        for e in before:
+            if key_group_for(e.key, max_p) in r:
+                op.process(e)
+        handles.append(op.snapshot(1, tmp_path / f"p{i}"))
+        outputs += _values(op.drain_outputs())
+        op.close()
+    for i in range(3):
+        r = key_group_range_for(max_p, 3, i)
+        op = KeyedProcessOperator(make(), MemoryBackend(), config, key_group_range=r)
+        op.restore(handles)
+        for e in after:
+            if key_group_for(e.key, max_p) in r:
+                op.process(e)
+        op.finish()
+        outputs += _values(op.drain_outputs())
+        op.close()
+    assert sorted(outputs) == sorted(expected)
