@@ -579,3 +579,72 @@ def test_rescale_when_trigger_state_exists_in_only_some_checkpoints(tmp_path):
         outputs += _values(op.drain_outputs())
         op.close()
     assert sorted(outputs) == sorted(expected)
+
+
+def test_window_returns_a_keyed_process_function():
+    assert isinstance(window(TumblingEventTimeWindows.of(1)), aec.KeyedProcessFunction)
+
+
+def test_trigger_fire_keeps_and_purge_clears():
+    class Signals(Trigger):
+        def on_element(self, value, timestamp, window, ctx):
+            return {"fire": TriggerResult.FIRE, "purge": TriggerResult.PURGE}.get(
+                value, TriggerResult.CONTINUE
+            )
+
+    fn = window(GlobalWindows.create(), trigger=Signals())
+    source = [Record("a", v) for v in ("x", "fire", "y", "fire", "purge", "z", "fire")]
+    assert _values(_run(source, fn).outputs) == [
+        ["x", "fire"], ["x", "fire", "y", "fire"], ["z", "fire"],
+    ]
+
+
+def test_trigger_context_timers_and_watermark():
+    class TwoAfter(Trigger):
+        """Fires two seconds (event time) after each element; records the watermark."""
+
+        def on_element(self, value, timestamp, window, ctx):
+            ctx.register_event_time_timer(timestamp + 2)
+            if value == "cancel":
+                ctx.delete_event_time_timer(timestamp + 2)
+            return TriggerResult.CONTINUE
+
+        def on_event_time(self, time, window, ctx):
+            return TriggerResult.FIRE if ctx.current_watermark() >= time else TriggerResult.CONTINUE
+
+    fn = window(GlobalWindows.create(), trigger=TwoAfter())
+    source = records([("a", "p", 1.0), ("a", "cancel", 5.0), ("W", 2.5), ("W", 3.0), ("W", 8.0)])
+    assert _run(source, fn).outputs == [
+        Watermark(2.5), ["p", "cancel"], Watermark(3.0), Watermark(8.0), Watermark(math.inf),
+    ]
+
+
+def test_processing_time_context_and_other_assigners():
+    class Times(ProcessWindowFunction):
+        def process(self, key, context, elements):
+            w = context.window()
+            return [(key, w.start, w.end, context.current_processing_time(), list(elements))]
+
+    clock = ManualClock()
+
+    def source():
+        for t, v in ((1.0, 1), (3.0, 2), (9.0, 3), (20.0, 4)):
+            clock.set(t)
+            yield Record("a", v)
+
+    out = _values(_run(source(), window(ProcessingTimeSessionWindows.with_gap(4), process=Times()),
+                       clock=clock).outputs)
+    # [1,5) and [3,7) merge into [1,7); [9,13) separate; both fire once the clock passes
+    assert [o[:3] + (o[4],) for o in out] == [("a", 1.0, 7.0, [1, 2]), ("a", 9.0, 13.0, [3])]
+    assert [o[3] for o in out] == [9.0, 20.0]
+    clock2 = ManualClock()
+
+    def source2():
+        for t, v in ((1.0, 1), (4.0, 2), (30.0, 3)):
+            clock2.set(t)
+            yield Record("a", v)
+
+    out = _values(_run(source2(), window(SlidingProcessingTimeWindows.of(6, 3), process=Times()),
+                       clock=clock2).outputs)
+    assert [(s, e, vs) for _, s, e, _, vs in out] == [(-3.0, 3.0, [1]), (0.0, 6.0, [1, 2]),
+                                                     (3.0, 9.0, [2])]
