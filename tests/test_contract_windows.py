@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import sys
 
 import cloudpickle
 import pytest
@@ -49,6 +50,8 @@ from aec.windowing import (
 from backends import LatencyBackend, MemoryBackend
 
 SYNC = AecConfig(async_state=False)
+# Spark's Python workers cannot import this test module: ship its classes by value
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class Describe(ProcessWindowFunction):
@@ -648,3 +651,78 @@ def test_processing_time_context_and_other_assigners():
                        clock=clock2).outputs)
     assert [(s, e, vs) for _, s, e, _, vs in out] == [(-3.0, 3.0, [1]), (0.0, 6.0, [1, 2]),
                                                      (3.0, 9.0, [2])]
+
+
+# -- one Spark test: a window function in process_keyed_stream, state on S3, rescaled ----------
+
+
+class SumX(AggregateFunction):
+    def create_accumulator(self):
+        return 0
+
+    def add(self, value, accumulator):
+        return accumulator + value["x"]
+
+    def get_result(self, accumulator):
+        return accumulator
+
+    def merge(self, a, b):
+        return a + b
+
+
+class AsRow(ProcessWindowFunction):
+    def process(self, key, context, elements):
+        return [{"k": key, "start": context.window().start, "total": elements[0]}]
+
+
+@pytest.mark.spark
+def test_window_in_process_keyed_stream_on_s3_with_a_rescale(spark, tmp_path, s3):
+    import json
+    import os
+
+    from spark_glue import process_keyed_stream
+
+    server, bucket = s3
+    location = f"s3://{bucket}/windows"
+    source_dir = tmp_path / "input"
+    source_dir.mkdir()
+    batches = [
+        [{"k": f"k{i % 6}", "seq": i, "x": i, "t": float(i % 15)} for i in range(30)],
+        [{"k": f"k{i % 6}", "seq": i, "x": i, "t": float(15 + i % 15)} for i in range(30, 60)],
+    ]
+    got = []
+
+    def sink(batch_df, batch_id):
+        got.extend((r["k"], r["start"], r["total"]) for r in batch_df.collect())
+
+    def make():
+        return window(TumblingEventTimeWindows.of(10), aggregate=SumX(), process=AsRow())
+
+    for n, (rows, partitions) in enumerate(zip(batches, [2, 3], strict=True)):
+        df = spark.readStream.schema("k string, seq long, x long, t double").json(str(source_dir))
+        query = process_keyed_stream(
+            df, make(), "k", "k string, start double, total long",
+            checkpoint_location=location, sink=sink, timestamp="t", watermark_delay=0,
+            order_by="seq", num_partitions=partitions, config=AecConfig(max_parallelism=16),
+            spark_checkpoint_location=str(tmp_path / "spark"),
+        )  # fmt: skip
+        try:
+            (source_dir / f"f{n}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            query.processAllAvailable()
+        finally:
+            query.stop()
+
+    # the model: each micro-batch, then a watermark at its max event time (no final one)
+    op = KeyedProcessOperator(make(), MemoryBackend(), AecConfig(max_parallelism=16))
+    op.open()
+    for rows in batches:
+        for r in rows:
+            op.process(Record(r["k"], r, timestamp=r["t"]))
+        op.process_watermark(Watermark(max(r["t"] for r in rows)))
+    expected = [(o["k"], o["start"], o["total"]) for o in _values(op.drain_outputs())]
+    op.close()
+    assert sorted(got) == sorted(expected)
+    assert {start for _, start, _ in got} == {0.0, 10.0}  # [20, 30) has not closed yet
+    keys = server.list_keys(bucket, "windows/")
+    assert any("-of-3/" in k for k in keys) and any("-of-2/" in k for k in keys)
+    assert not os.path.exists(tmp_path / "s3:")
