@@ -325,3 +325,32 @@ def test_bad_arguments_are_refused():
         AsyncWaitOperator(Echo(), 5.0, 0)
     with pytest.raises((TypeError, ValueError)):
         AsyncWaitOperator(Echo(), 5.0, 2, mode="key_ordered")  # no key_selector
+
+
+def test_key_ordered_snapshot_and_restore_keep_per_key_order(tmp_path):
+    fn = Manual()
+    op = AsyncWaitOperator(fn, 30.0, 10, mode="key_ordered", key_selector=lambda v: v[0])
+    op.open()
+    values = [("a", 0), ("b", 1), ("a", 2), ("b", 3), ("a", 4)]
+    for v in values:
+        op.process(v)
+    assert fn.invoked == [("a", 0), ("b", 1)]  # a later same-key call waits for the previous
+    fn.complete(("b", 1))
+    op.process_watermark(Watermark(1.0))
+    emitted = op.drain_outputs()
+    handle = op.snapshot(1, tmp_path)
+    emitted += op.drain_outputs()
+    op.close()
+    restored = AsyncWaitOperator(Echo(), 30.0, 10, mode="key_ordered", key_selector=lambda v: v[0])
+    restored.restore(handle)
+    restored.process(("b", 5))
+    restored.finish()
+    emitted += restored.drain_outputs()
+    records = [e for e in emitted if not isinstance(e, Watermark)]
+    assert sorted(records) == sorted(("out", v) for v in values + [("b", 5)])
+    for key in "ab":
+        assert [r for r in records if r[1][0] == key] == [
+            ("out", v) for v in values + [("b", 5)] if v[0] == key
+        ]
+    w = emitted.index(Watermark(1.0))
+    assert {r[1] for r in emitted[:w]} == set(values)  # every input before the watermark

@@ -335,3 +335,49 @@ def test_with_a_remote_backend():
     backend = LatencyBackend(MemoryBackend(), 0.002)
     result = aec.run_keyed(_flights(30), Enrich(), backend=backend)
     assert len(_values(result.outputs)) == 30
+
+
+def test_call_async_in_on_timer():
+    async def lookup(t):
+        return f"looked-up-{t}"
+
+    class F(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            ctx.timer_service.register_event_time_timer(ctx.timestamp + 1)
+
+        async def on_timer(self, timestamp, ctx):
+            ctx.output((ctx.current_key, await ctx.call_async(lookup, timestamp)))
+
+    source = [Record("a", 1, timestamp=1.0), Record("b", 1, timestamp=3.0), Watermark(2.0)]
+    out = aec.run_keyed(source, F()).outputs
+    assert out == [("a", "looked-up-2.0"), Watermark(2.0), ("b", "looked-up-4.0"),
+                   Watermark(float("inf"))]
+
+
+def test_retry_on_result_sees_the_result():
+    answers = [None, None, 7]
+
+    async def eventually(_):
+        return answers.pop(0)
+
+    class F(KeyedProcessFunction):
+        async def process_element(self, value, ctx):
+            strategy = FixedDelay(3, 0.0, retry_on_result=lambda r: r is None)
+            ctx.output(await ctx.call_async(eventually, value, retry=strategy))
+
+    assert _values(aec.run_keyed([Record("a", 1)], F()).outputs) == [7]
+    assert answers == []
+
+
+@pytest.mark.parametrize("config", [ASYNC, SYNC], ids=["async", "sync"])
+def test_a_failed_call_in_a_chain_fails_the_job(config):
+    async def broken(value):
+        raise KeyError("gone")
+
+    class F(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            return ctx.call_async(broken, value).then_accept(ctx.output)
+
+    with pytest.raises(JobFailure) as info:
+        aec.run_keyed([Record("a", 1)], F(), config=config)
+    assert isinstance(info.value.__cause__, KeyError)

@@ -230,3 +230,26 @@ def test_async_wait_operator_checkpoint_on_s3(s3):
     assert emitted + restored.drain_outputs() == [v * 10 for v in range(6)]
     restored.close()
     assert handle.checkpoint_id == 1
+
+
+def test_restore_from_a_chk_uri_with_a_trailing_slash(s3):
+    _, bucket = s3
+    uri = f"s3://{bucket}/slash"
+    handle, before = _first_half(uri)
+    assert before + _second_half(f"{uri}/chk-7/") == _expected()
+    assert _second_half(handle) == _second_half(f"{uri}/chk-7")
+
+
+def test_async_wait_operator_refuses_an_unresolvable_scheme(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    op = AsyncWaitOperator(Echo(), 5.0, 4)
+    op.open()
+    op.process(1)
+    with pytest.raises(ValueError, match="nosuchscheme"):
+        op.snapshot(1, "nosuchscheme://b/p")
+    with pytest.raises(ValueError, match="nosuchscheme"):
+        AsyncWaitOperator(Echo(), 5.0, 4).restore("nosuchscheme://b/p/chk-1")
+    assert os.listdir(tmp_path) == []
+    op.process(2)  # still usable
+    op.finish()
+    assert op.drain_outputs() == [10, 20]
