@@ -200,6 +200,7 @@ def test_snapshot_does_not_wait_emits_nothing_and_stores_queued_inputs(tmp_path)
     restored = AsyncWaitOperator(again, 30.0, 10)
     restored.restore(handle)
     assert again.opened == 1  # restore opens the operator
+    assert restored.drain_outputs() == []  # outputs leave only in process/watermark/finish
     restored.process(3)
     restored.finish()
     assert restored.drain_outputs() == _out([0, 1, Watermark(5.0), 2, 3])

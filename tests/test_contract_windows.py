@@ -26,7 +26,7 @@ from aec import (
 )
 from aec.clock import ManualClock
 from aec.keygroups import key_group_for, key_group_range_for
-from aec.testing import assert_equivalent
+from aec.testing import ScriptedExecutor, assert_equivalent
 from aec.windowing import (
     ContinuousEventTimeTrigger,
     CountEvictor,
@@ -274,16 +274,22 @@ def _inputs(draw):
         ("sliding", 3, 1.5, None), ("session", None, None, 2), ("session", None, None, 3.5),
     ]),
     lateness=st.sampled_from([0, 1, 4]),
-    synchronous=st.booleans(),
+    mode=st.sampled_from(["sync", "async", "scripted"]),
+    seed=st.integers(0, 2**16),
 )
-def test_random_inputs_match_the_model(items, shape, lateness, synchronous):
+def test_random_inputs_match_the_model(items, shape, lateness, mode, seed):
+    """Also with batches completed in a random order (ScriptedExecutor, small buffers)."""
     kind, size, slide, gap = shape
     source = records(items)
     model = WindowModel(kind, size, slide, gap, lateness)
     expected = model.run(source)
     fn = window(_assigner(kind, size, slide, gap), process=Describe(), allowed_lateness=lateness,
                 late_data_tag="late")
-    result = _run(source, fn, SYNC if synchronous else None)
+    if mode == "scripted":
+        result = aec.run_keyed(source, fn, config=AecConfig(buffer_size=3),
+                               executor=ScriptedExecutor(seed))
+    else:
+        result = _run(source, fn, SYNC if mode == "sync" else None)
     assert_matches_model(result.outputs, expected, one_window_per_record=kind != "sliding")
     assert sorted(result.side_outputs.get("late", [])) == sorted(model.late)
 
