@@ -39,17 +39,12 @@ class Manual(AsyncFunction):
         self.pending.pop(value).complete([("out", value)])
 
 
-class Echo(AsyncFunction):
-    def __init__(self):
-        self.invoked = []
-        self.opened = 0
-
-    def open(self):
-        self.opened += 1
+class Echo(Manual):
+    """Flink style, completing each call at once."""
 
     def async_invoke(self, value, result_future):
-        self.invoked.append(value)
-        result_future.complete([("out", value)])
+        super().async_invoke(value, result_future)
+        self.complete(value)
 
 
 class Sleepy(AsyncFunction):

@@ -123,48 +123,39 @@ def test_same_key_order_holds_with_slow_calls():
         assert mine == [(key, p, v) for p, v in zip([-1] + values[:-1], values, strict=False)]
 
 
-def test_calls_count_toward_the_in_flight_limit():
-    state = {"running": 0, "max": 0}
-    lock = threading.Lock()
+class Tracked(KeyedProcessFunction):
+    """Outputs ``call_async(tracked, value)``; ``max_running``: most calls at once."""
 
-    async def tracked(value):
-        with lock:
-            state["running"] += 1
-            state["max"] = max(state["max"], state["running"])
-        await asyncio.sleep(0.005)
-        with lock:
-            state["running"] -= 1
+    def __init__(self, delay):
+        self.delay = delay
+        self.running = self.max_running = 0
+        self.lock = threading.Lock()
+
+    async def tracked(self, value):
+        with self.lock:
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+        await asyncio.sleep(self.delay)
+        with self.lock:
+            self.running -= 1
         return value
 
-    class F(KeyedProcessFunction):
-        async def process_element(self, value, ctx):
-            ctx.output(await ctx.call_async(tracked, value))
+    async def process_element(self, value, ctx):
+        ctx.output(await ctx.call_async(self.tracked, value))
 
+
+def test_calls_count_toward_the_in_flight_limit():
+    fn = Tracked(0.005)
     config = AecConfig(in_flight_records_limit=3)
-    out = _values(aec.run_keyed([Record(i, i) for i in range(30)], F(), config=config).outputs)
+    out = _values(aec.run_keyed([Record(i, i) for i in range(30)], fn, config=config).outputs)
     assert sorted(out) == list(range(30))
-    assert 1 <= state["max"] <= 3
+    assert 1 <= fn.max_running <= 3
 
 
 def test_calls_are_concurrent_across_keys():
-    state = {"running": 0, "max": 0}
-    lock = threading.Lock()
-
-    async def tracked(value):
-        with lock:
-            state["running"] += 1
-            state["max"] = max(state["max"], state["running"])
-        await asyncio.sleep(0.02)
-        with lock:
-            state["running"] -= 1
-        return value
-
-    class F(KeyedProcessFunction):
-        async def process_element(self, value, ctx):
-            ctx.output(await ctx.call_async(tracked, value))
-
-    aec.run_keyed([Record(i, i) for i in range(20)], F())
-    assert state["max"] > 1
+    fn = Tracked(0.02)
+    aec.run_keyed([Record(i, i) for i in range(20)], fn)
+    assert fn.max_running > 1
 
 
 def test_snapshot_drains_calls(tmp_path):
