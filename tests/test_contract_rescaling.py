@@ -347,3 +347,50 @@ def test_restore_accepts_a_chk_path(tmp_path):
     handle = _snapshot_of(Counting(), tmp_path, "p", _config())
     op = KeyedProcessOperator(Counting(), MemoryBackend(), _config())
     _good_restore_still_possible(op, handle.path)
+
+
+def _backends(tmp_path):
+    from backends import CachedBackend, LatencyBackend, RocksDBBackend, SlateDBBackend
+
+    made = iter(range(1000))
+    return {
+        "memory": MemoryBackend,
+        "rocksdb": lambda: RocksDBBackend(str(tmp_path / f"rocks{next(made)}")),
+        "latency": lambda: LatencyBackend(MemoryBackend(), 0.0005),
+        "cached": lambda: CachedBackend(MemoryBackend(), 8),
+        "slatedb": lambda: SlateDBBackend(f"file://{tmp_path}/slate", f"db{next(made)}"),
+    }
+
+
+@pytest.mark.parametrize("name", ["memory", "rocksdb", "latency", "cached", "slatedb"])
+def test_rescale_with_every_backend(name, tmp_path):
+    make = _backends(tmp_path)[name]
+    source = _source(n_records=60, n_keys=11)
+    expected = _uninterrupted(source)
+    config = _config()
+    cut, outputs, handles = 31, [], []
+    for i in range(2):
+        backend = make()
+        op = KeyedProcessOperator(Counting(), backend, config,
+                                  key_group_range=key_group_range_for(MAX_P, 2, i))
+        op.open()
+        for element in source[:cut]:
+            if isinstance(element, Watermark) or key_group_for(element.key, MAX_P) in op.key_group_range:
+                _route(element, [op])
+        handles.append(op.snapshot(1, tmp_path / f"chk{i}"))
+        outputs += op.drain_outputs()
+        op.close()
+        backend.close()
+    for i in range(3):
+        backend = make()
+        op = KeyedProcessOperator(Counting(), backend, config,
+                                  key_group_range=key_group_range_for(MAX_P, 3, i))
+        op.restore(handles)
+        for element in source[cut:]:
+            if isinstance(element, Watermark) or key_group_for(element.key, MAX_P) in op.key_group_range:
+                _route(element, [op])
+        op.finish()
+        outputs += op.drain_outputs()
+        op.close()
+        backend.close()
+    assert _per_key(outputs) == expected
