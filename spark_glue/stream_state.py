@@ -134,7 +134,7 @@ class StateStore:
 
     def clear_attempt(self, partition: int, partitions: int, batch_id: int) -> None:
         """Make a partition's directory ready for ``batch_id``: delete ``chk-<batch_id>``
-        (a failed attempt's) and its watermarks file.
+        (a failed attempt's), its watermarks file and abandoned staging directories.
 
         Raises RuntimeError if a checkpoint newer than ``batch_id`` exists: Spark runs
         a batch the state has gone past (its checkpoint was reset or replaced).
@@ -149,6 +149,9 @@ class StateStore:
             )
         own.delete(batch_id)
         own.delete_file(watermarks_name(batch_id))
+        for name in own.list_names():  # a crashed attempt's staging directory
+            if name.startswith(".chk-") and ".staging-" in name:
+                own.fs.delete_dir(f"{own.root}/{name}")
 
     def prune(self, partition: int, partitions: int, era_start: int) -> None:
         """Keep the newest ``KEEP`` checkpoints of this era in the partition's directory;

@@ -13,14 +13,13 @@ import os
 
 import pyarrow.fs as pafs
 import pytest
+from engine_helpers import AsyncCounter
 from s3_server import S3Server, _free_port
 
 from aec import (
     AecConfig,
-    KeyedProcessFunction,
     KeyedProcessOperator,
     Record,
-    ValueStateDescriptor,
     Watermark,
 )
 from aec.checkpoint import CheckpointHandle, CheckpointStorageError, latest_checkpoint, storage
@@ -28,14 +27,11 @@ from aec.keygroups import key_group_range_for
 from backends import MemoryBackend
 
 
-class Count(KeyedProcessFunction):
-    def open(self, ctx):
-        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+class Count(AsyncCounter):
+    """Counts per key; a non-zero value also sets an event-time timer at it."""
 
-    def process_element(self, value, ctx):
-        n = self.count.value() + 1
-        self.count.update(n)
-        ctx.output((ctx.current_key, n))
+    async def process_element(self, value, ctx):
+        await super().process_element(value, ctx)
         if value:
             ctx.timer_service.register_event_time_timer(value)
 

@@ -160,19 +160,12 @@ def test_rescaled_restore_and_replay_equals_uninterrupted_run_memory(source, dat
 
 
 # -- the operator's key-group range --------------------------------------------------------------
-class Count(KeyedProcessFunction):
+Count = AsyncCounter  # state "count", outputs (key, n)
+
+
+class OtherState(AsyncCounter):
     def open(self, ctx):
-        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
-
-    def process_element(self, value, ctx):
-        n = self.count.value() + 1
-        self.count.update(n)
-        ctx.output((ctx.current_key, n))
-
-
-class OtherState(Count):
-    def open(self, ctx):
-        self.count = ctx.get_state(ValueStateDescriptor("other", default=0))
+        self.count = ctx.get_state(ValueStateDescriptor("other"))
 
 
 def keys_in(key_groups: KeyGroupRange, mp: int, count: int = 3) -> list[str]:

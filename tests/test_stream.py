@@ -324,3 +324,104 @@ def test_state_on_s3_and_a_rescale(spark, tmp_path, s3):
     assert any(k.startswith("stream/state/partition-") and "-of-3/chk-1/" in k for k in keys)
     assert any(k.endswith("chk-1/MANIFEST.json") for k in keys)
     assert not os.path.exists(os.path.join(str(tmp_path), "s3:"))
+
+
+# -- one partition's micro-batches without Spark (stream_task, stream_state) ----------------------
+def _task_rows(batch_id, partition, rows):
+    """``rows`` as a routed Arrow batch of ``partition``."""
+    import pyarrow as pa
+
+    from spark_glue.routing import PARTITION, ROUTE
+
+    table = pa.Table.from_pylist(rows, schema=pa.schema(
+        [("k", pa.string()), ("seq", pa.int64()), ("x", pa.int64()), ("t", pa.float64())]
+    ))  # fmt: skip
+    batch = table.to_batches()[0]
+    column = pa.array([partition] * len(rows), pa.int32())
+    return batch.append_column(PARTITION, column).append_column(ROUTE, column)
+
+
+def _run_task(task, batch_id, rows, sources):
+    from spark_glue.raw_frame import _METRICS, _STREAM
+
+    out = list(
+        task.for_batch(batch_id, 1, 0, {0: sources}, {})(iter([_task_rows(batch_id, 0, rows)]))
+    )
+    main, metrics = [], None
+    for batch in out:
+        for row in batch.to_pylist():
+            if row[_STREAM] == "main":
+                main.append((row["k"], row["seq"], row["count"], row["total"]))
+            elif row[_STREAM] == "metrics":
+                metrics = json.loads(row[_METRICS])
+    return main, metrics
+
+
+def test_a_kept_operator_continues_and_a_replay_restores(tmp_path):
+    """Batch 1 reuses the live operator batch 0 left (its checkpoint is the planned
+    base); a replay of batch 1 must not (its base is chk-0): it restores and yields
+    the same rows."""
+    import uuid
+
+    from pyspark.sql import types as T
+
+    from aec import AecConfig
+    from aec.checkpoint import CheckpointHandle
+    from aec.state.memory import MemorySpec
+    from spark_glue.partition import PartitionJob
+    from spark_glue.raw_frame import RawLayout
+    from spark_glue.stream_state import StateStore
+    from spark_glue.stream_task import StreamTask
+
+    main = T.StructType(
+        [T.StructField("k", T.StringType())]
+        + [T.StructField(name, T.LongType()) for name in ("seq", "count", "total")]
+    )  # fmt: skip  (OUT_DDL, without a SparkContext)
+    layout = RawLayout.build(main, {})
+    job = PartitionJob(cloudpickle.dumps(RunningCount()), MemorySpec(), AecConfig(), ["k"],
+                       None, 0.0, 1000, layout, partitions=1)  # fmt: skip
+    state = StateStore(str(tmp_path / "state"), 128)
+    task = StreamTask(job, state, uuid.uuid4().hex, keep=True)
+    steps = [_rows(0, 20, 31), _rows(20, 20, 32)]
+    first, metrics = _run_task(task, 0, steps[0], [])
+    assert metrics["kept_operator"] is False and metrics["restored_from"] is None
+    chk0 = state.partition(0, 1).latest()
+    second, metrics = _run_task(task, 1, steps[1], [chk0])
+    assert metrics["kept_operator"] is True
+    assert state.partition(0, 1).latest() == CheckpointHandle(1, chk0.path[:-1] + "1")
+    replay, metrics = _run_task(task, 1, steps[1], [chk0])  # Spark runs batch 1 again
+    assert metrics["kept_operator"] is False and metrics["restored_from"] == 0
+    assert replay == second
+    expected = _expected_per_key(steps[0] + steps[1])
+    got: dict[str, list[tuple]] = {}
+    for k, seq, count, total in first + second:
+        got.setdefault(k, []).append((seq, count, total))
+    assert got == expected
+
+
+def test_layout_history_replaces_a_failed_attempts_era_and_sources_follow_key_groups(tmp_path):
+    from aec import KeyedProcessOperator
+    from aec.keygroups import key_group_range_for
+    from backends import MemoryBackend
+    from spark_glue.stream_state import Layout, StateStore
+
+    layout = Layout(["k"], 8)
+    assert layout.enter(0, 2) and layout.history == [[0, 2]]
+    assert not layout.enter(1, 2)
+    assert layout.enter(3, 4) and layout.history == [[0, 2], [3, 4]]
+    assert layout.enter(3, 3) and layout.history == [[0, 2], [3, 3]]  # batch 3 replayed
+    state = StateStore(str(tmp_path), 8)
+    for old in range(2):  # era 0: both partitions checkpoint batch 1
+        operator = KeyedProcessOperator(RunningCount(), MemoryBackend(), AecConfig(max_parallelism=8),
+                                        key_group_range=key_group_range_for(8, 2, old))  # fmt: skip
+        operator.snapshot(1, state.partition(old, 2).location)
+    # era 1 (3 partitions from batch 3): partition 1 (groups 3..5) overlaps both old ones
+    sources = state.sources(layout.history, 1, 1, 3)
+    assert [h.path for h in sources] == [
+        state.partition(0, 2).name_of("chk-1"), state.partition(1, 2).name_of("chk-1")
+    ]  # fmt: skip
+    assert state.inherited(sources, 1, 3)
+    assert [h.path for h in state.sources(layout.history, 1, 0, 3)] == [
+        state.partition(0, 2).name_of("chk-1")
+    ]
+    assert state.sources(layout.history, 0, 0, 1) == []  # before batch 1: nothing yet

@@ -54,6 +54,8 @@ METADATA = "operator.json"
 TIMERS = "timers.pickle"
 BACKEND_DIR = "backend"
 _CHUNK = 1 << 20  # bytes hashed per read
+_DIGEST_CACHE = 4096  # hard-linked files whose digest is remembered
+_DIGESTS: dict[tuple[int, int, int, int], dict[str, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -237,15 +239,30 @@ def _write_file(directory: str, name: str, data: bytes) -> None:
 
 
 def _describe_file(root: str, name: str) -> dict[str, Any]:
-    """Size and SHA-256 of ``root/name``; fsyncs it too (the backend wrote it)."""
+    """Size and SHA-256 of ``root/name``; fsyncs it too (the backend wrote it).
+
+    A file hard-linked from an earlier checkpoint (incremental backends) is the
+    same inode with the same size and mtime: its digest is remembered, so linking
+    a large base costs nothing here either."""
+    path = os.path.join(root, name)
+    info = os.stat(path)
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    known = _DIGESTS.get(identity)
+    if known is not None and info.st_nlink > 1:
+        return dict(known)
     digest = hashlib.sha256()
     size = 0
-    with open(os.path.join(root, name), "rb") as src:
+    with open(path, "rb") as src:
         while chunk := src.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
         os.fsync(src.fileno())
-    return {"size": size, "sha256": digest.hexdigest()}
+    described = {"size": size, "sha256": digest.hexdigest()}
+    if info.st_nlink > 1:
+        if len(_DIGESTS) >= _DIGEST_CACHE:
+            _DIGESTS.clear()
+        _DIGESTS[identity] = described
+    return dict(described)
 
 
 def _fsync_directory(path: str) -> None:

@@ -437,7 +437,6 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             self.trace.append(("watermark", None, epoch.watermark))
 
 
-
 def _owned_range(key_groups: Any, max_parallelism: int) -> KeyGroupRange:
     """The operator's key groups: ``key_groups``, or all of ``max_parallelism``.
 

@@ -139,6 +139,9 @@ class OperatorCheckpoints:
                 item = checkpoint.read(_relocated(original, local), TimerQueue.from_export)
                 restored.append(dataclasses.replace(item, handle=_named(original, item.handle)))
             plan = merge(restored, self.config.max_parallelism, self.key_group_range)
+            check = getattr(self.function, "check_restore", None)  # e.g. windows: same assigner
+            if check is not None:
+                check(plan.state.state_names)  # raises ValueError before anything live changes
             self.open()
             where = ", ".join(item.handle.path for item in restored)
             try:

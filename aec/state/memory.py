@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import os
-import pickle
 from collections.abc import Sequence
 from itertools import islice
 from typing import Any
 
 from aec.keygroups import KeyGroupRange, key_group_for
+from aec.state import memory_changelog as changelog
 from aec.state.backend import BackendSpec, StateBackend
-from aec.state.requests import StateRequest, op_table
+from aec.state.memory_changelog import Changelog
+from aec.state.requests import Op, StateRequest, op_table
 
-_SNAPSHOT_FILE = "memory-state.pickle"
+_WRITES = Op.WRITES
 
 
 class MemoryBackend(StateBackend):
     """Heap state: ``{state name: {key: value | list | dict}}``.
 
     Non-blocking (``blocking = False``): batches run on the mailbox thread.
+    Snapshots are incremental by default (``incremental=True``): each writes only
+    the keys changed since the previous one, against a base, and folds the
+    changelog after ``max_deltas`` snapshots (``aec.state.memory_changelog``).
     Values are stored by reference, as in Flink's heap backend: mutate a value
     read from state only through the state API. Reads of list and map state
     return fresh containers.
@@ -26,24 +30,35 @@ class MemoryBackend(StateBackend):
 
     blocking = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, incremental: bool = True, max_deltas: int = 16) -> None:
         self._tables: dict[str, dict[Any, Any]] = {}
+        self.incremental = incremental
+        self._changelog = Changelog(max_deltas)
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         tables = self._tables
+        dirty = self._changelog.dirty
         for request in requests:
             table = tables.get(request.state)
             if table is None:
                 table = tables[request.state] = {}
-            _APPLY[request.op](table, request)
+            op = request.op
+            _APPLY[op](table, request)
+            if op in _WRITES:
+                dirty.add((request.state, request.key))
 
     def snapshot(self, directory: str) -> None:
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, _SNAPSHOT_FILE)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as out:
-            pickle.dump(self._tables, out, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+        """Write the state into ``directory``: incrementally (a base plus the
+        changelog, hard-linked; ``aec.state.memory_changelog``) or, with
+        ``incremental=False``, as one full pickle."""
+        if not self.incremental:
+            self._changelog.reset()
+        self._changelog.snapshot(self._tables, directory)
+        if not self.incremental:
+            self._changelog.close()
+
+    def close(self) -> None:
+        self._changelog.close()
 
     def restore(
         self,
@@ -64,8 +79,9 @@ class MemoryBackend(StateBackend):
         if key_groups is not None and max_parallelism is None:
             raise ValueError("restore with key_groups needs the max_parallelism they use")
         merged: dict[str, dict[Any, Any]] = {}
+        touched: set[tuple[str, Any]] = set()
         for source in directories:
-            tables = _load(os.fspath(source))
+            tables = changelog.load(os.fspath(source), touched)
             if key_groups is not None:
                 tables = _only(tables, key_groups, max_parallelism)
             if not merged and len(directories) == 1:
@@ -79,24 +95,16 @@ class MemoryBackend(StateBackend):
                     )
                 target.update(table)
         self._tables = merged
+        if self.incremental and len(directories) == 1 and key_groups is None:
+            self._changelog.adopt(os.fspath(directories[0]), touched)
+        else:
+            self._changelog.reset()
 
     def spec(self) -> BackendSpec:
-        return MemorySpec()
+        return MemorySpec(self.incremental, self._changelog.max_deltas)
 
     def state_items(self, state: str) -> dict[Any, Any]:
         return {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
-
-
-def _load(directory: str) -> dict[str, dict[Any, Any]]:
-    path = os.path.join(directory, _SNAPSHOT_FILE)
-    with open(path, "rb") as src:
-        try:
-            tables = pickle.load(src)
-        except Exception as exc:
-            raise ValueError(f"{path} is not a MemoryBackend snapshot: {exc}") from exc
-    if not isinstance(tables, dict):
-        raise ValueError(f"{path} is not a MemoryBackend snapshot")
-    return tables
 
 
 def _only(tables: dict, key_groups: KeyGroupRange, max_parallelism: Any) -> dict:
@@ -116,10 +124,14 @@ def _only(tables: dict, key_groups: KeyGroupRange, max_parallelism: Any) -> dict
 
 
 class MemorySpec(BackendSpec):
-    """Builds an empty ``MemoryBackend`` for any partition."""
+    """Builds an empty ``MemoryBackend`` for any partition (same options)."""
+
+    def __init__(self, incremental: bool = True, max_deltas: int = 16) -> None:
+        self.incremental = incremental
+        self.max_deltas = max_deltas
 
     def build(self, partition: int) -> StateBackend:
-        return MemoryBackend()
+        return MemoryBackend(incremental=self.incremental, max_deltas=self.max_deltas)
 
 
 def _copy(value: Any) -> Any:
