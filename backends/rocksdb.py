@@ -113,7 +113,9 @@ class RocksDBBackend(StateBackend):
         self._fresh = fresh
         self._write_options = WriteOptions()
         self._write_options.disable_wal = disable_wal  # a property, though the stub says method
-        self._lock = threading.Lock()  # lifecycle and column-family creation
+        self._lock = threading.RLock()  # lifecycle and column-family creation
+        self._opened = False
+        self._pending_fresh = False  # ``fresh``: destroy and create on first use
         self._db: Rdict | None = None
         self._tables: dict[str, Table] = {}
         self._closed = False
@@ -124,19 +126,35 @@ class RocksDBBackend(StateBackend):
     # lifecycle
 
     def open(self) -> None:
-        """Open (or create) the DB at ``path``; a second call does nothing."""
+        """Open (or create) the DB at ``path``; a second call does nothing.
+
+        With ``fresh`` the destruction of an old DB and the creation of the new one
+        wait for the first use, so that a ``restore`` right after ``open`` (a restarted
+        task) replaces the directory once instead of creating a DB to throw away."""
         with self._lock:
             self._check_not_closed()
-            if self._db is None:
-                if self._fresh and holds_database(self.path):
-                    Rdict.destroy(self.path, self._make_options())
-                self._open_db()
+            if self._db is None and not self._pending_fresh:
+                if self._fresh and not self._opened:
+                    self._pending_fresh = True
+                else:
+                    self._open_db()
+            self._opened = True
 
     def close(self) -> None:
         with self._lock:
             if not self._closed:
-                self._closed = True
-                self._close_db()
+                try:
+                    if self._pending_fresh:  # a fresh backend closes empty
+                        self._start_fresh()
+                finally:
+                    self._closed = True
+                    self._close_db()
+
+    def _start_fresh(self) -> None:
+        if holds_database(self.path):
+            Rdict.destroy(self.path, self._make_options())
+        self._open_db()
+        self._pending_fresh = False
 
     def _check_not_closed(self) -> None:
         if self._closed:
@@ -205,8 +223,13 @@ class RocksDBBackend(StateBackend):
     def _live_db(self) -> Rdict:
         db = self._db
         if db is None:
-            self._check_not_closed()
-            raise RuntimeError(f"{self!r} is not open: call open() first")
+            with self._lock:
+                if self._db is None and self._pending_fresh and not self._closed:
+                    self._start_fresh()
+                db = self._db
+            if db is None:
+                self._check_not_closed()
+                raise RuntimeError(f"{self!r} is not open: call open() first")
         return db
 
     # batches
@@ -287,37 +310,55 @@ class RocksDBBackend(StateBackend):
         with self._lock:
             self._check_not_closed()
             staging = f"{self.path}.restore-{uuid.uuid4().hex}"
+            scratches: list[str] = []
+            others: list[RocksDBBackend] = []
             try:
-                self._build_union(staging, sources, key_groups)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            self._close_db()
-            shutil.rmtree(self.path)
-            os.replace(staging, self.path)
-            self._open_db()
+                linked_copy(sources[0], staging)
+                for source in sources[1:]:  # every snapshot opens before anything changes
+                    scratches.append(f"{staging}.source-{uuid.uuid4().hex}")
+                    linked_copy(source, scratches[-1])
+                    others.append(_opened(scratches[-1], self._options_hook))
+                self._switch_to(staging, key_groups, others)
+            finally:
+                for other in others:
+                    other.close()
+                for path in (staging, *scratches):
+                    shutil.rmtree(path, ignore_errors=True)
 
-    def _build_union(
-        self, target: str, sources: list[str], key_groups: KeyGroupRange | None
+    def _switch_to(
+        self, staging: str, key_groups: KeyGroupRange | None, others: list[RocksDBBackend]
     ) -> None:
-        linked_copy(sources[0], target)
-        merged = _opened(target, self._options_hook)
+        """Make ``staging`` the live directory, then filter and merge ``others`` in; on
+        any failure put the previous live directory back."""
+        was_open = self._db is not None
+        self._close_db()
+        aside = f"{self.path}.previous-{uuid.uuid4().hex}"
+        had_live = os.path.exists(self.path)
+        if had_live:
+            os.replace(self.path, aside)
+        os.replace(staging, self.path)
         try:
+            try:
+                self._open_db()
+            except ValueError:
+                raise
+            except Exception as exc:  # rocksdict raises bare Exception for corrupt databases
+                raise ValueError(f"cannot open the restored RocksDB database: {exc}") from exc
             if key_groups is not None:
-                merged._drop_outside(key_groups)
-            for source in sources[1:]:
-                scratch = f"{target}.source-{uuid.uuid4().hex}"
-                try:
-                    linked_copy(source, scratch)
-                    other = _opened(scratch, self._options_hook)
-                    try:
-                        merged._copy_from(other, key_groups)
-                    finally:
-                        other.close()
-                finally:
-                    shutil.rmtree(scratch, ignore_errors=True)
-        finally:
-            merged.close()
+                self._drop_outside(key_groups)
+            for other in others:
+                self._copy_from(other, key_groups)
+        except BaseException:
+            self._close_db()
+            shutil.rmtree(self.path, ignore_errors=True)
+            if had_live:
+                os.replace(aside, self.path)
+            if was_open:
+                self._open_db()
+            raise
+        self._pending_fresh = False
+        if had_live:
+            shutil.rmtree(aside, ignore_errors=True)
 
     def _drop_outside(self, key_groups: KeyGroupRange) -> None:
         """Range-delete every state key outside ``key_groups`` (O(1) per state)."""

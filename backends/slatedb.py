@@ -57,7 +57,6 @@ Object stores, by URL:
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import threading
@@ -75,8 +74,10 @@ from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
 from backends.slatedb_loop import LoopThread
 from backends.slatedb_snapshots import (
+    NAME,
     create_checkpoint,
     read_manifest,
+    release_checkpoints,
     restore_union,
     unchanged_since,
     write_manifest,
@@ -86,8 +87,10 @@ from backends.slatedb_store import (
     FORMAT_KEY,
     WAL,
     join_path,
+    make_settings,
     object_store,
     parse_url,
+    probe_endpoint,
     scan,
     state_prefix,
     wipe_states,
@@ -97,6 +100,7 @@ from backends.snapshot_sets import checked_key_groups, snapshot_directories
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
 DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
+_PROBE_SECONDS = 5.0  # to connect to an S3 endpoint in open()
 
 
 # --- backend -----------------------------------------------------------------------------
@@ -123,6 +127,11 @@ class SlateDBBackend(StateBackend):
             Checkpoints, and so snapshots, survive.
         timeout: seconds any one SlateDB operation (a batch, a flush, a snapshot)
             may take before it fails with TimeoutError; None waits forever.
+        retained: keep at most this many snapshots' SlateDB checkpoints in the
+            database (the newest; older ones are released at each ``snapshot``, so
+            their SSTs can be garbage-collected); None keeps all. A pruned snapshot
+            can no longer be restored: use at least the number of checkpoints the
+            caller keeps (``process_keyed_stream`` keeps the newest two).
 
     Blocking: batches run on the engine's I/O threads, several at once; each waits
     for its turn on the backend's event loop. ``snapshot``/``restore``/``close``
@@ -130,7 +139,10 @@ class SlateDBBackend(StateBackend):
 
     Raises:
         RuntimeError: ``execute_batch`` before ``open`` or after ``close``.
-        ValueError: a bad URL or setting; ``open`` on a database aec did not write.
+        ValueError: a bad URL or setting (a plain-HTTP S3 endpoint without
+            ``AWS_ALLOW_HTTP``); ``open`` on a database aec did not write.
+        ConnectionError: ``open`` cannot connect to the S3 endpoint set for the URL.
+        TimeoutError: a SlateDB operation took over ``timeout`` seconds.
         slatedb.uniffi.Error: whatever SlateDB raises (the engine fails the job).
     """
 
@@ -146,8 +158,11 @@ class SlateDBBackend(StateBackend):
         object_store_options: Mapping[str, str] | None = None,
         fresh: bool = False,
         timeout: float | None = 300.0,
+        retained: int | None = None,
     ) -> None:
         parse_url(url)
+        if retained is not None and (not isinstance(retained, int) or retained < 1):
+            raise ValueError(f"retained must be an int >= 1 or None, got {retained!r}")
         if block_cache_bytes is not None and (
             not isinstance(block_cache_bytes, int) or block_cache_bytes < 0
         ):
@@ -163,7 +178,8 @@ class SlateDBBackend(StateBackend):
         self.object_store_options = dict(object_store_options or {})
         self.fresh = fresh
         self.timeout = timeout
-        self._make_settings()  # validate now, not on an executor
+        self.retained = retained
+        make_settings(self.settings)  # validate now, not on an executor
         self._lock = threading.Lock()  # lifecycle
         self._loop: LoopThread | None = None
         self._store: Any = None
@@ -192,6 +208,7 @@ class SlateDBBackend(StateBackend):
             if self._db is not None:
                 return
             self._store, prefix = object_store(self.url, self.object_store_options)
+            probe_endpoint(self.url, self.object_store_options, _PROBE_SECONDS)
             self._db_path = join_path(prefix, self.path)
             self._start_loop()
             try:
@@ -269,18 +286,9 @@ class SlateDBBackend(StateBackend):
             raise RuntimeError(f"{self!r} is not open: call open() first")
         return loop.call(coroutine)
 
-    def _make_settings(self) -> Any:
-        settings = sdb.Settings.default()
-        for key, value in self.settings.items():
-            try:
-                settings.set(key, json.dumps(value))
-            except sdb.Error as exc:
-                raise ValueError(f"bad SlateDB setting {key}={value!r}: {exc}") from exc
-        return settings
-
     async def _open_db(self) -> Any:
         builder = sdb.DbBuilder(self._db_path, self._store)
-        builder.with_settings(self._make_settings())
+        builder.with_settings(make_settings(self.settings))
         if self.block_cache_bytes == 0:
             builder.with_db_cache_disabled()
         elif self.block_cache_bytes is not None:
@@ -339,7 +347,7 @@ class SlateDBBackend(StateBackend):
                 previous = read_manifest(directory)
             except (OSError, ValueError):
                 previous = None
-            name = f"aec-snapshot-{uuid.uuid4().hex}"
+            name = f"{NAME}{uuid.uuid4().hex}"
             checkpoint = self._call(create_checkpoint(db, self._admin, name))
             manifest = {
                 "url": self.url,
@@ -350,16 +358,13 @@ class SlateDBBackend(StateBackend):
                 "name": name,
             }
             write_manifest(directory, manifest)
-            if (
-                previous is not None
-                and previous["url"] == self.url
-                and previous["db_path"] == self._db_path
-                and previous["checkpoint"] != checkpoint.id
+            replaced = None
+            if previous is not None and (previous["url"], previous["db_path"]) == (
+                self.url,
+                self._db_path,
             ):
-                try:  # the replaced snapshot's checkpoint would pin its SSTs forever
-                    self._call(self._admin.delete_checkpoint(previous["checkpoint"]))
-                except sdb.Error:
-                    pass  # already gone
+                replaced = previous["checkpoint"]
+            self._call(release_checkpoints(self._admin, checkpoint.id, replaced, self.retained))
 
     def restore(
         self,
@@ -420,6 +425,7 @@ class SlateDBBackend(StateBackend):
             settings=self.settings,
             object_store_options=self.object_store_options,
             timeout=self.timeout,
+            retained=self.retained,
         )
 
     def state_items(self, state: str) -> dict[Any, Any]:
@@ -461,6 +467,7 @@ class SlateDBSpec(BackendSpec):
         settings: Mapping[str, Any] | None = None,
         object_store_options: Mapping[str, str] | None = None,
         timeout: float | None = 300.0,
+        retained: int | None = None,
     ) -> None:
         self.url = url
         self.path = path
@@ -468,6 +475,7 @@ class SlateDBSpec(BackendSpec):
         self.settings = dict(settings or {})
         self.object_store_options = dict(object_store_options or {})
         self.timeout = timeout
+        self.retained = retained
 
     def path_for(self, partition: int) -> str:
         if partition < 0:
@@ -483,4 +491,5 @@ class SlateDBSpec(BackendSpec):
             object_store_options=self.object_store_options,
             fresh=True,
             timeout=self.timeout,
+            retained=self.retained,
         )

@@ -33,6 +33,7 @@ from backends.slatedb_store import (
 
 SNAPSHOT_FILE = "slatedb-snapshot.json"
 SNAPSHOT_FORMAT = "aec-slatedb-snapshot-1"
+NAME = "aec-snapshot-"  # the name of every checkpoint a snapshot creates
 
 
 def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
@@ -54,6 +55,24 @@ async def create_checkpoint(db: Any, admin: Any, name: str) -> Any:
     await db.flush_with_options(MEMTABLE)
     options = sdb.CheckpointOptions(lifetime_ms=None, source=None, name=name)
     return await admin.create_detached_checkpoint(options)
+
+
+async def release_checkpoints(
+    admin: Any, newest: str, replaced: str | None, retained: int | None
+) -> None:
+    """Delete checkpoint ``replaced`` (the one a snapshot directory named before it was
+    overwritten) and, with ``retained``, every aec snapshot checkpoint of the database
+    but the ``retained`` newest (by manifest id). ``newest`` is never deleted."""
+    doomed = set() if replaced is None or replaced == newest else {replaced}
+    if retained is not None:
+        ours = [c for c in await admin.list_checkpoints(None) if (c.name or "").startswith(NAME)]
+        ours.sort(key=lambda c: c.manifest_id, reverse=True)
+        doomed.update(c.id for c in ours[retained:] if c.id != newest)
+    for checkpoint_id in doomed:
+        try:  # a released checkpoint no longer pins its SSTs
+            await admin.delete_checkpoint(checkpoint_id)
+        except sdb.Error:
+            pass  # already gone
 
 
 async def open_checkpoint(store: Any, manifest: dict[str, Any]) -> Any:

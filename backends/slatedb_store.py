@@ -7,7 +7,9 @@ database aec wrote. See ``backends.slatedb`` for the URLs and their environment.
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -61,17 +63,23 @@ def object_store(url: str, options: Mapping[str, str]) -> tuple[Any, str]:
     return builder.build(), prefix
 
 
-def _check_plain_http(options: Mapping[str, str]) -> None:
-    """Refuse a plain-HTTP S3 endpoint without ``allow_http``: the ``object_store`` crate
-    rejects every request to it and SlateDB retries them until ``timeout``, so the
-    user would see a bare TimeoutError instead of the cause."""
-    endpoint = (
+def s3_endpoint(options: Mapping[str, str]) -> str:
+    """The S3 endpoint the ``object_store`` crate will use ("" for AWS itself):
+    ``object_store_options`` first, then ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT``."""
+    return (
         options.get("endpoint")
         or options.get("aws_endpoint")
         or os.environ.get("AWS_ENDPOINT_URL")
         or os.environ.get("AWS_ENDPOINT")
         or ""
     )
+
+
+def _check_plain_http(options: Mapping[str, str]) -> None:
+    """Refuse a plain-HTTP S3 endpoint without ``allow_http``: the ``object_store`` crate
+    rejects every request to it and SlateDB retries them until ``timeout``, so the
+    user would see a bare TimeoutError instead of the cause."""
+    endpoint = s3_endpoint(options)
     allow = options.get("allow_http") or options.get("aws_allow_http")
     if allow is None:
         allow = os.environ.get("AWS_ALLOW_HTTP", "")
@@ -80,6 +88,38 @@ def _check_plain_http(options: Mapping[str, str]) -> None:
             f"the S3 endpoint {endpoint} is plain HTTP: set AWS_ALLOW_HTTP=true (or "
             'object_store_options={"allow_http": "true"}) to use it'
         )
+
+
+def probe_endpoint(url: str, options: Mapping[str, str], seconds: float) -> None:
+    """Connect to an S3 URL's explicit endpoint once (TCP only).
+
+    SlateDB retries an unreachable store until the backend's timeout (minutes), so
+    ``open`` probes first. Raises ConnectionError naming the endpoint; does nothing
+    for local stores and for AWS itself (no endpoint set)."""
+    if parse_url(url)[0] != "s3":
+        return
+    endpoint = s3_endpoint(options)
+    if not endpoint:
+        return
+    parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    try:
+        port = parts.port or (80 if parts.scheme == "http" else 443)
+        socket.create_connection((parts.hostname or "", port), timeout=seconds).close()
+    except (OSError, ValueError) as exc:
+        raise ConnectionError(f"the S3 endpoint {endpoint} of {url} is unreachable: {exc}") from exc
+
+
+def make_settings(overrides: Mapping[str, Any]) -> Any:
+    """SlateDB's default ``Settings`` with ``{dotted key: JSON-able value}`` overrides.
+
+    Raises ValueError naming a bad key or value."""
+    settings = sdb.Settings.default()
+    for key, value in overrides.items():
+        try:
+            settings.set(key, json.dumps(value))
+        except sdb.Error as exc:
+            raise ValueError(f"bad SlateDB setting {key}={value!r}: {exc}") from exc
+    return settings
 
 
 def join_path(*parts: str) -> str:

@@ -1,14 +1,16 @@
 """Checkpoint benchmark: is a streaming micro-batch's cost flat in state size?
 
 A micro-batch is what ``spark_glue.process_keyed_stream`` does per partition, at the
-operator level (``aec.KeyedProcessOperator``, no Spark): the live operator (state
-already in its backend) takes a fixed 200-row micro-batch over 100 keys (a keyed
-counter: one read and one write per row), then the end-of-batch watermark, then
-``snapshot(<id>, dir)`` writes ``chk-<id>``; checkpoints older than the previous one
-are pruned. State sizes are 1k, 2k, 10k, 100k, 1M and 2M keys, preloaded straight into
+operator level (``aec.KeyedProcessOperator``, no Spark): get the partition's operator
+(MemoryBackend: the kept live one; RocksDB, SlateDB: a fresh backend on the
+partition's path restoring the newest checkpoint, as the glue does for backends with
+state on disk), take a fixed 200-row micro-batch over 100 keys (a keyed counter: one
+read and one write per row), the end-of-batch watermark, ``snapshot(<id>, dir)``
+writing ``chk-<id>`` (and close the backend, RocksDB and SlateDB); checkpoints older
+than the previous one are pruned. State sizes are 1k, 2k, 10k, 100k, 1M and 2M keys, preloaded straight into
 the backend (value state ``count``, as the operator writes it) and checkpointed once
 before the clock starts. Backends: ``MemoryBackend``, ``RocksDBBackend``,
-``SlateDBBackend`` (``file://`` store).
+``SlateDBBackend`` (``file://`` store, ``retained=3``).
 
 Per backend the sizes run side by side: every round takes one micro-batch of every
 size, in a rotating order, so machine noise hits all sizes alike; a figure is the
@@ -92,7 +94,7 @@ def make_backend(kind: str, root: Path, name: str, fresh: bool = False) -> Any:
         return RocksDBBackend(root / "db" / name, fresh=fresh)
     from backends.slatedb import SlateDBBackend  # loads a 28 MB native library
 
-    return SlateDBBackend(f"file://{root / 'store'}", name, fresh=fresh)
+    return SlateDBBackend(f"file://{root / 'store'}", name, fresh=fresh, retained=3)
 
 
 def preload(backend: Any, size: int) -> None:
@@ -129,18 +131,25 @@ def new_bytes(before: dict, after: dict) -> int:
 
 
 class Partition:
-    """A live operator over ``size`` keys of state, taking micro-batches."""
+    """One partition's state of ``size`` keys, taking micro-batches as
+    ``process_keyed_stream`` runs them: ``MemoryBackend`` keeps its live operator
+    between micro-batches; RocksDB and SlateDB (state on disk that another worker may
+    need) start every micro-batch from a fresh backend on the partition's path that
+    restores the newest checkpoint, and close it at the end."""
 
     def __init__(self, kind: str, root: Path, size: int, seed: int) -> None:
         self.kind, self.size = kind, size
+        self.keep = kind == "memory"
         self.root = root / f"{kind}-{size}"
         self.checkpoints = self.root / "checkpoints"
-        self.backend = make_backend(kind, self.root, "live")
-        self.operator = KeyedProcessOperator(Count(), self.backend, CONFIG)
+        self.backend: Any = make_backend(kind, self.root, "live")
+        self.operator: Any = KeyedProcessOperator(Count(), self.backend, CONFIG)
         self.operator.open()
         preload(self.backend, size)
         self.batch_id = 0
         self.handles = [self.operator.snapshot(0, self.checkpoints)]
+        if not self.keep:
+            self._release()
         self.watermark = 0.0
         self.keys = random.Random(seed).sample(range(size), BATCH_KEYS)
         self.seen = self._written()
@@ -152,6 +161,18 @@ class Partition:
             found.update(inodes(store))
         return found
 
+    def _restored(self) -> None:
+        """A fresh backend on the partition's path (as its spec builds it) and a new
+        operator, restored from the newest checkpoint."""
+        self.backend = make_backend(self.kind, self.root, "live", fresh=True)
+        self.operator = KeyedProcessOperator(Count(), self.backend, CONFIG)
+        self.operator.restore(self.handles[-1])
+
+    def _release(self) -> None:
+        self.operator.close()
+        self.backend.close()
+        self.operator = self.backend = None
+
     def micro_batch(self) -> tuple[float, int]:
         """One micro-batch: seconds and checkpoint bytes written."""
         self.batch_id += 1
@@ -160,12 +181,16 @@ class Partition:
             for i in range(BATCH_ROWS)
         ]
         started = time.perf_counter()
+        if not self.keep:
+            self._restored()
         for row in rows:
             self.operator.process(row)
         self.watermark += BATCH_ROWS
         self.operator.process_watermark(Watermark(self.watermark - 1))
         handle = self.operator.snapshot(self.batch_id, self.checkpoints)
         self.operator.drain_outputs()
+        if not self.keep:
+            self._release()
         elapsed = time.perf_counter() - started
         self.handles.append(handle)
         while len(self.handles) > 2:  # the glue keeps the newest checkpoints only
@@ -176,27 +201,34 @@ class Partition:
         return elapsed, grown
 
     def restart(self) -> float:
-        """A restarted task: the live operator goes away, a fresh backend on the same
-        path (what the backend's spec builds) and a new operator restore the newest
-        checkpoint and become the live ones. Seconds the restore took."""
-        self.operator.close()
-        self.backend = make_backend(self.kind, self.root, "live", fresh=True)
-        self.operator = KeyedProcessOperator(Count(), self.backend, CONFIG)
+        """A restarted task: a fresh backend on the partition's path and a new operator
+        restore the newest checkpoint (a kept operator is dropped first). Seconds the
+        restore took."""
+        if self.keep:
+            self._release()
         gc.collect()
         started = time.perf_counter()
-        self.operator.restore(self.handles[-1])
-        return time.perf_counter() - started
+        self._restored()
+        elapsed = time.perf_counter() - started
+        if not self.keep:
+            self._release()
+        return elapsed
 
     def check(self) -> None:
         """Every batch key counted every row once (1 preloaded + 2 per batch)."""
+        if not self.keep:
+            self._restored()
         items = self.backend.state_items("count")
+        if not self.keep:
+            self._release()
         expected = 1 + self.batch_id * BATCH_ROWS // BATCH_KEYS
         wrong = [k for k in self.keys if items.get(k) != expected]
         if wrong or len(items) != self.size:
             raise AssertionError(f"{self.kind} {self.size}: wrong state for {wrong[:5]}")
 
     def close(self) -> None:
-        self.operator.close()
+        if self.operator is not None:
+            self._release()
 
 
 def rotated(items: list, round_number: int) -> list:
@@ -323,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             prefix=f"bench-checkpoint-{kind}-", ignore_cleanup_errors=True
         ) as root:
             results[kind] = run_backend(kind, sizes, rounds, args.restores, Path(root))
+        print(table({kind: results[kind]}, {}), flush=True)
     goal_ratios = ratios(results)
     text = table(results, goal_ratios)
     print(text)

@@ -948,3 +948,42 @@ def test_rocksdb_restore_matches_the_contract_on_random_snapshots(keys, parallel
             assert target_backend.state_items("v") == expected_union(parts, owned)["v"]
         finally:
             target_backend.close()
+
+
+def test_rocksdb_restore_of_a_foreign_database_puts_the_live_one_back(tmp_path):
+    from rocksdict import Options, Rdict
+
+    foreign = Rdict(str(tmp_path / "snap" / "rocksdb"), Options(raw_mode=True))
+    foreign[b"k"] = b"v"
+    foreign.close()
+    backend = RocksDBBackend(str(tmp_path / "db"))
+    backend.open()
+    run(backend, req(Op.VALUE_PUT, "v", "live", value=1))
+    with pytest.raises(ValueError, match="did not write"):
+        backend.restore(str(tmp_path / "snap"))
+    assert backend.state_items("v") == {"live": 1}  # the previous live directory is back
+    run(backend, req(Op.VALUE_PUT, "v", "after", value=2))
+    assert backend.state_items("v") == {"live": 1, "after": 2}
+    backend.close()
+    assert sorted(os.listdir(tmp_path)) == ["db", "snap"]  # no staging or aside left
+
+
+def test_rocksdb_fresh_backend_starts_empty_used_or_not(tmp_path):
+    path = str(tmp_path / "db")
+    first = RocksDBBackend(path)
+    first.open()
+    run(first, req(Op.VALUE_PUT, "v", "old", value=1))
+    first.snapshot(str(tmp_path / "snap"))
+    first.close()
+    unused = RocksDBBackend(path, fresh=True)
+    unused.open()
+    unused.close()  # the deferred destruction still happens
+    reopened = RocksDBBackend(path)
+    reopened.open()
+    assert reopened.state_items("v") == {}
+    reopened.close()
+    restored = RocksDBBackend(path, fresh=True)  # a restarted task
+    restored.open()
+    restored.restore(str(tmp_path / "snap"))
+    assert restored.state_items("v") == {"old": 1}
+    restored.close()

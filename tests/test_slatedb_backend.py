@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import pickle
+import socket
 import tempfile
 import threading
 
@@ -587,3 +588,40 @@ def test_s3_operator_checkpoint_and_restart(s3, tmp_path):
         [(key, n) for key in keys for n in range(1, 5)], key=repr
     )
     assert sorted(after, key=repr) == sorted([(key, 5) for key in keys], key=repr)
+
+
+def test_s3_unreachable_endpoint_fails_open_at_once(s3, monkeypatch):
+    _, bucket = s3
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed}")
+    backend = SlateDBBackend(f"s3://{bucket}/jobs", "db", timeout=120)
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{closed}"):
+        backend.open()  # not after 120 s of SlateDB's retries
+    backend.close()
+
+
+def test_retained_snapshots_release_older_checkpoints(tmp_path):
+    backend = SlateDBBackend(url_of(tmp_path), "db", retained=2)
+    backend.open()
+    try:
+        for n in range(4):
+            run(backend, req(Op.VALUE_PUT, "v", "a", value=n))
+            backend.snapshot(str(tmp_path / f"snap-{n}"))
+        admin = backend._admin
+        names = [c.name for c in backend._call(admin.list_checkpoints(None))]
+        assert len([name for name in names if name and name.startswith("aec-snapshot-")]) == 2
+        backend.restore(str(tmp_path / "snap-2"))  # the two newest restore
+        assert backend.state_items("v") == {"a": 2}
+        with pytest.raises(ValueError, match="checkpoint"):
+            backend.restore(str(tmp_path / "snap-0"))  # released: a clear error
+        assert backend.state_items("v") == {"a": 2}
+    finally:
+        backend.close()
+    with pytest.raises(ValueError, match="retained"):
+        SlateDBBackend(url_of(tmp_path), "db", retained=0)
+    assert (
+        pickle.loads(pickle.dumps(SlateDBSpec(url_of(tmp_path), "j", retained=3))).build(0).retained
+        == 3
+    )
