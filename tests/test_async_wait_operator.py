@@ -320,7 +320,7 @@ def check_segments(source: list[Any], outputs: list[Any]) -> None:
         assert collections.Counter(results) == expected
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None)
 @given(
     run=crash_runs(),
     mode=st.sampled_from(MODES),
