@@ -19,8 +19,6 @@ from aec.async_io import AsyncFunction, AsyncWaitOperator
 from aec.retry import FixedDelay
 from backends import MemoryBackend
 
-pytestmark = pytest.mark.timeout(120)
-
 MODES = ["ordered", "unordered", "key_ordered"]
 
 

@@ -24,7 +24,6 @@ from aec.retry import ExponentialBackoff, FixedDelay
 from aec.testing import assert_equivalent
 from backends import MemoryBackend
 
-pytestmark = pytest.mark.timeout(120)
 SYNC = AecConfig(async_state=False)
 
 
