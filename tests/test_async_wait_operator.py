@@ -19,8 +19,6 @@ from aec.async_io import AsyncFunction, AsyncWaitOperator
 from aec.retry import FixedDelay
 from backends import MemoryBackend
 
-pytestmark = pytest.mark.timeout(120)
-
 MODES = ["ordered", "unordered", "key_ordered"]
 
 
@@ -320,7 +318,7 @@ def check_segments(source: list[Any], outputs: list[Any]) -> None:
         assert collections.Counter(results) == expected
 
 
-@settings(deadline=None, max_examples=30)
+@settings(deadline=None)
 @given(
     run=crash_runs(),
     mode=st.sampled_from(MODES),

@@ -24,7 +24,6 @@ from aec.retry import ExponentialBackoff, FixedDelay
 from aec.testing import assert_equivalent
 from backends import MemoryBackend
 
-pytestmark = pytest.mark.timeout(120)
 SYNC = AecConfig(async_state=False)
 
 
@@ -102,7 +101,7 @@ def test_state_and_call_compose_with_the_sync_answer_and_calls_overlap():
     assert not call_threads()
 
 
-@settings(deadline=None, max_examples=15)
+@settings(deadline=None)
 @given(
     latencies=st.lists(st.floats(0, 0.003), min_size=1, max_size=20),
     keys=st.integers(1, 4),

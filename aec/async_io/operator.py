@@ -25,7 +25,7 @@ import itertools
 import os
 from collections.abc import Callable
 from time import monotonic
-from typing import Any
+from typing import Any, NoReturn
 
 from aec.async_io import snapshot as async_snapshot
 from aec.async_io.driver import CallDriver, is_asyncio_style
@@ -267,7 +267,8 @@ class AsyncWaitOperator(CallDriver):
     # -- checkpoints ---------------------------------------------------------------------
     def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
         """Write checkpoint ``checkpoint_id`` to ``directory/chk-<id>`` (a local path or a
-        URI: ``file://``, ``s3://bucket/prefix``, ...) and return its handle, without waiting for calls and without emitting anything: it stores
+        URI: ``file://``, ``s3://bucket/prefix``, ...) and return its handle, without
+        waiting for calls and without emitting anything: it stores
         every input admitted and not yet emitted (running, in backoff, or completed),
         in arrival order, with the watermarks between them, each input's calls so
         far, and the last watermark. Same manifest, checksums and atomic commit as
@@ -334,7 +335,7 @@ class AsyncWaitOperator(CallDriver):
         elif self._state != "open":
             raise RuntimeError(f"AsyncWaitOperator is {self._state}; it takes no more input")
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException) -> NoReturn:
         """Stop everything, then re-raise ``exc`` (JobFailure or an interrupt)."""
         self._state = "failed"
         error = self._shutdown()
@@ -364,10 +365,10 @@ def check_arguments(function: Any, timeout: Any, capacity: Any, retry: Any) -> f
     Raises TypeError / ValueError naming the bad argument.
     """
     is_asyncio_style(function)  # raises TypeError for a function it cannot call
-    timeout = check_timeout(timeout)
+    seconds = check_timeout(timeout)
     check_capacity(capacity)
     check_strategy(retry)
-    return timeout
+    return seconds
 
 
 def check_capacity(capacity: Any) -> int:

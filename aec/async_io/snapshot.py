@@ -40,7 +40,7 @@ def encode(queued: Iterable[AsyncEntry | Watermark], watermark: float) -> dict[s
     """The picklable form of the queued elements, in arrival order."""
     elements: list[tuple[Any, ...]] = []
     for element in queued:
-        if type(element) is AsyncEntry:
+        if isinstance(element, AsyncEntry):
             elements.append(("record", element.value, element.attempts))
         else:
             elements.append(("watermark", element.timestamp))

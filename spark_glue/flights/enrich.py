@@ -41,7 +41,7 @@ from spark_glue.flights.service import SERVICE_RETRY, FlightsService, ServiceCli
 
 __all__ = ["ENRICHED_ROTATIONS_SCHEMA", "EnrichedRotations", "Enricher", "serving", "summary"]
 
-CALL_TIMEOUT = 30.0  # seconds per call, spanning its retries
+CALL_TIMEOUT = 120.0  # seconds per call, spanning its retries (a loaded machine queues)
 UDF_CAPACITY = 100  # calls in flight per Spark task
 LOW_VISIBILITY_MILES = 1.0
 

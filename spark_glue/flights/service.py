@@ -40,6 +40,7 @@ __all__ = ["FlightsService", "ServiceClient", "ServiceError", "SERVICE_RETRY"]
 DEFAULT_LATENCY = 0.005  # seconds per answer
 DEFAULT_FAILURE_RATE = 0.01  # share of requests answered 503
 CONNECTIONS = 100  # per event loop of a caller
+REQUEST_TIMEOUT = 10.0  # seconds per HTTP request: a stuck one fails and is retried
 
 
 class ServiceError(Exception):
@@ -48,7 +49,12 @@ class ServiceError(Exception):
 
 # retries with exponential backoff on connection errors and 5xx answers
 SERVICE_RETRY = ExponentialBackoff(
-    6, 0.01, 0.5, retry_on_exception=exception_type(aiohttp.ClientError, ServiceError, OSError)
+    6,
+    0.01,
+    0.5,
+    retry_on_exception=exception_type(
+        aiohttp.ClientError, ServiceError, OSError, asyncio.TimeoutError
+    ),
 )
 
 
@@ -300,7 +306,9 @@ def _session_of_this_loop() -> aiohttp.ClientSession:
         # at most CONNECTIONS sockets per loop: a keyed operator may have thousands of
         # records in flight; the rest wait for a connection (inside their timeout)
         connector = aiohttp.TCPConnector(limit=CONNECTIONS)
-        session = _SESSIONS[loop] = aiohttp.ClientSession(connector=connector)
+        session = _SESSIONS[loop] = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+        )
         _KEEPERS[loop] = loop.create_task(_close_at_shutdown(loop, session))
     return session
 
