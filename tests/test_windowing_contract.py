@@ -365,3 +365,50 @@ def test_windows_pickle_and_run_again():
         run(SESSION_SOURCE, FACTORIES["session"]()).outputs
     )
     assert math.isinf(TimeWindow(0, 1).end + math.inf)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [lambda: window(TumblingEventTimeWindows.of(20), reduce=sum_reduce),
+     lambda: window(EventTimeSessionWindows.with_gap(4), reduce=sum_reduce)],
+    ids=["other-size", "sessions"],
+)  # fmt: skip
+def test_restore_into_another_assigner_is_refused(other, tmp_path):
+    first = KeyedProcessOperator(window(TumblingEventTimeWindows.of(10), reduce=sum_reduce),
+                                 MemoryBackend(), ASYNC)  # fmt: skip
+    first.open()
+    _feed(first, SESSION_SOURCE[:5])
+    handle = first.snapshot(1, tmp_path)
+    first.close()
+    second = KeyedProcessOperator(other(), MemoryBackend(), ASYNC)
+    with pytest.raises(ValueError, match="TumblingEventTimeWindows.of.10, 0.*windows would not"):
+        second.restore(handle)
+    same = KeyedProcessOperator(window(TumblingEventTimeWindows.of(10), reduce=sum_reduce),
+                                MemoryBackend(), ASYNC)  # fmt: skip
+    same.restore(handle)
+    _feed(same, SESSION_SOURCE[5:])
+    same.finish()
+    assert _values(same.drain_outputs())
+
+
+@config_ids
+def test_per_window_state_blocking_forms_and_trigger_state(config):
+    """The blocking forms of per-window state and a user trigger keeping state per window."""
+
+    class EveryOther(Trigger):
+        seen = ValueStateDescriptor("seen", default=0)
+
+        def on_element(self, value, timestamp, window, ctx):
+            seen = ctx.get_partitioned_state(self.seen)
+            n = seen.value() + 1
+            seen.update(n)
+            return TriggerResult.FIRE if n % 2 == 0 else TriggerResult.CONTINUE
+
+        def clear(self, window, ctx):
+            ctx.get_partitioned_state(self.seen).clear()
+
+    backend = MemoryBackend()
+    fn = window(TumblingEventTimeWindows.of(10), reduce=sum_reduce, trigger=EveryOther())
+    source = [rec("k", 1, 1), rec("k", 2, 2), rec("k", 3, 11), rec("k", 4, 12), rec("k", 5, 3)]
+    assert _values(run(source, fn, config, backend).outputs) == [("k", 3), ("k", 7)]
+    assert backend.state_items("window-trigger.seen") == {}  # cleared at cleanup (end of input)

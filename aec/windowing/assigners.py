@@ -76,7 +76,7 @@ class SlidingEventTimeWindows(WindowAssigner):
 
     def grid_window(self, k: int) -> TimeWindow:
         start = self.offset + k * self.slide
-        return TimeWindow(start, start + self.size)
+        return TimeWindow.trusted(start, start + self.size)
 
     def grid_index(self, timestamp: float) -> int:
         """``floor((timestamp - offset) / slide)``: the contract's start formula, taken

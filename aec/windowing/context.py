@@ -22,7 +22,8 @@ class Scope:
     def __init__(self, ctx: Any, windowing: Any) -> None:
         self.ctx = ctx
         self.windowing = windowing  # the WindowOperatorFunction
-        self.pending = PendingTimers()
+        # implicit timers (the fast path) buffer nothing
+        self.pending = None if windowing.fast else PendingTimers()
 
 
 class TriggerContext:

@@ -21,7 +21,13 @@ from aec.state.descriptors import (
     ValueStateDescriptor,
 )
 from aec.state.future import StateFuture, combine_all, completed_future
-from aec.state.handles import StateIterator
+from aec.state.handles import (
+    AggregatingState,
+    ListState,
+    ReducingState,
+    StateIterator,
+    ValueState,
+)
 from aec.windowing.windows import window_key
 
 
@@ -63,11 +69,8 @@ class WindowValueState(_WindowEntry):
     def async_update(self, value: Any) -> StateFuture:
         return self._write(value)
 
-    def value(self) -> Any:
-        return self._wait(self.async_value())
-
-    def update(self, value: Any) -> None:
-        self._wait(self.async_update(value))
+    value = ValueState.value  # the blocking forms: the engine handles' own
+    update = ValueState.update
 
 
 class WindowListState(_WindowEntry):
@@ -86,11 +89,10 @@ class WindowListState(_WindowEntry):
     def async_update(self, values: Iterable[Any] | None) -> StateFuture:
         return self._write(list(values or ()) or None)
 
-    def get(self) -> StateIterator:
-        return self._wait(self.async_get())
-
-    def add(self, value: Any) -> None:
-        self._wait(self.async_add(value))
+    get = ListState.get
+    add = ListState.add
+    add_all = ListState.add_all
+    update = ListState.update
 
 
 class WindowReducingState(_WindowEntry):
@@ -105,11 +107,8 @@ class WindowReducingState(_WindowEntry):
             lambda old: self._write(value if old is None else reduce(old, value))
         )
 
-    def get(self) -> Any:
-        return self._wait(self.async_get())
-
-    def add(self, value: Any) -> None:
-        self._wait(self.async_add(value))
+    get = ReducingState.get
+    add = ReducingState.add
 
 
 class WindowAggregatingState(_WindowEntry):
@@ -125,11 +124,8 @@ class WindowAggregatingState(_WindowEntry):
             lambda acc: self._write(fn.add(value, fn.create_accumulator() if acc is None else acc))
         )
 
-    def get(self) -> Any:
-        return self._wait(self.async_get())
-
-    def add(self, value: Any) -> None:
-        self._wait(self.async_add(value))
+    get = AggregatingState.get
+    add = AggregatingState.add
 
 
 class WindowMapState(_WindowEntry):

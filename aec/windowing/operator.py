@@ -18,12 +18,25 @@ from typing import Any
 
 from aec.functions import KeyedProcessFunction
 from aec.state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
+from aec.windowing import hot_path, panes
 from aec.windowing.assigners import SlidingEventTimeWindows
-from aec.windowing.contents import Contents, PaneContents
-from aec.windowing.context import ProcessWindowContext, Scope, TriggerContext, window_handle
+from aec.windowing.contents import Contents
+from aec.windowing.context import (
+    ProcessWindowContext,
+    ProcessWindowFunction,
+    Scope,
+    TriggerContext,
+    window_handle,
+)
 from aec.windowing.merging import add_session
+from aec.windowing.panes import PaneContents
 from aec.windowing.timers import EVENT, PROCESSING, WindowTimers
-from aec.windowing.triggers import EventTimeTrigger, ProcessingTimeTrigger, resolve
+from aec.windowing.triggers import (
+    EventTimeTrigger,
+    ProcessingTimeTrigger,
+    TriggerResult,
+    resolve,
+)
 
 
 async def _settle(result: Any) -> None:
@@ -45,6 +58,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
         assigner = spec.assigner
         self._runtime = ctx
         self._stores: dict[str, Any] = {}
+        ctx.get_state(ValueStateDescriptor(self.assigner_marker()))  # a name, never written
         self.assigner, self.trigger, self.evictor = assigner, spec.trigger, spec.evictor
         self.process_fn, self.lateness = spec.process, spec.allowed_lateness
         self.event_time = assigner.event_time
@@ -63,10 +77,39 @@ class WindowOperatorFunction(KeyedProcessFunction):
             ctx.get_state(ValueStateDescriptor("window-sessions")) if assigner.merging else None
         )
         if self.fast and spec.pane is not None:
-            self.contents = PaneContents(self.contents, assigner, spec.pane)
+            # without lateness a key's live panes are its firing window's and a few ahead:
+            # one scan beats a read per pane (see PaneContents.read)
+            chain = self.lateness == 0 or not self.event_time
+            self.contents = PaneContents(self.contents, assigner, spec.pane, chain)
         self.panes = isinstance(self.contents, PaneContents)
-        if self.process_fn is not None and hasattr(self.process_fn, "open"):
-            self.process_fn.open(ctx)
+        process = self.process_fn
+        # ProcessWindowFunction.clear is a no-op unless overridden: skip the call then
+        self.clears = process is not None and getattr(type(process), "clear", None) not in (
+            None,
+            ProcessWindowFunction.clear,
+        )
+        if process is not None and hasattr(process, "open"):
+            process.open(ctx)
+        self.hot = hot_path.applies(self)
+
+    def assigner_marker(self) -> str:
+        """A state name naming the assigner: in the checkpoint's state names, so a
+        restore into a function with another assigner is refused (``check_restore``)."""
+        return f"window-assigner={self.spec.assigner.describe()}"
+
+    def check_restore(self, state_names: list[str]) -> None:
+        """Called by the operator's ``restore`` with the checkpoint's state names.
+
+        Raises:
+            ValueError: the checkpoint was taken with another window assigner.
+        """
+        theirs = [n for n in state_names if n.startswith("window-assigner=")]
+        mine = self.assigner_marker()
+        if theirs and theirs != [mine]:
+            raise ValueError(
+                f"the checkpoint holds windows of {theirs[0].split('=', 1)[1]}; this "
+                f"function's assigner is {self.spec.assigner.describe()}: windows would not match"
+            )
 
     def close(self) -> None:
         if self.process_fn is not None and hasattr(self.process_fn, "close"):
@@ -100,6 +143,8 @@ class WindowOperatorFunction(KeyedProcessFunction):
 
     def _register_cleanup(self, scope: Scope, window: Any) -> None:
         time = self.cleanup_time(window)
+        if self.fast and time == window.end:
+            return  # the built-in trigger's timer at ``end`` is the same engine timer
         if time != math.inf:  # a global window is never cleaned (Flink)
             domain = EVENT if self.event_time else PROCESSING
             self.timers.register(scope.ctx, scope.pending, domain, time, window)
@@ -110,17 +155,22 @@ class WindowOperatorFunction(KeyedProcessFunction):
 
     # -- records -----------------------------------------------------------------------------
     def process_element(self, value: Any, ctx: Any) -> Any:
+        if self.hot:
+            return hot_path.on_record(self, value, ctx)
         return self._on_record(value, ctx)
+
+    def missing_timestamp(self, value: Any, ctx: Any) -> ValueError:
+        return ValueError(
+            f"record {value!r} of key {ctx.current_key!r} has no timestamp: the "
+            f"event-time window assigner {self.assigner!r} needs Record(key, value, timestamp)"
+        )
 
     async def _on_record(self, value: Any, ctx: Any) -> None:
         service = ctx.timer_service
         if self.event_time:
             timestamp = ctx.timestamp
             if timestamp is None:
-                raise ValueError(
-                    f"record {value!r} of key {ctx.current_key!r} has no timestamp: the "
-                    f"event-time window assigner {self.assigner!r} needs Record(key, value, timestamp)"
-                )
+                raise self.missing_timestamp(value, ctx)
             now = watermark = service.current_watermark()
         else:  # windows follow the clock; triggers and evictors still see the record's time
             timestamp = ctx.timestamp
@@ -132,13 +182,41 @@ class WindowOperatorFunction(KeyedProcessFunction):
         if self.sessions is not None:
             accepted = await self._merging_record(scope, value, timestamp, now, watermark)
         elif self.panes:
-            accepted = await self._pane_record(scope, value, timestamp, now)
-        else:
-            accepted = await self._plain_record(scope, value, timestamp, now)
-        if scope.pending.changes:
-            await self.timers.flush(ctx, scope.pending)
+            accepted = await panes.on_record(self, scope, value, timestamp, now, watermark)
+        else:  # inline (not a sub-coroutine): this is the hot path of tumbling windows
+            accepted = False
+            for window in self.assigner.assign_windows(
+                value, now if not self.event_time else timestamp
+            ):
+                if self.is_late(window, watermark):
+                    continue
+                accepted = True
+                existed = await self.contents.add(window, value, timestamp)
+                if not self.fast:
+                    await self._element_trigger(scope, window, value, timestamp)
+                elif existed and window.end > now:
+                    continue  # its timers are registered and the built-in trigger continues
+                elif self._builtin_element(scope, window, now):
+                    await _settle(self._emit(scope, window, await self.contents.read(window)))
+                if not existed:
+                    self._register_cleanup(scope, window)
+        pending = scope.pending
+        if pending is not None and pending.changes:
+            await self.timers.flush(ctx, pending)
         if not accepted and self.event_time and timestamp + self.lateness <= watermark:
             self._late(ctx, value, timestamp, watermark)
+
+    def _builtin_element(self, scope: Scope, window: Any, now: float) -> bool:
+        """``EventTimeTrigger``/``ProcessingTimeTrigger.on_element`` inlined (fast path):
+        True to fire now (a late firing), else the timer at ``end`` is registered."""
+        service = scope.ctx.timer_service
+        if self.event_time:
+            if window.end <= now:
+                return True
+            service.register_event_time_timer(window.end)
+        else:
+            service.register_processing_time_timer(window.end)
+        return False
 
     def _late(self, ctx: Any, value: Any, timestamp: float, watermark: float) -> None:
         tag = self.spec.late_data_tag
@@ -149,39 +227,6 @@ class WindowOperatorFunction(KeyedProcessFunction):
         ctx.side_output(
             tag, value if late_output is None else late_output(value, timestamp, watermark)
         )
-
-    async def _plain_record(self, scope: Scope, value: Any, timestamp: float, now: float) -> bool:
-        accepted = False
-        watermark = scope.ctx.timer_service.current_watermark()
-        for window in self.assigner.assign_windows(
-            value, now if not self.event_time else timestamp
-        ):
-            if self.is_late(window, watermark):
-                continue
-            accepted = True
-            existed = await self.contents.add(window, value, timestamp)
-            if self.fast and existed and window.end > now:
-                continue  # its timers are registered and the built-in trigger would continue
-            await self._element_trigger(scope, window, value, timestamp)
-            if not existed:
-                self._register_cleanup(scope, window)
-        return accepted
-
-    async def _pane_record(self, scope: Scope, value: Any, timestamp: float, now: float) -> bool:
-        panes = self.contents
-        pane = panes.pane(timestamp if self.event_time else now)
-        watermark = scope.ctx.timer_service.current_watermark()
-        live = [w for w in panes.windows_of_pane(pane) if not self.is_late(w, watermark)]
-        if not live:
-            return False
-        existed = await panes.add_pane(pane, value)
-        for window in live:
-            if existed and window.end > now:
-                continue  # registered when the pane was made; nothing fires yet
-            await self._element_trigger(scope, window, value, timestamp)
-            if not existed:
-                self._register_cleanup(scope, window)
-        return True
 
     async def _merging_record(
         self, scope: Scope, value: Any, timestamp: float, now: float, watermark: float
@@ -206,28 +251,35 @@ class WindowOperatorFunction(KeyedProcessFunction):
             if merged or not existed:
                 self._register_cleanup(scope, actual)
         if sessions != before:
-            await self.sessions.async_update(tuple(sessions) or None)
+            self.sessions.async_update(tuple(sessions) or None)  # not awaited (see add)
         return accepted
 
     async def _element_trigger(self, scope: Scope, window: Any, value: Any, timestamp: float):
-        trigger = self.trigger
-        result = await resolve(
-            trigger.on_element(value, timestamp, window, TriggerContext(scope, window)), trigger
-        )
-        if result.is_fire:
-            await self._emit(scope, window, await self.contents.read(window))
-        if result.is_purge:
-            await self.contents.clear(window)
+        context = TriggerContext(scope, window)
+        await self._act(scope, window, self.trigger.on_element(value, timestamp, window, context))
+
+    async def _act(self, scope: Scope, window: Any, result: Any) -> None:
+        """Carry out a trigger's decision: FIRE emits, PURGE clears the contents."""
+        if type(result) is not TriggerResult:
+            result = await resolve(result, self.trigger)
+        if result.is_fire():
+            await _settle(self._emit(scope, window, await self.contents.read(window)))
+        if result.is_purge():
+            self.contents.clear(window)
 
     # -- firing ------------------------------------------------------------------------------
-    async def _emit(self, scope: Scope, window: Any, stored: Any) -> None:
-        """Emit a firing window's result (nothing when the window is empty)."""
+    def _emit(self, scope: Scope, window: Any, stored: Any) -> Any:
+        """Emit a firing window's result (nothing when the window is empty). Returns
+        None, or an awaitable when an ``async def`` process function must finish."""
         if stored is None:
-            return
+            return None
         evictor = self.evictor
         if evictor is not None:
             kept = evictor.evict_before(list(stored), window)
             elements = self.contents.elements(kept)
+            remaining = evictor.evict_after(kept, window)
+            if remaining != list(stored):
+                self.contents.write(window, remaining)  # not awaited (see Contents.add)
         else:
             elements = self.contents.elements(stored)
         ctx = scope.ctx
@@ -237,7 +289,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 ctx.current_key, ProcessWindowContext(scope, window), elements
             )
             if results is not None and hasattr(results, "__await__"):
-                results = await results
+                return _output_all(ctx, results)
             for result in results or ():
                 ctx.output(result)
         elif self.spec.folds:
@@ -245,25 +297,26 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 ctx.output(result)
         else:
             ctx.output(elements)
-        if evictor is not None:
-            remaining = evictor.evict_after(kept, window)
-            if remaining != list(stored):
-                await self.contents.write(window, remaining)
+        return None
 
     def on_timer(self, timestamp: float, ctx: Any) -> Any:
+        if self.hot:
+            return hot_path.on_timer(self, timestamp, ctx)
         return self._on_timer(timestamp, ctx)
 
     async def _on_timer(self, time: float, ctx: Any) -> None:
         scope = Scope(ctx, self)
-        if self.fast:
-            await self._fire_implied(scope, time)
-        else:
+        if not self.fast:
             await self._fire_indexed(scope, ctx.timer_domain, time)
-        if scope.pending.changes:
-            await self.timers.flush(ctx, scope.pending)
-
-    async def _fire_implied(self, scope: Scope, time: float) -> None:
-        """A grid window ending at ``time`` fires; one whose cleanup time is ``time`` goes."""
+            pending = scope.pending
+            if pending.changes:
+                await self.timers.flush(ctx, pending)
+            return
+        if self.panes and self.contents.chain:
+            await panes.on_chain_timer(self, scope, time)
+            return
+        # implied timers: the grid window ending at ``time`` fires, the one whose
+        # cleanup time is ``time`` goes
         assigner, lateness = self.assigner, self.lateness
         candidates = [assigner.window_ending_at(time)]
         if self.event_time and lateness > 0 and math.isfinite(time - lateness):
@@ -275,9 +328,13 @@ class WindowOperatorFunction(KeyedProcessFunction):
             if stored is None:
                 continue
             if window.end == time:
-                await self._emit(scope, window, stored)
+                pending = self._emit(scope, window, stored)
+                if pending is not None:
+                    await pending
             if self.cleanup_time(window) == time:
-                await self._clear_all(scope, window)
+                pending = self._clear_all(scope, window)
+                if pending is not None:
+                    await pending
 
     async def _fire_indexed(self, scope: Scope, domain: str, time: float) -> None:
         windows = sorted(await self.timers.take(domain, time), key=_by_end)
@@ -297,25 +354,39 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 result = trigger.on_event_time(time, window, tctx)
             else:
                 result = trigger.on_processing_time(time, window, tctx)
-            result = await resolve(result, trigger)
-            if result.is_fire:
-                await self._emit(scope, window, await self.contents.read(window))
-            if result.is_purge:
-                await self.contents.clear(window)
+            await self._act(scope, window, result)
             if domain == cleanup_domain and time == self.cleanup_time(window):
-                await self._clear_all(scope, window)
+                await _settle(self._clear_all(scope, window))
                 if sessions is not None:
                     sessions.remove(window)
         if sessions is not None and sessions != before:
-            await self.sessions.async_update(tuple(sessions) or None)
+            self.sessions.async_update(tuple(sessions) or None)  # not awaited (see add)
 
-    async def _clear_all(self, scope: Scope, window: Any) -> None:
-        """Flink's ``clearAllState``: contents, trigger state and timers, function state."""
-        await self.contents.clear(window)
-        await _settle(self.trigger.clear(window, TriggerContext(scope, window)))
-        process = self.process_fn
-        if process is not None and hasattr(process, "clear"):
-            await _settle(process.clear(ProcessWindowContext(scope, window)))
+    def _clear_all(self, scope: Scope, window: Any) -> Any:
+        """Flink's ``clearAllState``: contents, trigger state and timers, function state.
+        Returns None, or an awaitable when a ``clear`` is asynchronous."""
+        self.contents.clear(window)  # not awaited: later requests of this key queue after it
+        if not self.fast:  # the built-in triggers' implicit timers need no deleting
+            cleared = self.trigger.clear(window, TriggerContext(scope, window))
+            if cleared is not None and hasattr(cleared, "__await__"):
+                return self._clear_after(scope, window, cleared)
+        return self._clear_process(scope, window)
+
+    async def _clear_after(self, scope: Scope, window: Any, cleared: Any) -> None:
+        await cleared
+        await _settle(self._clear_process(scope, window))
+
+    def _clear_process(self, scope: Scope, window: Any) -> Any:
+        if self.clears:
+            cleared = self.process_fn.clear(ProcessWindowContext(scope, window))
+            if cleared is not None and hasattr(cleared, "__await__"):
+                return cleared
+        return None
+
+
+async def _output_all(ctx: Any, results: Any) -> None:
+    for result in await results or ():
+        ctx.output(result)
 
 
 def _by_end(window: Any) -> tuple[float, float]:

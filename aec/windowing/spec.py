@@ -15,10 +15,10 @@ from aec.windowing.contents import (
     EvictingContents,
     ListContents,
     ReduceContents,
-    pane_size,
 )
 from aec.windowing.evictors import Evictor
 from aec.windowing.operator import WindowOperatorFunction
+from aec.windowing.panes import pane_size
 from aec.windowing.triggers import Trigger
 
 

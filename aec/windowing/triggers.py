@@ -24,12 +24,12 @@ class TriggerResult(enum.Enum):
     PURGE = (False, True)
     FIRE_AND_PURGE = (True, True)
 
-    @property
     def is_fire(self) -> bool:
+        """FIRE or FIRE_AND_PURGE (PyFlink's ``TriggerResult.is_fire()``)."""
         return self.value[0]
 
-    @property
     def is_purge(self) -> bool:
+        """PURGE or FIRE_AND_PURGE (PyFlink's ``TriggerResult.is_purge()``)."""
         return self.value[1]
 
 
@@ -176,7 +176,7 @@ class PurgingTrigger(Trigger):
 
     async def _purging(self, result: Any) -> Any:
         result = await resolve(result, self.trigger)
-        return TriggerResult.FIRE_AND_PURGE if result.is_fire else result
+        return TriggerResult.FIRE_AND_PURGE if result.is_fire() else result
 
     def on_element(self, value: Any, timestamp: float, window: Any, ctx: Any) -> Any:
         return self._purging(self.trigger.on_element(value, timestamp, window, ctx))

@@ -1,0 +1,129 @@
+"""Tumbling windows with the built-in trigger in callback style (no coroutine).
+
+The general window logic (``aec.windowing.operator``) is ``async def``; driving a
+coroutine costs a frame resumption per awaited state access. For the most common
+window, a tumbling one over an aggregate or reduce with the default trigger and no
+evictor, records and timers run here as StateFuture chains instead, with the same
+semantics (the property tests compare both paths against the synchronous run and
+the reference model).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+from aec.state.future import combine_all
+from aec.windowing.assigners import TumblingEventTimeWindows
+from aec.windowing.context import Scope
+from aec.windowing.windows import TimeWindow
+
+
+def applies(function: Any) -> bool:
+    """Whether ``function`` (a ``WindowOperatorFunction``, opened) can take this path."""
+    process = function.process_fn
+    return (
+        function.fast
+        and not function.panes
+        and isinstance(function.assigner, TumblingEventTimeWindows)
+        and function.evictor is None
+        and not function.clears
+        and (process is None or not inspect.iscoroutinefunction(process.process))
+    )
+
+
+def on_record(function: Any, value: Any, ctx: Any) -> Any:
+    """``process_element`` of a tumbling window: one read and one write (the window
+    object is made only when it fires)."""
+    service = ctx.timer_service
+    watermark = service.current_watermark()
+    assigner, lateness = function.assigner, function.lateness
+    if function.event_time:
+        timestamp = ctx.timestamp
+        if timestamp is None:
+            raise function.missing_timestamp(value, ctx)
+        now = watermark
+        start = assigner.offset + assigner.grid_index(timestamp) * assigner.slide
+        end = start + assigner.size  # as grid_window computes it: bit-for-bit the same
+        if end + lateness <= watermark:
+            if timestamp + lateness <= watermark:
+                function._late(ctx, value, timestamp, watermark)
+            return None
+    else:
+        now = service.current_processing_time()
+        timestamp = ctx.timestamp
+        if timestamp is None:
+            timestamp = now
+        start = assigner.offset + assigner.grid_index(now) * assigner.slide
+        end = start + assigner.size
+    contents = function.contents
+    store, key = contents.store, (start, end)
+
+    def fold(stored: Any) -> Any:
+        folded = contents.fold(stored, value, timestamp)
+        store.async_put(key, folded)
+        if stored is not None and end > now:
+            return None  # timers registered with the window; the trigger continues
+        if stored is None and function.event_time and lateness > 0:
+            cleanup = end + lateness
+            if cleanup != math.inf:
+                service.register_event_time_timer(cleanup)
+        if end > now or not function.event_time:  # EventTime/ProcessingTimeTrigger: a timer
+            if function.event_time:
+                service.register_event_time_timer(end)
+            else:
+                service.register_processing_time_timer(end)
+            return None
+        # a late firing: the window fires at once with what was just stored
+        return function._emit(Scope(ctx, function), TimeWindow.trusted(start, end), folded)
+
+    return store.async_get(key).then_compose(fold)
+
+
+def _ending_at(assigner: Any, end: float) -> tuple[float, float] | None:
+    """``(start, end)`` of the grid window ending exactly at ``end``, or None."""
+    start = assigner.offset + round((end - assigner.size - assigner.offset) / assigner.slide) * (
+        assigner.slide
+    )
+    return (start, end) if start + assigner.size == end else None
+
+
+def on_timer(function: Any, time: float, ctx: Any) -> Any:
+    """``on_timer`` of a tumbling window: the window ending at ``time`` fires; the one
+    whose cleanup time (``end + allowed_lateness``) is ``time`` is cleaned."""
+    assigner, lateness = function.assigner, function.lateness
+    store = function.contents.store
+    fires = _ending_at(assigner, time)
+    if function.event_time and lateness > 0:  # an infinite lateness never cleans
+        finite = math.isfinite(time - lateness)
+        cleans = _ending_at(assigner, time - lateness) if finite else None
+    else:
+        cleans = fires  # processing time, or no lateness: cleaned when it fires
+    if cleans is fires:  # one window fires and goes: a single read, no combining
+        if fires is None:
+            return None
+
+        def fire(stored: Any) -> Any:
+            if stored is None:
+                return None
+            function._emit(Scope(ctx, function), TimeWindow.trusted(*fires), stored)
+            return store.async_remove(fires)
+
+        return store.async_get(fires).then_compose(fire)
+    keys = [k for k in (cleans, fires) if k is not None]
+    if not keys:
+        return None
+
+    def act(stored: list) -> Any:
+        removals = []
+        for key, contents in zip(keys, stored, strict=True):
+            if contents is None:
+                continue
+            if key is fires:
+                function._emit(Scope(ctx, function), TimeWindow.trusted(*key), contents)
+            if key is cleans:
+                removals.append(store.async_remove(key))
+        return combine_all(removals)
+
+    return combine_all([store.async_get(k) for k in keys]).then_compose(act)
