@@ -240,10 +240,11 @@ def judge(
 def markdown(report: dict[str, Any]) -> str:
     p = report["params"]
     lines = [
-        "# bench_core: keyed counter across key skews",
-        "",
-        f"{p['records']:,} records over {p['keys']:,} keys; best of {p['repeats']} interleaved "
-        f"rounds. {h.machine_line(report)}",
+        *h.md_header(
+            "bench_core: keyed counter across key skews",
+            f"{p['records']:,} records over {p['keys']:,} keys",
+            report,
+        ),  # fmt: skip
         "",
         *h.md_table(
             ["distribution", "distinct keys", "hottest key", "top 10 keys"],
@@ -326,15 +327,8 @@ def markdown(report: dict[str, Any]) -> str:
             ],
             numeric_from=3,
         ),  # fmt: skip
-        "",
-        "Goals:",
-        "",
+        *h.goal_lines(report["goals"], report.get("profile")),
     ]
-    lines += [
-        f"- {g['text']}: {g['measured']} -> **{h.verdict(g)}**" for g in report["goals"].values()
-    ]
-    if report.get("profile"):
-        lines += ["", f"A goal was missed: cProfile top functions in `{report['profile']}`."]
     return "\n".join(lines) + "\n"
 
 
@@ -364,15 +358,48 @@ def plot(report: dict[str, Any], path: Path) -> None:
                if c["backend"] == backend and c["style"] == style]  # fmt: skip
         if pts:
             ax2.plot(*zip(*pts, strict=True), marker="o", color=color, label=f"{backend} {style}")
+        cpu = [(dists.index(c["distribution"]), 1 / c["cpu_cost"]) for c in report["async_cost"]
+               if c["backend"] == backend and c["style"] == style]  # fmt: skip
+        if cpu:
+            ax2.plot(*zip(*cpu, strict=True), marker="x", linestyle="--", color=color,
+                     label=f"{backend} {style}, per CPU-s")  # fmt: skip
     ax2.axhline(1.0, color="gray", linestyle="--", linewidth=1)
     ax2.set_xticks(range(len(dists)))
     ax2.set_xticklabels(dists)
     ax2.set_xlabel("key skew")
     ax2.set_ylabel("async / sync records/s")
-    ax2.set_title("async / sync vs skew (above 1: async faster)", fontsize=10)
+    ax2.set_title(
+        "async / sync vs skew (above 1: async faster; dashed: per CPU-second)", fontsize=10
+    )
     ax2.legend(fontsize=8)
     ax2.grid(alpha=0.3)
     h.save(fig, path)
+
+
+def profile_failing(
+    failing: set[str], args: argparse.Namespace, sources: dict, expected: dict
+) -> str | None:
+    """cProfile (thread CPU) of each failing variant on Zipf(1.1), and where async
+    spends more than sync on each backend whose async variant failed."""
+    dist = "zipf-1.1" if "zipf-1.1" in sources else args.dists[0]
+    names = [n for n in sorted(failing) if n in args.variants]
+    for name in list(names):  # the sync twin, for the difference
+        twin = name.replace("-async", "-sync")
+        if name.endswith("-async") and twin in args.variants and twin not in names:
+            names.append(twin)
+    texts, stats = [], {}
+    for name in names:
+        text, stats[name] = h.profile_call(
+            lambda n=name: run_variant(BY_NAME[n], sources[dist], expected[dist]),
+            f"{BY_NAME[name].label}, {dist}, {args.records:,} records", threads=True)  # fmt: skip
+        texts.append(text)
+    for name in names:
+        twin = name.replace("-async", "-sync")
+        if name.endswith("-async") and twin in stats:
+            texts.append(
+                h.profile_diff(stats[name], stats[twin], BY_NAME[name].label, BY_NAME[twin].label)
+            )
+    return "".join(texts) or None
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -449,15 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     for g in goals.values():
         print(f"{h.verdict(g)}: {g['text']}: {g['measured']}")
 
-    text = None
     failing = {g["profile"] for g in goals.values() if g["met"] is False}
-    if failing and not args.no_profile:
-        dist = "zipf-1.1" if "zipf-1.1" in sources else args.dists[0]
-        text = "".join(
-            h.profile_call(lambda n=name: run_variant(BY_NAME[n], sources[dist], expected[dist]),
-                           f"{BY_NAME[name].label}, {dist}, {args.records:,} records", threads=True)[0]
-            for name in sorted(failing) if name in BY_NAME and name in args.variants
-        ) or None  # fmt: skip
+    text = None if args.no_profile else profile_failing(failing, args, sources, expected)
     report = {
         "benchmark": "bench_core", "date": h.now(), "machine": machine,
         "params": {"records": args.records, "keys": args.keys, "repeats": args.repeats,

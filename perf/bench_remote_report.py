@@ -103,12 +103,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += h.md_table(["row", "mode", "backend", "records timed", "records/s (best)", "median", "vs row 1",
                          "async / sync", "cores busy", "batches", "mean batch", "cache hit rate",
                          "Flink (FLIP-423)"], rows, numeric_from=3)  # fmt: skip
-    lines += ["", "## Goals (ratios of best-of figures from this run)", ""]
-    lines += [
-        f"- {g['text']}: {g['measured']} -> **{h.verdict(g)}**" for g in report["goals"].values()
-    ]
-    if report.get("profile"):
-        lines += ["", f"A goal was missed: cProfile top functions in `{report['profile']}`."]
+    lines += h.goal_lines(report["goals"], report.get("profile"))
     extras = report.get("extra_ratios") or {}
     if extras:
         lines += [

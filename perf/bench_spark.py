@@ -170,10 +170,11 @@ def run_spark(env: Env, path: str) -> h.Sample:
 def markdown(report: dict[str, Any]) -> str:
     p = report["params"]
     lines = [
-        "# bench_spark: the keyed counter in-process and through process_keyed",
-        "",
-        f"{p['rows']:,} rows, Zipf(1.1) keys over {p['keys']:,} ids, RocksDB; best of "
-        f"{p['repeats']} interleaved rounds. {h.machine_line(report)}",
+        *h.md_header(
+            "bench_spark: the keyed counter in-process and through process_keyed",
+            f"{p['rows']:,} rows, Zipf(1.1) keys over {p['keys']:,} ids, RocksDB",
+            report,
+        ),  # fmt: skip
         "",
         *h.md_table(
             [
@@ -198,12 +199,7 @@ def markdown(report: dict[str, Any]) -> str:
                 for r in report["results"].values()
             ],
         ),  # fmt: skip
-        "",
-        "Goals:",
-        "",
-    ]
-    lines += [
-        f"- {g['text']}: {g['measured']} -> **{h.verdict(g)}**" for g in report["goals"].values()
+        *h.goal_lines(report["goals"], report.get("profile")),
     ]
     return "\n".join(lines) + "\n"
 

@@ -195,6 +195,15 @@ def goal(
     }
 
 
+def goal_lines(goals: dict[str, Any], profile: str | None = None) -> list[str]:
+    """The Markdown "Goals" list (and where the profile of a missed goal is)."""
+    lines = ["", "Goals:", ""]
+    lines += [f"- {g['text']}: {g['measured']} -> **{verdict(g)}**" for g in goals.values()]
+    if profile:
+        lines += ["", f"A goal was missed: cProfile top functions in `{profile}`."]
+    return lines
+
+
 def verdict(g: dict[str, Any]) -> str:
     if g["met"] is None:
         return "n/a"
@@ -275,6 +284,16 @@ def machine_line(report: dict[str, Any]) -> str:
         f"{report['date']}, Python {m['python']}, {m['cpu_count']} CPUs (load average at start "
         f"{fmt_load(m.get('load_average'))}), commit {m['git_commit']}."
     )
+
+
+def md_header(title: str, workload: str, report: dict[str, Any]) -> list[str]:
+    """A report's title and first paragraph: the workload, rounds and machine."""
+    rounds = report["params"]["repeats"]
+    return [
+        f"# {title}",
+        "",
+        f"{workload}; best of {rounds} interleaved rounds. {machine_line(report)}",
+    ]
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:

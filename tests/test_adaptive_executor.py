@@ -54,12 +54,12 @@ def test_fast_backend_batches_run_inline_with_the_synchronous_answer():
 
 
 def test_slow_backend_batches_stay_on_io_threads():
-    source = hot_key_source(400)
-    backend = BlockingMemory(sleep=0.003)  # slower than any hand-off
-    result = run_keyed(source, Counter(), backend, AecConfig(in_flight_records_limit=100))
+    source = hot_key_source(60)
+    backend = BlockingMemory(sleep=0.05)  # far slower than a hand-off, even on a busy machine
+    result = run_keyed(source, Counter(), backend, AecConfig(in_flight_records_limit=20))
     assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
     # only the occasional exploration of a size class runs inline
-    assert result.metrics["inline_batches"] <= result.metrics["batches"] / 8 + 6
+    assert result.metrics["inline_batches"] <= result.metrics["batches"] / 8 + 3
 
 
 def test_adaptive_off_never_runs_inline():

@@ -9,8 +9,9 @@ state access itself. The model keeps, per batch-size class (``n.bit_length()``),
 an exponentially weighted mean of the wall time a batch took *on the mailbox
 thread*, and of the hand-off overhead measured on thread-pool batches; a batch
 runs inline when its class is known to take no longer than a hand-off. Classes are
-re-explored now and then (inline when unknown or refused, on a thread when
-inline), so the choice follows the backend as caches warm or latency changes.
+re-explored now and then (inline once every 64 batches when unknown or refused,
+on a thread once every 256 when inline: each such hand-off costs what the model
+saves), so the choice follows the backend as caches warm or latency changes.
 Updates are plain float stores from several threads: a lost sample only delays
 the estimate, so no lock is needed.
 """
@@ -18,7 +19,8 @@ the estimate, so no lock is needed.
 from __future__ import annotations
 
 _ALPHA = 0.1  # weight of a new sample in the moving means
-_EXPLORE_EVERY = 64  # a refused class tries inline (and an inline one a thread) this often
+_EXPLORE_EVERY = 64  # an unknown or refused class tries inline this often
+_REFRESH_EVERY = 256  # an inline class goes to a thread this often (fresh hand-off cost)
 _CLASSES = 32
 
 
@@ -40,7 +42,7 @@ class BatchCostModel:
         if estimate is None:
             return count % _EXPLORE_EVERY == 1  # never measured: try it once in a while
         if estimate <= self.handoff_seconds:
-            return count % _EXPLORE_EVERY != 0  # refresh the hand-off cost now and then
+            return count % _REFRESH_EVERY != 0  # refresh the hand-off cost now and then
         return count % _EXPLORE_EVERY == 1
 
     def record_inline(self, size: int, seconds: float) -> None:
