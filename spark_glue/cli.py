@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import aec
 from aec.errors import needs_extra
@@ -254,7 +255,6 @@ def _flights(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         from spark_glue.flights import job as flights
-        from spark_glue.flights import report as flights_report
         from spark_glue.session import command_session
 
     options = flights.FlightsOptions(
@@ -297,21 +297,15 @@ def _flights(args: argparse.Namespace) -> int:
             bar.set_postfix_str(next(following, "report"))
             bar.update(1)
 
-        try:
+        def job(spark: object) -> object:
             if args.compare_sync:
-                run = flights.compare_sync(spark, options, step)
-            else:
-                run = flights.run(spark, options, step)
-            summary, plot = flights_report.write(run)
-            bar.set_postfix_str("done")
-            bar.update(1)
-        except Exception as exc:
-            bar.close()
-            print(f"aec flights failed: {_short_error(exc)}", file=sys.stderr)
-            return 1
-        finally:
-            if owned:
-                spark.stop()
+                return flights.compare_sync(spark, options, step)
+            return flights.run(spark, options, step)
+
+        done = _run_reported(bar, spark, owned, job)
+    if done is None:
+        return 1
+    run, summary, plot = done
     print(f"wrote {summary} and {plot} ({run.wall_s:.1f} s)")
     if run.sync_run is not None:
         sync_s = run.sync_run.wall_s
@@ -333,7 +327,6 @@ def _flights_stream(args: argparse.Namespace, options: object) -> int:
     """``aec flights --stream``: spark_glue.flights.stream_job, then summary.md."""
     from tqdm import tqdm
 
-    from spark_glue.flights import report as flights_report
     from spark_glue.flights import stream_job
     from spark_glue.session import command_session
 
@@ -352,17 +345,12 @@ def _flights_stream(args: argparse.Namespace, options: object) -> int:
     with tqdm(total=steps, desc="aec flights --stream", unit="step", file=sys.stderr) as bar:
         spark, owned = command_session(options.partitions, args.master)
         bar.update(1)
-        try:
-            run = stream_job.run(spark, options, stream, lambda done: bar.update(1))
-            summary, plot = flights_report.write(run)
-            bar.update(1)
-        except Exception as exc:
-            bar.close()
-            print(f"aec flights failed: {_short_error(exc)}", file=sys.stderr)
-            return 1
-        finally:
-            if owned:
-                spark.stop()
+        done = _run_reported(
+            bar, spark, owned, lambda s: stream_job.run(s, options, stream, lambda _: bar.update(1))
+        )
+    if done is None:
+        return 1
+    run, summary, plot = done
     print(f"wrote {summary} and {plot} ({run.wall_s:.1f} s)")
     comparison = run.stream.comparison
     if comparison is not None:
@@ -375,6 +363,28 @@ def _flights_stream(args: argparse.Namespace, options: object) -> int:
             )
         )
     return 0
+
+
+def _run_reported(
+    bar: Any, spark: Any, owned: bool, job: Callable[[Any], Any]
+) -> tuple[Any, str, str] | None:
+    """``job(spark)``, then summary.md and the plot: ``(run, summary path, plot path)``, or
+    None after printing the error when either failed. Stops an ``owned`` session."""
+    from spark_glue.flights import report as flights_report
+
+    try:
+        run = job(spark)
+        summary, plot = flights_report.write(run)
+        bar.set_postfix_str("done")
+        bar.update(1)
+    except Exception as exc:
+        bar.close()
+        print(f"aec flights failed: {_short_error(exc)}", file=sys.stderr)
+        return None
+    finally:
+        if owned:
+            spark.stop()
+    return run, summary, plot
 
 
 def _short_error(exc: Exception) -> str:

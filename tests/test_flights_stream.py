@@ -13,8 +13,9 @@ from spark_glue.flights import data as flights_data
 from spark_glue.flights import job as batch_job
 from spark_glue.flights import stream_job
 
-LIMIT = 800
-SMALL = ["--limit", str(LIMIT), "--file-rows", "150", "--files-per-trigger", "2"]
+LIMIT = 600
+# 3 files of 200 rows + the end-of-input file, 2 files per micro-batch: 2 micro-batches
+SMALL = ["--limit", str(LIMIT), "--file-rows", "200", "--files-per-trigger", "2"]
 
 
 def test_files_keep_the_arrival_order_and_end_with_one_marker_per_key(tmp_path):
@@ -63,9 +64,11 @@ def _same(stream_out, batch_out, dataset):
 
 
 @pytest.mark.spark
-def test_stream_equals_batch_when_nothing_is_late(spark, tmp_path):
+@pytest.mark.timeout(1800)  # a busy 2-core machine; about 2 minutes when idle
+def test_stream_equals_batch_when_nothing_is_late_across_a_rescale(spark, tmp_path):
     out = tmp_path / "out"
     argv = ["flights", "--stream", "--compare-batch", "--backend", "memory", *SMALL]
+    argv += ["--rescale-at", "1:3"]  # 2 state partitions, then 3 from micro-batch 1 on
     assert main([*argv, "--out", str(out), "--watermark-delay", "24h"]) == 0
     batch_out = out / stream_job.BATCH_DIR
     for dataset in DATASETS:  # read back here, not taken from the summary
@@ -75,22 +78,40 @@ def test_stream_equals_batch_when_nothing_is_late(spark, tmp_path):
     )
     summary = (out / "summary.md").read_text()
     assert "All four datasets are identical" in summary
-    # 800 rows in files of 150 + the end-of-input file: 7 files, 2 per micro-batch
-    assert "| route_hourly | 4 |" in summary and "| rotations | 4 |" in summary
+    assert "| route_hourly | 2 |" in summary and "| rotations | 2 |" in summary
+    assert "restarted on 3 state partition(s) (from 2)" in summary
+    layout = out / "stream" / "checkpoint" / "rotations" / "state"
+    assert {p.name for p in layout.iterdir() if p.name.startswith("partition-")} >= {
+        "partition-0-of-2",
+        "partition-2-of-3",
+    }
 
 
 @pytest.mark.spark
-def test_stream_with_the_default_delay_differs_only_in_late_records(spark, tmp_path):
+@pytest.mark.timeout(1800)
+def test_stream_with_a_short_delay_differs_only_in_late_records(spark, tmp_path):
     out = tmp_path / "out"
     argv = ["flights", "--stream", "--compare-batch", "--backend", "rocksdb", *SMALL]
-    assert main([*argv, "--out", str(out), "--watermark-delay", "20m"]) == 0
+    assert main([*argv, "--out", str(out), "--watermark-delay", "5m"]) == 0
     batch_out = out / stream_job.BATCH_DIR
     assert _same(out, batch_out, "rotations") and _same(out, batch_out, "no_tailnum")
     late = pd.read_parquet(out / "late")
-    assert len(late) > 0  # the sample has late records with a 20 minute delay
+    # the batch run's one watermark per partition is the final one (fewer than 1,000
+    # records each); the stream's end-of-micro-batch watermark makes records late
+    assert len(late) > len(pd.read_parquet(batch_out / "late"))
     # per route and hour, window flights + late records agree between the two runs
     assert stream_job._with_late(str(out)).equals(stream_job._with_late(str(batch_out)))
     summary = (out / "summary.md").read_text()
-    assert "the runs differ only in which records are late" in summary or (
-        "All four datasets are identical" in summary
-    )
+    assert "the runs differ only in which records are late" in summary
+
+
+def test_rescaling_needs_a_backend_that_restores_several_checkpoints():
+    class One:
+        def restore(self, directory): ...
+
+    class Several:
+        def restore(self, directories, key_groups=None, max_parallelism=None): ...
+
+    assert not stream_job._restores_several(One)
+    assert stream_job._restores_several(Several)
+    assert stream_job._restores_several(stream_job.MemoryBackend)

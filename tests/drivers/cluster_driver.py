@@ -13,25 +13,14 @@ import os
 import sys
 import time
 
-from aec import KeyedProcessFunction, ValueStateDescriptor
 from spark_glue import process_keyed, process_keyed_stream
 from spark_glue.session import command_session
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_stream import RunningCount  # noqa: E402  (travels by value: see test_stream)
+
 ROWS, KEYS, FILES = 1200, 30, 3
 OUT_DDL = "k string, seq long, count long, total long"
-
-
-class RunningCount(KeyedProcessFunction):
-    def open(self, ctx):
-        self.count = ctx.get_state(ValueStateDescriptor("count"))
-        self.total = ctx.get_state(ValueStateDescriptor("total"))
-
-    async def process_element(self, value, ctx):
-        count = (await self.count.async_value() or 0) + 1
-        total = (await self.total.async_value() or 0) + value["x"]
-        await self.count.async_update(count)
-        await self.total.async_update(total)
-        ctx.output({"k": ctx.current_key, "seq": value["seq"], "count": count, "total": total})
 
 
 def executor_process(_rows):
