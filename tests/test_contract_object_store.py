@@ -253,3 +253,16 @@ def test_async_wait_operator_refuses_an_unresolvable_scheme(tmp_path, monkeypatc
     op.process(2)  # still usable
     op.finish()
     assert op.drain_outputs() == [10, 20]
+
+
+def test_restore_reads_the_aws_variables_when_called(s3, monkeypatch):
+    _, bucket = s3
+    handle, before = _first_half(f"s3://{bucket}/env")
+    good_endpoint = os.environ["AWS_ENDPOINT_URL"]
+    op = KeyedProcessOperator(Sum(), MemoryBackend())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(OSError):
+        op.restore(handle)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", good_endpoint)
+    op.close()
+    assert before + _second_half(handle) == _expected()

@@ -732,3 +732,26 @@ def test_window_in_process_keyed_stream_on_s3_with_a_rescale(spark, tmp_path, s3
     keys = server.list_keys(bucket, "windows/")
     assert any("-of-3/" in k for k in keys) and any("-of-2/" in k for k in keys)
     assert not os.path.exists(tmp_path / "s3:")
+
+
+def test_trigger_clear_runs_at_cleanup_time():
+    cleared = []
+
+    class Recording(Trigger):
+        def on_element(self, value, timestamp, window, ctx):
+            ctx.register_event_time_timer(window.end)
+            return TriggerResult.CONTINUE
+
+        def on_event_time(self, time, window, ctx):
+            return TriggerResult.FIRE if time == window.end else TriggerResult.CONTINUE
+
+        def clear(self, window, ctx):
+            cleared.append((window.start, ctx.current_watermark()))
+
+    fn = window(TumblingEventTimeWindows.of(10), trigger=Recording(), allowed_lateness=5)
+    source = records([("a", 1, 1.0), ("a", 2, 12.0), ("W", 10.0), ("W", 14.0), ("W", 15.0),
+                      ("a", 3, 3.0), ("W", 40.0)])
+    result = _run(source, fn)
+    assert _values(result.outputs) == [[1], [2]]
+    assert cleared == [(0.0, 15.0), (10.0, 40.0)]  # at end + allowed_lateness, not before
+    assert result.metrics["late_records_dropped"] == 1
