@@ -755,3 +755,29 @@ def test_trigger_clear_runs_at_cleanup_time():
     assert _values(result.outputs) == [[1], [2]]
     assert cleared == [(0.0, 15.0), (10.0, 40.0)]  # at end + allowed_lateness, not before
     assert result.metrics["late_records_dropped"] == 1
+
+
+def test_custom_trigger_with_on_merge_works_on_sessions():
+    """The contract lists ``on_merge(window, ctx)`` among a Trigger's methods: a trigger
+    that defines it is usable with merging (session) windows."""
+    merged = []
+
+    class EndTrigger(Trigger):
+        def on_element(self, value, timestamp, window, ctx):
+            ctx.register_event_time_timer(window.end)
+            return TriggerResult.CONTINUE
+
+        def on_event_time(self, time, window, ctx):
+            return TriggerResult.FIRE if time == window.end else TriggerResult.CONTINUE
+
+        def on_merge(self, window, ctx):
+            merged.append((window.start, window.end))
+            ctx.register_event_time_timer(window.end)
+
+        def clear(self, window, ctx):
+            ctx.delete_event_time_timer(window.end)
+
+    fn = window(EventTimeSessionWindows.with_gap(5), trigger=EndTrigger(), process=WithWindow())
+    source = records([("a", 1, 0.0), ("a", 2, 10.0), ("a", 3, 5.0), ("W", 30.0)])
+    assert _values(_run(source, fn).outputs) == [("a", 0.0, 15.0, [1, 2, 3])]
+    assert (0.0, 15.0) in merged
