@@ -372,3 +372,27 @@ def test_a_failed_call_in_a_chain_fails_the_job(config):
     with pytest.raises(JobFailure) as info:
         aec.run_keyed([Record("a", 1)], F(), config=config)
     assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_one_loop_thread_per_operator():
+    seen = []
+
+    async def where(value):
+        seen.append((value, threading.get_ident()))
+        return value
+
+    class F(KeyedProcessFunction):
+        async def process_element(self, value, ctx):
+            ctx.output(await ctx.call_async(where, value))
+
+    operators = [KeyedProcessOperator(F(), MemoryBackend()) for _ in range(2)]
+    for i, op in enumerate(operators):
+        op.open()
+        for j in range(3):
+            op.process(Record(j, (i, j)))
+    for op in operators:
+        op.finish()
+        op.close()
+    threads = {i: {t for (op_index, _), t in seen if op_index == i} for i in range(2)}
+    assert len(threads[0]) == 1 and len(threads[1]) == 1
+    assert threads[0] != threads[1]

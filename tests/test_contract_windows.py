@@ -473,7 +473,7 @@ def test_processing_time_windows_follow_the_operator_clock():
     def source():
         clock.set(1.0)
         yield Record("a", 1)
-        clock.set(2.0)
+        clock.advance(1.0)  # to 2.0
         yield Record("a", 2)
         clock.set(10.0)
         yield Record("b", 3)
