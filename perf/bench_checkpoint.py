@@ -14,7 +14,7 @@ before the clock starts. Backends: ``MemoryBackend``, ``RocksDBBackend``,
 
 Per backend the sizes run side by side: every round takes one micro-batch of every
 size, in a rotating order, so machine noise hits all sizes alike; a figure is the
-median over ``--rounds`` rounds (min kept in the JSON). Also measured:
+median over ``--repeats`` rounds (min kept in the JSON). Also measured:
 
 * checkpoint bytes written per micro-batch: bytes of files new in ``chk-<id>`` (files
   hard-linked from the previous checkpoint do not count) plus, for SlateDB, bytes of
@@ -31,6 +31,7 @@ Usage::
 
     .venv/bin/python perf/bench_checkpoint.py            # full run, writes perf/results/
     .venv/bin/python perf/bench_checkpoint.py --quick    # 1k/2k/10k/20k, temp output
+    .venv/bin/python perf/bench_checkpoint.py --sizes 2000,200000 --backends rocksdb
 
 Outputs (in ``--out``): bench_checkpoint.json, bench_checkpoint.md, bench_checkpoint.png.
 """
@@ -39,17 +40,18 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import platform
 import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import harness  # perf/harness.py: rounds, samples, goals, reports
 
 from aec import AecConfig, KeyedProcessFunction, KeyedProcessOperator, Record, ValueStateDescriptor
 from aec.elements import Watermark
@@ -65,6 +67,7 @@ BATCH_KEYS = 100
 LOAD_CHUNK = 20_000  # requests per preload batch
 CONFIG = AecConfig()
 GOALS = {"batch": (2_000, 2_000_000, 1.3), "restore": (10_000, 1_000_000, 2.0)}
+NAME = "bench_checkpoint"
 
 
 class Count(KeyedProcessFunction):
@@ -173,32 +176,31 @@ class Partition:
         self.backend.close()
         self.operator = self.backend = None
 
-    def micro_batch(self) -> tuple[float, int]:
-        """One micro-batch: seconds and checkpoint bytes written."""
+    def micro_batch(self) -> None:
+        """One micro-batch (the timed part)."""
         self.batch_id += 1
-        rows = [
-            Record(self.keys[i % BATCH_KEYS], 1, timestamp=self.watermark + i)
-            for i in range(BATCH_ROWS)
-        ]
-        started = time.perf_counter()
         if not self.keep:
             self._restored()
-        for row in rows:
-            self.operator.process(row)
+        for i in range(BATCH_ROWS):
+            self.operator.process(
+                Record(self.keys[i % BATCH_KEYS], 1, timestamp=self.watermark + i)
+            )
         self.watermark += BATCH_ROWS
         self.operator.process_watermark(Watermark(self.watermark - 1))
-        handle = self.operator.snapshot(self.batch_id, self.checkpoints)
+        self.handles.append(self.operator.snapshot(self.batch_id, self.checkpoints))
         self.operator.drain_outputs()
         if not self.keep:
             self._release()
-        elapsed = time.perf_counter() - started
-        self.handles.append(handle)
-        while len(self.handles) > 2:  # the glue keeps the newest checkpoints only
+
+    def after_batch(self) -> int:
+        """Prune as the glue does (the newest two checkpoints stay); the bytes the last
+        micro-batch's checkpoint wrote (untimed)."""
+        while len(self.handles) > 2:
             shutil.rmtree(self.handles.pop(0).path)
         written = self._written()
         grown = new_bytes(self.seen, written)
         self.seen = written
-        return elapsed, grown
+        return grown
 
     def restart(self) -> float:
         """A restarted task: a fresh backend on the partition's path and a new operator
@@ -231,94 +233,76 @@ class Partition:
             self._release()
 
 
-def rotated(items: list, round_number: int) -> list:
-    shift = round_number % len(items)
-    return items[shift:] + items[:shift]
-
-
-def run_backend(kind: str, sizes: tuple[int, ...], rounds: int, restores: int, root: Path) -> dict:
-    """Every size of one backend side by side; ``{size: figures}``."""
+def run_backend(kind: str, sizes: Sequence[int], repeats: int, restores: int, root: Path) -> dict:
+    """Every size of one backend side by side (``harness.run_rounds``); ``{size: figures}``."""
     print(f"{kind}: preloading {', '.join(f'{s:,}' for s in sizes)} keys", flush=True)
     partitions = [Partition(kind, root, size, seed=size) for size in sizes]
-    times: dict[int, list[float]] = {p.size: [] for p in partitions}
-    written: dict[int, list[int]] = {p.size: [] for p in partitions}
-    restored: dict[int, list[float]] = {p.size: [] for p in partitions}
+
+    def batch(partition: Partition) -> harness.Sample:
+        sample = harness.timed(partition.micro_batch, BATCH_ROWS)
+        sample.metrics["checkpoint_bytes"] = partition.after_batch()
+        return sample
+
+    def restart(partition: Partition) -> harness.Sample:
+        return harness.Sample(partition.restart(), 0.0, partition.size)
+
+    name = lambda p: f"{kind} {p.size:,} keys"  # noqa: E731
     try:
-        for partition in partitions:  # warm-up batch, not counted
-            partition.micro_batch()
-        for number in range(rounds):
-            for partition in rotated(partitions, number):
-                elapsed, grown = partition.micro_batch()
-                times[partition.size].append(elapsed)
-                written[partition.size].append(grown)
+        for partition in partitions:  # warm-up micro-batch, not counted
+            batch(partition)
+        batches = harness.run_rounds(partitions, batch, repeats, name)
         for partition in partitions:
             partition.check()
-        for number in range(restores):
-            for partition in rotated(partitions, number):
-                restored[partition.size].append(partition.restart())
+        restored = harness.run_rounds(partitions, restart, restores, name, log=lambda _: None)
     finally:
         for partition in partitions:
             partition.close()
-    return {
-        size: {
-            "batch_ms": 1e3 * statistics.median(times[size]),
-            "batch_ms_min": 1e3 * min(times[size]),
-            "checkpoint_bytes": int(statistics.median(written[size])),
-            "restore_ms": 1e3 * min(restored[size]),
-            "restore_ms_median": 1e3 * statistics.median(restored[size]),
+    figures = {}
+    for partition in partitions:
+        runs, restarts = batches[name(partition)], restored[name(partition)]
+        figures[partition.size] = {
+            "batch_ms": 1e3 * statistics.median(s.seconds for s in runs),
+            "batch_ms_min": 1e3 * min(s.seconds for s in runs),
+            "checkpoint_bytes": int(statistics.median(s.metrics["checkpoint_bytes"] for s in runs)),
+            "restore_ms": 1e3 * min(s.seconds for s in restarts),
+            "restore_ms_median": 1e3 * statistics.median(s.seconds for s in restarts),
+            "batch_seconds": [round(s.seconds, 5) for s in runs],
+            "restore_seconds": [round(s.seconds, 5) for s in restarts],
         }
-        for size in sizes
-    }
+    return figures
 
 
 # --- report -------------------------------------------------------------------------------
 
 
-def ratios(results: dict[str, dict[int, dict]]) -> dict[str, dict[str, Any]]:
-    """Per backend: the goal ratios, where both sizes were measured."""
-    found: dict[str, dict[str, Any]] = {}
+def goals(results: dict[str, dict[int, dict]]) -> list[dict[str, Any]]:
+    """The goals per backend, as ``harness.goal`` verdicts (where both sizes ran)."""
+    found = []
     for kind, figures in results.items():
-        found[kind] = {}
-        for goal, (small, large, limit) in GOALS.items():
-            field = "batch_ms" if goal == "batch" else "restore_ms"
+        for what, (small, large, limit) in GOALS.items():
+            field = "batch_ms" if what == "batch" else "restore_ms"
             if small in figures and large in figures:
-                ratio = figures[large][field] / figures[small][field]
-                found[kind][goal] = {"small": small, "large": large, "ratio": ratio,
-                                     "limit": limit, "met": ratio <= limit}  # fmt: skip
+                text = f"{kind}: {'micro-batch' if what == 'batch' else 'restore'} with {large:,} / {small:,} keys"
+                found.append(
+                    harness.goal(text, figures[large][field] / figures[small][field], at_most=limit)
+                )
     return found
 
 
-def table(results: dict[str, dict[int, dict]], goal_ratios: dict) -> str:
-    lines = [
-        "| backend | keys of state | micro-batch ms (median) | checkpoint bytes written | restore ms |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for kind, figures in results.items():
-        for size, row in figures.items():
-            lines.append(
-                f"| {kind} | {size:,} | {row['batch_ms']:.1f} | {row['checkpoint_bytes']:,} "
-                f"| {row['restore_ms']:.1f} |"
-            )
-    lines += ["", "| backend | goal | ratio | limit | met |", "|---|---|---:|---:|---|"]
-    for kind, goals in goal_ratios.items():
-        for goal, row in goals.items():
-            what = (f"micro-batch {row['large']:,} / {row['small']:,} keys" if goal == "batch"
-                    else f"restore {row['large']:,} / {row['small']:,} keys")  # fmt: skip
-            lines.append(
-                f"| {kind} | {what} | {row['ratio']:.2f}x | {row['limit']}x "
-                f"| {'yes' if row['met'] else 'NO'} |"
-            )
-    return "\n".join(lines)
+def table(results: dict[str, dict[int, dict]]) -> list[str]:
+    return harness.md_table(
+        ["backend", "keys of state", "micro-batch ms (median)", "checkpoint bytes written",
+         "restore ms (best)"],
+        [(kind, f"{size:,}", f"{row['batch_ms']:.1f}", f"{row['checkpoint_bytes']:,}",
+          f"{row['restore_ms']:.1f}") for kind, figures in results.items()
+         for size, row in figures.items()],
+    )  # fmt: skip
 
 
 def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fields = [("batch_ms", "micro-batch (ms)"), ("checkpoint_bytes", "checkpoint bytes written"),
-              ("restore_ms", "restore (ms)")]  # fmt: skip
+    plt = harness.pyplot()
+    fields = [("batch_ms", "micro-batch (ms, median)"), ("checkpoint_bytes", "checkpoint bytes written"),
+              ("restore_ms", "restore (ms, best)")]  # fmt: skip
     figure, axes = plt.subplots(1, len(fields), figsize=(15, 4.2))
     for axis, (field, label) in zip(axes, fields, strict=True):
         for kind, figures in results.items():
@@ -331,45 +315,48 @@ def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
         axis.grid(True, which="both", alpha=0.3)
     axes[0].legend()
     figure.suptitle(f"{BATCH_ROWS}-row micro-batch over {BATCH_KEYS} keys, against state size")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    harness.save(figure, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, temp output")
+    harness.add_common_args(parser)
     parser.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")))
     parser.add_argument("--backends", default="memory,rocksdb,slatedb")
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--restores", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--restores", type=int)
+    args = harness.finish_args(
+        parser, parser.parse_args(argv), NAME, {"repeats": 15, "restores": 3},
+        {"repeats": 5, "restores": 2},
+    )  # fmt: skip
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
-    rounds = args.rounds or (5 if args.quick else 15)
-    out = args.out or (Path(tempfile.mkdtemp(prefix="bench-checkpoint-")) if args.quick
-                       else Path(__file__).resolve().parent / "results")  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "date": harness.now(),
+        "machine": harness.machine_facts(("rocksdict", "slatedb")),
+        "config": {
+            "sizes": list(sizes),
+            "repeats": args.repeats,
+            "restores": args.restores,
+            "batch_rows": BATCH_ROWS,
+            "batch_keys": BATCH_KEYS,
+        },  # fmt: skip
+        "results": {},
+    }
     results: dict[str, dict[int, dict]] = {}
     for kind in args.backends.split(","):
         with tempfile.TemporaryDirectory(
-            prefix=f"bench-checkpoint-{kind}-", ignore_cleanup_errors=True
+            prefix=f"{NAME}-{kind}-", ignore_cleanup_errors=True
         ) as root:
-            results[kind] = run_backend(kind, sizes, rounds, args.restores, Path(root))
-        print(table({kind: results[kind]}, {}), flush=True)
-    goal_ratios = ratios(results)
-    text = table(results, goal_ratios)
-    print(text)
-    about = {"python": sys.version.split()[0], "machine": platform.platform(),
-             "cpus": os.cpu_count(), "rounds": rounds, "restores": args.restores,
-             "batch_rows": BATCH_ROWS, "batch_keys": BATCH_KEYS}  # fmt: skip
-    payload = {"about": about, "results": {k: {str(s): r for s, r in v.items()} for k, v in results.items()},
-               "goals": goal_ratios}  # fmt: skip
-    (out / "bench_checkpoint.json").write_text(json.dumps(payload, indent=1))
-    (out / "bench_checkpoint.md").write_text(
-        f"# bench_checkpoint\n\n{json.dumps(about)}\n\n{text}\n"
-    )
-    plot(results, out / "bench_checkpoint.png")
-    print(f"wrote {out}/bench_checkpoint.{{json,md,png}}")
+            results[kind] = run_backend(kind, sizes, args.repeats, args.restores, Path(root))
+        print("\n".join(table({kind: results[kind]})), flush=True)
+    report["results"] = {k: {str(s): r for s, r in v.items()} for k, v in results.items()}
+    report["goals"] = goals(results)
+    lines = [f"# {NAME}", "", harness.machine_line(report), "", *table(results), ""]
+    lines += harness.md_table(
+        ["goal", "measured", "met"], [(g["text"], g["measured"], harness.verdict(g)) for g in report["goals"]]
+    )  # fmt: skip
+    markdown = "\n".join(lines) + "\n"
+    print(markdown)
+    harness.write_outputs(args.out, NAME, report, markdown, lambda path: plot(results, path))
     return 0
 
 

@@ -101,13 +101,16 @@ def snapshotting(request, tmp_path) -> Iterator[StateBackend]:
     instance.close()
 
 
-@pytest.fixture
-def rescaling(tmp_path):
-    """``make(name)``: a new, open CachedBackend (3 entries) over RocksDB."""
+@pytest.fixture(params=["memory", "rocksdb"])
+def rescaling(request, tmp_path):
+    """``make(name)``: a new, open CachedBackend (3 entries) over memory or RocksDB."""
     made: list[CachedBackend] = []
 
     def make(name: str) -> CachedBackend:
-        made.append(CachedBackend(RocksDBBackend(str(tmp_path / name)), capacity_entries=3))
+        remote = (
+            MemoryBackend() if request.param == "memory" else RocksDBBackend(str(tmp_path / name))
+        )
+        made.append(CachedBackend(remote, capacity_entries=3))
         made[-1].open()
         return made[-1]
 

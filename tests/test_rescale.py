@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from engine_helpers import AsyncCounter, Counter, Everything
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_checkpoint import Windows
 
@@ -35,7 +35,7 @@ from aec import (
 )
 from aec.keygroups import KeyGroupRange, key_group_for, key_group_range_for, operator_index_for
 from aec.testing.strategies import keyed_streams
-from backends import MemoryBackend
+from backends import MemoryBackend, RocksDBBackend, SlateDBBackend
 
 FUNCTIONS: dict[str, Callable[[], KeyedProcessFunction]] = {
     "counter": Counter,
@@ -145,11 +145,18 @@ def check_rescale(data: Any, source: list, make_backend: Callable[[str, str], An
     cut = data.draw(st.integers(0, len(source)), label="cut")
     order = data.draw(st.permutations(range(p)), label="handle order")
     with tempfile.TemporaryDirectory() as directory:
-        whole = uninterrupted(function, config, source, make_backend(directory, "whole"))
-        pieces = rescaled(
-            function, config, source, cut, p, q, list(order), directory,
-            lambda name: make_backend(directory, name),
-        )  # fmt: skip
+        made: list[Any] = []
+
+        def backend(name: str) -> Any:
+            made.append(make_backend(directory, name))
+            return made[-1]
+
+        try:
+            whole = uninterrupted(function, config, source, backend("whole"))
+            pieces = rescaled(function, config, source, cut, p, q, list(order), directory, backend)
+        finally:
+            for each in made:
+                each.close()
     assert pieces[0] == whole[0]
     assert pieces[1] == whole[1]
 
@@ -157,6 +164,21 @@ def check_rescale(data: Any, source: list, make_backend: Callable[[str, str], An
 @given(source=keyed_streams(), data=st.data())
 def test_rescaled_restore_and_replay_equals_uninterrupted_run_memory(source, data):
     check_rescale(data, source, lambda directory, name: MemoryBackend())
+
+
+@given(source=keyed_streams(max_size=25), data=st.data())
+def test_rescaled_restore_and_replay_equals_uninterrupted_run_rocksdb(source, data):
+    check_rescale(
+        data, source, lambda directory, name: RocksDBBackend(os.path.join(directory, name))
+    )
+
+
+@settings(max_examples=10)  # each example opens up to 13 SlateDB databases
+@given(source=keyed_streams(max_size=20), data=st.data())
+def test_rescaled_restore_and_replay_equals_uninterrupted_run_slatedb(source, data):
+    check_rescale(
+        data, source, lambda directory, name: SlateDBBackend(f"file://{directory}/slate", name)
+    )
 
 
 # -- the operator's key-group range --------------------------------------------------------------

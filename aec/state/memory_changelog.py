@@ -93,6 +93,9 @@ class Changelog:
         elif self.dirty:
             self._deltas.append(self._write(_delta(tables, self.dirty)))
         self.dirty = set()
+        for name in os.listdir(directory):  # a snapshot into the same directory replaces it
+            if name in (BASE, CHAIN) or name.startswith("memory-delta-"):
+                os.remove(os.path.join(directory, name))  # a name only: links survive
         _link(self._base, os.path.join(directory, BASE))
         names = []
         for index, path in enumerate(self._deltas):
