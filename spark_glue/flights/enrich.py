@@ -126,6 +126,7 @@ class Enricher:
         self.stats["async_udf in Spark SQL"] = {
             **self.service.stats(),
             "stage_s": time.perf_counter() - started,
+            "rows": rows,
         }
         return rows
 
@@ -179,4 +180,8 @@ def summary(stats: dict[str, dict[str, Any]], latency: float, failure_rate: floa
             f"{s['mean_concurrency']:.1f} | {s['max_concurrency']} | {s['stage_s']:.1f} | "
             f"{rate:,.0f} |"
         )
+    for name, s in stats.items():
+        if s.get("rows"):
+            written = ", ".join(f"`{k}` {v:,} rows" for k, v in s["rows"].items())
+            lines += ["", f"{name} wrote {written}."]
     return lines + [""]
