@@ -308,8 +308,10 @@ def markdown(report: dict) -> str:
     for r in report["rows"]:
         variants = ", ".join(f"{k} {v['records_per_s']:,.0f}" for k, v in r["variants"].items())
         verdict = "met" if r["met"] else "MISSED"
+        clock = r.get("clock", "-")
         lines.append(
-            f"| {r['measure']} | {r['goal']} | {r['ratio']:.2f}x | {verdict} | {variants} |"
+            f"| {r['measure']} | {r['goal']} | {r['ratio']:.2f}x | {verdict} | {clock} "
+            f"| {variants} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -282,7 +282,10 @@ def _flights(args: argparse.Namespace) -> int:
     labels = [
         f"{mode} {stage}".strip()
         for mode in runs
-        for stage in ("load", "route_hourly", *(["enrich"] if args.enrich else []), "rotations")
+        for stage in (
+            "load", "route_hourly", *(["enrich"] if args.enrich else []), "rotations",
+            "aircraft_sessions",
+        )
     ]
     labels.append("report")
     if args.compare_sync:

