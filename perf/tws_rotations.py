@@ -70,7 +70,11 @@ def tws_processor() -> Any:
                 self.previous.update(
                     (seconds, flight["origin"], flight["dest"], flight["arr_delay"])
                 )
-            yield pd.DataFrame(out, columns=[f.split()[0] for f in ROTATIONS_FIELDS])
+            result = pd.DataFrame(out, columns=[f.split()[0] for f in ROTATIONS_FIELDS])
+            for column in ("prev_origin", "prev_dest", "propagated", "relocated"):
+                # an aircraft's only flight leaves these all missing: float NaN, not strings
+                result[column] = result[column].astype(object).where(result[column].notna(), None)
+            yield result
 
         def close(self) -> None:
             pass

@@ -350,3 +350,5 @@ def _backend_spec(backend: StateBackend | BackendSpec | None) -> BackendSpec:
     raise TypeError(
         f"backend must be a backends.StateBackend or BackendSpec, got {type(backend).__name__}"
     )
+
+

@@ -393,7 +393,12 @@ class AsyncExecutionController:
             self.run_available()
             return True
         if self.active.requests:
+            executor = self.executor
+            executor.idle = True  # nothing else to run: an inline batch overlaps nothing
             self.flush()
+            executor.idle = False
+            if self.mails:  # run inline (a skewed run's tiny batches): complete it now
+                self.run_available()
             return True
         if self.executor.pending:
             self.executor.wait(None)

@@ -16,6 +16,10 @@ from typing import Any
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.mailbox import Mailbox
 
+# Larger batches always go to a thread: there RocksDB-like stores release the GIL and
+# overlap the mailbox thread, and several batches in flight run side by side.
+INLINE_MAX_REQUESTS = 64
+
 
 class StateExecutor:
     """Base: runs batches and reports them as completion mails.
@@ -29,10 +33,11 @@ class StateExecutor:
     """
 
     concurrent = True
+    idle = False  # set by the AEC around a flush when the mailbox thread has nothing else to do
 
     def __init__(self) -> None:
         self.pending = 0
-        self.inline_batches = 0  # batches run on the mailbox thread (a metric)
+        self.inline_batches = 0  # batches run on the mailbox thread (metric ``inline_batches``)
         self._backend: Any = None
         self._mailbox: Mailbox | None = None
 
@@ -71,17 +76,23 @@ class InlineExecutor(StateExecutor):
 
     def submit(self, batch: Sequence[Any]) -> None:
         self.pending += 1
+        self.inline_batches += 1
         self._run(batch, self._mailbox.post_local)
 
 
 class ThreadPoolStateExecutor(StateExecutor):
     """Runs batches on ``threads`` I/O threads (named ``aec-io-N``), for blocking backends.
 
-    Adaptive (``adaptive=True``, the default): a batch runs on the mailbox thread
-    instead when the backend answered batches of its size there faster than a
-    thread hand-off costs (``BatchCostModel``): a store answering from memory
-    gains nothing from a thread for a handful of requests, and with skewed keys
-    (a hot key's records run one after another) most batches are that small.
+    Adaptive (``adaptive=True``, the default): when the mailbox thread would
+    otherwise wait for it (``idle``: the AEC flushes because nothing else can
+    run) and no other batch is on an I/O thread, a batch of at most
+    ``INLINE_MAX_REQUESTS`` runs on the mailbox thread instead when the backend answered
+    batches of its size there faster than a thread hand-off costs
+    (``BatchCostModel``): a store answering from memory gains nothing from a
+    thread for a handful of requests, and with skewed keys (a hot key's records
+    run one after another) most batches are that small. A batch flushed while
+    the mailbox thread has other work (a full buffer) always goes to a thread,
+    where it overlaps that work.
     Results and order are the same either way: a batch is applied whole, and
     concurrent batches never share a key.
     """
@@ -97,9 +108,16 @@ class ThreadPoolStateExecutor(StateExecutor):
         self._submit_cost = 0.0  # the mailbox thread's time in the last pool submit, seconds
 
     def submit(self, batch: Sequence[Any]) -> None:
-        self.pending += 1
         cost = self.cost
-        if cost is not None and cost.run_inline(len(batch)):
+        inline = (
+            cost is not None
+            and self.idle
+            and self.pending == 0  # with batches on I/O threads, this one runs beside them
+            and len(batch) <= INLINE_MAX_REQUESTS
+            and cost.run_inline(len(batch))
+        )
+        self.pending += 1
+        if inline:
             self.inline_batches += 1
             start = perf_counter()
             self._run(batch, self._mailbox.post_local)
