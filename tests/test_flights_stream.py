@@ -20,8 +20,8 @@ SMALL = ["--limit", str(LIMIT), "--file-rows", "200", "--files-per-trigger", "2"
 
 def test_files_keep_the_arrival_order_and_end_with_one_marker_per_key(tmp_path):
     prepared = flights_data.load(LIMIT)
-    names, markers = stream_job.write_files(prepared, str(tmp_path / "files"), 300)
-    assert names == [f"part-{i:06d}.parquet" for i in range(4)]  # 300 + 300 + 200 + markers
+    names, markers = stream_job.write_files(prepared, str(tmp_path / "files"), 250)
+    assert names == [f"part-{i:06d}.parquet" for i in range(4)]  # 250 + 250 + 100 + markers
     paths = [tmp_path / "files" / name for name in names]
     mtimes = [os.stat(p).st_mtime for p in paths]
     assert mtimes == sorted(mtimes) and len(set(mtimes)) == len(mtimes)
