@@ -27,13 +27,24 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
-
-import pyarrow.fs as pafs
 
 from aec.checkpoint import files
 from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
+from aec.errors import needs_extra
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+
+
+def _pafs() -> Any:
+    """``pyarrow.fs``, imported on first use so that ``import aec`` needs no extra."""
+    with needs_extra("s3", "checkpoints (aec.checkpoint.storage)", "pyarrow"):
+        import pyarrow.fs
+    return pyarrow.fs
+
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CHUNK = 1 << 20  # bytes per upload/download write
@@ -65,7 +76,7 @@ def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     scheme = _SCHEME.match(uri)
     name = scheme.group(1) if scheme else "?"
     try:
-        return pafs.FileSystem.from_uri(uri)
+        return _pafs().FileSystem.from_uri(uri)
     except (ValueError, OSError, TypeError) as exc:  # ArrowInvalid is a ValueError
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(
@@ -105,14 +116,14 @@ class CheckpointStore:
             if text.lower().startswith("file://"):
                 path = unquote(urlparse(text).path)
                 return cls(
-                    os.path.abspath(path), pafs.LocalFileSystem(), os.path.abspath(path), True
+                    os.path.abspath(path), _pafs().LocalFileSystem(), os.path.abspath(path), True
                 )
             fs, root = resolve_filesystem(text)
-            if isinstance(fs, pafs.LocalFileSystem):
+            if isinstance(fs, _pafs().LocalFileSystem):
                 return cls(os.path.abspath(root), fs, os.path.abspath(root), True)
             return cls(text.rstrip("/"), fs, root.rstrip("/"), False)
         path = os.path.abspath(text)
-        return cls(path, pafs.LocalFileSystem(), path, True)
+        return cls(path, _pafs().LocalFileSystem(), path, True)
 
     # -- names ------------------------------------------------------------------------------
     def name_of(self, *parts: str) -> str:
@@ -154,7 +165,7 @@ class CheckpointStore:
         target = self.name_of(f"chk-{checkpoint_id}")
         if (
             self._guarded("check", lambda: self._info(f"chk-{checkpoint_id}"))
-            != pafs.FileType.NotFound
+            != _pafs().FileType.NotFound
         ):
             raise FileExistsError(
                 f"checkpoint {checkpoint_id} already exists at {target}; checkpoint ids are "
@@ -214,7 +225,7 @@ class CheckpointStore:
         """Remove ``chk-<id>`` (complete or not) if it exists; the manifest first, so a
         half-deleted checkpoint is never taken for a complete one."""
         name = f"chk-{checkpoint_id}"
-        if self._info(name) == pafs.FileType.NotFound:
+        if self._info(name) == _pafs().FileType.NotFound:
             return
         if self.exists(name, MANIFEST):
             self.fs.delete_file(self._path(name, MANIFEST))
@@ -223,12 +234,12 @@ class CheckpointStore:
     # -- small files and listing --------------------------------------------------------------
     def list_names(self) -> list[str]:
         """Names directly under this location ([] if it does not exist)."""
-        selector = pafs.FileSelector(self.root, allow_not_found=True)
+        selector = _pafs().FileSelector(self.root, allow_not_found=True)
         infos = self._guarded("list", lambda: self.fs.get_file_info(selector))
         return sorted(info.base_name for info in infos)
 
     def exists(self, *parts: str) -> bool:
-        return self._info(*parts) != pafs.FileType.NotFound
+        return self._info(*parts) != _pafs().FileType.NotFound
 
     def read_bytes(self, *parts: str) -> bytes:
         """A whole file; FileNotFoundError naming it when absent."""
@@ -314,9 +325,9 @@ def local_copy(handle: CheckpointHandle | str | os.PathLike[str]) -> Iterator[st
 
 
 def _download(store: CheckpointStore, local: str) -> None:
-    selector = pafs.FileSelector(store.root, recursive=True)
+    selector = _pafs().FileSelector(store.root, recursive=True)
     for info in store.fs.get_file_info(selector):
-        if info.type != pafs.FileType.File:
+        if info.type != _pafs().FileType.File:
             continue
         relative = info.path[len(store.root) :].lstrip("/")
         destination = os.path.join(local, *relative.split("/"))
