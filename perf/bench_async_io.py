@@ -231,6 +231,7 @@ def two_operator_variant(records: list[Record], capacity: int) -> Callable[[], A
 
 def spark_keyed_variants(spark: Any, n: int, keys: int, capacity: int) -> dict[str, Any]:
     from spark_glue import async_map, process_keyed
+    from spark_glue.keyed import unpersist
 
     df = spark.range(n).selectExpr(f"cast(id % {keys} as int) as k", "cast(id as int) as v")
     df = df.repartition(1).cache()
@@ -258,6 +259,7 @@ def spark_keyed_variants(spark: Any, n: int, keys: int, capacity: int) -> dict[s
         out = process_keyed(df, SparkReadCallWrite(), key="k", output_schema=schema,
                             order_by="v", config=config, num_partitions=1)  # fmt: skip
         assert out.count() == n
+        unpersist(out)  # process_keyed caches its result: the next run must compute again
         return {}
 
     def two_operators() -> dict[str, Any]:
@@ -265,6 +267,7 @@ def spark_keyed_variants(spark: Any, n: int, keys: int, capacity: int) -> dict[s
         out = process_keyed(enriched, SparkReadWrite(), key="k", output_schema=schema,
                             order_by="v", config=config, num_partitions=1)  # fmt: skip
         assert out.count() == n
+        unpersist(out)
         return {}
 
     return {"spark call_async (process_keyed)": one_operator,
