@@ -266,3 +266,37 @@ def test_restore_reads_the_aws_variables_when_called(s3, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", good_endpoint)
     op.close()
     assert before + _second_half(handle) == _expected()
+
+
+@pytest.mark.parametrize("kind", ["rocksdb", "slatedb"])
+def test_s3_checkpoints_of_disk_backends(kind, s3, tmp_path):
+    from backends import RocksDBBackend, SlateDBBackend
+
+    _, bucket = s3
+    made = iter(range(10))
+
+    def backend():
+        if kind == "rocksdb":
+            return RocksDBBackend(str(tmp_path / f"db{next(made)}"))
+        return SlateDBBackend(f"file://{tmp_path}/slate", f"db{next(made)}")
+
+    first = backend()
+    op = KeyedProcessOperator(Sum(), first)
+    op.open()
+    for element in SOURCE[:17]:
+        (op.process_watermark if isinstance(element, Watermark) else op.process)(element)
+    handle = op.snapshot(1, f"s3://{bucket}/{kind}")
+    before = op.drain_outputs()
+    op.close()
+    first.close()
+    second = backend()
+    op = KeyedProcessOperator(Sum(), second)
+    op.restore(f"s3://{bucket}/{kind}/chk-1")
+    for element in SOURCE[17:]:
+        (op.process_watermark if isinstance(element, Watermark) else op.process)(element)
+    op.finish()
+    after = op.drain_outputs()
+    op.close()
+    second.close()
+    assert before + after == _expected()
+    assert handle.checkpoint_id == 1
