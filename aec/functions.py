@@ -12,6 +12,7 @@ from typing import Any, Protocol, overload
 
 from aec.config import AecConfig
 from aec.elements import check_timestamp
+from aec.retry import NoRetry
 from aec.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -21,6 +22,8 @@ from aec.state.descriptors import (
     ValueStateDescriptor,
 )
 from aec.state.handles import AggregatingState, ListState, MapState, ReducingState, ValueState
+
+_NO_RETRY = NoRetry()
 
 
 class _RunningRecord(Protocol):
@@ -43,6 +46,7 @@ class OperatorHooks(Protocol):
     def current_context(self) -> _RunningRecord: ...
     def emit(self, value: Any) -> None: ...
     def emit_side(self, tag: Any, value: Any) -> None: ...
+    def call_async(self, fn: Any, args: tuple[Any, ...], timeout: Any, retry: Any) -> Any: ...
 
 
 class KeyedProcessFunction:
@@ -92,6 +96,14 @@ class RuntimeContext:
     @property
     def max_parallelism(self) -> int:
         return self._operator.config.max_parallelism
+
+    def call_async(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Always raises RuntimeError: external calls belong to a record
+        (``Context.call_async`` in ``process_element`` / ``on_timer``), not to ``open``."""
+        raise RuntimeError(
+            "call_async() outside a record: call it on the Context of process_element or "
+            "on_timer, not in open()"
+        )
 
 
 class TimerService:
@@ -176,3 +188,35 @@ class Context:
     def side_output(self, tag: str, value: Any) -> None:
         """Emit ``value`` to the side output ``tag``."""
         self._operator.emit_side(tag, value)
+
+    def call_async(
+        self, fn: Any, *args: Any, timeout: float | None = None, retry: Any = _NO_RETRY
+    ) -> Any:
+        """Call an external service for the running record; a ``StateFuture`` of its
+        result (beyond Flink: enrichment next to state, in one operator).
+
+        ``fn(*args)`` (an ``async def``, or a function returning an awaitable) runs on
+        the operator's asyncio loop thread (one per operator, started at the first
+        call); its result completes the future through the mailbox. The call counts
+        toward its record like a state request (same-key order, in-flight limit,
+        drain before a snapshot). With ``async_state=False`` it runs to completion
+        before this returns a completed future.
+
+        Args:
+            fn: the async callable; ``args`` its positional arguments.
+            timeout: seconds spanning every attempt and backoff (None: none); the
+                running attempt is cancelled and the call fails with ``TimeoutError``.
+            retry: an ``aec.retry`` strategy; ``retry_on_result`` gets the result.
+
+        Returns:
+            A ``StateFuture``: ``await`` it in an ``async def`` (a failed call raises
+            its exception there, which the coroutine may catch; uncaught, the job
+            fails with ``JobFailure``) or chain it (a failure fails the job).
+
+        Raises:
+            TypeError: ``fn`` is not callable (or, when awaited, returned no
+                awaitable), a bad ``timeout`` or ``retry``.
+            ValueError: ``timeout`` <= 0 or NaN.
+            RuntimeError: outside a record (``open()``, after ``finish()``).
+        """
+        return self._operator.call_async(fn, args, timeout, retry)

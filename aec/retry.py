@@ -31,6 +31,8 @@ __all__ = [
     "FixedDelay",
     "NoRetry",
     "RetryStrategy",
+    "check_strategy",
+    "check_timeout",
     "empty_result",
     "exception_type",
 ]
@@ -131,6 +133,33 @@ def _check_retry_number(n: Any) -> None:
         raise TypeError(f"backoff(n) takes the retry number as an int, got {n!r}")
     if n < 1:
         raise ValueError(f"backoff(n) is defined for n >= 1 (n = 1 is the first retry), got {n}")
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """Validate a call timeout in seconds: finite and > 0, or None / ``math.inf`` for
+    none (returned as None). Flink treats ``<= 0`` as "no timeout"; aec raises.
+
+    Raises TypeError for a non-number, ValueError for ``<= 0`` or NaN.
+    """
+    if timeout is None:
+        return None
+    if type(timeout) is float and 0 < timeout < math.inf:  # the common case, fast
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    if math.isnan(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds (or None for none), got {timeout!r}")
+    return None if math.isinf(timeout) else float(timeout)
+
+
+def check_strategy(retry: Any) -> RetryStrategy:
+    """Return ``retry`` if it is a ``RetryStrategy``; TypeError naming it otherwise."""
+    if not isinstance(retry, RetryStrategy):
+        raise TypeError(
+            f"retry must be an aec.retry strategy (NoRetry, FixedDelay, ExponentialBackoff), "
+            f"got {retry!r}"
+        )
+    return retry
 
 
 # -- strategies --------------------------------------------------------------------------

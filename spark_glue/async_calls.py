@@ -36,7 +36,8 @@ from pyspark.sql.functions import pandas_udf
 from pyspark.util import PythonEvalType
 
 from aec.async_io import AsyncFunction, ordered_wait, unordered_wait
-from aec.retry import NoRetry, RetryStrategy
+from aec.async_io.operator import check_capacity
+from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from spark_glue.convert import arrow_schema, encode_columns, rows_as_dicts, struct_type
 
 DEFAULT_CAPACITY = 100  # calls in flight per Spark task
@@ -101,17 +102,10 @@ class _RowFunction(AsyncFunction):
 
 
 def _check_common(capacity: int, timeout: float | None, retry: RetryStrategy | None) -> None:
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
-        raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
-    if capacity < 1:
-        raise ValueError(f"capacity must be >= 1, got {capacity!r}")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be seconds (a number) or None, got {timeout!r}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be seconds > 0 or None, got {timeout!r}")
-    if retry is not None and not isinstance(retry, RetryStrategy):
-        raise TypeError(f"retry must be an aec.retry strategy, got {type(retry).__name__}")
+    check_capacity(capacity)
+    check_timeout(timeout)
+    if retry is not None:
+        check_strategy(retry)
 
 
 def async_udf(

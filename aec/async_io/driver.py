@@ -1,21 +1,19 @@
-"""The driver of one async wait call: admission, calls, retries, timeouts, emission.
+"""Calls of async I/O entries: admission into the queue, calls, retries, timeouts.
 
 Follows Flink's ``AsyncWaitOperator`` (with its ``RetryableResultHandlerDelegator``
 for FLIP-232 retries) and FLIP-519's key-ordered mode, on aec's mailbox model:
 
-- The driver is a generator that runs on the thread iterating it (the mailbox
-  thread). Flink-style ``async_invoke``, ``timeout``, ``open``, ``close``, the
-  key selector and the retry predicates run there.
+- ``CallDriver`` runs on the operator's caller thread (the mailbox thread).
+  Flink-style ``async_invoke``, ``timeout``, the key selector and the retry
+  predicates run there.
 - Completions come from any thread as mails in one ``Mailbox`` (deque + Event).
   Mails run before new input is admitted (DESIGN rule 6).
 - Timeouts and retry delays are timers in one ``SortedList``; the driver sleeps on
   the mailbox until the next mail or the next timer.
 - asyncio-style functions run on one ``EventLoopThread``, started at the first
-  call and stopped when the generator ends.
+  call and stopped when the operator ends.
 
 Invariants:
-- At most ``capacity`` elements (records and watermarks) are admitted and not yet
-  emitted; at the limit the driver stops pulling from ``source``.
 - Per entry, at most one ResultFuture is accepted at a time (``entry.future``); a
   completion of any other future (duplicate, earlier attempt, after timeout) is
   dropped.
@@ -25,14 +23,14 @@ Invariants:
   a wanted retry that would start at or after the deadline waits for the timeout,
   which calls ``timeout()`` (Flink's ``AsyncWaitOperator`` does the same).
 - A final exception (user code, retries exhausted, timeout) raises ``JobFailure``
-  from it; on every exit the loop thread is stopped and ``close()`` is called.
+  from it; the operator then stops the loop thread and closes the function.
 """
 
 from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from time import monotonic
 from typing import Any
 
@@ -55,7 +53,7 @@ from aec.retry import RetryStrategy
 from aec.runtime.event_loop import EventLoopThread
 from aec.runtime.mailbox import Mailbox
 
-__all__ = ["AsyncWaitDriver", "Timers"]
+__all__ = ["CallDriver", "Timers", "is_asyncio_style"]
 
 _TIMEOUT = 0
 _RETRY = 1
@@ -143,14 +141,16 @@ def is_asyncio_style(function: Any) -> bool:
     return asyncio_style
 
 
-class AsyncWaitDriver:
-    """Runs ``function`` over ``source``; ``run()`` is the generator of outputs.
+class CallDriver:
+    """Calls, retries, timeouts and failures of async I/O entries, on the mailbox thread.
 
-    Args (validated by ``aec.async_io.waits``):
-        source: iterable of values and ``Watermark``s.
+    The base of ``aec.async_io.operator.AsyncWaitOperator``, which admits inputs and
+    emits what the queue releases; this class starts each admitted entry's calls and
+    moves it to DONE in its queue.
+
+    Args (validated by ``aec.async_io.operator``):
         function: an ``AsyncFunction`` (either style).
         timeout: seconds from an input's first call to its timeout, or None.
-        capacity: max elements admitted and not yet emitted (>= 1).
         retry: the ``RetryStrategy``.
         queue: ``OrderedQueue`` or ``UnorderedQueue`` (emission order).
         key_selector: for key-ordered mode, ``value -> key``; None otherwise.
@@ -158,19 +158,15 @@ class AsyncWaitDriver:
 
     def __init__(
         self,
-        source: Iterable[Any],
         function: AsyncFunction,
         timeout: float | None,
-        capacity: int,
         retry: RetryStrategy,
         queue: OrderedQueue | UnorderedQueue,
         key_selector: Callable[[Any], Any] | None = None,
     ) -> None:
-        self._source = source
         self._function = function
         self._asyncio = is_asyncio_style(function)
         self._timeout = timeout
-        self._capacity = capacity
         self._retry = retry
         self._max_attempts = retry.max_attempts
         self._queue = queue
@@ -180,69 +176,16 @@ class AsyncWaitDriver:
         self._timers = Timers()
         self._loop: EventLoopThread | None = None
         self._watermark = -float("inf")
-        self._opened = False
-
-    # -- the generator -------------------------------------------------------------------
-    def run(self) -> Iterator[Any]:
-        """Yield outputs and watermarks; see ``aec.async_io.waits.ordered_wait``."""
-        try:
-            self._opened = True
-            try:
-                self._function.open()
-            except Exception as exc:
-                raise JobFailure(
-                    f"AsyncFunction.open() failed: {type(exc).__name__}: {exc}"
-                ) from exc
-            yield from self._drive()
-        except BaseException as exc:  # GeneratorExit too: an abandoned iterator cleans up
-            close_error = self._shutdown()
-            if close_error is not None:
-                exc.add_note(f"AsyncFunction.close() also failed: {close_error!r}")
-            raise
-        close_error = self._shutdown()
-        if close_error is not None:
-            raise JobFailure(
-                f"AsyncFunction.close() failed: {type(close_error).__name__}: {close_error}"
-            ) from close_error
-
-    def _drive(self) -> Iterator[Any]:
-        source = iter(self._source)
-        exhausted = False
-        mailbox, queue, timers = self._mailbox, self._queue, self._timers
-        while True:
-            if mailbox:
-                self._run_mails()
-            if timers:
-                self._fire_timers()
-            ready = queue.pop_ready()
-            if ready:
-                for element in ready:
-                    if type(element) is AsyncEntry:
-                        results, element.results = element.results, None
-                        yield from results  # type: ignore[misc]
-                    else:
-                        yield element
-                continue  # mails may have arrived while the consumer ran
-            if not exhausted and len(queue) < self._capacity:
-                if mailbox:
-                    continue  # completions before new input
-                try:
-                    element = next(source)
-                except StopIteration:
-                    exhausted = True
-                    continue
-                self._admit(element)
-                continue
-            if exhausted and not len(queue):
-                return
-            mailbox.wait(timers.next_delay(monotonic()))
 
     # -- admission -----------------------------------------------------------------------
-    def _admit(self, element: Any) -> None:
+    def _admit(self, element: Any, attempts: int = 0) -> AsyncEntry | Watermark:
+        """Queue ``element`` and start its call (if its key is free); ``attempts``
+        are calls made before a restore (they count against ``max_attempts``, but
+        at least one call is made)."""
         if isinstance(element, Watermark):
             self._check_watermark(element)
             self._queue.add_watermark(element)
-            return
+            return element
         key = None
         if self._key_selector is not None:
             try:
@@ -258,9 +201,11 @@ class AsyncWaitDriver:
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"key_selector({describe(element)}): {exc}") from None
         entry = AsyncEntry(element, key)
+        entry.attempts = min(attempts, self._max_attempts - 1)
         self._queue.add_record(entry)
         if self._gate is None or self._gate.acquire(entry):
             self._start(entry)
+        return entry
 
     def _check_watermark(self, watermark: Watermark) -> None:
         timestamp = watermark.timestamp
@@ -421,16 +366,9 @@ class AsyncWaitDriver:
             record=entry.value,
         )
 
-    def _shutdown(self) -> BaseException | None:
-        """Stop the loop thread, then close the function; returns close()'s exception."""
+    def _stop_calls(self) -> None:
+        """Forget every timer and stop the loop thread (cancelling its coroutines)."""
         self._timers.clear()
         if self._loop is not None:
-            self._loop.stop()
-        if not self._opened:
-            return None
-        self._opened = False
-        try:
-            self._function.close()
-        except Exception as exc:
-            return exc
-        return None
+            loop, self._loop = self._loop, None
+            loop.stop()

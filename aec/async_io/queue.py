@@ -56,6 +56,7 @@ class AsyncEntry:
         "timers",
         "results",
         "segment",
+        "sequence",
     )
 
     def __init__(self, value: Any, key: Any = None) -> None:
@@ -69,6 +70,7 @@ class AsyncEntry:
         self.timers: list[Any] = []  # this entry's live timers (timeout, retry)
         self.results: list[Any] | None = None
         self.segment: _Segment | None = None  # unordered queues only
+        self.sequence = 0  # arrival number in its operator (the snapshot's order)
 
     def __repr__(self) -> str:
         return f"<AsyncEntry {self.value!r} {self.state} attempts={self.attempts}>"

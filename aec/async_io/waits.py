@@ -14,21 +14,18 @@ FLIP-232 retries and FLIP-519's key-ordered mode, as three generator functions::
                             retry=FixedDelay(3, 0.1)):
         ...
 
-Modules: ``aec.async_io.function`` (``AsyncFunction``, ``ResultFuture``),
-``aec.async_io.queue`` (emission order), ``aec.async_io.driver`` (the mailbox loop,
-timers, retries), ``aec.runtime.event_loop`` (the asyncio thread). Decisions where the
-contract is silent: docs/async_io.md.
+Each is a lazy iterator front-end over an ``aec.async_io.operator.AsyncWaitOperator``:
+it pulls from ``source`` only while the operator has room, and yields results as
+they are emitted. Decisions where the contract is silent: docs/async_io.md.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from aec.async_io.driver import AsyncWaitDriver, is_asyncio_style
 from aec.async_io.function import AsyncFunction, ResultFuture
-from aec.async_io.queue import OrderedQueue, UnorderedQueue
+from aec.async_io.operator import AsyncWaitOperator, check_arguments
 from aec.retry import NoRetry, RetryStrategy
 
 __all__ = [
@@ -80,8 +77,8 @@ def ordered_wait(
             ``record`` the input value. Raised after the event-loop thread stopped
             and ``close()`` ran.
     """
-    timeout = _check_common(function, timeout, capacity, retry)
-    return AsyncWaitDriver(source, function, timeout, capacity, retry, OrderedQueue()).run()
+    check_arguments(function, timeout, capacity, retry)
+    return _iterate(source, AsyncWaitOperator(function, timeout, capacity, retry=retry))
 
 
 def unordered_wait(
@@ -98,8 +95,10 @@ def unordered_wait(
     ``UnorderedStreamElementQueue``). Arguments, return value and errors as in
     ``ordered_wait``.
     """
-    timeout = _check_common(function, timeout, capacity, retry)
-    return AsyncWaitDriver(source, function, timeout, capacity, retry, UnorderedQueue()).run()
+    check_arguments(function, timeout, capacity, retry)
+    return _iterate(
+        source, AsyncWaitOperator(function, timeout, capacity, mode="unordered", retry=retry)
+    )
 
 
 def key_ordered_wait(
@@ -126,33 +125,43 @@ def key_ordered_wait(
 
     The other arguments are those of ``ordered_wait``.
     """
-    timeout = _check_common(function, timeout, capacity, retry)
+    check_arguments(function, timeout, capacity, retry)
     if not callable(key_selector):
         raise TypeError(f"key_selector must be a callable value -> key, got {key_selector!r}")
-    return AsyncWaitDriver(
-        source, function, timeout, capacity, retry, UnorderedQueue(), key_selector
-    ).run()
+    operator = AsyncWaitOperator(
+        function, timeout, capacity, mode="key_ordered", retry=retry, key_selector=key_selector
+    )
+    return _iterate(source, operator)
 
 
-def _check_common(function: Any, timeout: Any, capacity: Any, retry: Any) -> float | None:
-    """Validate the shared arguments; returns the timeout (None: no timeout)."""
-    is_asyncio_style(function)  # raises TypeError for a function it cannot call
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-        if math.isnan(timeout) or timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds (or None for none), got {timeout!r}")
-        if math.isinf(timeout):
-            timeout = None
-        else:
-            timeout = float(timeout)
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
-        raise TypeError(f"capacity must be an int >= 1, got {capacity!r}")
-    if capacity < 1:
-        raise ValueError(f"capacity must be >= 1, got {capacity}")
-    if not isinstance(retry, RetryStrategy):
-        raise TypeError(
-            f"retry must be an aec.retry strategy (NoRetry, FixedDelay, ExponentialBackoff), "
-            f"got {retry!r}"
-        )
-    return timeout
+def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any]:
+    """Drive ``operator`` over ``source``: completions first, then emission, then new
+    input only while there is room (so ``source`` is never pulled ahead of capacity)."""
+    try:
+        operator.open()
+        elements = iter(source)
+        exhausted = False
+        while True:
+            operator._advance()
+            outputs = operator.drain_outputs()
+            if outputs:
+                yield from outputs
+                continue  # mails may have arrived while the consumer ran
+            if not exhausted and operator._has_room():
+                if operator._mailbox:
+                    continue  # completions before new input
+                try:
+                    element = next(elements)
+                except StopIteration:
+                    exhausted = True
+                    continue
+                operator.process(element)
+                continue
+            if exhausted and operator._idle():
+                break
+            operator._wait()
+        operator.finish()
+    except BaseException as exc:  # GeneratorExit too: an abandoned iterator cleans up
+        operator.abandon(exc)
+        raise
+    yield from operator.drain_outputs()

@@ -85,7 +85,9 @@ class OperatorState:
         max_parallelism: key groups; a restore must use the same number.
         event_timers / processing_timers: the timer queues (Flink's
             ``InternalTimeServiceManager`` snapshots them with keyed state).
-        state_names: the states the function created (informational).
+        state_names: the states the function created in ``open()`` (states made later
+            on demand, such as a window trigger's, are left out: they depend on the
+            data seen); checkpoints merged by a restore must agree on them.
         config: the operator's ``AecConfig`` as a dict (informational).
         counts: records_in, records_out, timers_fired, ... (informational).
         backend: the backend's class name (informational).
@@ -155,11 +157,8 @@ def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -
     ``FileExistsError`` if ``target`` appeared meanwhile), after removing the
     staging directory: no ``target`` is left behind.
     """
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    staging = os.path.join(parent, f".{os.path.basename(target)}.staging-{uuid.uuid4().hex}")
-    os.mkdir(staging)
-    try:
+
+    def fill(staging: str) -> None:
         backend_dir = os.path.join(staging, BACKEND_DIR)
         os.mkdir(backend_dir)
         backend.snapshot(backend_dir)
@@ -168,8 +167,36 @@ def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -
             "processing": state.processing_timers.export(),
         }
         _write_file(staging, TIMERS, pickle.dumps(timers, protocol=pickle.HIGHEST_PROTOCOL))
-        metadata = _metadata(checkpoint_id, state)
-        _write_file(staging, METADATA, _json_bytes(metadata))
+        _write_file(staging, METADATA, _json_bytes(_metadata(checkpoint_id, state)))
+
+    return commit(target, checkpoint_id, fill)
+
+
+def write_files(target: str, checkpoint_id: int, contents: dict[str, bytes]) -> CheckpointHandle:
+    """Write a checkpoint made of the given files (``name -> bytes``) to ``target``
+    atomically, with the same manifest and commit as ``write`` (used by operators
+    without keyed state: ``aec.async_io.AsyncWaitOperator``)."""
+
+    def fill(staging: str) -> None:
+        for name, data in contents.items():
+            _write_file(staging, name, data)
+
+    return commit(target, checkpoint_id, fill)
+
+
+def commit(target: str, checkpoint_id: int, fill: Callable[[str], None]) -> CheckpointHandle:
+    """Stage a checkpoint: ``fill(staging_dir)`` writes its files, then the manifest
+    (sizes, SHA-256) is written last and the staging directory renamed to ``target``.
+
+    Raises what ``fill`` or the file system raised (``FileExistsError`` if
+    ``target`` appeared meanwhile), after removing the staging directory.
+    """
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    staging = os.path.join(parent, f".{os.path.basename(target)}.staging-{uuid.uuid4().hex}")
+    os.mkdir(staging)
+    try:
+        fill(staging)
         files = {name: _describe_file(staging, name) for name in list_files(staging)}
         manifest = {"format": FORMAT, "checkpoint_id": checkpoint_id, "files": files}
         _write_file(staging, MANIFEST, _json_bytes(manifest))  # last: the commit record
@@ -273,24 +300,8 @@ def read(
             a manifest or metadata of another format, a handle whose id differs
             from the manifest's, or timers that do not load.
     """
-    if isinstance(handle, CheckpointHandle):
-        path, expected_id = handle.path, handle.checkpoint_id
-    elif isinstance(handle, (str, os.PathLike)):
-        path, expected_id = os.path.abspath(os.fspath(handle)), None
-    else:
-        raise TypeError(
-            f"restore takes a CheckpointHandle or a checkpoint path, got {type(handle).__name__}"
-        )
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    manifest = _read_manifest(path)
-    checkpoint_id = manifest["checkpoint_id"]
-    if expected_id is not None and checkpoint_id != expected_id:
-        raise ValueError(
-            f"{os.path.join(path, MANIFEST)} is checkpoint {checkpoint_id}, "
-            f"the handle says {expected_id}"
-        )
-    contents = _verify_files(path, manifest["files"])
+    handle, contents = read_files(handle, (METADATA, TIMERS))
+    path, checkpoint_id = handle.path, handle.checkpoint_id
     metadata = _parse(path, METADATA, contents[METADATA], json.loads)
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise ValueError(f"{os.path.join(path, METADATA)} is not {FORMAT} operator metadata")
@@ -318,7 +329,36 @@ def read(
     )
 
 
-def _read_manifest(path: str) -> dict[str, Any]:
+def read_files(
+    handle: CheckpointHandle | str | os.PathLike[str], wanted: tuple[str, ...]
+) -> tuple[CheckpointHandle, dict[str, bytes]]:
+    """Verify a checkpoint (manifest, sizes, SHA-256, no unlisted file) and return its
+    handle and the contents of the ``wanted`` files, which it must list.
+
+    Raises TypeError, FileNotFoundError or ValueError as ``read`` does.
+    """
+    if isinstance(handle, CheckpointHandle):
+        path, expected_id = handle.path, handle.checkpoint_id
+    elif isinstance(handle, (str, os.PathLike)):
+        path, expected_id = os.path.abspath(os.fspath(handle)), None
+    else:
+        raise TypeError(
+            f"restore takes a CheckpointHandle or a checkpoint path, got {type(handle).__name__}"
+        )
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    manifest = _read_manifest(path, wanted)
+    checkpoint_id = manifest["checkpoint_id"]
+    if expected_id is not None and checkpoint_id != expected_id:
+        raise ValueError(
+            f"{os.path.join(path, MANIFEST)} is checkpoint {checkpoint_id}, "
+            f"the handle says {expected_id}"
+        )
+    contents = _verify_files(path, manifest["files"], wanted)
+    return CheckpointHandle(checkpoint_id, path), contents
+
+
+def _read_manifest(path: str, wanted: tuple[str, ...]) -> dict[str, Any]:
     file = os.path.join(path, MANIFEST)
     try:
         with open(file, "rb") as src:
@@ -335,13 +375,17 @@ def _read_manifest(path: str) -> dict[str, Any]:
         manifest.get("format") != FORMAT
         or not isinstance(files, dict)
         or type(manifest.get("checkpoint_id")) is not int
-        or not {METADATA, TIMERS} <= set(files)
+        or not set(wanted) <= set(files)
     ):
-        raise ValueError(f"{file} is not an {FORMAT} manifest")
+        missing = sorted(set(wanted) - set(files or ()))
+        raise ValueError(
+            f"{file} is not an {FORMAT} manifest of this kind of operator"
+            + (f" (it lists no {', '.join(missing)})" if missing else "")
+        )
     return manifest
 
 
-def _verify_files(path: str, listed: dict[str, Any]) -> dict[str, bytes]:
+def _verify_files(path: str, listed: dict[str, Any], wanted: tuple[str, ...]) -> dict[str, bytes]:
     """Check every listed file's size and SHA-256 and that none is unlisted; return
     the contents of the small operator files (read once, so what was verified is
     what gets parsed)."""
@@ -359,7 +403,7 @@ def _verify_files(path: str, listed: dict[str, Any]) -> dict[str, bytes]:
             raise ValueError(f"the manifest entry of {file} is malformed")
         digest = hashlib.sha256()
         size = 0
-        keep = name in (METADATA, TIMERS)
+        keep = name in wanted
         parts = []
         with open(file, "rb") as src:
             while chunk := src.read(_CHUNK):

@@ -85,6 +85,7 @@ class AsyncExecutionController:
         self.ready: deque[RecordContext] = deque()  # contexts holding their key, not started
         self.current: RecordContext | None = None
         self.in_flight = 0
+        self.calls_in_flight = 0  # external calls (aec.runtime.external_calls) not yet back
         self.epochs = epochs
         self._start = start
         self._timer_successor = timer_successor
@@ -371,7 +372,11 @@ class AsyncExecutionController:
         ready = self.ready
         while True:
             if mails:
-                self.complete_batch(mails.popleft())
+                mail = mails.popleft()
+                if type(mail) is tuple:
+                    self.complete_batch(mail)
+                else:  # an external call's CallCompletion
+                    mail.run(self)
             elif ready:
                 self.run_entry(ready.popleft())
             else:
@@ -397,6 +402,9 @@ class AsyncExecutionController:
             return True
         if self.executor.pending:
             self.executor.wait(None)
+            return True
+        if self.calls_in_flight:
+            self.mailbox.wait(None)
             return True
         return False
 

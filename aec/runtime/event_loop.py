@@ -1,14 +1,19 @@
-"""The one asyncio event loop of a wait call, on one background thread.
+"""The one asyncio event loop of an operator, on one background thread.
 
-asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``) run here, off
-the mailbox thread (DESIGN: no asyncio on the caller's thread, no per-record
-threads). Completions go back through the task's ``ResultFuture``, i.e. through
-the wait call's ``Mailbox``.
+asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``) and the calls
+of ``Context.call_async`` run here, off the mailbox thread (DESIGN: no asyncio on
+the caller's thread, no per-record threads). Completions go back through the
+``future`` handed to ``submit`` (an object with ``complete`` and
+``complete_exceptionally``), which posts a mail to the owner's ``Mailbox``.
 
 Invariants:
 - Started lazily by the first ``submit``; ``stop`` ends it within a bounded time.
 - Task objects are touched only on the loop thread: the owner (mailbox thread)
-  talks to the loop only through ``call_soon_threadsafe``, so no lock is needed.
+  hands coroutines over through ``_inbox`` (a deque: atomic append/popleft) and
+  wakes the loop with ``call_soon_threadsafe`` only when no wake-up is pending, so
+  a burst of submissions costs one wake-up (one self-pipe write), not one each.
+  ``_wake_pending`` is cleared on the loop thread *before* it drains the inbox, so
+  a coroutine appended meanwhile is either drained now or gets its own wake-up.
 - Every submitted coroutine completes its future exactly once (result, exception,
   or ``CancelledError`` when cancelled), unless the loop is stopped first.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -53,18 +59,22 @@ class TaskHandle:
 
 
 class EventLoopThread:
-    """One event loop on one daemon thread, owned by one wait call.
+    """One event loop on one daemon thread, owned by one operator.
 
     Args:
+        name: the thread name's prefix (a number is appended).
         grace: seconds ``stop`` waits for cancelled tasks and for the thread to end;
             a coroutine that blocks the loop longer is abandoned (the daemon thread
             ends when it returns), so ``stop`` never hangs.
     """
 
-    def __init__(self, grace: float = 2.0) -> None:
+    def __init__(self, grace: float = 2.0, name: str = "aec-async-io-loop") -> None:
         self._grace = grace
+        self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._inbox: deque[tuple[TaskHandle, Coroutine[Any, Any, Any], Any]] = deque()
+        self._wake_pending = False
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -78,8 +88,19 @@ class EventLoopThread:
             self._start()
         assert self._loop is not None
         handle = TaskHandle(self._loop)
-        self._loop.call_soon_threadsafe(self._start_task, handle, coro, future)
+        self._inbox.append((handle, coro, future))
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._start_tasks)
         return handle
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the loop and block the calling thread until it finished;
+        its return value, or raises what it raised (synchronous mode)."""
+        if self._loop is None:
+            self._start()
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def stop(self) -> None:
         """Cancel every task, stop the loop and join the thread (at most ~2 x grace s)."""
@@ -92,12 +113,15 @@ class EventLoopThread:
         except RuntimeError:  # the loop already stopped and closed
             pass
         thread.join(self._grace * 2)
+        while self._inbox:  # handed over after the loop stopped: never started
+            self._inbox.popleft()[1].close()
+        self._wake_pending = False
 
     # -- loop thread --------------------------------------------------------------------
     def _start(self) -> None:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(
-            target=self._run, args=(loop,), name=f"aec-async-io-loop-{next(_names)}", daemon=True
+            target=self._run, args=(loop,), name=f"{self._name}-{next(_names)}", daemon=True
         )
         self._loop, self._thread = loop, thread
         thread.start()
@@ -110,13 +134,22 @@ class EventLoopThread:
         finally:
             loop.close()
 
+    def _start_tasks(self) -> None:
+        self._wake_pending = False
+        inbox = self._inbox
+        while inbox:
+            self._start_task(*inbox.popleft())
+
     @staticmethod
     def _start_task(handle: TaskHandle, coro: Coroutine[Any, Any, Any], future: Any) -> None:
         if handle._cancelled:  # cancelled before it started: never run it
             coro.close()
             future.complete_exceptionally(asyncio.CancelledError())
             return
-        handle._task = asyncio.get_running_loop().create_task(_deliver(coro, future))
+        task = asyncio.get_running_loop().create_task(_deliver(coro, future))
+        # a task cancelled before its first step never awaits coro: close it quietly
+        task.add_done_callback(lambda _: coro.close())
+        handle._task = task
 
     async def _shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
         current = asyncio.current_task()

@@ -26,6 +26,7 @@ from aec.runtime import interpreter_tuning
 from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
+from aec.runtime.external_calls import ExternalCalls
 from aec.runtime.operator_checkpoints import OperatorCheckpoints
 from aec.runtime.operator_failures import OperatorFailures
 from aec.runtime.operator_timers import OperatorTimers
@@ -94,6 +95,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self.controller = AsyncExecutionController(
             self.config, backend, executor, self.epochs, self._run_entry, self._next_timer
         )
+        self.external_calls = ExternalCalls(self.controller)  # Context.call_async
         self.event_timers = TimerQueue()
         self.processing_timers = TimerQueue()
         self.clock = clock if clock is not None else SystemClock()
@@ -103,6 +105,9 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self._now = -math.inf  # last clock reading
         self.context = Context(self)
         self._handles: dict[str, Any] = {}
+        # states made in function.open(): what identifies the function in a checkpoint
+        # (states made later on demand, e.g. a window trigger's, depend on the data seen)
+        self.declared_states: list[str] = []
         # (kind, emitting RecordContext, value) per emission, for aec.testing.checker; None = off
         self.trace: list[tuple[str, Any, Any]] | None = None
         self._key_groups: dict[Any, int] = {}
@@ -136,6 +141,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
                 self._now = self.clock.now()
             self.backend.open()
             self.function.open(RuntimeContext(self))
+            self.declared_states = list(self._handles)
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -148,6 +154,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self._state = "closed"
         try:
             self.executor.close()
+            self.external_calls.close()
             if was_open:
                 self.function.close()
         finally:
@@ -368,6 +375,10 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
     def state_names(self) -> list[str]:
         """Names of the states the function created."""
         return list(self._handles)
+
+    def call_async(self, fn: Any, args: tuple[Any, ...], timeout: Any, retry: Any) -> StateFuture:
+        """An external call of the running record (``Context.call_async``)."""
+        return self.external_calls.call(fn, args, timeout, retry)
 
     def current_context(self) -> RecordContext:
         context = self.controller.current

@@ -36,6 +36,7 @@ class OperatorCheckpoints:
     controller: Any
     epochs: Any
     _timers_fired: int
+    declared_states: list[str]
     key_group_range: KeyGroupRange
 
     def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
@@ -185,7 +186,7 @@ class OperatorCheckpoints:
             max_parallelism=self.config.max_parallelism,
             event_timers=self.event_timers,
             processing_timers=self.processing_timers,
-            state_names=self.state_names,
+            state_names=self.declared_states,
             config=dataclasses.asdict(self.config),
             counts={
                 "records_in": self._records_in,

@@ -16,6 +16,7 @@ class OperatorFailures:
     _state: str
     controller: Any
     executor: Any
+    external_calls: Any
 
     open: Any  # the operator's method
     def _require_open(self) -> None:
@@ -40,6 +41,7 @@ class OperatorFailures:
         context = self.controller.current
         self._state = "failed"
         self.executor.close()
+        self.external_calls.close()
         if isinstance(exc, (KeyboardInterrupt, SystemExit, JobFailure)):
             raise exc
         raise self._failure(exc, context, where) from _cause(exc)

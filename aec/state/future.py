@@ -230,14 +230,14 @@ def combine_all(futures: Iterable[StateFuture]) -> StateFuture:
             pending += 1
             context = context or future._context
     if not pending:
-        return _done([f._result for f in futures], None)
+        return _done([f.get() for f in futures], None)
     out = StateFuture(context)
     remaining = [pending]
 
     def one_done(_: Any) -> None:
         remaining[0] -= 1
         if remaining[0] == 0:
-            out.complete([f._result for f in futures])
+            out.complete([f.get() for f in futures])
 
     for future in futures:
         if future._result is _PENDING:

@@ -46,8 +46,9 @@ class Trigger:
         return TriggerResult.CONTINUE
 
     def can_merge(self) -> bool:
-        """Whether the trigger supports merging windows (sessions)."""
-        return False
+        """Whether the trigger supports merging windows (sessions): by default, whether
+        it defines ``on_merge`` (the contract's Trigger methods; Flink's ``canMerge``)."""
+        return type(self).on_merge is not Trigger.on_merge
 
     def on_merge(self, window: Any, ctx: Any) -> Any:
         """Windows merged into ``window``: move state (``ctx.merge_partitioned_state``)

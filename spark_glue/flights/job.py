@@ -32,6 +32,7 @@ from aec import (
 )
 from backends import LatencyBackend, LocalRedisServer, MemoryBackend, RedisBackend, RocksDBBackend
 from spark_glue.flights import data as flights_data
+from spark_glue.flights import enrich as flights_enrich
 from spark_glue.flights.functions import (
     AIRCRAFT_SESSIONS_SCHEMA,
     HOUR,
@@ -89,6 +90,9 @@ class FlightsOptions:
     latency: float = DEFAULT_LATENCY
     object_store: str | None = None
     redis_url: str | None = None
+    enrich: bool = False  # --enrich: see spark_glue.flights.enrich
+    service_latency: float = 0.005  # seconds per answer of the enrichment service
+    service_failure_rate: float = 0.01  # share of its requests answered 503
 
 
 @dataclass
@@ -121,6 +125,7 @@ class FlightsRun:
     backend_note: str = ""
     sync_run: FlightsRun | None = None
     sync_mismatches: list[str] = field(default_factory=list)
+    enrichment: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> service stats
     stream: Any = None  # --stream: a spark_glue.flights.stream_job.StreamNote
 
 
@@ -195,6 +200,13 @@ def validate(options: FlightsOptions) -> None:
         raise ValueError(f"latency must be a number of seconds, got {latency!r}")
     if not (0 <= latency < math.inf):
         raise ValueError(f"latency must be finite and >= 0 seconds, got {latency!r}")
+    if options.enrich and not (
+        0 <= options.service_latency < math.inf and 0 <= options.service_failure_rate < 1
+    ):
+        raise ValueError(
+            "service_latency must be finite seconds >= 0 and service_failure_rate in [0, 1), "
+            f"got {options.service_latency!r} and {options.service_failure_rate!r}"
+        )
     if options.object_store is not None:
         if options.backend != "slatedb":
             raise ValueError("object_store applies to the slatedb backend only")
@@ -290,16 +302,25 @@ def _run(
     )
     report.stages.append(_write_stage(options.out, "route_hourly", hourly, ["late"]))
     step("route_hourly")
-    rotations = process_keyed(
-        source,
-        Rotations(),
-        key="aircraft",
-        output_schema=ROTATIONS_SCHEMA,
-        backend=backends.build("rotations"),
-        side_outputs={"no_tailnum": NO_TAILNUM_SCHEMA},
-        **common,
-    )
-    report.stages.append(_write_stage(options.out, "rotations", rotations, ["no_tailnum"]))
+    with flights_enrich.serving(options) as enricher:
+        rotations_function, rotations_schema = Rotations(), ROTATIONS_SCHEMA
+        if enricher is not None:
+            enricher.enrich_sql(spark, source, options.out)
+            step("enrich")
+            rotations_function, rotations_schema = enricher.rotations()
+        rotations = process_keyed(
+            source,
+            rotations_function,
+            key="aircraft",
+            output_schema=rotations_schema,
+            backend=backends.build("rotations"),
+            side_outputs={"no_tailnum": NO_TAILNUM_SCHEMA},
+            **common,
+        )
+        report.stages.append(_write_stage(options.out, "rotations", rotations, ["no_tailnum"]))
+        if enricher is not None:
+            enricher.rotations_done()
+            report.enrichment = enricher.stats
     step("rotations")
     sessions = process_keyed(
         source.where(source["aircraft"] != flights_data.NO_TAILNUM_KEY),

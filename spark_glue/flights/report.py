@@ -18,6 +18,7 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from spark_glue.flights import enrich as flights_enrich  # noqa: E402
 from spark_glue.flights import sessions_report  # noqa: E402
 from spark_glue.flights.functions import DELAYED_MINUTES  # noqa: E402
 from spark_glue.flights.job import (  # noqa: E402
@@ -173,7 +174,10 @@ def render(
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [_metrics_row(stage) for stage in run.stages]
-    lines += ["", "## Plot", "", f"![mean departure delay by scheduled hour]({PLOT_FILE})", ""]
+    lines += [""] + flights_enrich.summary(
+        run.enrichment, options.service_latency, options.service_failure_rate
+    )
+    lines += ["## Plot", "", f"![mean departure delay by scheduled hour]({PLOT_FILE})", ""]
     return "\n".join(lines)
 
 

@@ -1,0 +1,114 @@
+"""The checkpoint contents of an ``AsyncWaitOperator`` (FLIP-12's queued inputs).
+
+Flink's ``AsyncWaitOperator.snapshotState`` keeps every queued input in operator
+state and re-invokes them on restore. aec writes them with the keyed checkpoints'
+format primitives (``aec.checkpoint.files``: staging, SHA-256 manifest, atomic
+commit), as two files::
+
+    chk-<n>/operator.json   {"format", "operator": "AsyncWaitOperator", "mode", ...}
+    chk-<n>/inputs.pickle   {"elements": [("record", value, attempts) |
+                                          ("watermark", timestamp), ...],
+                             "watermark": last watermark (seconds, -inf if none)}
+    chk-<n>/MANIFEST.json
+
+A keyed checkpoint lists ``timers.pickle`` and no ``inputs.pickle``, so each kind
+refuses the other with ``ValueError``. Values are pickled: restore only
+checkpoints you trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections.abc import Iterable
+from typing import Any
+
+from aec.async_io.queue import AsyncEntry
+from aec.checkpoint import files as checkpoint
+from aec.checkpoint.files import CheckpointHandle
+from aec.checkpoint.storage import local_copy
+from aec.elements import Watermark
+
+__all__ = ["encode", "files", "read"]
+
+KIND = "AsyncWaitOperator"
+INPUTS = "inputs.pickle"
+
+
+def encode(queued: Iterable[AsyncEntry | Watermark], watermark: float) -> dict[str, Any]:
+    """The picklable form of the queued elements, in arrival order."""
+    elements: list[tuple[Any, ...]] = []
+    for element in queued:
+        if isinstance(element, AsyncEntry):
+            elements.append(("record", element.value, element.attempts))
+        else:
+            elements.append(("watermark", element.timestamp))
+    return {"elements": elements, "watermark": watermark}
+
+
+def files(mode: str, capacity: int, inputs: dict[str, Any]) -> dict[str, bytes]:
+    """``name -> bytes`` of the checkpoint (``aec.checkpoint.files.write_files``).
+
+    Raises what pickling raises (an input value that cannot be pickled).
+    """
+    metadata = {
+        "format": checkpoint.FORMAT,
+        "operator": KIND,
+        "mode": mode,
+        "capacity": capacity,
+        "inputs": sum(1 for e in inputs["elements"] if e[0] == "record"),
+    }
+    return {
+        checkpoint.METADATA: json.dumps(metadata, indent=1, sort_keys=True).encode(),
+        INPUTS: pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL),
+    }
+
+
+def read(
+    handle: CheckpointHandle | str | os.PathLike[str], mode: str
+) -> tuple[list[tuple[Any, int]], float]:
+    """Verify and parse an async I/O checkpoint taken in ``mode`` (a handle, or the
+    path or URI of its ``chk-<id>``; a remote one is downloaded first).
+
+    Returns ``([(value or Watermark, attempts), ...], last_watermark)``.
+
+    Raises:
+        TypeError / FileNotFoundError: as ``aec.checkpoint.files.read_files``.
+        ValueError: incomplete or corrupt, a keyed-operator checkpoint (no
+            ``inputs.pickle``), another mode, or malformed contents.
+        CheckpointStorageError: an object store could not be read.
+    """
+    with local_copy(handle) as local:
+        located = (
+            CheckpointHandle(handle.checkpoint_id, local)
+            if isinstance(handle, CheckpointHandle)
+            else local
+        )
+        _, contents = checkpoint.read_files(located, (checkpoint.METADATA, INPUTS))
+    path = handle.path if isinstance(handle, CheckpointHandle) else os.fspath(handle)
+    try:
+        metadata = json.loads(contents[checkpoint.METADATA])
+        inputs = pickle.loads(contents[INPUTS])
+    except Exception as exc:
+        raise ValueError(f"{path}: async I/O checkpoint cannot be read: {exc}") from exc
+    if not isinstance(metadata, dict) or metadata.get("operator") != KIND:
+        raise ValueError(f"{path} is not an AsyncWaitOperator checkpoint")
+    if metadata.get("mode") != mode:
+        raise ValueError(
+            f"{path} is an async I/O checkpoint of mode {metadata.get('mode')!r}; this "
+            f"operator's mode is {mode!r} (restore into an operator of the same mode)"
+        )
+    try:
+        elements: list[tuple[Any, int]] = []
+        for element in inputs["elements"]:
+            if element[0] == "record":
+                elements.append((element[1], int(element[2])))
+            elif element[0] == "watermark":
+                elements.append((Watermark(element[1]), 0))
+            else:
+                raise ValueError(f"unknown element {element[0]!r}")
+        watermark = float(inputs["watermark"])
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: async I/O checkpoint is malformed: {exc}") from exc
+    return elements, watermark
