@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
@@ -172,12 +172,27 @@ class CheckpointStore:
         Raises what ``files.write`` raises (backend, pickling, local disk) and
         ``CheckpointStorageError`` when the upload fails (nothing committed).
         """
+        return self._write_with(
+            checkpoint_id, lambda target: files.write(target, checkpoint_id, backend, state)
+        )
+
+    def write_files(self, checkpoint_id: int, contents: dict[str, bytes]) -> CheckpointHandle:
+        """Write checkpoint ``checkpoint_id`` made of the given files (``name -> bytes``),
+        committed like ``write`` (operators without keyed state: async I/O)."""
+        return self._write_with(
+            checkpoint_id, lambda target: files.write_files(target, checkpoint_id, contents)
+        )
+
+    def _write_with(
+        self, checkpoint_id: int, write: Callable[[str], CheckpointHandle]
+    ) -> CheckpointHandle:
+        """``write(local_target)`` commits locally; on an object store it stages in a
+        temporary directory, then the files are uploaded, the manifest last."""
         if self.local:
-            target = files.checkpoint_path(self.location, checkpoint_id)
-            return files.write(target, checkpoint_id, backend, state)
+            return write(files.checkpoint_path(self.location, checkpoint_id))
         name = f"chk-{checkpoint_id}"
         with tempfile.TemporaryDirectory(prefix="aec-stage-") as staging:
-            local = files.write(os.path.join(staging, name), checkpoint_id, backend, state)
+            local = write(os.path.join(staging, name))
             self._upload(local.path, name)
         return CheckpointHandle(checkpoint_id, self.name_of(name))
 
