@@ -31,6 +31,7 @@ class _RunningRecord(Protocol):
     timestamp: float | None
     watermark: float
     processing_time: float
+    timer: tuple[str, float] | None  # (domain, timestamp) while a timer fires
 
 
 class OperatorHooks(Protocol):

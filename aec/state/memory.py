@@ -107,7 +107,9 @@ class MemoryBackend(StateBackend):
         return {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
 
 
-def _only(tables: dict, key_groups: KeyGroupRange, max_parallelism: Any) -> dict:
+def _only(
+    tables: dict[str, dict[Any, Any]], key_groups: KeyGroupRange, max_parallelism: Any
+) -> dict[str, dict[Any, Any]]:
     """``tables`` with the keys of ``key_groups`` only."""
     groups: dict[Any, bool] = {}
     kept = {}
