@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -34,7 +34,7 @@ class ConnectionErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             timeout = isinstance(exc, redis.TimeoutError)
             what = "timed out" if timeout else "lost its connection"

@@ -37,8 +37,8 @@ import pickle
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -112,7 +112,8 @@ class RocksDBBackend(StateBackend):
         self._disable_wal = disable_wal
         self._fresh = fresh
         self._write_options = WriteOptions()
-        self._write_options.disable_wal = disable_wal  # a property, though the stub says method
+        # a property, though rocksdict's stub declares a method
+        self._write_options.disable_wal = disable_wal  # type: ignore[method-assign,assignment]
         self._lock = threading.RLock()  # lifecycle and column-family creation
         self._opened = False
         self._pending_fresh = False  # ``fresh``: destroy and create on first use
@@ -244,14 +245,17 @@ class RocksDBBackend(StateBackend):
         plan_tables: list[Table] = []
         plan_keys: list[bytes] = []
         reads: dict[Table, dict[bytes, None]] = {}  # ordered sets of DB keys to multi-get
-        last_state, table, table_reads = None, None, None
+        last_state: str | None = None
+        table: Table  # both bound by the first request (its state is never None)
+        table_reads: dict[bytes, None]
         for request in requests:
             state = request.state
             if state is not last_state:
                 table = tables.get(state) or self._table(state)
-                table_reads = reads.get(table)
-                if table_reads is None:
-                    table_reads = reads[table] = {}
+                found = reads.get(table)
+                if found is None:
+                    found = reads[table] = {}
+                table_reads = found
                 last_state = state
             key = request.key
             db_key = prefixes.get(key)
@@ -403,7 +407,7 @@ class RocksDBBackend(StateBackend):
         if table is None:
             return {}
         items: dict[Any, Any] = {}
-        for db_key, raw in table.rdict.items():
+        for db_key, raw in cast("Iterator[tuple[bytes, bytes]]", table.rdict.items()):
             key, user_key = split_db_key(db_key)
             if user_key:
                 items.setdefault(key, {})[decode_key(user_key)] = pickle.loads(raw)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
@@ -44,13 +44,16 @@ def scan(
     end = prefix_end(prefix)
     if end is not None:
         read_options.set_iterate_upper_bound(end)
+    # The database is in raw mode: keys and values are bytes (the stub says any key type).
     if with_values:
-        for pair in table.rdict.items(from_key=from_key, read_opt=read_options):
+        pairs = table.rdict.items(from_key=from_key, read_opt=read_options)
+        for pair in cast("Iterator[tuple[bytes, bytes]]", pairs):
             if not pair[0].startswith(prefix):
                 return
             yield pair
     else:
-        for db_key in table.rdict.keys(from_key=from_key, read_opt=read_options):
+        db_keys = table.rdict.keys(from_key=from_key, read_opt=read_options)
+        for db_key in cast("Iterator[bytes]", db_keys):
             if not db_key.startswith(prefix):
                 return
             yield db_key
@@ -72,7 +75,9 @@ class RocksBatchView(BatchView):
 
     def prefetch(self, table: Table, db_keys: list[bytes]) -> None:
         known = self._known
-        for db_key, raw in zip(db_keys, table.rdict.get(db_keys), strict=True):
+        # A multi-get: a list of keys in, a list of values (None: absent) out.
+        raws = cast("list[bytes | None]", table.rdict.get(cast("list[Any]", db_keys)))
+        for db_key, raw in zip(db_keys, raws, strict=True):
             known[table, db_key] = ABSENT if raw is None else pickle.loads(raw)
 
     def get(self, table: Table, db_key: bytes) -> Any:

@@ -118,6 +118,7 @@ async def restore_union(
         want = await anext(wanted, None)
         while have is not None or want is not None:
             if want is None or (have is not None and have[0] < want[0]):
+                assert have is not None  # the loop runs while one of them is not None
                 await writer.delete(have[0])
                 have = await anext(live, None)
             elif have is None or want[0] < have[0]:
@@ -209,6 +210,7 @@ async def _merged(
             if row is not None and row[0] == key:
                 chosen = row
                 heads[index] = await anext(streams[index], None)
+        assert chosen is not None  # ``key`` is one of the heads' keys
         yield chosen
 
 
