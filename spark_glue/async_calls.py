@@ -28,11 +28,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-import pandas as pd
-import pyarrow as pa
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
-from pyspark.sql.functions import pandas_udf
+from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.util import PythonEvalType
 
 from aec.async_io import AsyncFunction, ordered_wait, unordered_wait
@@ -64,7 +64,8 @@ class _CallWith(AsyncFunction):
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
 
-    async def async_invoke(self, value: _Row) -> list[tuple[int, Any]]:
+    # the asyncio style of AsyncFunction.async_invoke: one argument, a coroutine
+    async def async_invoke(self, value: _Row) -> list[tuple[int, Any]]:  # type: ignore[override]
         position, args = value
         return [(position, await self.fn(*args))]
 
@@ -97,7 +98,8 @@ class _RowFunction(AsyncFunction):
     def __init__(self, fn: Callable[[dict[str, Any]], Any]) -> None:
         self.fn = fn
 
-    async def async_invoke(self, value: dict[str, Any]) -> Iterable[Any]:
+    # the asyncio style of AsyncFunction.async_invoke: one argument, a coroutine
+    async def async_invoke(self, value: dict[str, Any]) -> Iterable[Any]:  # type: ignore[override]
         return await self.fn(value)
 
 
@@ -152,7 +154,8 @@ def async_udf(
         # named by eval type, since type hints cannot say "any number of columns"
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*type hints for pandas UDF.*")
-            udf = pandas_udf(body, return_type, PythonEvalType.SQL_SCALAR_PANDAS_ITER_UDF)
+            # pyspark's stub lists atomic and array return types; struct types work too
+            udf = pandas_udf(body, return_type, PythonEvalType.SQL_SCALAR_PANDAS_ITER_UDF)  # type: ignore[arg-type]
         resolved = udf.returnType  # a DDL string is parsed here (pandas_udf needs a session)
         if isinstance(resolved, T.StructType):
             body.struct_fields = resolved.fieldNames()

@@ -18,10 +18,15 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aec
 from aec.errors import needs_extra
+
+if TYPE_CHECKING:  # Spark and the flights job are imported only when a command needs them
+    from pyspark.sql import SparkSession
+
+    from spark_glue.flights.job import FlightsOptions, FlightsRun
 
 BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")  # as spark_glue.flights
 DEFAULT_LATENCY = 0.001  # seconds; as spark_glue.flights.DEFAULT_LATENCY
@@ -252,7 +257,7 @@ def _flights(args: argparse.Namespace) -> int:
     import spark_glue  # sets PYSPARK_PYTHON before Spark starts
 
     with needs_extra("flights", "aec flights", *spark_glue.SPARK_MODULES, *FLIGHTS_MODULES):
-        from tqdm import tqdm
+        from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type hints (no types-tqdm)
 
         from spark_glue.flights import job as flights
         from spark_glue.session import command_session
@@ -300,7 +305,7 @@ def _flights(args: argparse.Namespace) -> int:
             bar.set_postfix_str(next(following, "report"))
             bar.update(1)
 
-        def job(spark: object) -> object:
+        def job(spark: SparkSession) -> FlightsRun:
             if args.compare_sync:
                 return flights.compare_sync(spark, options, step)
             return flights.run(spark, options, step)
@@ -326,7 +331,7 @@ def _flights(args: argparse.Namespace) -> int:
     return 0
 
 
-def _flights_stream(args: argparse.Namespace, options: object) -> int:
+def _flights_stream(args: argparse.Namespace, options: FlightsOptions) -> int:
     """``aec flights --stream``: spark_glue.flights.stream_job, then summary.md."""
     from tqdm import tqdm
 

@@ -43,9 +43,9 @@ import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # cloudpickle ships no type hints
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -152,7 +152,9 @@ def process_keyed(
         num_partitions=num_partitions,
         side_outputs=side_outputs,
     )
-    partitions = num_partitions or int(df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    partitions = num_partitions or int(
+        cast(str, df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    )
     if partitions > job.config.max_parallelism:
         raise ValueError(
             f"num_partitions={partitions} exceeds max_parallelism="
@@ -267,7 +269,8 @@ def persisted_result(mapped: DataFrame, layout: RawLayout) -> DataFrame:
     raw = mapped.persist(StorageLevel.MEMORY_AND_DISK)
     main = layout.main
     result = raw.filter(F.col(_STREAM) == "main").select(*[F.col(n) for n in main.fieldNames()])
-    result._aec_output = _Output(raw, layout)  # read back by side_output / partition_metrics
+    # read back by side_output / partition_metrics (an aec attribute on Spark's DataFrame)
+    result._aec_output = _Output(raw, layout)  # type: ignore[attr-defined]
     return result
 
 

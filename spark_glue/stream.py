@@ -24,10 +24,10 @@ import os
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import DataFrame
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from aec.checkpoint import CheckpointStore
 from aec.checkpoint.storage import is_uri
@@ -151,7 +151,7 @@ def process_keyed_stream(
     partitions = (
         num_partitions
         or layout.partitions
-        or int(spark.conf.get("spark.sql.shuffle.partitions"))
+        or int(cast(str, spark.conf.get("spark.sql.shuffle.partitions")))
     )
     if partitions > max_parallelism:
         raise ValueError(

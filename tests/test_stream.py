@@ -399,6 +399,19 @@ def test_a_kept_operator_continues_and_a_replay_restores(tmp_path):
     assert got == expected
 
 
+def test_clear_attempt_removes_abandoned_staging_directories_in_a_local_store(tmp_path):
+    from spark_glue.stream_state import StateStore, partition_name
+
+    state = StateStore(str(tmp_path), 8)
+    own = tmp_path / partition_name(0, 1)
+    staging = own / ".chk-3.staging-0123abcd"
+    (staging / "backend").mkdir(parents=True)
+    (staging / "backend" / "data").write_bytes(b"x")
+    (own / "keep").write_text("not staging")
+    state.clear_attempt(0, 1, 3)  # a local store has no pyarrow file system (fs is None)
+    assert sorted(os.listdir(own)) == ["keep"]
+
+
 def test_layout_history_replaces_a_failed_attempts_era_and_sources_follow_key_groups(tmp_path):
     from aec import KeyedProcessOperator
     from aec.keygroups import key_group_range_for

@@ -22,7 +22,7 @@ boundaries matter, and local hours are what the windows should follow.
 
 from __future__ import annotations
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 

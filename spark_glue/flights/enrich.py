@@ -95,7 +95,11 @@ class Enricher:
         """Register the async UDFs, run the SELECT and the WHERE query, write
         ``out/enriched_flights`` and ``out/low_visibility``; their row counts."""
         client = ServiceClient(self.service.url)
-        options = {"capacity": UDF_CAPACITY, "timeout": CALL_TIMEOUT, "retry": SERVICE_RETRY}
+        options: dict[str, Any] = {
+            "capacity": UDF_CAPACITY,
+            "timeout": CALL_TIMEOUT,
+            "retry": SERVICE_RETRY,
+        }
 
         @async_udf(WEATHER_TYPE, **options)
         async def weather(origin: str, year: int, month: int, day: int, hour: int) -> Any:

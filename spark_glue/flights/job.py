@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 from pyspark.sql import DataFrame, SparkSession
 
 from aec import (
@@ -284,7 +284,7 @@ def _run(
     report.load_s = time.perf_counter() - started
     step("loaded the flights table")
 
-    common = {
+    common: dict[str, Any] = {
         "timestamp": "event_time",
         "watermark_delay": options.watermark_delay,
         "order_by": flights_data.ARRIVAL_ORDER,

@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 
 import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import pandas as pd  # type: ignore[import-untyped]  # noqa: E402  # pandas ships no type hints (no pandas-stubs)
 
 from spark_glue.flights import enrich as flights_enrich  # noqa: E402
 from spark_glue.flights import sessions_report  # noqa: E402

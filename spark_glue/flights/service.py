@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import aiohttp
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 from aiohttp import web
 
 from aec.retry import ExponentialBackoff, exception_type
@@ -78,6 +78,11 @@ class FlightsService:
     Raises:
         ValueError: a negative latency or a failure rate outside [0, 1).
     """
+
+    # counters set by reset_stats (declared here: the handlers above it use them)
+    _in_flight: int
+    _max_in_flight: int
+    _busy: float
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only
 
 import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import pandas as pd  # type: ignore[import-untyped]  # noqa: E402  # pandas ships no type hints (no pandas-stubs)
 
 from spark_glue.flights.functions import SESSION_GAP  # noqa: E402
 

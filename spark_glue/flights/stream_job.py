@@ -28,12 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type hints
 from pyspark.sql import DataFrame, SparkSession
 
 from aec import AecConfig, KeyedProcessFunction
+from aec.state.backend import StateBackend
 from backends import MemoryBackend, RocksDBBackend
 from spark_glue.flights import data as flights_data
 from spark_glue.flights import job as batch_job
@@ -170,7 +171,7 @@ def validate_stream(options: batch_job.FlightsOptions, stream: StreamOptions) ->
             )
 
 
-def _restores_several(backend: type) -> bool:
+def _restores_several(backend: type[StateBackend]) -> bool:
     """Whether ``backend.restore`` takes the rescaling form ``(directories, key_groups,
     max_parallelism)`` of the backend contract, not only one directory."""
     return len(inspect.signature(backend.restore).parameters) > 2  # self, directory
