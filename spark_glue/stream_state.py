@@ -24,7 +24,6 @@ old partition: disjoint key-group ranges, as ``restore`` requires.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,11 +151,7 @@ class StateStore:
         own.delete_file(watermarks_name(batch_id))
         for name in own.list_names():  # a crashed attempt's staging directory
             if name.startswith(".chk-") and ".staging-" in name:
-                path = f"{own.root}/{name}"
-                if own.fs is None:  # a local directory: os, no pyarrow file system
-                    shutil.rmtree(path)
-                else:
-                    own.fs.delete_dir(path)
+                own.delete_tree(name)
 
     def prune(self, partition: int, partitions: int, era_start: int) -> None:
         """Keep the newest ``KEEP`` checkpoints of this era in the partition's directory;
