@@ -602,8 +602,9 @@ def test_cli_compare_sync_on_remote_latency(spark, rocksdb_run, tmp_path, capsys
         assert float(async_rate.replace(",", "")) > float(sync_rate.replace(",", "")), stage
 
     # both runs on fresh RocksDB state of their own; identical rows, equal to plain RocksDB
-    assert sorted(os.listdir(out / "state")) == ["rotations", "route_hourly"]
-    assert sorted(os.listdir(out / "sync" / "state")) == ["rotations", "route_hourly"]
+    stages = ["aircraft_sessions", "rotations", "route_hourly"]
+    assert sorted(os.listdir(out / "state")) == stages
+    assert sorted(os.listdir(out / "sync" / "state")) == stages
     assert_same_outputs(out / "sync", out, exact=True)
     assert_same_outputs(out, rocksdb_run)
     assert not (out / "sync" / "summary.md").exists()  # the report is the async run's
