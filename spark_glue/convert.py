@@ -22,10 +22,10 @@ import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
-import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+import pyarrow.compute as pc  # type: ignore[import-untyped]  # pyarrow ships no type hints
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -52,7 +52,7 @@ def struct_type(schema: T.StructType | str) -> T.StructType:
     if isinstance(schema, T.StructType):
         return schema
     if isinstance(schema, str):
-        return T.StructType.fromDDL(schema)
+        return cast(T.StructType, T.StructType.fromDDL(schema))  # a DataType by its stub
     raise TypeError(f"a schema must be a StructType or a DDL string, got {type(schema).__name__}")
 
 
@@ -103,7 +103,7 @@ def rows_as_dicts(rows: Sequence[Any], schema: T.StructType) -> list[Mapping[str
             out.append(row)
         elif isinstance(row, (tuple, list)):
             if getattr(row, "__fields__", None):  # a pyspark Row built with names
-                out.extend(rows_as_dicts([row.asDict()], schema))
+                out.extend(rows_as_dicts([cast(T.Row, row).asDict()], schema))
                 continue
             if len(row) != len(names):
                 raise TypeError(
@@ -270,7 +270,8 @@ def _to_int(value: Any) -> int | None:
 
 
 def _to_float(value: Any) -> float:
-    if isinstance(value, (numbers.Real, decimal.Decimal)) and not isinstance(value, bool):
+    # bool first: it is a numbers.Real at runtime (ABC registration mypy does not see)
+    if not isinstance(value, bool) and isinstance(value, (numbers.Real, decimal.Decimal)):
         return float(value)
     raise _Reject(f"expected a number, got {type(value).__name__} {value!r}")
 
@@ -278,9 +279,10 @@ def _to_float(value: Any) -> float:
 def _to_decimal(value: Any) -> decimal.Decimal:
     if isinstance(value, decimal.Decimal):
         return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    # bool first: it is a numbers.Integral at runtime (ABC registration mypy does not see)
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral):
         return decimal.Decimal(int(value))
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    if not isinstance(value, bool) and isinstance(value, numbers.Real):
         return decimal.Decimal(repr(float(value)))
     raise _Reject(f"expected a decimal number, got {type(value).__name__} {value!r}")
 
@@ -305,7 +307,8 @@ def _instant(value: Any) -> dt.datetime:
         return value.astimezone(dt.UTC)
     if isinstance(value, dt.date):
         return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+    # bool is a numbers.Real at runtime (ABC registration mypy does not see)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):  # type: ignore[unreachable]
         seconds = float(value)
         if math.isnan(seconds):
             raise _Reject("NaN is not a time")

@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-import cloudpickle
-import pyarrow as pa
-import pyarrow.compute as pc
+import cloudpickle  # type: ignore[import-untyped]  # cloudpickle ships no type hints
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+import pyarrow.compute as pc  # type: ignore[import-untyped]  # pyarrow ships no type hints
 from pyspark import TaskContext
 
 import aec
@@ -138,7 +138,7 @@ class PartitionRun:
         try:
             self.operator.close()
         finally:
-            self.backend.close()
+            cast(StateBackend, self.backend).close()  # built by __enter__
 
     def next_batch(self) -> None:
         """Start counting a new micro-batch on a kept operator (``process_keyed_stream``
