@@ -5,12 +5,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from aec.functions import Context
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
 from aec.windowing.namespaced import handle_kind, merge_into
 from aec.windowing.timers import EVENT, PROCESSING, PendingTimers
+
+if TYPE_CHECKING:
+    from aec.windowing.operator import WindowOperatorFunction
 
 
 class Scope:
@@ -19,11 +23,11 @@ class Scope:
 
     __slots__ = ("ctx", "pending", "windowing")
 
-    def __init__(self, ctx: Any, windowing: Any) -> None:
+    def __init__(self, ctx: Context, windowing: WindowOperatorFunction) -> None:
         self.ctx = ctx
-        self.windowing = windowing  # the WindowOperatorFunction
+        self.windowing = windowing
         # implicit timers (the fast path) buffer nothing
-        self.pending = None if windowing.fast else PendingTimers()
+        self.pending: PendingTimers | None = None if windowing.fast else PendingTimers()
 
 
 class TriggerContext:
@@ -88,7 +92,9 @@ class ProcessWindowFunction:
     def open(self, runtime_context: Any) -> None:
         pass
 
-    def process(self, key: Any, context: ProcessWindowContext, elements: list[Any]) -> Iterable:
+    def process(
+        self, key: Any, context: ProcessWindowContext, elements: list[Any]
+    ) -> Iterable[Any]:
         raise NotImplementedError(f"{type(self).__name__} must override process")
 
     def clear(self, context: ProcessWindowContext) -> Any:
