@@ -20,7 +20,7 @@ from aec.functions import KeyedProcessFunction, RuntimeContext
 from aec.state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 from aec.state.handles import ValueState
 from aec.windowing import hot_path, panes
-from aec.windowing.assigners import SlidingEventTimeWindows
+from aec.windowing.assigners import SlidingEventTimeWindows, WindowAssigner
 from aec.windowing.contents import Contents
 from aec.windowing.context import (
     ProcessWindowContext,
@@ -29,18 +29,17 @@ from aec.windowing.context import (
     TriggerContext,
     window_handle,
 )
+from aec.windowing.evictors import Evictor
 from aec.windowing.merging import add_session
 from aec.windowing.panes import PaneContents
 from aec.windowing.timers import EVENT, PROCESSING, PendingTimers, WindowTimers
 from aec.windowing.triggers import (
     EventTimeTrigger,
     ProcessingTimeTrigger,
+    Trigger,
     TriggerResult,
     resolve,
 )
-
-if TYPE_CHECKING:
-    from aec.windowing.spec import WindowSpec
 
 
 class _Window(Protocol):
@@ -60,7 +59,14 @@ async def _settle(result: Any) -> None:
 class WindowOperatorFunction(KeyedProcessFunction):
     """The function ``window(...)`` returns; see ``aec.windowing.window``."""
 
-    def __init__(self, spec: WindowSpec) -> None:
+    # from the spec (an ``aec.windowing.spec.WindowSpec``, whose module imports this one)
+    assigner: WindowAssigner
+    trigger: Trigger
+    evictor: Evictor | None
+    event_time: bool
+    lateness: float
+
+    def __init__(self, spec: Any) -> None:
         self.spec = spec
         self.late_records_dropped = 0
 
@@ -95,8 +101,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
             # without lateness a key's live panes are its firing window's and a few ahead:
             # one scan beats a read per pane (see PaneContents.read)
             chain = self.lateness == 0 or not self.event_time
-            grid = cast(SlidingEventTimeWindows, assigner)  # self.fast: a time grid
-            self.contents = PaneContents(self.contents, grid, spec.pane, chain)
+            self.contents = PaneContents(self.contents, assigner, spec.pane, chain)
         self.panes = isinstance(self.contents, PaneContents)
         process = self.process_fn
         # ProcessWindowFunction.clear is a no-op unless overridden: skip the call then
