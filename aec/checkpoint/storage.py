@@ -224,10 +224,14 @@ class CheckpointStore:
         if not self.exists(name):
             return
         self.delete_file(name, MANIFEST)
+        self.delete_tree(name)
+
+    def delete_tree(self, *parts: str) -> None:
+        """Remove a directory and everything under it (a no-op when absent)."""
         if self.local:
-            shutil.rmtree(self._path(name))
-        else:
-            self._remote.delete_dir(self._path(name))
+            shutil.rmtree(self._path(*parts), ignore_errors=True)
+        elif self.exists(*parts):
+            self._remote.delete_dir(self._path(*parts))
 
     # -- small files and listing --------------------------------------------------------------
     def list_names(self) -> list[str]:

@@ -18,9 +18,9 @@ from aec.runtime.mailbox import Mailbox
 
 # Larger batches always go to a thread: there RocksDB-like stores release the GIL and
 # overlap the mailbox thread, and several batches in flight run side by side. 64 made
-# the flights job's operators 1.2-1.5x slower inside Spark (batches of ~20 and ~130
-# requests at serial watermark drains lost that overlap); 8 keeps a hot key's batches.
-INLINE_MAX_REQUESTS = 8
+# the flights job's operators 1.2-1.5x slower inside Spark (their mid-size drain batches
+# lost that overlap); 8 sent too many of a Zipf hot key's batches to threads; 32 kept both.
+INLINE_MAX_REQUESTS = 32
 
 
 class StateExecutor:

@@ -44,9 +44,12 @@ def write(run: FlightsRun) -> tuple[str, str]:
     plot_path = os.path.join(out, PLOT_FILE)
     plot_delay_by_hour(hourly, plot_path)
     summary_path = os.path.join(out, SUMMARY_FILE)
-    sessions = sessions_report.write(
-        out, _read(run, "aircraft_sessions"), _read(run, "late_sessions")
-    )
+    sessions: list[str] = []
+    if any("aircraft_sessions" in stage.outputs for stage in run.stages):
+        # the batch job's session windows; --stream runs route_hourly and rotations only
+        sessions = sessions_report.write(
+            out, _read(run, "aircraft_sessions"), _read(run, "late_sessions")
+        )
     with open(summary_path, "w", encoding="utf-8") as handle:
         handle.write(render(run, hourly, late, rotations) + "\n".join(sessions) + "\n")
     return summary_path, plot_path

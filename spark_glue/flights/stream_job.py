@@ -20,7 +20,6 @@ Decisions: ``docs/cluster.md``.
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import time
@@ -163,17 +162,6 @@ def validate_stream(options: batch_job.FlightsOptions, stream: StreamOptions) ->
             raise ValueError(
                 f"rescale_at must be (micro-batch >= 1, partitions >= 1), got {stream.rescale_at}"
             )
-        if options.backend == "rocksdb" and not _restores_several(RocksDBBackend):
-            raise ValueError(
-                "--rescale-at needs a backend that restores several checkpoints by key group; "
-                "this RocksDBBackend restores one: use --backend memory"
-            )
-
-
-def _restores_several(backend: type) -> bool:
-    """Whether ``backend.restore`` takes the rescaling form ``(directories, key_groups,
-    max_parallelism)`` of the backend contract, not only one directory."""
-    return len(inspect.signature(backend.restore).parameters) > 2  # self, directory
 
 
 def run(
