@@ -102,7 +102,7 @@ class OperatorTimers:
     def _next_timer(self, context: RecordContext) -> RecordContext | None:
         if self.synchronous:
             return None
-        domain = cast(tuple[str, float], context.timer)[0]  # a timer's context: never None
+        domain = cast("tuple[str, float]", context.timer)[0]  # a timer's context: never None
         epoch = context.epoch
         timestamp = self._timer_queue(domain).pop_next_for_key(
             context.key, epoch.watermark.timestamp, epoch.sequence
