@@ -102,7 +102,8 @@ class Timers:
         """Seconds until the earliest timer (0 if overdue), None if there is none."""
         if not self._timers:
             return None
-        return max(0.0, self._timers[0][0] - now)
+        due: float = self._timers[0][0]  # SortedList is untyped
+        return max(0.0, due - now)
 
     def clear(self) -> None:
         self._timers.clear()

@@ -83,8 +83,8 @@ class ResultFuture:
         if self._done:
             return
         self._done = True
-        if not isinstance(error, BaseException):
-            self._post(
+        if not isinstance(error, BaseException):  # untyped callers pass anything
+            self._post(  # type: ignore[unreachable]
                 None,
                 TypeError(
                     f"complete_exceptionally() takes an exception instance, got {describe(error)}"

@@ -27,7 +27,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlparse
 
 from aec.checkpoint import files
@@ -35,7 +35,7 @@ from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
 from aec.errors import needs_extra
 
 if TYPE_CHECKING:
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # type: ignore[import-untyped]  # pyarrow ships no type hints
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CHUNK = 1 << 20  # bytes per upload/download write
@@ -69,7 +69,8 @@ def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     with needs_extra("s3", f"checkpoints at {name}:// URIs", "pyarrow"):
         import pyarrow.fs as pafs
     try:
-        return pafs.FileSystem.from_uri(uri)
+        resolved: tuple[pafs.FileSystem, str] = pafs.FileSystem.from_uri(uri)
+        return resolved
     except (ValueError, OSError, TypeError) as exc:  # ArrowInvalid is a ValueError
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(
@@ -86,15 +87,18 @@ class CheckpointStore:
         local: True for a local directory (atomic-rename commits).
     """
 
-    def __init__(
-        self, location: str, fs: pafs.FileSystem | None, root: str, local: bool
-    ) -> None:
+    def __init__(self, location: str, fs: pafs.FileSystem | None, root: str, local: bool) -> None:
         # a local directory is read and written with os (no pyarrow: the engine-only
         # install checkpoints locally); ``fs`` is the object store's file system
         self.location = location
         self.fs = fs
         self.root = root
         self.local = local
+
+    @property
+    def _remote(self) -> pafs.FileSystem:
+        """``fs`` of an object store (not ``local``: never None)."""
+        return cast("pafs.FileSystem", self.fs)
 
     @classmethod
     def at(cls, location: str | os.PathLike[str]) -> CheckpointStore:
@@ -203,13 +207,13 @@ class CheckpointStore:
                 self._put(os.path.join(source, relative), self._path(name, relative))
         except Exception as exc:
             with contextlib.suppress(Exception):
-                self.fs.delete_dir(self._path(name))
+                self._remote.delete_dir(self._path(name))
             raise CheckpointStorageError(
                 f"uploading checkpoint {self.name_of(name)} failed, nothing committed: {exc}"
             ) from exc
 
     def _put(self, source: str, path: str) -> None:
-        with open(source, "rb") as src, self.fs.open_output_stream(path) as out:
+        with open(source, "rb") as src, self._remote.open_output_stream(path) as out:
             while chunk := src.read(_CHUNK):
                 out.write(chunk)
 
@@ -227,7 +231,7 @@ class CheckpointStore:
         if self.local:
             shutil.rmtree(self._path(*parts), ignore_errors=True)
         elif self.exists(*parts):
-            self.fs.delete_dir(self._path(*parts))
+            self._remote.delete_dir(self._path(*parts))
 
     # -- small files and listing --------------------------------------------------------------
     def list_names(self) -> list[str]:
@@ -237,7 +241,7 @@ class CheckpointStore:
         import pyarrow.fs as pafs
 
         selector = pafs.FileSelector(self.root, allow_not_found=True)
-        infos = self._guarded("list", lambda: self.fs.get_file_info(selector))
+        infos = self._guarded("list", lambda: self._remote.get_file_info(selector))
         return sorted(info.base_name for info in infos)
 
     def exists(self, *parts: str) -> bool:
@@ -245,8 +249,8 @@ class CheckpointStore:
             return os.path.exists(self._path(*parts))
         import pyarrow.fs as pafs
 
-        found = self._guarded("check", lambda: self.fs.get_file_info(self._path(*parts)).type)
-        return found != pafs.FileType.NotFound
+        found = self._guarded("check", lambda: self._remote.get_file_info(self._path(*parts)).type)
+        return cast(bool, found != pafs.FileType.NotFound)
 
     def read_bytes(self, *parts: str) -> bytes:
         """A whole file; FileNotFoundError naming it when absent."""
@@ -255,8 +259,9 @@ class CheckpointStore:
         if self.local:
             with open(self._path(*parts), "rb") as local:
                 return local.read()
-        with self.fs.open_input_stream(self._path(*parts)) as src:
-            return src.read()
+        with self._remote.open_input_stream(self._path(*parts)) as src:
+            data: bytes = src.read()
+            return data
 
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """Write a whole file, replacing it atomically (a rename locally, one PUT on
@@ -269,7 +274,7 @@ class CheckpointStore:
                 out.write(data)
             os.replace(staging, path)
             return
-        with self.fs.open_output_stream(path) as out:
+        with self._remote.open_output_stream(path) as out:
             out.write(data)
 
     def delete_file(self, *parts: str) -> None:
@@ -279,7 +284,7 @@ class CheckpointStore:
         if self.local:
             os.remove(self._path(*parts))
         else:
-            self.fs.delete_file(self._path(*parts))
+            self._remote.delete_file(self._path(*parts))
 
     def _guarded(self, what: str, call: Any) -> Any:
         if self.local:
@@ -339,13 +344,13 @@ def _download(store: CheckpointStore, local: str) -> None:
     import pyarrow.fs as pafs
 
     selector = pafs.FileSelector(store.root, recursive=True)
-    for info in store.fs.get_file_info(selector):
+    for info in store._remote.get_file_info(selector):
         if info.type != pafs.FileType.File:
             continue
         relative = info.path[len(store.root) :].lstrip("/")
         destination = os.path.join(local, *relative.split("/"))
         os.makedirs(os.path.dirname(destination), exist_ok=True)
-        with store.fs.open_input_stream(info.path) as src, open(destination, "wb") as out:
+        with store._remote.open_input_stream(info.path) as src, open(destination, "wb") as out:
             while chunk := src.read(_CHUNK):
                 out.write(chunk)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from time import monotonic
-from typing import Any
+from typing import Any, cast
 
 from aec.config import AecConfig
 from aec.runtime.buffers import ActiveBuffer, BlockingBuffer
@@ -231,7 +231,7 @@ class AsyncExecutionController:
 
     def release_lane(self, state: str) -> None:
         """The running record's read-modify-write of ``state`` ended without a write."""
-        self._release(self.current, state)
+        self._release(cast(RecordContext, self.current), state)  # a record is running
 
     def _release(self, context: RecordContext, state: str) -> None:
         lanes = context.lanes
@@ -240,7 +240,7 @@ class AsyncExecutionController:
             request = held.popleft()
             self._enqueue(request)
             if type(request) is RmwRead:  # busy again: the rest wait for its write
-                lanes[state] = held
+                cast("dict[str, Any]", lanes)[state] = held  # held came from lanes
                 return
         if lanes is not None and not lanes:
             context.lanes = None
@@ -363,7 +363,7 @@ class AsyncExecutionController:
     def _release_deferred(self, context: RecordContext) -> None:
         if not self.active.requests:
             self.active.first_time = monotonic()
-        self.active.push_front(context.deferred)
+        self.active.push_front(cast("list[Any]", context.deferred))  # checked by the caller
         context.deferred = None
 
     def run_available(self) -> None:

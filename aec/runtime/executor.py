@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.mailbox import Mailbox
@@ -41,7 +41,7 @@ class StateExecutor:
         self.pending = 0
         self.inline_batches = 0  # batches run on the mailbox thread (metric ``inline_batches``)
         self._backend: Any = None
-        self._mailbox: Mailbox | None = None
+        self._mailbox: Mailbox = cast(Mailbox, None)  # set by start(), before any use
 
     def start(self, backend: Any, mailbox: Mailbox) -> None:
         self._backend = backend
@@ -123,7 +123,7 @@ class ThreadPoolStateExecutor(StateExecutor):
             self.inline_batches += 1
             start = perf_counter()
             self._run(batch, self._mailbox.post_local)
-            cost.record_inline(len(batch), perf_counter() - start)
+            cast(BatchCostModel, cost).record_inline(len(batch), perf_counter() - start)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="aec-io")

@@ -14,7 +14,7 @@ import math
 import time
 from time import monotonic
 from types import CoroutineType
-from typing import Any
+from typing import Any, cast
 
 from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
@@ -32,8 +32,9 @@ from aec.runtime.operator_failures import OperatorFailures
 from aec.runtime.operator_timers import OperatorTimers
 from aec.runtime.record_context import RecordContext
 from aec.runtime.timers import TimerQueue
+from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
-from aec.state.handles import StateDescriptor, make_handle
+from aec.state.handles import make_handle
 from aec.state.ttl import with_ttl
 
 _KEY_GROUP_CACHE = 1 << 16  # keys whose group is remembered; cleared when full
@@ -398,7 +399,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             result = self.function.process_element(context.value, self.context)
         else:
             self._timers_fired += 1
-            result = self.function.on_timer(context.timestamp, self.context)
+            result = self.function.on_timer(cast(float, context.timestamp), self.context)
         if result is None or type(result) is StateFuture:
             return
         if type(result) is CoroutineType or hasattr(result, "send"):

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aec.checkpoint import files as checkpoint
 from aec.checkpoint.files import CheckpointHandle, OperatorState
@@ -20,6 +20,12 @@ from aec.keygroups import KeyGroupRange
 from aec.runtime.epochs import Epoch
 from aec.runtime.operator_rescale import merge
 from aec.runtime.timers import TimerQueue
+
+if TYPE_CHECKING:
+    from aec.config import AecConfig
+    from aec.functions import KeyedProcessFunction
+    from aec.runtime.controller import AsyncExecutionController, StuckError
+    from aec.runtime.epochs import EpochManager
 
 HandleLike = CheckpointHandle | str | os.PathLike[str]
 
@@ -32,12 +38,29 @@ class OperatorCheckpoints:
     _restorable: bool
     _records_in: int
     backend: Any
-    config: Any
-    controller: Any
-    epochs: Any
+    config: AecConfig
+    controller: AsyncExecutionController
+    epochs: EpochManager
     _timers_fired: int
+    _records_out: int
+    _watermarks_out: int
+    _watermark: float
+    _now: float
+    _poll: bool
+    _sequence: int
+    event_timers: TimerQueue
+    processing_timers: TimerQueue
+    function: KeyedProcessFunction
     declared_states: list[str]
     key_group_range: KeyGroupRange
+
+    if TYPE_CHECKING:  # the operator's methods (KeyedProcessOperator, OperatorFailures)
+
+        def open(self) -> None: ...
+
+        def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn: ...
+
+        def _stuck(self) -> StuckError: ...
 
     def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
         """Take checkpoint ``checkpoint_id`` into ``directory/chk-<id>``; its handle.

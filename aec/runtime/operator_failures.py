@@ -3,22 +3,30 @@ then raise ``JobFailure`` naming the key and the record, the original error as c
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from aec.errors import JobFailure, describe
 from aec.runtime.controller import BatchFailed, StuckError
 from aec.runtime.record_context import RecordContext
+
+if TYPE_CHECKING:
+    from aec.runtime.controller import AsyncExecutionController
+    from aec.runtime.executor import StateExecutor
+    from aec.runtime.external_calls import ExternalCalls
 
 
 class OperatorFailures:
     """Failure handling of ``KeyedProcessOperator`` (a mixin over its fields)."""
 
     _state: str
-    controller: Any
-    executor: Any
-    external_calls: Any
+    controller: AsyncExecutionController
+    executor: StateExecutor
+    external_calls: ExternalCalls
 
-    open: Any  # the operator's method
+    if TYPE_CHECKING:
+
+        def open(self) -> None: ...  # the operator's method
+
     def _require_open(self) -> None:
         if self._state == "new":
             self.open()

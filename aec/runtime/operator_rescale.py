@@ -72,7 +72,7 @@ def merge(
     """
     if not restored:
         raise ValueError("restore needs at least one checkpoint handle")
-    ranges = []
+    ranges: list[tuple[KeyGroupRange, str]] = []
     first = restored[0]
     for item in restored:
         state, where = item.state, item.handle.path

@@ -7,12 +7,15 @@ when a ``ClockTick`` does (DESIGN rule 8). Flink: ``InternalTimerServiceAsyncImp
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aec.elements import ClockTick, Watermark
-from aec.runtime.epochs import Epoch
+from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.record_context import RecordContext
 from aec.runtime.timers import TimerQueue
+
+if TYPE_CHECKING:
+    from aec.runtime.controller import AsyncExecutionController
 
 _EVENT = "event-time"
 _PROCESSING = "processing-time"
@@ -24,14 +27,18 @@ class OperatorTimers:
     event_timers: TimerQueue
     processing_timers: TimerQueue
     synchronous: bool
-    controller: Any
-    epochs: Any
+    controller: AsyncExecutionController
+    epochs: EpochManager
     _sequence: int
     _poll: bool
     _timers_fired: int
 
-    current_context: Any  # the operator's methods
-    _key_group: Any
+    if TYPE_CHECKING:  # the operator's methods
+
+        def current_context(self) -> RecordContext: ...
+
+        def _key_group(self, key: Any) -> int: ...
+
     def _close_epoch(self, element: Watermark | ClockTick, now: float) -> None:
         """Close the open epoch with ``element``; its domain's timers note the boundary."""
         domain = _EVENT if type(element) is Watermark else _PROCESSING
@@ -88,13 +95,14 @@ class OperatorTimers:
                 controller.admit(context, inline=True)
             return
         for key in timers.due_keys(limit, epoch.sequence):
-            timestamp = timers.pop_next_for_key(key, limit, epoch.sequence)
+            # a due key has a due timer: never None here
+            timestamp = cast(float, timers.pop_next_for_key(key, limit, epoch.sequence))
             controller.admit(self._timer_context(domain, key, timestamp, epoch), inline=False)
 
     def _next_timer(self, context: RecordContext) -> RecordContext | None:
         if self.synchronous:
             return None
-        domain = context.timer[0]
+        domain = cast("tuple[str, float]", context.timer)[0]  # a timer's context: never None
         epoch = context.epoch
         timestamp = self._timer_queue(domain).pop_next_for_key(
             context.key, epoch.watermark.timestamp, epoch.sequence

@@ -63,7 +63,7 @@ class RecordContext:
         self.ref_count = 0
         self.in_batches = 0
         self.batch_id = -1
-        self.deferred: list | None = None
+        self.deferred: list[Any] | None = None
         self.on_finished = on_finished
         # state name -> requests held behind an unfinished read-modify-write (see RmwRead)
         self.lanes: dict[str, Any] | None = None

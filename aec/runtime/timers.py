@@ -86,7 +86,12 @@ class TimerQueue:
         return True
 
     def _fired_before(
-        self, key: Any, timestamp: float, timers: dict, epoch: int, arrival_watermark: float
+        self,
+        key: Any,
+        timestamp: float,
+        timers: dict[float, tuple[int, int]],
+        epoch: int,
+        arrival_watermark: float,
     ) -> bool:
         """Whether, in the synchronous run, the latest registration of this timer
         had fired before a record of ``epoch`` arrived after ``arrival_watermark``."""
@@ -99,7 +104,7 @@ class TimerQueue:
         index = bisect_left(boundaries, latest)
         return index < len(boundaries) and boundaries[index] < epoch
 
-    def _remove(self, key: Any, timestamp: float, timers: dict) -> None:
+    def _remove(self, key: Any, timestamp: float, timers: dict[float, tuple[int, int]]) -> None:
         sequence, _ = timers.pop(timestamp)
         if not timers:
             del self._by_key[key]

@@ -5,12 +5,27 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
+from aec.functions import Context
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
 from aec.windowing.namespaced import handle_kind, merge_into
-from aec.windowing.timers import EVENT, PROCESSING, PendingTimers
+from aec.windowing.timers import EVENT, PROCESSING, PendingTimers, WindowTimers
+
+
+class Windowing(Protocol):
+    """What the contexts use of the ``WindowOperatorFunction`` (``aec.windowing.operator``,
+    which imports this module)."""
+
+    fast: bool
+    timers: WindowTimers
+
+    def window_state(self, descriptor: StateDescriptor, window: Any, kind: str) -> Any: ...
+
+    def window_store(self, descriptor: StateDescriptor, kind: str) -> Any: ...
+
+    def global_state(self, descriptor: StateDescriptor) -> Any: ...
 
 
 class Scope:
@@ -19,11 +34,11 @@ class Scope:
 
     __slots__ = ("ctx", "pending", "windowing")
 
-    def __init__(self, ctx: Any, windowing: Any) -> None:
+    def __init__(self, ctx: Context, windowing: Windowing) -> None:
         self.ctx = ctx
         self.windowing = windowing  # the WindowOperatorFunction
         # implicit timers (the fast path) buffer nothing
-        self.pending = None if windowing.fast else PendingTimers()
+        self.pending: PendingTimers | None = None if windowing.fast else PendingTimers()
 
 
 class TriggerContext:
@@ -88,7 +103,9 @@ class ProcessWindowFunction:
     def open(self, runtime_context: Any) -> None:
         pass
 
-    def process(self, key: Any, context: ProcessWindowContext, elements: list[Any]) -> Iterable:
+    def process(
+        self, key: Any, context: ProcessWindowContext, elements: list[Any]
+    ) -> Iterable[Any]:
         raise NotImplementedError(f"{type(self).__name__} must override process")
 
     def clear(self, context: ProcessWindowContext) -> Any:

@@ -21,10 +21,14 @@ class Evictor:
         """The ``(value, timestamp)`` pairs to keep."""
         raise NotImplementedError
 
-    def evict_before(self, elements: list[tuple[Any, float]], window: Any) -> list:
+    def evict_before(
+        self, elements: list[tuple[Any, float]], window: Any
+    ) -> list[tuple[Any, float]]:
         return elements if self.do_evict_after else self.evict(elements, window)
 
-    def evict_after(self, elements: list[tuple[Any, float]], window: Any) -> list:
+    def evict_after(
+        self, elements: list[tuple[Any, float]], window: Any
+    ) -> list[tuple[Any, float]]:
         return self.evict(elements, window) if self.do_evict_after else elements
 
 

@@ -115,7 +115,7 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
     if not keys:
         return None
 
-    def act(stored: list) -> Any:
+    def act(stored: list[Any]) -> Any:
         removals = []
         for key, contents in zip(keys, stored, strict=True):
             if contents is None:

@@ -10,7 +10,7 @@ entries of merged windows into their cover (sessions).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from aec.state.descriptors import (
     AggregatingStateDescriptor,
@@ -24,19 +24,22 @@ from aec.state.future import StateFuture, combine_all, completed_future
 from aec.state.handles import (
     AggregatingState,
     ListState,
+    MapState,
     ReducingState,
     StateIterator,
     ValueState,
 )
 from aec.windowing.windows import window_key
 
+D = TypeVar("D", bound=StateDescriptor)
 
-class _WindowEntry:
+
+class _WindowEntry(Generic[D]):
     """One window's entry of a namespaced state ``store`` (a MapState handle)."""
 
     __slots__ = ("descriptor", "_store", "_window")
 
-    def __init__(self, descriptor: StateDescriptor, store: Any, window: Any) -> None:
+    def __init__(self, descriptor: D, store: MapState, window: Any) -> None:
         self.descriptor = descriptor
         self._store = store
         self._window = window_key(window)
@@ -59,7 +62,7 @@ class _WindowEntry:
         self._wait(self.async_clear())
 
 
-class WindowValueState(_WindowEntry):
+class WindowValueState(_WindowEntry[ValueStateDescriptor]):
     __slots__ = ()
 
     def async_value(self) -> StateFuture:
@@ -73,7 +76,7 @@ class WindowValueState(_WindowEntry):
     update = ValueState.update
 
 
-class WindowListState(_WindowEntry):
+class WindowListState(_WindowEntry[ListStateDescriptor]):
     __slots__ = ()
 
     def async_get(self) -> StateFuture:
@@ -95,7 +98,7 @@ class WindowListState(_WindowEntry):
     update = ListState.update
 
 
-class WindowReducingState(_WindowEntry):
+class WindowReducingState(_WindowEntry[ReducingStateDescriptor]):
     __slots__ = ()
 
     def async_get(self) -> StateFuture:
@@ -111,7 +114,7 @@ class WindowReducingState(_WindowEntry):
     add = ReducingState.add
 
 
-class WindowAggregatingState(_WindowEntry):
+class WindowAggregatingState(_WindowEntry[AggregatingStateDescriptor]):
     __slots__ = ()
 
     def async_get(self) -> StateFuture:
@@ -128,7 +131,7 @@ class WindowAggregatingState(_WindowEntry):
     add = AggregatingState.add
 
 
-class WindowMapState(_WindowEntry):
+class WindowMapState(_WindowEntry[MapStateDescriptor]):
     """A map per window, held as one dict entry (read and rewritten whole)."""
 
     __slots__ = ()
@@ -137,7 +140,7 @@ class WindowMapState(_WindowEntry):
         return self._read().then_apply(lambda v: dict(v or {}))
 
     def _change(self, change: Any) -> StateFuture:
-        def apply(current: dict) -> StateFuture:
+        def apply(current: dict[Any, Any]) -> StateFuture:
             change(current)
             return self._write(current or None)
 

@@ -14,12 +14,13 @@ keyed function does. See ``docs/windows.md``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from aec.functions import KeyedProcessFunction
+from aec.functions import KeyedProcessFunction, RuntimeContext
 from aec.state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
+from aec.state.handles import ValueState
 from aec.windowing import hot_path, panes
-from aec.windowing.assigners import SlidingEventTimeWindows
+from aec.windowing.assigners import SlidingEventTimeWindows, WindowAssigner
 from aec.windowing.contents import Contents
 from aec.windowing.context import (
     ProcessWindowContext,
@@ -28,15 +29,25 @@ from aec.windowing.context import (
     TriggerContext,
     window_handle,
 )
+from aec.windowing.evictors import Evictor
 from aec.windowing.merging import add_session
 from aec.windowing.panes import PaneContents
-from aec.windowing.timers import EVENT, PROCESSING, WindowTimers
+from aec.windowing.timers import EVENT, PROCESSING, PendingTimers, WindowTimers
 from aec.windowing.triggers import (
     EventTimeTrigger,
     ProcessingTimeTrigger,
+    Trigger,
     TriggerResult,
     resolve,
 )
+
+
+class _Window(Protocol):
+    """What the operator reads of any window (``TimeWindow``, ``GlobalWindow``, a
+    custom assigner's): its end, seconds."""
+
+    @property
+    def end(self) -> float: ...
 
 
 async def _settle(result: Any) -> None:
@@ -48,12 +59,19 @@ async def _settle(result: Any) -> None:
 class WindowOperatorFunction(KeyedProcessFunction):
     """The function ``window(...)`` returns; see ``aec.windowing.window``."""
 
+    # from the spec (an ``aec.windowing.spec.WindowSpec``, whose module imports this one)
+    assigner: WindowAssigner
+    trigger: Trigger
+    evictor: Evictor | None
+    event_time: bool
+    lateness: float
+
     def __init__(self, spec: Any) -> None:
         self.spec = spec
         self.late_records_dropped = 0
 
     # -- set-up ------------------------------------------------------------------------------
-    def open(self, ctx: Any) -> None:
+    def open(self, ctx: RuntimeContext) -> None:
         spec = self.spec
         assigner = spec.assigner
         self._runtime = ctx
@@ -137,11 +155,11 @@ class WindowOperatorFunction(KeyedProcessFunction):
         return self._runtime.get_state(descriptor)
 
     # -- time --------------------------------------------------------------------------------
-    def is_late(self, window: Any, watermark: float) -> bool:
+    def is_late(self, window: _Window, watermark: float) -> bool:
         """Flink's ``isWindowLate``: an event-time window cleaned up at this watermark."""
         return self.event_time and window.end + self.lateness <= watermark
 
-    def cleanup_time(self, window: Any) -> float:
+    def cleanup_time(self, window: _Window) -> float:
         return window.end + self.lateness if self.event_time else window.end
 
     def _register_cleanup(self, scope: Scope, window: Any) -> None:
@@ -187,6 +205,8 @@ class WindowOperatorFunction(KeyedProcessFunction):
         elif self.panes:
             accepted = await panes.on_record(self, scope, value, timestamp, now, watermark)
         else:  # inline (not a sub-coroutine): this is the hot path of tumbling windows
+            if TYPE_CHECKING:  # not panes: Contents (narrowed for mypy, no runtime check)
+                assert isinstance(self.contents, Contents)
             accepted = False
             for window in self.assigner.assign_windows(
                 value, now if not self.event_time else timestamp
@@ -234,7 +254,9 @@ class WindowOperatorFunction(KeyedProcessFunction):
     async def _merging_record(
         self, scope: Scope, value: Any, timestamp: float, now: float, watermark: float
     ) -> bool:
-        sessions = list(await self.sessions.async_value() or ())
+        state = cast(ValueState, self.sessions)  # merging windows: a session set
+        contents = cast(Contents, self.contents)  # sessions never keep panes
+        sessions = list(await state.async_value() or ())
         before = list(sessions)
         accepted = False
         for window in self.assigner.assign_windows(value, timestamp if self.event_time else now):
@@ -244,20 +266,22 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 for old in merged:
                     await _settle(self.trigger.clear(old, TriggerContext(scope, old)))
                     self._delete_cleanup(scope, old)
-                await self.contents.merge_windows(actual, merged)
+                await contents.merge_windows(actual, merged)
             if self.is_late(actual, watermark):
                 sessions.remove(actual)  # Flink's retireWindow
                 continue
             accepted = True
-            existed = await self.contents.add(actual, value, timestamp)
+            existed = await contents.add(actual, value, timestamp)
             await self._element_trigger(scope, actual, value, timestamp)
             if merged or not existed:
                 self._register_cleanup(scope, actual)
         if sessions != before:
-            self.sessions.async_update(tuple(sessions) or None)  # not awaited (see add)
+            state.async_update(tuple(sessions) or None)  # not awaited (see add)
         return accepted
 
-    async def _element_trigger(self, scope: Scope, window: Any, value: Any, timestamp: float):
+    async def _element_trigger(
+        self, scope: Scope, window: Any, value: Any, timestamp: float
+    ) -> None:
         context = TriggerContext(scope, window)
         await self._act(scope, window, self.trigger.on_element(value, timestamp, window, context))
 
@@ -282,7 +306,8 @@ class WindowOperatorFunction(KeyedProcessFunction):
             elements = self.contents.elements(kept)
             remaining = evictor.evict_after(kept, window)
             if remaining != list(stored):
-                self.contents.write(window, remaining)  # not awaited (see Contents.add)
+                # evictors keep every element, never panes; not awaited (see Contents.add)
+                cast(Contents, self.contents).write(window, remaining)
         else:
             elements = self.contents.elements(stored)
         ctx = scope.ctx
@@ -314,16 +339,17 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 await self._fire_sessions(scope, time)
             else:
                 await self._fire_indexed(scope, ctx.timer_domain, time)
-            pending = scope.pending
+            pending = cast(PendingTimers, scope.pending)  # not fast: timers are buffered
             if pending.changes:
                 await self.timers.flush(ctx, pending)
             return
-        if self.panes and self.contents.chain:
+        if self.panes and cast(PaneContents, self.contents).chain:
             await panes.on_chain_timer(self, scope, time)
             return
         # implied timers: the grid window ending at ``time`` fires, the one whose
         # cleanup time is ``time`` goes
-        assigner, lateness = self.assigner, self.lateness
+        assigner = cast(SlidingEventTimeWindows, self.assigner)  # fast: a time grid
+        lateness = self.lateness
         candidates = [assigner.window_ending_at(time)]
         if self.event_time and lateness > 0 and math.isfinite(time - lateness):
             candidates.insert(0, assigner.window_ending_at(time - lateness))
@@ -345,7 +371,8 @@ class WindowOperatorFunction(KeyedProcessFunction):
     async def _fire_sessions(self, scope: Scope, time: float) -> None:
         """Sessions with the built-in trigger: those ending at ``time`` fire, those whose
         cleanup time is ``time`` go (a timer of a merged-away session finds nothing)."""
-        sessions = list(await self.sessions.async_value() or ())
+        state = cast(ValueState, self.sessions)  # implied, not fast: sessions
+        sessions = list(await state.async_value() or ())
         due = [w for w in sessions if w.end == time or self.cleanup_time(w) == time]
         cleaned = False
         for window in sorted(due, key=_by_end):
@@ -356,7 +383,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 sessions.remove(window)
                 cleaned = True
         if cleaned:
-            self.sessions.async_update(tuple(sessions) or None)  # not awaited (see add)
+            state.async_update(tuple(sessions) or None)  # not awaited (see add)
 
     async def _fire_indexed(self, scope: Scope, domain: str, time: float) -> None:
         windows = sorted(await self.timers.take(domain, time), key=_by_end)
@@ -381,8 +408,8 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 await _settle(self._clear_all(scope, window))
                 if sessions is not None:
                     sessions.remove(window)
-        if sessions is not None and sessions != before:
-            self.sessions.async_update(tuple(sessions) or None)  # not awaited (see add)
+        if sessions is not None and sessions != before:  # sessions: self.sessions is set
+            cast(ValueState, self.sessions).async_update(tuple(sessions) or None)  # not awaited
 
     def _clear_all(self, scope: Scope, window: Any) -> Any:
         """Flink's ``clearAllState``: contents, trigger state and timers, function state.

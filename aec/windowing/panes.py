@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aec.state.future import combine_all
 from aec.windowing.contents import Contents
+
+if TYPE_CHECKING:
+    from aec.windowing.assigners import SlidingEventTimeWindows
+    from aec.windowing.windows import TimeWindow
 
 MAX_PANES_PER_WINDOW = 4096  # beyond this (odd float sizes) windows keep their own state
 
@@ -44,7 +48,9 @@ class PaneContents:
 
     keeps_timestamps = False
 
-    def __init__(self, inner: Contents, assigner: Any, g: Fraction, chain: bool = False) -> None:
+    def __init__(
+        self, inner: Contents, assigner: SlidingEventTimeWindows, g: Fraction, chain: bool = False
+    ) -> None:
         self.chain = chain
         self.inner = inner
         self.store = inner.store
@@ -66,7 +72,7 @@ class PaneContents:
         """Grid indexes ``(first, last)`` of the windows holding pane ``j``."""
         return -((self.n - 1 - j) // self.r), j // self.r  # ceil((j - n + 1) / r), floor(j / r)
 
-    def _first_pane(self, window: Any) -> int:
+    def _first_pane(self, window: TimeWindow) -> int:
         return round((window.start - self.assigner.offset) / self.assigner.slide) * self.r
 
     async def add_pane(self, j: int, value: Any) -> bool:

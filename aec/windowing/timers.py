@@ -15,9 +15,10 @@ at its end (``flush``): one read and at most one write per time touched.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from aec.state.future import StateFuture, combine_all, completed_future
+from aec.state.handles import MapState
 
 EVENT = "event-time"
 PROCESSING = "processing-time"
@@ -47,18 +48,21 @@ class WindowTimers:
         implicit: every timer is implied by the assigner (no index).
     """
 
-    def __init__(self, index: Any, implicit: bool) -> None:
+    def __init__(self, index: MapState | None, implicit: bool) -> None:
         self.index = index
         self.implicit = implicit
 
-    def register(self, ctx: Any, pending: PendingTimers, domain: str, time: float, window: Any):
+    def register(
+        self, ctx: Any, pending: PendingTimers | None, domain: str, time: float, window: Any
+    ) -> None:
+        """``pending`` is None only with implicit timers (it buffers nothing then)."""
         _engine_register(ctx, domain, time)
         if not self.implicit:
-            pending.set(domain, time, window, True)
+            cast(PendingTimers, pending).set(domain, time, window, True)
 
-    def delete(self, pending: PendingTimers, domain: str, time: float, window: Any) -> None:
+    def delete(self, pending: PendingTimers | None, domain: str, time: float, window: Any) -> None:
         if not self.implicit:  # implicit engine timers stay: a firing checks the window exists
-            pending.set(domain, time, window, False)
+            cast(PendingTimers, pending).set(domain, time, window, False)
 
     def flush(self, ctx: Any, pending: PendingTimers) -> StateFuture:
         """Write the buffered changes into the index; an engine timer left without
@@ -68,7 +72,7 @@ class WindowTimers:
             return completed_future(None)
         pending.changes = {}
         slots = list(changes)
-        index = self.index
+        index = cast(MapState, self.index)  # changes are buffered only with an index
 
         def apply(entries: list[Any]) -> StateFuture:
             writes = []
@@ -95,7 +99,7 @@ class WindowTimers:
 
     def take(self, domain: str, time: float) -> StateFuture:
         """A future of the windows with a timer at ``(domain, time)``; removes the entry."""
-        index, slot = self.index, (domain, time)
+        index, slot = cast(MapState, self.index), (domain, time)  # not implicit: an index
 
         def remove(entry: Any) -> Any:
             if entry is None:
