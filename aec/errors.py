@@ -38,8 +38,8 @@ class MissingExtraError(ImportError):
     """A feature needs an optional dependency group (an "extra") that is not installed.
 
     The message names the feature, the missing module and the ``pip install``
-    line, e.g. ``backends.RocksDBBackend needs the 'rocksdb' extra (module
-    'rocksdict' is missing): pip install 'aec[rocksdb]'``.
+    line, e.g. ``checkpoints at s3:// URIs needs the 's3' extra (module
+    'pyarrow' is missing): pip install 'aec[s3]'``.
 
     Attributes:
         extra: the extra to install (``"spark"``, ``"rocksdb"``, ...).
@@ -59,10 +59,10 @@ def needs_extra(extra: str, feature: str, *modules: str) -> Iterator[None]:
     """Turn a missing optional module, imported inside the block, into ``MissingExtraError``.
 
     Only a ``ModuleNotFoundError`` for one of ``modules`` (top-level names, e.g.
-    ``"rocksdict"``) is translated; any other import error propagates unchanged.
+    ``"pyarrow"``) is translated; any other import error propagates unchanged.
 
-        with needs_extra("rocksdb", "backends.RocksDBBackend", "rocksdict"):
-            from backends.rocksdb import RocksDBBackend
+        with needs_extra("s3", "checkpoints at s3:// URIs", "pyarrow"):
+            import pyarrow.fs
 
     Raises:
         MissingExtraError: (an ``ImportError``) naming ``extra`` and ``feature``.
