@@ -12,7 +12,7 @@ from engine_helpers import Counter
 
 from aec import AecConfig, Record, run_keyed
 from aec.runtime.batch_cost import BatchCostModel
-from aec.runtime.executor import ThreadPoolStateExecutor
+from aec.runtime.executor import InlineExecutor, ThreadPoolStateExecutor
 from aec.testing import run_sync
 from backends import MemoryBackend
 
@@ -100,3 +100,40 @@ def per_key(outputs):
         if isinstance(output, tuple):
             keyed.setdefault(output[0], []).append(output)
     return keyed
+
+
+class CountingInline(InlineExecutor):
+    """InlineExecutor counting flushed batches and requests run at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed = 0
+        self.now = 0
+
+    def submit(self, batch) -> None:
+        self.flushed += 1
+        super().submit(batch)
+
+    def run_now(self, batch) -> bool:
+        self.now += 1
+        return super().run_now(batch)
+
+
+def test_a_hot_keys_waiting_records_run_at_once_with_the_synchronous_answer():
+    source = hot_key_source(2000)
+    executor = CountingInline()
+    result = run_keyed(source, Counter(), MemoryBackend(), AecConfig(in_flight_records_limit=100),
+                       executor=executor)  # fmt: skip
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+    assert result.metrics["blocked_requests"] > 0  # the hot key's records still wait for it
+    # a waiting record's two requests run at once: no flush, no mail round trip each
+    assert executor.now >= 2 * result.metrics["blocked_requests"] * 0.9
+    assert executor.flushed + executor.now == result.metrics["batches"]
+
+
+def test_a_refused_run_now_keeps_the_records_request_order():
+    source = hot_key_source(400)
+    backend = BlockingMemory(sleep=0.002)  # slower than a hand-off: run_now mostly refuses
+    result = run_keyed(source, Counter(), backend, AecConfig(in_flight_records_limit=40))
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+    assert backend.state_items("count") == _counts(source)

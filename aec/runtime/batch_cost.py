@@ -45,6 +45,11 @@ class BatchCostModel:
             return count % _REFRESH_EVERY != 0  # refresh the hand-off cost now and then
         return count % _EXPLORE_EVERY == 1
 
+    def cheaper_inline(self, size: int) -> bool:
+        """Whether batches of ``size`` measured no slower inline than a hand-off."""
+        estimate = self.inline_seconds[min(size.bit_length(), _CLASSES - 1)]
+        return estimate is not None and estimate <= self.handoff_seconds
+
     def record_inline(self, size: int, seconds: float) -> None:
         """A batch of ``size`` requests took ``seconds`` (wall) on the mailbox thread."""
         cls = min(size.bit_length(), _CLASSES - 1)

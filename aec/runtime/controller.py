@@ -11,6 +11,12 @@ Invariants (mailbox thread only):
   the operator takes new input (DESIGN rule 6).
 - In synchronous mode (``async_state=False``) every request runs at once on
   the mailbox thread and returns a completed future.
+- A hot key's records flow without a batch round trip each: a record that
+  waited for its key runs its requests at once when the executor allows it
+  (``StateExecutor.run_now``: a backend answering from memory), as a batch of
+  one. It waited for the only record that could touch its key, and records of
+  other keys may interleave in any order (rule 2), so the results are those
+  of the buffered path; the buffer keeps batching the records of other keys.
 """
 
 from __future__ import annotations
@@ -152,6 +158,8 @@ class AsyncExecutionController:
             successor = self._next_holder(key)
         elif successor is None and key in self.blocking.queues:
             successor = self.blocking.pop_next(key)
+            if successor is not None:  # always, as the key has a queue
+                successor.waited = not self.state_ordered
         if successor is None:
             if holders.get(key) is context:
                 del holders[key]
@@ -194,6 +202,20 @@ class AsyncExecutionController:
             else:
                 request.complete(request.result)
             return request
+        if context.waited:
+            # a hot key's next record: nothing to batch it with that could run
+            # before it, so its requests run at once when the executor allows
+            try:
+                ran = self.executor.run_now((request,))
+            except BaseException as exc:  # the job fails naming this record (rule 10)
+                raise BatchFailed([request]) from exc
+            if ran:
+                self.batches += 1
+                if not self.max_batch_size:
+                    self.max_batch_size = 1
+                request.complete(request.result)
+                return request
+            context.waited = False  # from now on its requests keep their order via the buffer
         context.ref_count += 1  # the pending future
         if context.lanes is not None or kind is RmwRead or kind is RmwWrite:
             if self._hold(context, request, kind):

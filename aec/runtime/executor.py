@@ -21,6 +21,7 @@ from aec.runtime.mailbox import Mailbox
 # the flights job's operators 1.2-1.5x slower inside Spark (their mid-size drain batches
 # lost that overlap); 8 sent too many of a Zipf hot key's batches to threads; 32 kept both.
 INLINE_MAX_REQUESTS = 32
+_NOW_SAMPLE = 8  # run_now asks the cost model once per this many calls
 
 
 class StateExecutor:
@@ -49,6 +50,12 @@ class StateExecutor:
 
     def submit(self, batch: Sequence[Any]) -> None:
         raise NotImplementedError
+
+    def run_now(self, batch: Sequence[Any]) -> bool:
+        """Run a one-request ``batch`` on the mailbox thread at once, if this executor's
+        policy allows it; True if it ran (no mail is posted: the AEC completes it).
+        The backend's error propagates. Default: never (completions stay scripted)."""
+        return False
 
     def wait(self, timeout: float | None) -> None:
         """Block until a completion mail may be there or ``timeout`` seconds pass."""
@@ -81,6 +88,11 @@ class InlineExecutor(StateExecutor):
         self.inline_batches += 1
         self._run(batch, self._mailbox.post_local)
 
+    def run_now(self, batch: Sequence[Any]) -> bool:
+        self.inline_batches += 1
+        self._backend.execute_batch(batch)
+        return True
+
 
 class ThreadPoolStateExecutor(StateExecutor):
     """Runs batches on ``threads`` I/O threads (named ``aec-io-N``), for blocking backends.
@@ -108,6 +120,8 @@ class ThreadPoolStateExecutor(StateExecutor):
         self._posted_at = 0.0  # perf_counter of the last thread-pool completion post
         self._queue_delay = 0.0  # submit -> start of the last thread-pool batch, seconds
         self._submit_cost = 0.0  # the mailbox thread's time in the last pool submit, seconds
+        self._now_calls = -1  # run_now calls; the first one asks the cost model
+        self._now_inline = False  # run_now's last answer from the cost model
 
     def submit(self, batch: Sequence[Any]) -> None:
         cost = self.cost
@@ -131,6 +145,31 @@ class ThreadPoolStateExecutor(StateExecutor):
         self._pool.submit(self._run_timed, batch, start)
         if cost is not None:  # waking an I/O thread may hand it the GIL: part of the hand-off
             self._submit_cost = perf_counter() - start
+
+    def run_now(self, batch: Sequence[Any]) -> bool:
+        """Inline when the cost model finds a one-request batch cheaper than a hand-off.
+
+        A hot key calls this once per request, so the model is asked (and the run
+        timed) on one call in ``_NOW_SAMPLE``; the calls between follow its answer."""
+        cost = self.cost
+        if cost is None:
+            return False
+        calls = self._now_calls = self._now_calls + 1
+        if calls % _NOW_SAMPLE:
+            if not self._now_inline:
+                return False
+            self.inline_batches += 1
+            self._backend.execute_batch(batch)
+            return True
+        if not cost.run_inline(1):  # an exploring "yes" is not followed between samples
+            self._now_inline = False
+            return False
+        self.inline_batches += 1
+        start = perf_counter()
+        self._backend.execute_batch(batch)
+        cost.record_inline(1, perf_counter() - start)
+        self._now_inline = cost.cheaper_inline(1)
+        return True
 
     def _run_timed(self, batch: Sequence[Any], submitted: float) -> None:
         self._queue_delay = perf_counter() - submitted

@@ -35,7 +35,7 @@ class RecordContext:
     __slots__ = (
         "value", "key", "key_group", "timestamp", "sequence", "epoch", "timer",
         "watermark", "processing_time", "ref_count", "in_batches", "batch_id", "deferred",
-        "on_finished", "lanes",
+        "on_finished", "lanes", "waited",
     )  # fmt: skip
 
     def __init__(
@@ -67,6 +67,7 @@ class RecordContext:
         self.on_finished = on_finished
         # state name -> requests held behind an unfinished read-modify-write (see RmwRead)
         self.lanes: dict[str, Any] | None = None
+        self.waited = False  # see the module invariants
 
     def release(self) -> None:
         """Drop one reference; at 0 the record is finished."""

@@ -89,6 +89,10 @@ class StateFuture:
         context = self._context
         if context is not None:
             context.ref_count += 1
+        self._register_more(callback)
+
+    def _register_more(self, callback: Callable[[Any], None]) -> None:
+        """Store ``callback`` (its context reference already taken)."""
         callbacks = self._callbacks
         if callbacks is None:
             self._callbacks = callback
@@ -103,7 +107,17 @@ class StateFuture:
         if self._result is not _PENDING:
             return _done(fn(self._result), self._context)
         out = StateFuture(self._context)
-        self.on_complete(lambda r: out.complete(fn(r)))
+
+        def apply(r: Any) -> None:
+            out.complete(fn(r))
+
+        context = self._context
+        if context is not None:  # on_complete's pending case, inlined (hot path)
+            context.ref_count += 1
+        if self._callbacks is None:
+            self._callbacks = apply
+        else:
+            self._register_more(apply)
         return out
 
     def then_accept(self, fn: Callable[[Any], Any]) -> StateFuture:
@@ -117,7 +131,13 @@ class StateFuture:
             fn(r)
             out.complete(None)
 
-        self.on_complete(run)
+        context = self._context
+        if context is not None:  # on_complete's pending case, inlined (hot path)
+            context.ref_count += 1
+        if self._callbacks is None:
+            self._callbacks = run
+        else:
+            self._register_more(run)
         return out
 
     def then_compose(self, fn: Callable[[Any], Any]) -> StateFuture:
@@ -128,7 +148,21 @@ class StateFuture:
         if self._result is not _PENDING:
             return _as_future(fn(self._result), self._context)
         out = StateFuture(self._context)
-        self.on_complete(lambda r: _forward(fn(r), out))
+
+        def forward(r: Any) -> None:
+            value = fn(r)
+            if type(value) is StateFuture or isinstance(value, StateFuture):
+                value.on_complete(out.complete)
+            else:
+                out.complete(value)
+
+        context = self._context
+        if context is not None:  # on_complete's pending case, inlined (hot path)
+            context.ref_count += 1
+        if self._callbacks is None:
+            self._callbacks = forward
+        else:
+            self._register_more(forward)
         return out
 
     def then_combine(self, other: StateFuture, fn: Callable[[Any, Any], Any]) -> StateFuture:
@@ -201,13 +235,6 @@ def _done(value: Any, context: Any) -> StateFuture:
 
 def _as_future(value: Any, context: Any) -> StateFuture:
     return value if isinstance(value, StateFuture) else _done(value, context)
-
-
-def _forward(value: Any, out: StateFuture) -> None:
-    if isinstance(value, StateFuture):
-        value.on_complete(out.complete)
-    else:
-        out.complete(value)
 
 
 def completed_future(value: Any = None) -> StateFuture:
