@@ -39,7 +39,11 @@ def describe(path: str, by_backend: bool = False) -> dict[str, Any]:
     info = os.stat(path)
     identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     known = _KNOWN.get(identity)
-    if known is not None and info.st_nlink > 1 and (known.get("verify") == BY_BACKEND) == by_backend:
+    if (
+        known is not None
+        and info.st_nlink > 1
+        and (known.get("verify") == BY_BACKEND) == by_backend
+    ):
         return dict(known)
     if by_backend:
         fd = os.open(path, os.O_RDONLY)
