@@ -15,15 +15,9 @@ import tempfile
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_memory_incremental import Writes, checkpoints_with_restarts, state_of
 
-from aec import (
-    JobFailure,
-    KeyedProcessFunction,
-    KeyedProcessOperator,
-    ListStateDescriptor,
-    Record,
-    ValueStateDescriptor,
-)
+from aec import JobFailure, KeyedProcessOperator, Record
 from aec.keygroups import KeyGroupRange
 from aec.state import memory_changelog, memory_segments
 from backends import MemoryBackend
@@ -33,26 +27,6 @@ from backends import MemoryBackend
 def small_segments(monkeypatch):
     monkeypatch.setattr(memory_segments, "INLINE_ENTRIES", 8)
     monkeypatch.setattr(memory_segments, "SEGMENT_ENTRIES", 4)
-
-
-class Writes(KeyedProcessFunction):
-    """value None clears the key; an int updates the value and appends to a list."""
-
-    def open(self, ctx):
-        self.value = ctx.get_state(ValueStateDescriptor("value"))
-        self.items = ctx.get_state(ListStateDescriptor("items"))
-
-    def process_element(self, value, ctx):
-        if value is None:
-            self.value.clear()
-            self.items.clear()
-        else:
-            self.value.update(value)
-            self.items.add(value)
-
-
-def state_of(backend):
-    return {name: backend.state_items(name) for name in ("value", "items")}
 
 
 def filled(tmp_path, keys=200):
@@ -163,27 +137,10 @@ def test_lazy_restores_equal_an_uninterrupted_run(steps, max_deltas, restarts, r
     """Restarts restore the last checkpoint lazily (some segments never read before
     the next snapshot, deltas, folds and rebases included); every checkpoint then
     restores to the reference, lazily or eagerly (a restore filtered to every key group)."""
-    backend = MemoryBackend(max_deltas=max_deltas)
-    operator = KeyedProcessOperator(Writes(), backend)
-    reference = MemoryBackend()
-    reference_op = KeyedProcessOperator(Writes(), reference)
-    handles, expected, old = [], [], []
     with tempfile.TemporaryDirectory() as directory:
-        for number, step in enumerate(steps):
-            if number in restarts and handles:
-                operator.close()
-                old.append(backend)
-                backend = MemoryBackend(max_deltas=max_deltas)
-                operator = KeyedProcessOperator(Writes(), backend)
-                operator.restore(handles[-1])
-            for key, value in step:
-                operator.process(Record(f"k{key}", value))
-                reference_op.process(Record(f"k{key}", value))
-            handles.append(operator.snapshot(number, directory))
-            expected.append(state_of(reference))
-        for previous in old:
-            previous.close()
-        operator.close()
+        handles, expected = checkpoints_with_restarts(
+            steps, max_deltas, restarts, directory, reference=MemoryBackend()
+        )
         for number, handle in enumerate(handles):
             restored = MemoryBackend()
             if rescaled:
