@@ -122,6 +122,7 @@ class CachedBackend(StateBackend):
         self.policy = policy
         self.remote = remote
         self.blocking = remote.blocking
+        self.verified_by_backend = remote.verified_by_backend  # snapshots are the remote's
         self._lock = threading.Lock()
         self._landed = threading.Condition(self._lock)  # in-flight write-backs finished
         self._remote_lock = None if remote.blocking else threading.Lock()

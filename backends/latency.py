@@ -127,6 +127,7 @@ class LatencyBackend(StateBackend):
         if not isinstance(inner, StateBackend):
             raise TypeError(f"inner must be a StateBackend, got {type(inner).__name__}")
         self.inner = inner
+        self.verified_by_backend = inner.verified_by_backend  # snapshots are the inner's
         self.per_request = _check_seconds("per_request", per_request)
         self.max_concurrency = _check_concurrency(max_concurrency)
         self._latency = latency

@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import DBCompactionStyle, Options, Rdict, WriteBatch, WriteOptions
 
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
@@ -49,6 +49,7 @@ from backends.keycodec import decode_key, encode_key, key_group_bounds, key_pref
 from backends.overlay import APPLY_OPS, POINT_READS, USER_KEY_OPS
 from backends.rocksdb_batch import RocksBatchView, Table, scan_range
 from backends.rocksdb_snapshots import (
+    SNAPSHOT_SUBDIR,
     holds_database,
     linked_copy,
     snapshot_source,
@@ -94,6 +95,9 @@ class RocksDBBackend(StateBackend):
     """
 
     blocking = True
+    # RocksDB checks each block's checksum when it reads it (and a table's footer when
+    # it opens it): a restore need not read every SST file to verify it.
+    verified_by_backend = (f"{SNAPSHOT_SUBDIR}/*.sst", f"{SNAPSHOT_SUBDIR}/*.blob")
 
     def __init__(
         self,
@@ -172,6 +176,15 @@ class RocksDBBackend(StateBackend):
         # memtable writes; RocksDB snapshots (unused here) would see in-place updates.
         options.set_allow_concurrent_memtable_write(False)
         options.set_inplace_update_support(True)
+        # Universal (tiered) compaction: a micro-batch's small flush merges with other
+        # small files, not with the whole state. Level compaction merged every 4 flushes
+        # into L1, which holds all state when keys spread over every key group: O(state)
+        # per 4 micro-batches, aborted and restarted by each close, until L0 stalled
+        # writes (measured: 430 ms flushes at 2M keys). Full merges now come only when
+        # the small files add up to the state's size (max_size_amplification_percent).
+        options.set_compaction_style(DBCompactionStyle.universal())
+        # Opening reads no table properties for statistics (per SST file otherwise).
+        options.set_skip_stats_update_on_db_open(True)
         if self._options_hook is not None:
             self._options_hook(options)
         return options

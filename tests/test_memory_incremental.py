@@ -44,6 +44,35 @@ def state_of(backend):
     return {name: backend.state_items(name) for name in ("value", "items")}
 
 
+def checkpoints_with_restarts(steps, max_deltas, restarts, directory, reference=None):
+    """A checkpoint after every step; before step n in ``restarts`` a new backend
+    restores the last one. Returns the handles and the state at each, read from
+    ``reference`` (a backend fed the same records by its own operator) or else from
+    the live backend. Every backend is closed (the checkpoints keep their links)."""
+    backend = MemoryBackend(max_deltas=max_deltas)
+    operator = KeyedProcessOperator(Writes(), backend)
+    reference_op = None if reference is None else KeyedProcessOperator(Writes(), reference)
+    expected, handles, old = [], [], []
+    for number, step in enumerate(steps):
+        if number in restarts and handles:
+            operator.close()
+            old.append(backend)
+            backend = MemoryBackend(max_deltas=max_deltas)
+            operator = KeyedProcessOperator(Writes(), backend)
+            operator.restore(handles[-1])
+        for key, value in step:
+            operator.process(Record(f"k{key}", value))
+            if reference_op is not None:
+                reference_op.process(Record(f"k{key}", value))
+        handles.append(operator.snapshot(number, directory))
+        expected.append(state_of(backend if reference is None else reference))
+    for previous in old:
+        previous.close()
+    operator.close()
+    backend.close()
+    return handles, expected
+
+
 steps = st.lists(
     st.lists(st.tuples(st.integers(0, 12), st.none() | st.integers(0, 50)), max_size=12),
     min_size=1,
@@ -62,25 +91,8 @@ def test_every_checkpoint_restores_its_state_after_others_are_deleted(
 ):
     """With restarts: before step n a new backend restores the last checkpoint and
     continues its chain (adopted), as a Spark task that did not keep the operator."""
-    backend = MemoryBackend(max_deltas=max_deltas)
-    operator = KeyedProcessOperator(Writes(), backend)
-    expected, handles, old = [], [], []
     with tempfile.TemporaryDirectory() as directory:
-        for number, step in enumerate(steps):
-            if number in restarts and handles:
-                operator.close()
-                old.append(backend)
-                backend = MemoryBackend(max_deltas=max_deltas)
-                operator = KeyedProcessOperator(Writes(), backend)
-                operator.restore(handles[-1])
-            for key, value in step:
-                operator.process(Record(f"k{key}", value))
-            handles.append(operator.snapshot(number, directory))
-            expected.append(state_of(backend))
-        for previous in old:
-            previous.close()
-        operator.close()
-        backend.close()  # the private chain goes; the checkpoints keep their links
+        handles, expected = checkpoints_with_restarts(steps, max_deltas, restarts, directory)
         for number in deleted & set(range(len(steps))):
             shutil.rmtree(handles[number].path)
         for number, handle in enumerate(handles):

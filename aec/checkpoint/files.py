@@ -24,7 +24,10 @@ Invariants:
 - A checkpoint is complete iff its manifest is present and every file it
   lists has the listed size and checksum, and it has no unlisted files.
   ``read`` checks all of this before it parses anything, and raises
-  ``ValueError`` naming the first bad file; it changes nothing.
+  ``ValueError`` naming the first bad file; it changes nothing. Files the
+  backend verifies itself on read (``StateBackend.verified_by_backend``:
+  RocksDB's SST files, MemoryBackend's segmented base) are checked for size
+  only, so a restore reads no state bytes it may never need.
 - An existing ``chk-<n>`` is never overwritten (checkpoint ids are unique,
   as in Flink): ``write`` (and ``storage.CheckpointStore.prepare``) raise
   ``FileExistsError``.
@@ -36,7 +39,6 @@ Invariants:
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import math
 import os
@@ -44,18 +46,17 @@ import pickle
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from aec.checkpoint import digests
 
 FORMAT = "aec-checkpoint/1"
 MANIFEST = "MANIFEST.json"
 METADATA = "operator.json"
 TIMERS = "timers.pickle"
 BACKEND_DIR = "backend"
-_CHUNK = 1 << 20  # bytes hashed per read
-_DIGEST_CACHE = 4096  # hard-linked files whose digest is remembered
-_DIGESTS: dict[tuple[int, int, int, int], dict[str, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,8 @@ def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -
         _write_file(staging, TIMERS, pickle.dumps(timers, protocol=pickle.HIGHEST_PROTOCOL))
         _write_file(staging, METADATA, _json_bytes(_metadata(checkpoint_id, state)))
 
-    return commit(target, checkpoint_id, fill)
+    patterns = getattr(backend, "verified_by_backend", ())
+    return commit(target, checkpoint_id, fill, [f"{BACKEND_DIR}/{p}" for p in patterns])
 
 
 def write_files(target: str, checkpoint_id: int, contents: dict[str, bytes]) -> CheckpointHandle:
@@ -184,9 +186,17 @@ def write_files(target: str, checkpoint_id: int, contents: dict[str, bytes]) -> 
     return commit(target, checkpoint_id, fill)
 
 
-def commit(target: str, checkpoint_id: int, fill: Callable[[str], None]) -> CheckpointHandle:
+def commit(
+    target: str,
+    checkpoint_id: int,
+    fill: Callable[[str], None],
+    verified_by_backend: Sequence[str] = (),
+) -> CheckpointHandle:
     """Stage a checkpoint: ``fill(staging_dir)`` writes its files, then the manifest
     (sizes, SHA-256) is written last and the staging directory renamed to ``target``.
+    Files matching a ``verified_by_backend`` pattern (``fnmatch``, relative to the
+    checkpoint) are listed with their size and ``"verify": "backend"``, no digest:
+    neither this write nor a restore reads them.
 
     Raises what ``fill`` or the file system raised (``FileExistsError`` if
     ``target`` appeared meanwhile), after removing the staging directory.
@@ -197,7 +207,12 @@ def commit(target: str, checkpoint_id: int, fill: Callable[[str], None]) -> Chec
     os.mkdir(staging)
     try:
         fill(staging)
-        files = {name: _describe_file(staging, name) for name in list_files(staging)}
+        files = {
+            name: digests.describe(
+                os.path.join(staging, name), digests.matches(name, verified_by_backend)
+            )
+            for name in list_files(staging)
+        }
         manifest = {"format": FORMAT, "checkpoint_id": checkpoint_id, "files": files}
         _write_file(staging, MANIFEST, _json_bytes(manifest))  # last: the commit record
         _fsync_directory(staging)
@@ -236,33 +251,6 @@ def _write_file(directory: str, name: str, data: bytes) -> None:
         out.write(data)
         out.flush()
         os.fsync(out.fileno())
-
-
-def _describe_file(root: str, name: str) -> dict[str, Any]:
-    """Size and SHA-256 of ``root/name``; fsyncs it too (the backend wrote it).
-
-    A file hard-linked from an earlier checkpoint (incremental backends) is the
-    same inode with the same size and mtime: its digest is remembered, so linking
-    a large base costs nothing here either."""
-    path = os.path.join(root, name)
-    info = os.stat(path)
-    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-    known = _DIGESTS.get(identity)
-    if known is not None and info.st_nlink > 1:
-        return dict(known)
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as src:
-        while chunk := src.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-        os.fsync(src.fileno())
-    described = {"size": size, "sha256": digest.hexdigest()}
-    if info.st_nlink > 1:
-        if len(_DIGESTS) >= _DIGEST_CACHE:
-            _DIGESTS.clear()
-        _DIGESTS[identity] = described
-    return dict(described)
 
 
 def _fsync_directory(path: str) -> None:
@@ -388,7 +376,8 @@ def _read_manifest(path: str, wanted: tuple[str, ...]) -> dict[str, Any]:
 def _verify_files(path: str, listed: dict[str, Any], wanted: tuple[str, ...]) -> dict[str, bytes]:
     """Check every listed file's size and SHA-256 and that none is unlisted; return
     the contents of the small operator files (read once, so what was verified is
-    what gets parsed)."""
+    what gets parsed). A file marked ``"verify": "backend"`` is checked for its
+    size only (``aec.checkpoint.digests``)."""
     present = set(list_files(path)) - {MANIFEST}
     unlisted = sorted(present - set(listed))
     if unlisted:
@@ -401,22 +390,9 @@ def _verify_files(path: str, listed: dict[str, Any], wanted: tuple[str, ...]) ->
             raise ValueError(f"{file} is missing from the checkpoint")
         if not isinstance(expected, dict):
             raise ValueError(f"the manifest entry of {file} is malformed")
-        digest = hashlib.sha256()
-        size = 0
-        keep = name in wanted
-        parts = []
-        with open(file, "rb") as src:
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                if keep:
-                    parts.append(chunk)
-        if size != expected.get("size"):
-            raise ValueError(f"{file} has {size} bytes, the manifest says {expected.get('size')}")
-        if digest.hexdigest() != expected.get("sha256"):
-            raise ValueError(f"{file} does not match its SHA-256 checksum in the manifest")
-        if keep:
-            contents[name] = b"".join(parts)
+        data = digests.verify(file, expected, name in wanted)
+        if data is not None:
+            contents[name] = data
     return contents
 
 

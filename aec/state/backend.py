@@ -34,9 +34,16 @@ class StateBackend(ABC):
         blocking: True when ``execute_batch`` blocks on I/O, so the engine runs
             it on ``executor_threads`` I/O threads; False lets the engine run it
             on the mailbox thread (completions still arrive as mails).
+        verified_by_backend: ``fnmatch`` patterns (relative to the snapshot
+            directory) of snapshot files whose content the backend verifies itself
+            whenever it reads them (RocksDB's block checksums, a per-file digest).
+            A checkpoint restore checks only their size, so it does not read state
+            bytes it may never need; corruption in them fails the run when read
+            (``JobFailure``) instead of failing the restore. Default: none.
     """
 
     blocking: bool = True
+    verified_by_backend: tuple[str, ...] = ()
 
     def open(self) -> None:
         """Acquire resources; called once before the first batch."""

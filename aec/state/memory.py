@@ -10,7 +10,8 @@ from typing import Any
 from aec.keygroups import KeyGroupRange, key_group_for
 from aec.state import memory_changelog as changelog
 from aec.state.backend import BackendSpec, StateBackend
-from aec.state.memory_changelog import Changelog
+from aec.state.memory_changelog import SEGMENTED_BASE, Changelog
+from aec.state.memory_segments import LazyBase
 from aec.state.requests import Op, StateRequest, op_table
 
 _WRITES = Op.WRITES
@@ -26,16 +27,27 @@ class MemoryBackend(StateBackend):
     Values are stored by reference, as in Flink's heap backend: mutate a value
     read from state only through the state API. Reads of list and map state
     return fresh containers.
+
+    A large base is written segmented (``aec.state.memory_segments``); restoring
+    one snapshot without key-group filtering then reads only the segment index
+    and the changelog, and a segment is merged into the live tables the first
+    time a request touches one of its keys (``state_items`` and a new base merge
+    them all). A corrupt segment fails the batch that reads it (``ValueError``).
     """
 
     blocking = False
+    verified_by_backend = (SEGMENTED_BASE,)  # its header and each segment carry a SHA-256
 
     def __init__(self, *, incremental: bool = True, max_deltas: int = 16) -> None:
         self._tables: dict[str, dict[Any, Any]] = {}
         self.incremental = incremental
         self._changelog = Changelog(max_deltas)
+        self._lazy: LazyBase | None = None  # base segments of a restore not merged yet
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
+        if self._lazy is not None:
+            self._lazy.load_keys([request.key for request in requests], self._tables)
+            self._settle()
         tables = self._tables
         dirty = self._changelog.dirty
         for request in requests:
@@ -53,12 +65,29 @@ class MemoryBackend(StateBackend):
         ``incremental=False``, as one full pickle."""
         if not self.incremental:
             self._changelog.reset()
-        self._changelog.snapshot(self._tables, directory)
+        self._changelog.snapshot(self._tables, directory, self._lazy)
+        self._settle()
         if not self.incremental:
             self._changelog.close()
 
     def close(self) -> None:
+        self._drop_lazy()
         self._changelog.close()
+
+    def _settle(self) -> None:
+        """Close the restored base once every segment is merged."""
+        if self._lazy is not None and self._lazy.done:
+            self._drop_lazy()
+
+    def _drop_lazy(self) -> None:
+        lazy, self._lazy = self._lazy, None
+        if lazy is not None:
+            lazy.close()
+
+    def _load_all(self) -> None:
+        if self._lazy is not None:
+            self._lazy.load_all(self._tables)
+            self._drop_lazy()
 
     def restore(
         self,
@@ -78,33 +107,56 @@ class MemoryBackend(StateBackend):
         directories = [directory] if isinstance(directory, (str, os.PathLike)) else list(directory)
         if key_groups is not None and max_parallelism is None:
             raise ValueError("restore with key_groups needs the max_parallelism they use")
-        merged: dict[str, dict[Any, Any]] = {}
         touched: set[tuple[str, Any]] = set()
-        for source in directories:
-            tables = changelog.load(os.fspath(source), touched)
-            if key_groups is not None:
-                tables = _only(tables, key_groups, max_parallelism)
-            if not merged and len(directories) == 1:
-                merged = tables
-                break
-            for name, table in tables.items():
-                target = merged.setdefault(name, {})
-                if not target.keys().isdisjoint(table):
-                    raise ValueError(
-                        f"state {name!r}: a key is stored in two of the snapshots {directories}"
-                    )
-                target.update(table)
-        self._tables = merged
-        if self.incremental and len(directories) == 1 and key_groups is None:
-            self._changelog.adopt(os.fspath(directories[0]), touched)
+        whole = len(directories) == 1 and key_groups is None
+        if whole:  # a segmented base is merged on first access
+            merged, lazy = changelog.load(os.fspath(directories[0]), touched, lazy=True)
         else:
-            self._changelog.reset()
+            merged, lazy = _merged(directories, key_groups, max_parallelism, touched), None
+        try:
+            if self.incremental and whole:
+                self._changelog.adopt(os.fspath(directories[0]), touched)
+            else:
+                self._changelog.reset()
+        except BaseException:
+            if lazy is not None:
+                lazy.close()
+            raise
+        self._drop_lazy()
+        self._tables, self._lazy = merged, lazy
 
     def spec(self) -> BackendSpec:
         return MemorySpec(self.incremental, self._changelog.max_deltas)
 
     def state_items(self, state: str) -> dict[Any, Any]:
+        self._load_all()
         return {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
+
+
+def _merged(
+    directories: list[Any],
+    key_groups: KeyGroupRange | None,
+    max_parallelism: int | None,
+    touched: set[tuple[str, Any]],
+) -> dict[str, dict[Any, Any]]:
+    """The union of the snapshots in ``directories``, filtered to ``key_groups``.
+
+    Raises ValueError: a key stored in two of the snapshots."""
+    merged: dict[str, dict[Any, Any]] = {}
+    for source in directories:
+        tables, _ = changelog.load(os.fspath(source), touched)
+        if key_groups is not None:
+            tables = _only(tables, key_groups, max_parallelism)
+        if len(directories) == 1:
+            return tables
+        for name, table in tables.items():
+            target = merged.setdefault(name, {})
+            if not target.keys().isdisjoint(table):
+                raise ValueError(
+                    f"state {name!r}: a key is stored in two of the snapshots {directories}"
+                )
+            target.update(table)
+    return merged
 
 
 def _only(
