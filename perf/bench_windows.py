@@ -42,7 +42,6 @@ import argparse
 import datetime as dt
 import json
 import math
-import random
 import shutil
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "perf"))
 
 from aec import (  # noqa: E402
     AecConfig,
@@ -78,6 +78,8 @@ from spark_glue.flights.functions import (  # noqa: E402
     _late_row,
     _window_row,
 )
+
+from windows_data import synthetic_rows  # noqa: E402
 
 DEFAULT_OUT = ROOT / "perf" / "results"
 SYNC, ASYNC = AecConfig(async_state=False), AecConfig()
@@ -142,14 +144,15 @@ def flights_source(limit: int | None) -> list:
 
 
 def synthetic(records: int, keys: int, step: float, seed: int = 7) -> list:
-    rng = random.Random(seed)
+    """``windows_data.synthetic_rows`` as Records, a Watermark (max seen - 60 s) at each marker."""
     source, high = [], -math.inf
-    for i in range(records):
-        if i and i % 1000 == 0:
+    for row in synthetic_rows(records, keys, step, seed):
+        if row == "watermark":
             source.append(Watermark(high - 60))
-        t = i * step + rng.uniform(0, 30)
+            continue
+        key, value, t = row
         high = max(high, t)
-        source.append(Record(rng.randrange(keys), rng.random(), t))
+        source.append(Record(key, value, t))
     return source
 
 
