@@ -54,6 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "perf"))
 
+from windows_data import synthetic_rows  # noqa: E402
+
 from aec import (  # noqa: E402
     AecConfig,
     AggregateFunction,
@@ -78,8 +80,6 @@ from spark_glue.flights.functions import (  # noqa: E402
     _late_row,
     _window_row,
 )
-
-from windows_data import synthetic_rows  # noqa: E402
 
 DEFAULT_OUT = ROOT / "perf" / "results"
 SYNC, ASYNC = AecConfig(async_state=False), AecConfig()

@@ -22,20 +22,24 @@ from aec.windowing.windows import TimeWindow
 
 def plain(function: Any) -> bool:
     """Whether ``function`` (a ``WindowOperatorFunction``, opened) can run in callback
-    style: a time grid with the built-in trigger, no evictor, a process function (if
-    any) neither ``async def`` nor with a ``clear``."""
+    style: no evictor, a process function (if any) neither ``async def`` nor with a
+    ``clear``."""
     process = function.process_fn
     return (
-        function.fast
-        and function.evictor is None
+        function.evictor is None
         and not function.clears
         and (process is None or not inspect.iscoroutinefunction(process.process))
     )
 
 
 def applies(function: Any) -> bool:
-    """Whether ``function`` (opened, ``plain``) is a tumbling window for this path."""
-    return not function.panes and isinstance(function.assigner, TumblingEventTimeWindows)
+    """Whether ``function`` (opened, ``plain``) is a tumbling window with the built-in
+    trigger (implicit timers) for this path."""
+    return (
+        function.fast
+        and not function.panes
+        and isinstance(function.assigner, TumblingEventTimeWindows)
+    )
 
 
 def on_record(function: Any, value: Any, ctx: Any) -> Any:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from aec.functions import KeyedProcessFunction, RuntimeContext
 from aec.state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 from aec.state.handles import ValueState
-from aec.windowing import hot_path, pane_path, panes
+from aec.windowing import hot_path, pane_path, panes, session_path
 from aec.windowing.assigners import SlidingEventTimeWindows, WindowAssigner
 from aec.windowing.contents import Contents
 from aec.windowing.context import (
@@ -114,10 +114,10 @@ class WindowOperatorFunction(KeyedProcessFunction):
         # callback-style paths (no coroutine per record) where they apply
         self.hot: Any = None
         if hot_path.plain(self):
-            if pane_path.applies(self):
-                self.hot = pane_path
-            elif hot_path.applies(self):
-                self.hot = hot_path
+            for path in (hot_path, pane_path, session_path):
+                if path.applies(self):
+                    self.hot = path
+                    break
 
     def assigner_marker(self) -> str:
         """A state name naming the assigner: in the checkpoint's state names, so a

@@ -23,7 +23,7 @@ def applies(function: Any) -> bool:
     """Whether ``function`` (a ``WindowOperatorFunction``, opened, with the
     conditions of ``hot_path.plain``) keeps panes in chain mode."""
     contents = function.contents
-    return type(contents) is PaneContents and contents.chain
+    return function.fast and type(contents) is PaneContents and contents.chain
 
 
 def on_record(function: Any, value: Any, ctx: Any) -> Any:
