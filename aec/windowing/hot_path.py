@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
-from aec.state.future import combine_all
+from aec.state.future import StateFuture, combine_all
 from aec.windowing.assigners import TumblingEventTimeWindows
 from aec.windowing.context import Scope
 from aec.windowing.windows import TimeWindow
@@ -123,19 +124,27 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
 
         store.async_get(fires).on_complete(fire)
         return None
-    keys = [k for k in (cleans, fires) if k is not None]
-    if not keys:
-        return None
+    if cleans is not None:  # an absent window's removal is a no-op: no read first
+        store.async_remove(cleans)  # the firing's own request: it holds the key
+    if fires is not None:
 
-    def act(stored: list[Any]) -> Any:
-        removals = []
-        for key, contents in zip(keys, stored, strict=True):
-            if contents is None:
-                continue
-            if key is fires:
-                function._emit(Scope(ctx, function), TimeWindow.trusted(*key), contents)
-            if key is cleans:
-                removals.append(store.async_remove(key))
-        return combine_all(removals)
+        def fire_only(stored: Any) -> None:
+            if stored is not None:
+                function._emit(Scope(ctx, function), TimeWindow.trusted(*fires), stored)
 
-    return combine_all([store.async_get(k) for k in keys]).then_compose(act)
+        store.async_get(fires).on_complete(fire_only)
+    return None
+
+
+def when_read(reads: list[StateFuture], fn: Callable[[list[Any]], None]) -> None:
+    """Run ``fn(results)`` once every read of ``reads`` (one invocation's, in submission
+    order) is done. A record's requests complete in submission order, so the last read's
+    callback finds them all done: no combined future per firing (else ``combine_all``)."""
+
+    def run(_: Any) -> None:
+        if all(read.is_done() for read in reads):
+            fn([read.get() for read in reads])
+        else:  # not expected; kept correct whatever the completion order
+            combine_all(reads).on_complete(fn)
+
+    reads[-1].on_complete(run)

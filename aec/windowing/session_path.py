@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from aec.state.future import combine_all
 from aec.windowing.assigners import EventTimeSessionWindows
 from aec.windowing.contents import EvictingContents
 from aec.windowing.context import Scope
+from aec.windowing.hot_path import when_read
 from aec.windowing.merging import add_session
 from aec.windowing.windows import window_key
 
@@ -50,16 +50,10 @@ def on_record(function: Any, value: Any, ctx: Any) -> Any:
     (window,) = function.assigner.assign_windows(value, timestamp)
     sessions_read = function.sessions.async_value()
     own_read = function.contents.store.async_get(window_key(window))
-
-    def start(own: Any) -> None:
-        if sessions_read.is_done():
-            _place(function, ctx, value, timestamp, window, sessions_read.get(), own)
-        else:  # not expected: a record's requests complete in submission order
-            sessions_read.on_complete(
-                lambda held: _place(function, ctx, value, timestamp, window, held, own)
-            )
-
-    own_read.on_complete(start)
+    when_read(
+        [sessions_read, own_read],
+        lambda read: _place(function, ctx, value, timestamp, window, read[0], read[1]),
+    )
     return None
 
 
@@ -119,7 +113,7 @@ def _place(
             present = [v for v in values if v is not None]
             finish(contents.merge(present) if present else None, bool(present))
 
-        combine_all(reads).on_complete(fold_merged)
+        when_read(reads, fold_merged)
     elif actual == window:  # a new session, or one equal to it: ``own`` is its contents
         finish(own, False)
     else:  # inside a session: read that one
@@ -154,7 +148,7 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
             if cleaned:
                 state.async_update(tuple(sessions) or None)  # not awaited
 
-        combine_all(reads).on_complete(fire)
+        when_read(reads, fire)
 
     state.async_value().on_complete(due)
     return None
