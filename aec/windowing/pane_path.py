@@ -12,7 +12,6 @@ run and the reference model).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from aec.windowing.context import Scope
@@ -40,16 +39,9 @@ def on_record(function: Any, value: Any, ctx: Any) -> Any:
     else:  # panes follow the clock; a late side output needs event time
         at = service.current_processing_time()
     panes = function.contents
-    offset, g = panes.offset, panes.g
-    # panes.pane and panes.window_range, inlined (the per-record path)
-    j = math.floor((at - offset) / g)
-    if offset + j * g > at:
-        j -= 1
-    elif offset + (j + 1) * g <= at:
-        j += 1
-    r = panes.r
-    first, last = -((panes.n - 1 - j) // r), j // r
-    slide, size = panes.slide, panes.size
+    j = panes.pane(at)
+    first, last = panes.window_range(j)
+    offset, slide, size = panes.offset, panes.slide, panes.size
     # as grid_window computes a window's end: bit-for-bit the same
     if event_time and offset + last * slide + size <= watermark:
         # the pane's latest window is cleaned (no lateness): so are all the others
