@@ -48,6 +48,9 @@ EVENT_TIME = {
                                         allowed_lateness=7, late_data_tag="late"),
     "sliding-panes": lambda: window(SlidingEventTimeWindows.of(12, 4), aggregate=SumAggregate(),
                                     allowed_lateness=5),
+    # no lateness: panes in chain mode (aec.windowing.pane_path), a late side output
+    "sliding-chain": lambda: window(SlidingEventTimeWindows.of(12, 4), aggregate=SumAggregate(),
+                                    late_data_tag="late"),
     "sliding-list": lambda: window(SlidingEventTimeWindows.of(10, 4), process=SumList()),
     "session-reduce": lambda: window(EventTimeSessionWindows.with_gap(5), reduce=sum_reduce,
                                      allowed_lateness=4, late_data_tag="late"),
@@ -109,7 +112,14 @@ def test_processing_time_async_equals_sync(name, source, advances, data):
 
 @pytest.mark.parametrize(
     "name",
-    ["tumbling-late-tag", "sliding-panes", "session-reduce", "session-count", "count-evictor"],
+    [
+        "tumbling-late-tag",
+        "sliding-panes",
+        "sliding-chain",
+        "session-reduce",
+        "session-count",
+        "count-evictor",
+    ],
 )
 @settings(max_examples=10)
 @given(source=sources(20), data=st.data())

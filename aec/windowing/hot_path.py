@@ -12,24 +12,34 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
-from aec.state.future import combine_all
+from aec.state.future import StateFuture, combine_all
 from aec.windowing.assigners import TumblingEventTimeWindows
 from aec.windowing.context import Scope
 from aec.windowing.windows import TimeWindow
 
 
-def applies(function: Any) -> bool:
-    """Whether ``function`` (a ``WindowOperatorFunction``, opened) can take this path."""
+def plain(function: Any) -> bool:
+    """Whether ``function`` (a ``WindowOperatorFunction``, opened) can run in callback
+    style: no evictor, a process function (if any) neither ``async def`` nor with a
+    ``clear``."""
     process = function.process_fn
+    return (
+        function.evictor is None
+        and not function.clears
+        and (process is None or not inspect.iscoroutinefunction(process.process))
+    )
+
+
+def applies(function: Any) -> bool:
+    """Whether ``function`` (opened, ``plain``) is a tumbling window with the built-in
+    trigger (implicit timers) for this path."""
     return (
         function.fast
         and not function.panes
         and isinstance(function.assigner, TumblingEventTimeWindows)
-        and function.evictor is None
-        and not function.clears
-        and (process is None or not inspect.iscoroutinefunction(process.process))
     )
 
 
@@ -60,11 +70,11 @@ def on_record(function: Any, value: Any, ctx: Any) -> Any:
     contents = function.contents
     store, key = contents.store, (start, end)
 
-    def fold(stored: Any) -> Any:
+    def fold(stored: Any) -> None:
         folded = contents.fold(stored, value, timestamp)
         store.async_put(key, folded)
         if stored is not None and end > now:
-            return None  # timers registered with the window; the trigger continues
+            return  # timers registered with the window; the trigger continues
         if stored is None and function.event_time and lateness > 0:
             cleanup = end + lateness
             if cleanup != math.inf:
@@ -74,11 +84,14 @@ def on_record(function: Any, value: Any, ctx: Any) -> Any:
                 service.register_event_time_timer(end)
             else:
                 service.register_processing_time_timer(end)
-            return None
+            return
         # a late firing: the window fires at once with what was just stored
-        return function._emit(Scope(ctx, function), TimeWindow.trusted(start, end), folded)
+        function._emit(Scope(ctx, function), TimeWindow.trusted(start, end), folded)
 
-    return store.async_get(key).then_compose(fold)
+    # a callback, not then_compose: no derived future per record (the pending read
+    # keeps the record in flight; the put is this record's like any request)
+    store.async_get(key).on_complete(fold)
+    return None
 
 
 def _ending_at(assigner: Any, end: float) -> tuple[float, float] | None:
@@ -104,26 +117,34 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
         if fires is None:
             return None
 
-        def fire(stored: Any) -> Any:
-            if stored is None:
-                return None
-            function._emit(Scope(ctx, function), TimeWindow.trusted(*fires), stored)
-            return store.async_remove(fires)
+        def fire(stored: Any) -> None:
+            if stored is not None:
+                function._emit(Scope(ctx, function), TimeWindow.trusted(*fires), stored)
+                store.async_remove(fires)  # the firing's own request: it holds the key
 
-        return store.async_get(fires).then_compose(fire)
-    keys = [k for k in (cleans, fires) if k is not None]
-    if not keys:
+        store.async_get(fires).on_complete(fire)
         return None
+    if cleans is not None:  # an absent window's removal is a no-op: no read first
+        store.async_remove(cleans)  # the firing's own request: it holds the key
+    if fires is not None:
 
-    def act(stored: list[Any]) -> Any:
-        removals = []
-        for key, contents in zip(keys, stored, strict=True):
-            if contents is None:
-                continue
-            if key is fires:
-                function._emit(Scope(ctx, function), TimeWindow.trusted(*key), contents)
-            if key is cleans:
-                removals.append(store.async_remove(key))
-        return combine_all(removals)
+        def fire_only(stored: Any) -> None:
+            if stored is not None:
+                function._emit(Scope(ctx, function), TimeWindow.trusted(*fires), stored)
 
-    return combine_all([store.async_get(k) for k in keys]).then_compose(act)
+        store.async_get(fires).on_complete(fire_only)
+    return None
+
+
+def when_read(reads: list[StateFuture], fn: Callable[[list[Any]], None]) -> None:
+    """Run ``fn(results)`` once every read of ``reads`` (one invocation's, in submission
+    order) is done. A record's requests complete in submission order, so the last read's
+    callback finds them all done: no combined future per firing (else ``combine_all``)."""
+
+    def run(_: Any) -> None:
+        if all(read.is_done() for read in reads):
+            fn([read.get() for read in reads])
+        else:  # not expected; kept correct whatever the completion order
+            combine_all(reads).on_complete(fn)
+
+    reads[-1].on_complete(run)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from aec.functions import KeyedProcessFunction, RuntimeContext
 from aec.state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 from aec.state.handles import ValueState
-from aec.windowing import hot_path, panes
+from aec.windowing import hot_path, pane_path, panes, session_path
 from aec.windowing.assigners import SlidingEventTimeWindows, WindowAssigner
 from aec.windowing.contents import Contents
 from aec.windowing.context import (
@@ -111,7 +111,13 @@ class WindowOperatorFunction(KeyedProcessFunction):
         )
         if process is not None and hasattr(process, "open"):
             process.open(ctx)
-        self.hot = hot_path.applies(self)
+        # callback-style paths (no coroutine per record) where they apply
+        self.hot: Any = None
+        if hot_path.plain(self):
+            for path in (hot_path, pane_path, session_path):
+                if path.applies(self):
+                    self.hot = path
+                    break
 
     def assigner_marker(self) -> str:
         """A state name naming the assigner: in the checkpoint's state names, so a
@@ -176,8 +182,9 @@ class WindowOperatorFunction(KeyedProcessFunction):
 
     # -- records -----------------------------------------------------------------------------
     def process_element(self, value: Any, ctx: Any) -> Any:
-        if self.hot:
-            return hot_path.on_record(self, value, ctx)
+        hot = self.hot
+        if hot is not None:
+            return hot.on_record(self, value, ctx)
         return self._on_record(value, ctx)
 
     def missing_timestamp(self, value: Any, ctx: Any) -> ValueError:
@@ -328,8 +335,9 @@ class WindowOperatorFunction(KeyedProcessFunction):
         return None
 
     def on_timer(self, timestamp: float, ctx: Any) -> Any:
-        if self.hot:
-            return hot_path.on_timer(self, timestamp, ctx)
+        hot = self.hot
+        if hot is not None:
+            return hot.on_timer(self, timestamp, ctx)
         return self._on_timer(timestamp, ctx)
 
     async def _on_timer(self, time: float, ctx: Any) -> None:

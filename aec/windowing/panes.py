@@ -56,11 +56,12 @@ class PaneContents:
         self.store = inner.store
         self.assigner = assigner
         self.g = float(g)
+        self.offset, self.slide, self.size = assigner.offset, assigner.slide, assigner.size
         self.n = int(Fraction(assigner.size) / g)
         self.r = int(Fraction(assigner.slide) / g)
 
     def pane(self, timestamp: float) -> int:
-        offset, g = self.assigner.offset, self.g
+        offset, g = self.offset, self.g
         j = math.floor((timestamp - offset) / g)
         if offset + j * g > timestamp:
             j -= 1
