@@ -86,13 +86,13 @@ class StateFuture:
         if self._result is not _PENDING:
             callback(self._result)
             return
+        self._register(callback)
+
+    def _register(self, callback: Callable[[Any], None]) -> None:
+        """Add ``callback`` to this pending future, holding a context reference."""
         context = self._context
         if context is not None:
             context.ref_count += 1
-        self._register_more(callback)
-
-    def _register_more(self, callback: Callable[[Any], None]) -> None:
-        """Store ``callback`` (its context reference already taken)."""
         callbacks = self._callbacks
         if callbacks is None:
             self._callbacks = callback
@@ -111,13 +111,7 @@ class StateFuture:
         def apply(r: Any) -> None:
             out.complete(fn(r))
 
-        context = self._context
-        if context is not None:  # on_complete's pending case, inlined (hot path)
-            context.ref_count += 1
-        if self._callbacks is None:
-            self._callbacks = apply
-        else:
-            self._register_more(apply)
+        self._register(apply)
         return out
 
     def then_accept(self, fn: Callable[[Any], Any]) -> StateFuture:
@@ -131,13 +125,7 @@ class StateFuture:
             fn(r)
             out.complete(None)
 
-        context = self._context
-        if context is not None:  # on_complete's pending case, inlined (hot path)
-            context.ref_count += 1
-        if self._callbacks is None:
-            self._callbacks = run
-        else:
-            self._register_more(run)
+        self._register(run)
         return out
 
     def then_compose(self, fn: Callable[[Any], Any]) -> StateFuture:
@@ -156,13 +144,7 @@ class StateFuture:
             else:
                 out.complete(value)
 
-        context = self._context
-        if context is not None:  # on_complete's pending case, inlined (hot path)
-            context.ref_count += 1
-        if self._callbacks is None:
-            self._callbacks = forward
-        else:
-            self._register_more(forward)
+        self._register(forward)
         return out
 
     def then_combine(self, other: StateFuture, fn: Callable[[Any, Any], Any]) -> StateFuture:
