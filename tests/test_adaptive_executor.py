@@ -10,7 +10,7 @@ import time
 
 from engine_helpers import Counter
 
-from aec import AecConfig, Record, run_keyed
+from aec import AecConfig, KeyedProcessFunction, Record, ValueStateDescriptor, run_keyed
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.executor import InlineExecutor, ThreadPoolStateExecutor
 from aec.testing import run_sync
@@ -137,3 +137,36 @@ def test_a_refused_run_now_keeps_the_records_request_order():
     result = run_keyed(source, Counter(), backend, AecConfig(in_flight_records_limit=40))
     assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
     assert backend.state_items("count") == _counts(source)
+
+
+class ReadThenWrites(KeyedProcessFunction):
+    """Reads, then writes 10 in the same call; the read's callback writes read + 1.
+    The backend must see read, write 10, write read + 1: the last value wins."""
+
+    def open(self, ctx) -> None:
+        self.value = ctx.get_state(ValueStateDescriptor("v", default=0))
+
+    def process_element(self, value, ctx):
+        read = self.value.async_value()
+        self.value.async_update(10)  # submitted before the callback below can run
+        return read.then_compose(lambda n: self.value.async_update(n + 1))
+
+
+def test_a_callbacks_request_runs_at_once_only_behind_its_records_queued_ones():
+    # buffer_size=3: record 1's read flushes with record 0's two requests, its write 10
+    # stays queued in the active buffer when the read completes; the callback's write
+    # must run after it (running at once would let "write 10" land last)
+    backend = MemoryBackend()
+    source = [Record(k, None) for k in range(7)]
+    run_keyed(source, ReadThenWrites(), backend, AecConfig(buffer_size=3))
+    assert backend.state_items("v") == {k: 1 for k in range(7)}
+
+
+def test_callbacks_requests_of_a_uniform_run_run_at_once():
+    # each record's write comes from the callback of its completed read: at once
+    source = [Record(k, i) for i, k in enumerate(range(500))]
+    executor = CountingInline()
+    result = run_keyed(source, Counter(), MemoryBackend(), AecConfig(), executor=executor)
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+    assert executor.now == 500  # the 500 writes
+    assert result.metrics["blocked_requests"] == 0

@@ -17,6 +17,10 @@ Invariants (mailbox thread only):
   one. It waited for the only record that could touch its key, and records of
   other keys may interleave in any order (rule 2), so the results are those
   of the buffered path; the buffer keeps batching the records of other keys.
+  The same holds for a request made in a callback of a completed request
+  (``completing``): its record holds its key. Either runs at once only when
+  none of its record's requests is still queued (``RecordContext.queued``),
+  so a record's requests reach the backend in submission order.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class AsyncExecutionController:
         self.blocking = BlockingBuffer()
         self.ready: deque[RecordContext] = deque()  # contexts holding their key, not started
         self.current: RecordContext | None = None
+        self.completing = False  # inside complete_batch: callbacks of completed requests run
         self.in_flight = 0
         self.calls_in_flight = 0  # external calls (aec.runtime.external_calls) not yet back
         self.epochs = epochs
@@ -202,9 +207,10 @@ class AsyncExecutionController:
             else:
                 request.complete(request.result)
             return request
-        if context.waited:
-            # a hot key's next record: nothing to batch it with that could run
-            # before it, so its requests run at once when the executor allows
+        if (context.waited or self.completing) and not context.queued and context.lanes is None:
+            # a hot key's next record, or a record continuing in a callback of its
+            # completed request: it holds its key and none of its requests is still
+            # queued, so running this one at once keeps its order (see module doc)
             try:
                 ran = self.executor.run_now((request,))
             except BaseException as exc:  # the job fails naming this record (rule 10)
@@ -217,6 +223,7 @@ class AsyncExecutionController:
                 return request
             context.waited = False  # from now on its requests keep their order via the buffer
         context.ref_count += 1  # the pending future
+        context.queued += 1
         if context.lanes is not None or kind is RmwRead or kind is RmwWrite:
             if self._hold(context, request, kind):
                 return request
@@ -368,6 +375,7 @@ class AsyncExecutionController:
             self.current = batch[0]._context if batch else None
             raise BatchFailed(batch) from error
         concurrent = self._concurrent
+        completing, self.completing = self.completing, not self.state_ordered
         for request in batch:
             context = request._context
             self.current = context
@@ -375,11 +383,13 @@ class AsyncExecutionController:
                 context.in_batches -= 1
                 if context.in_batches == 0 and context.deferred is not None:
                     self._release_deferred(context)
+            context.queued -= 1
             request.complete(request.result)
             count = context.ref_count - 1  # the request's own reference
             context.ref_count = count
             if count == 0:
                 self.on_context_finished(context)
+        self.completing = completing
         self.current = None
 
     def _release_deferred(self, context: RecordContext) -> None:

@@ -9,6 +9,9 @@ After Flink's ``RecordContext``/``ReferenceCounted`` (FLIP-425). Invariants:
 - ``in_batches`` counts this record's requests inside submitted, uncompleted
   batches; while it is > 0, newer requests wait in ``deferred`` so that one
   record's requests are never in two batches that run at once.
+- ``queued`` counts this record's requests that went through the active buffer
+  and are not completed; only at 0 may a request of it run at once
+  (``StateExecutor.run_now``), after every earlier request of the record.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class RecordContext:
     __slots__ = (
         "value", "key", "key_group", "timestamp", "sequence", "epoch", "timer",
         "watermark", "processing_time", "ref_count", "in_batches", "batch_id", "deferred",
-        "on_finished", "lanes", "waited",
+        "on_finished", "lanes", "waited", "queued",
     )  # fmt: skip
 
     def __init__(
@@ -67,7 +70,8 @@ class RecordContext:
         self.on_finished = on_finished
         # state name -> requests held behind an unfinished read-modify-write (see RmwRead)
         self.lanes: dict[str, Any] | None = None
-        self.waited = False  # see the module invariants
+        self.waited = False  # it waited for its key (see the AEC's invariants)
+        self.queued = 0  # see the module invariants
 
     def release(self) -> None:
         """Drop one reference; at 0 the record is finished."""
