@@ -1,0 +1,104 @@
+"""Mini-batches ("bundles") of records a function folds later, per key (Flink SQL's
+mini-batch aggregation: ``MapBundleFunction`` with a ``BundleTrigger``).
+
+A function may offer the operator a ``Bundle`` (``open_bundle()``, called once after
+``open``). The operator then hands each record that passed its input checks to
+``Bundle.offer`` first; a record the bundle accepts never becomes a ``RecordContext``
+of its own: no key accounting, no state request of its own. The bundle gives its
+records back per key (``take``) before the time they could be observed, and each
+key's share is folded into state by one ``BundleContext``: a derived context of
+that key (like a firing timer's) that waits for the key's in-flight records, makes
+its requests through the AEC like any record and counts in the open epoch.
+
+Which records a bundle may accept, and when it must give them back, is the
+function's contract (see ``aec.windowing.bundle_path``): the operator only asks
+for what is due before each watermark leaves, everything before a snapshot,
+at the end of input and when ``Bundle.size`` reaches ``BUNDLE_LIMIT``. Only
+asynchronous runs in serial watermark order bundle (``bundles``); the
+synchronous run stays per record, the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from aec.config import AecConfig
+from aec.errors import describe
+from aec.runtime.record_context import RecordContext
+
+BUNDLE_LIMIT = 10_000  # records held before the bundle is folded whatever the time
+
+
+class Bundle(Protocol):
+    """What the operator asks of a function's bundle (mailbox thread only).
+
+    Attributes:
+        size: records held now.
+    """
+
+    size: int
+
+    def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
+        """Take a record (``watermark``: the operator's current one, seconds); False
+        to let it run as a record of its own. Never raises."""
+        ...
+
+    def take(self, watermark: float) -> list[tuple[Any, Any, int]]:
+        """Remove and return ``(key, share, records)`` for what must be in state
+        before ``watermark`` leaves (``math.inf``: everything), one entry per key."""
+        ...
+
+    def fold(self, share: Any, context: BundleContext, ctx: Any) -> None:
+        """Fold one key's ``share`` into state as the entry of ``context`` (``ctx``:
+        the operator's ``aec.Context``). On a user function's error it sets
+        ``context.value`` to the record whose value raised, then raises."""
+        ...
+
+
+class BundledRecords:
+    """``BundleContext.value`` until a record is blamed: how messages name the flush."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+
+    def __repr__(self) -> str:
+        return f"<{self.records} bundled record(s)>"
+
+
+class BundleContext(RecordContext):
+    """The derived context folding one key's share of a bundle (``share``)."""
+
+    __slots__ = ("share",)
+
+    def __init__(
+        self,
+        share: Any,
+        records: int,
+        key: Any,
+        key_group: int,
+        sequence: int,
+        epoch: Any,
+        watermark: float,
+        on_finished: Callable[[RecordContext], None],
+        processing_time: float,
+    ) -> None:
+        super().__init__(
+            BundledRecords(records), key, key_group, None, sequence, epoch, watermark,
+            on_finished, None, processing_time,
+        )  # fmt: skip
+        self.share = share
+
+    def describe(self) -> str:
+        if type(self.value) is BundledRecords:
+            return f"{self.value!r} of key {describe(self.key)}"
+        return super().describe()
+
+
+def bundles(config: AecConfig) -> bool:
+    """Whether a run with ``config`` may bundle: asynchronous, serial watermark order
+    (a record after a watermark waits for it, so nothing after the watermark can
+    see a bundle not yet folded), record order (a flush context holds its key)."""
+    return config.async_state and config.watermark_order == "serial" and not config.state_ordered
