@@ -20,12 +20,17 @@ synchronous run stays per record, the reference.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from aec.config import AecConfig
 from aec.errors import describe
 from aec.runtime.record_context import RecordContext
+
+if TYPE_CHECKING:
+    from aec.runtime.controller import AsyncExecutionController
+    from aec.runtime.epochs import EpochManager
 
 BUNDLE_LIMIT = 10_000  # records held before the bundle is folded whatever the time
 
@@ -102,3 +107,55 @@ def bundles(config: AecConfig) -> bool:
     (a record after a watermark waits for it, so nothing after the watermark can
     see a bundle not yet folded), record order (a flush context holds its key)."""
     return config.async_state and config.watermark_order == "serial" and not config.state_ordered
+
+
+class OperatorBundles:
+    """Flushing the function's bundle in ``KeyedProcessOperator`` (a mixin over its
+    fields; the operator offers records in ``process`` and folds in ``_run_entry``)."""
+
+    _bundle: Bundle | None
+    controller: AsyncExecutionController
+    epochs: EpochManager
+    _sequence: int
+    _now: float
+    _watermark: float
+
+    if TYPE_CHECKING:  # the operator's methods
+
+        def _key_group(self, key: Any) -> int: ...
+
+        def _poll_clock(self) -> None: ...
+
+        def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn: ...
+
+    def _poll_clock_or_fail(self) -> None:
+        try:
+            self._poll_clock()
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def _flush_bundle(self, watermark: float) -> None:
+        """Fold what the bundle holds that is due at ``watermark`` (inf: all) into
+        state: one derived context per key in the open epoch, seeing the current
+        watermark, admitted beyond the in-flight limit like a timer firing (it never
+        waits for capacity). Raises JobFailure on failure."""
+        bundle = self._bundle
+        if bundle is None or not bundle.size:
+            return
+        controller = self.controller
+        try:
+            epoch, now, mark = self.epochs.active, self._now, self._watermark
+            finished = controller.on_context_finished
+            for key, share, records in bundle.take(watermark):
+                self._sequence += 1
+                context = BundleContext(
+                    share, records, key, self._key_group(key), self._sequence, epoch, mark,
+                    finished, now,
+                )  # fmt: skip
+                controller.admit(context, inline=True)
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def _drain(self) -> None:
+        self._flush_bundle(math.inf)  # a checkpoint holds every record before its barrier
+        super()._drain()  # type: ignore[misc]  # OperatorCheckpoints' (next in the MRO)

@@ -23,7 +23,7 @@ from aec.errors import describe
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
 from aec.keygroups import KeyGroupRange, key_group_for
 from aec.runtime import interpreter_tuning
-from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, bundles
+from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, OperatorBundles, bundles
 from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
@@ -41,7 +41,7 @@ from aec.state.ttl import with_ttl
 _KEY_GROUP_CACHE = 1 << 16  # keys whose group is remembered; cleared when full
 
 
-class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures):
+class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints, OperatorFailures):
     """Runs ``function`` over keyed records with state in ``backend``.
 
     Args:
@@ -128,7 +128,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self._elapsed = 0.0
         self._state = "new"  # new -> open -> finished | failed -> closed
         self._restorable = True  # until the first input, snapshot or restore
-        self._bundle: Bundle | None = None  # the function's mini-batch (aec.runtime.bundle)
+        self._bundle = None  # the function's mini-batch (aec.runtime.bundle)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -257,37 +257,6 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             self._close_epoch(ClockTick(now, self._watermark), now)
             if self.config.watermark_order == "serial" or self.synchronous:
                 self._run_until_epochs_done()
-
-    def _poll_clock_or_fail(self) -> None:
-        try:
-            self._poll_clock()
-        except BaseException as exc:
-            self._raise_failure(exc)
-
-    def _flush_bundle(self, watermark: float) -> None:
-        """Fold what the bundle holds that is due at ``watermark`` (inf: all) into
-        state: one derived context per key in the open epoch, admitted beyond the
-        in-flight limit like a timer firing (it never waits for capacity)."""
-        bundle = self._bundle
-        if bundle is None or not bundle.size:
-            return
-        controller = self.controller
-        try:
-            epoch, now, mark = self.epochs.active, self._now, self._watermark
-            finished = controller.on_context_finished
-            for key, share, records in bundle.take(watermark):
-                self._sequence += 1
-                context = BundleContext(
-                    share, records, key, self._key_group(key), self._sequence, epoch, mark,
-                    finished, now,
-                )  # fmt: skip
-                controller.admit(context, inline=True)
-        except BaseException as exc:
-            self._raise_failure(exc)
-
-    def _drain(self) -> None:
-        self._flush_bundle(math.inf)  # a checkpoint holds every record before its barrier
-        super()._drain()
 
     def process_watermark(self, watermark: Watermark) -> None:
         """Close the current epoch with ``watermark``; in serial mode wait until it left.
