@@ -23,6 +23,7 @@ from aec.errors import describe
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
 from aec.keygroups import KeyGroupRange, key_group_for
 from aec.runtime import interpreter_tuning
+from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, OperatorBundles, bundles
 from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
@@ -40,7 +41,7 @@ from aec.state.ttl import with_ttl
 _KEY_GROUP_CACHE = 1 << 16  # keys whose group is remembered; cleared when full
 
 
-class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures):
+class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints, OperatorFailures):
     """Runs ``function`` over keyed records with state in ``backend``.
 
     Args:
@@ -127,6 +128,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self._elapsed = 0.0
         self._state = "new"  # new -> open -> finished | failed -> closed
         self._restorable = True  # until the first input, snapshot or restore
+        self._bundle = None  # the function's mini-batch (aec.runtime.bundle)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -143,6 +145,9 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             self.backend.open()
             self.function.open(RuntimeContext(self))
             self.declared_states = list(self._handles)
+            make_bundle = getattr(self.function, "open_bundle", None)
+            if make_bundle is not None and bundles(self.config):
+                self._bundle = make_bundle()
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -190,6 +195,16 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
             )
         if self._state != "open":
             self._require_open()
+        bundle = self._bundle
+        if bundle is not None:
+            if self._poll:
+                self._poll_clock_or_fail()
+            if bundle.offer(key, record.value, timestamp, self._watermark):
+                self._sequence += 1
+                self._records_in += 1
+                if bundle.size >= BUNDLE_LIMIT:
+                    self._flush_bundle(math.inf)
+                return
         controller = self.controller
         try:
             if self._ticks:
@@ -264,6 +279,8 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         try:
             if self._poll:
                 self._poll_clock()
+            # what the watermark's timers could see goes to state first (records' watermark)
+            self._flush_bundle(watermark.timestamp)
             self._watermark = watermark.timestamp
             self._close_epoch(watermark, self._now)
             if self.config.watermark_order == "serial" or self.synchronous:
@@ -281,6 +298,7 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
         self._require_open()
         self._restorable = False
         try:
+            self._flush_bundle(math.inf)
             if self._watermark < math.inf:
                 self._watermark = math.inf
                 self._close_epoch(Watermark(math.inf), self._now)
@@ -396,6 +414,11 @@ class KeyedProcessOperator(OperatorTimers, OperatorCheckpoints, OperatorFailures
     # -- engine hooks --------------------------------------------------------------------------
     def _run_entry(self, context: RecordContext) -> None:
         if context.timer is None:
+            if type(context) is not RecordContext:  # a bundle's flush (a BundleContext)
+                cast(Bundle, self._bundle).fold(
+                    cast(BundleContext, context).share, cast(BundleContext, context), self.context
+                )
+                return
             result = self.function.process_element(context.value, self.context)
         else:
             self._timers_fired += 1

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from aec.functions import KeyedProcessFunction, RuntimeContext
 from aec.state.descriptors import MapStateDescriptor, StateDescriptor, ValueStateDescriptor
 from aec.state.handles import ValueState
-from aec.windowing import hot_path, pane_path, panes, session_path
+from aec.windowing import bundle_path, hot_path, pane_path, panes, session_path
 from aec.windowing.assigners import SlidingEventTimeWindows, WindowAssigner
 from aec.windowing.contents import Contents
 from aec.windowing.context import (
@@ -118,6 +118,11 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 if path.applies(self):
                     self.hot = path
                     break
+
+    def open_bundle(self) -> Any:
+        """The operator's hook (``aec.runtime.bundle``): a ``Bundle`` of on-time records
+        for the callback paths in event time (``aec.windowing.bundle_path``), or None."""
+        return bundle_path.make(self)
 
     def assigner_marker(self) -> str:
         """A state name naming the assigner: in the checkpoint's state names, so a

@@ -1,0 +1,161 @@
+"""Mini-batches ("bundles") of records a function folds later, per key (Flink SQL's
+mini-batch aggregation: ``MapBundleFunction`` with a ``BundleTrigger``).
+
+A function may offer the operator a ``Bundle`` (``open_bundle()``, called once after
+``open``). The operator then hands each record that passed its input checks to
+``Bundle.offer`` first; a record the bundle accepts never becomes a ``RecordContext``
+of its own: no key accounting, no state request of its own. The bundle gives its
+records back per key (``take``) before the time they could be observed, and each
+key's share is folded into state by one ``BundleContext``: a derived context of
+that key (like a firing timer's) that waits for the key's in-flight records, makes
+its requests through the AEC like any record and counts in the open epoch.
+
+Which records a bundle may accept, and when it must give them back, is the
+function's contract (see ``aec.windowing.bundle_path``): the operator only asks
+for what is due before each watermark leaves, everything before a snapshot,
+at the end of input and when ``Bundle.size`` reaches ``BUNDLE_LIMIT``. Only
+asynchronous runs in serial watermark order bundle (``bundles``); the
+synchronous run stays per record, the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+from aec.config import AecConfig
+from aec.errors import describe
+from aec.runtime.record_context import RecordContext
+
+if TYPE_CHECKING:
+    from aec.runtime.controller import AsyncExecutionController
+    from aec.runtime.epochs import EpochManager
+
+BUNDLE_LIMIT = 10_000  # records held before the bundle is folded whatever the time
+
+
+class Bundle(Protocol):
+    """What the operator asks of a function's bundle (mailbox thread only).
+
+    Attributes:
+        size: records held now.
+    """
+
+    size: int
+
+    def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
+        """Take a record (``watermark``: the operator's current one, seconds); False
+        to let it run as a record of its own. Never raises."""
+        ...
+
+    def take(self, watermark: float) -> list[tuple[Any, Any, int]]:
+        """Remove and return ``(key, share, records)`` for what must be in state
+        before ``watermark`` leaves (``math.inf``: everything), one entry per key."""
+        ...
+
+    def fold(self, share: Any, context: BundleContext, ctx: Any) -> None:
+        """Fold one key's ``share`` into state as the entry of ``context`` (``ctx``:
+        the operator's ``aec.Context``). On a user function's error it sets
+        ``context.value`` to the record whose value raised, then raises."""
+        ...
+
+
+class BundledRecords:
+    """``BundleContext.value`` until a record is blamed: how messages name the flush."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+
+    def __repr__(self) -> str:
+        return f"<{self.records} bundled record(s)>"
+
+
+class BundleContext(RecordContext):
+    """The derived context folding one key's share of a bundle (``share``)."""
+
+    __slots__ = ("share",)
+
+    def __init__(
+        self,
+        share: Any,
+        records: int,
+        key: Any,
+        key_group: int,
+        sequence: int,
+        epoch: Any,
+        watermark: float,
+        on_finished: Callable[[RecordContext], None],
+        processing_time: float,
+    ) -> None:
+        super().__init__(
+            BundledRecords(records), key, key_group, None, sequence, epoch, watermark,
+            on_finished, None, processing_time,
+        )  # fmt: skip
+        self.share = share
+
+    def describe(self) -> str:
+        if type(self.value) is BundledRecords:
+            return f"{self.value!r} of key {describe(self.key)}"
+        return super().describe()
+
+
+def bundles(config: AecConfig) -> bool:
+    """Whether a run with ``config`` may bundle: asynchronous, serial watermark order
+    (a record after a watermark waits for it, so nothing after the watermark can
+    see a bundle not yet folded), record order (a flush context holds its key)."""
+    return config.async_state and config.watermark_order == "serial" and not config.state_ordered
+
+
+class OperatorBundles:
+    """Flushing the function's bundle in ``KeyedProcessOperator`` (a mixin over its
+    fields; the operator offers records in ``process`` and folds in ``_run_entry``)."""
+
+    _bundle: Bundle | None
+    controller: AsyncExecutionController
+    epochs: EpochManager
+    _sequence: int
+    _now: float
+    _watermark: float
+
+    if TYPE_CHECKING:  # the operator's methods
+
+        def _key_group(self, key: Any) -> int: ...
+
+        def _poll_clock(self) -> None: ...
+
+        def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn: ...
+
+    def _poll_clock_or_fail(self) -> None:
+        try:
+            self._poll_clock()
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def _flush_bundle(self, watermark: float) -> None:
+        """Fold what the bundle holds that is due at ``watermark`` (inf: all) into
+        state: one derived context per key in the open epoch, seeing the current
+        watermark, admitted beyond the in-flight limit like a timer firing (it never
+        waits for capacity). Raises JobFailure on failure."""
+        bundle = self._bundle
+        if bundle is None or not bundle.size:
+            return
+        controller = self.controller
+        try:
+            epoch, now, mark = self.epochs.active, self._now, self._watermark
+            finished = controller.on_context_finished
+            for key, share, records in bundle.take(watermark):
+                self._sequence += 1
+                context = BundleContext(
+                    share, records, key, self._key_group(key), self._sequence, epoch, mark,
+                    finished, now,
+                )  # fmt: skip
+                controller.admit(context, inline=True)
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def _drain(self) -> None:
+        self._flush_bundle(math.inf)  # a checkpoint holds every record before its barrier
+        super()._drain()  # type: ignore[misc]  # OperatorCheckpoints' (next in the MRO)

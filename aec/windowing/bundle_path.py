@@ -1,0 +1,184 @@
+"""On-time records of event-time tumbling windows (and of sliding windows' panes)
+in mini-batches: the function's ``aec.runtime.bundle.Bundle``.
+
+Where it applies: the callback paths ``hot_path`` (tumbling) and ``pane_path``
+(sliding windows as panes, chain mode) in event time, that is the built-in trigger,
+an aggregate, a reduce or the list of values, no evictor, a plain process function;
+and the operator bundles only asynchronous runs in serial watermark order.
+
+What it takes: a record whose window (pane) fires nothing yet: its tumbling window
+ends after the current watermark (not late, no late firing), or every window of
+its pane does. Everything else (no timestamp, late records, late firings) is
+declined and runs as a record of its own, as before, in arrival order.
+
+What it keeps: per firing time (the window's end; a pane's first window's end),
+the slot (``(start, end)``, the contents' key; or the pane index) and per key the
+values in arrival order. Nothing is folded early: a stored accumulator is folded
+first, then the values, with the same ``add`` / ``reduce`` calls as record by record.
+
+When it gives them back (``take``): before a watermark at or after the firing time
+leaves (the operator asks before the watermark closes its epoch), before a
+snapshot, at the end of input, and at ``BUNDLE_LIMIT`` records. Until then nothing
+can observe the slot: no timer of it is due (its end is after every watermark so
+far), a record of the same key that runs on its own touches only windows that
+fire already (other slots), and in serial order no record after a watermark starts
+before it left.
+
+How it folds (``fold``, one derived context per key, in the closing epoch): one
+read per slot, all sent together; then per slot what the record-by-record path
+does for its first record (stored value absent) or its later ones: the fold, one
+write, and for a new slot the end timer (and the cleanup timer at ``end +
+allowed_lateness``), or for a new pane the chain's timer at its first window's end.
+The watermark the fold sees is the one the records saw when they arrived (no
+watermark at or after their firing time has come since), so the same timers
+result. So the outputs, the side outputs and the final state are the synchronous
+run's (the property tests compare them); the records make no requests of their own
+(``requests``, ``batches`` and ``blocked_requests`` fall).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from aec.runtime.bundle import BundleContext
+from aec.windowing import hot_path, pane_path
+from aec.windowing.contents import AggregateContents
+from aec.windowing.hot_path import when_read
+
+
+def make(function: Any) -> WindowBundle | None:
+    """The bundle of ``function`` (a ``WindowOperatorFunction``, opened), or None when
+    its windows cannot be bundled."""
+    if not function.event_time or function.contents.keeps_timestamps:
+        return None
+    if function.hot is hot_path:
+        return WindowBundle(function, panes=False)
+    if function.hot is pane_path:
+        return WindowBundle(function, panes=True)
+    return None
+
+
+class WindowBundle:
+    """A ``Bundle`` of a window function's on-time records (see the module)."""
+
+    def __init__(self, function: Any, panes: bool) -> None:
+        self.size = 0
+        self.function = function
+        self.panes = panes
+        # firing time -> (slot, {key: [value, ...]}); slots are unique per firing time
+        self._pending: dict[float, tuple[Any, dict[Any, list[Any]]]] = {}
+        assigner = function.assigner
+        self._offset, self._slide, self._length = assigner.offset, assigner.slide, assigner.size
+        contents = function.contents
+        self._inner = contents.inner if panes else contents
+        if panes:
+            self._g, self._n, self._r = contents.g, contents.n, contents.r
+        folder = self._inner
+        self._aggregate = folder.function if type(folder) is AggregateContents else None
+
+    # -- taking records ----------------------------------------------------------------------
+    def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
+        if timestamp is None:
+            return False  # the record's own path fails the run, naming the timestamp
+        offset = self._offset
+        try:
+            if self.panes:  # PaneContents.pane and window_range, inlined
+                g = self._g
+                j = math.floor((timestamp - offset) / g)
+                if offset + j * g > timestamp:
+                    j -= 1
+                elif offset + (j + 1) * g <= timestamp:
+                    j += 1
+                first = -((self._n - 1 - j) // self._r)
+                due = offset + first * self._slide + self._length  # its first window's end
+                slot: Any = j
+            else:  # hot_path.on_record's window: bit-for-bit the same
+                start = offset + math.floor((timestamp - offset) / self._slide) * self._slide
+                due = start + self._length
+                slot = None
+        except (OverflowError, ValueError):  # an infinite timestamp: its own path decides
+            return False
+        if due <= watermark:
+            return False  # late, a late firing, or a pane with a fired window
+        pending = self._pending.get(due)
+        if pending is None:
+            self._pending[due] = (slot if self.panes else (start, due), {key: [value]})
+        else:
+            values = pending[1].get(key)
+            if values is None:
+                pending[1][key] = [value]
+            else:
+                values.append(value)
+        self.size += 1
+        return True
+
+    def take(self, watermark: float) -> list[tuple[Any, Any, int]]:
+        pending = self._pending
+        due = sorted(t for t in pending if t <= watermark)
+        shares: dict[Any, list[tuple[Any, list[Any]]]] = {}
+        for time in due:
+            slot, by_key = pending.pop(time)
+            for key, values in by_key.items():
+                share = shares.get(key)
+                if share is None:
+                    shares[key] = [(slot, values)]
+                else:
+                    share.append((slot, values))
+        taken = []
+        for key, share in shares.items():
+            records = sum(len(values) for _, values in share)
+            self.size -= records
+            taken.append((key, share, records))
+        return taken
+
+    # -- folding -------------------------------------------------------------------------------
+    def fold(self, share: Any, context: BundleContext, ctx: Any) -> None:
+        store = self._inner.store
+        reads = [store.async_get(slot) for slot, _ in share]
+        when_read(reads, lambda stored: self._write(share, stored, context, ctx))
+
+    def _write(
+        self, share: list[tuple[Any, list[Any]]], stored: list[Any], context: BundleContext,
+        ctx: Any,
+    ) -> None:  # fmt: skip
+        store = self._inner.store
+        service = ctx.timer_service
+        function = self.function
+        for (slot, values), before in zip(share, stored, strict=True):
+            store.async_put(slot, self._folded(before, values, context))
+            if before is not None:
+                continue  # the slot's timers are registered; the built-in trigger continues
+            if self.panes:  # pane_path.on_record: the chain's timer
+                offset, slide, size = self._offset, self._slide, self._length
+                k = -((self._n - 1 - slot) // self._r)
+                watermark = service.current_watermark()
+                while offset + k * slide + size <= watermark:
+                    k += 1
+                service.register_event_time_timer(offset + k * slide + size)
+                continue
+            end = slot[1]  # hot_path.on_record: the cleanup timer, then the trigger's
+            if function.lateness > 0:
+                cleanup = end + function.lateness
+                if cleanup != math.inf:
+                    service.register_event_time_timer(cleanup)
+            service.register_event_time_timer(end)
+
+    def _folded(self, stored: Any, values: list[Any], context: BundleContext) -> Any:
+        """``stored`` with ``values`` folded in, in arrival order (as record by record).
+        A raising ``add``/``reduce`` blames its record (``context.value``)."""
+        value = None
+        try:
+            aggregate = self._aggregate
+            if aggregate is not None:  # AggregateContents.fold, inlined
+                add, create = aggregate.add, aggregate.create_accumulator
+                for value in values:
+                    stored = add(value, create() if stored is None else stored)
+                return stored
+            fold = self._inner.fold
+            for value in values:
+                stored = fold(stored, value, 0.0)
+            return stored
+        except BaseException:
+            context.value = value
+            raise

@@ -1,0 +1,222 @@
+"""Mini-batches of on-time window records (``aec.windowing.bundle_path``): the async run
+folds them per key and window at the watermark, at the end of input, before a snapshot
+and at the size bound, and still gives the synchronous run's outputs, side outputs,
+failures and final state."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from windowing_cases import SYNC, Record, Watermark, epochs, make_backend, rec, run
+
+import aec.runtime.operator as operator_module
+from aec import AecConfig, AggregateFunction, JobFailure
+from aec.keygroups import key_group_for, key_group_range_for
+from aec.runtime.operator import KeyedProcessOperator
+from aec.testing import assert_equivalent
+from aec.windowing import SlidingEventTimeWindows, TumblingEventTimeWindows, window
+from backends import MemoryBackend, RocksDBBackend
+
+ASYNC = AecConfig(buffer_size=4, in_flight_records_limit=10)
+
+
+def concat(a: tuple, b: tuple) -> tuple:
+    """An order-sensitive reduce: a record folded out of arrival order shows."""
+    return (a[0], f"{a[1]}.{b[1]}")
+
+
+class Digits(AggregateFunction):
+    """An order-sensitive aggregate: the digits in arrival order."""
+
+    def create_accumulator(self) -> str:
+        return ""
+
+    def add(self, value: tuple, acc: str) -> str:
+        if value[1] == 13:
+            raise ArithmeticError("13 is unlucky")
+        return acc + str(value[1])
+
+    def get_result(self, acc: str) -> str:
+        return acc
+
+    def merge(self, a: str, b: str) -> str:
+        return a + b
+
+
+FACTORIES = {
+    "tumbling-reduce": lambda: window(TumblingEventTimeWindows.of(10), reduce=concat),
+    "tumbling-aggregate-late": lambda: window(
+        TumblingEventTimeWindows.of(10, 3), aggregate=Digits(), allowed_lateness=7,
+        late_data_tag="late",
+    ),
+    "tumbling-list": lambda: window(TumblingEventTimeWindows.of(10)),
+    "sliding-chain": lambda: window(
+        SlidingEventTimeWindows.of(12, 4), aggregate=Digits(), late_data_tag="late"
+    ),
+}  # fmt: skip
+
+
+def feed(op: KeyedProcessOperator, source: list) -> None:
+    for element in source:
+        if type(element) is Watermark:
+            op.process_watermark(element)
+        else:
+            op.process(element)
+
+
+@st.composite
+def ordered_sources(draw, max_size: int = 40) -> list:
+    """Keys a/b/c, digits 1..9, timestamps in [0, 60), rising watermarks."""
+    elements, watermark = [], 0
+    for _ in range(draw(st.integers(1, max_size))):
+        if draw(st.integers(0, 5)) == 0:
+            watermark += draw(st.integers(1, 15))
+            elements.append(Watermark(watermark))
+        else:
+            key = draw(st.sampled_from("abc"))
+            elements.append(rec(key, draw(st.integers(1, 9)), draw(st.integers(0, 59))))
+    return elements
+
+
+SERIAL = (ASYNC, AecConfig(buffer_size=1, in_flight_records_limit=1))
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+@given(source=ordered_sources(), data=st.data())
+def test_bundled_async_equals_sync_in_arrival_order(name, source, data):
+    assert_equivalent(FACTORIES[name], source, configs=SERIAL, data=data)
+
+
+@pytest.mark.parametrize("name", ["tumbling-aggregate-late", "sliding-chain"])
+@settings(max_examples=10)
+@given(source=ordered_sources(25), data=st.data())
+def test_bundled_async_equals_sync_on_rocksdb(name, source, data):
+    with tempfile.TemporaryDirectory() as directory:
+        paths = iter(range(10**6))
+        assert_equivalent(FACTORIES[name], source, configs=SERIAL[:1], data=data,
+                          backend_factory=lambda: RocksDBBackend(f"{directory}/{next(paths)}"))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+@given(source=ordered_sources(), cut=st.integers(0, 40))
+@settings(max_examples=25, deadline=None)
+def test_snapshot_mid_window_gives_the_same_outputs(name, source, cut):
+    """A snapshot folds the bundle first; restored and replayed, the same outputs."""
+    cut = min(cut, len(source))
+    whole = run(source, FACTORIES[name](), SYNC)
+    with tempfile.TemporaryDirectory() as directory:
+        first = KeyedProcessOperator(FACTORIES[name](), MemoryBackend(), ASYNC)
+        first.open()
+        feed(first, source[:cut])
+        handle = first.snapshot(1, directory)
+        outputs, side = first.drain_outputs(), first.drain_side_outputs()
+        first.close()
+        second = KeyedProcessOperator(FACTORIES[name](), MemoryBackend(), ASYNC)
+        second.restore(handle)
+        feed(second, source[cut:])
+        second.finish()
+        outputs += second.drain_outputs()
+        for tag, values in second.drain_side_outputs().items():
+            side[tag] = side.get(tag, []) + values
+    assert epochs(outputs) == epochs(whole.outputs)
+    assert per_key(side) == per_key(whole.side_outputs)  # ordered per key, not across keys
+
+
+def per_key(side: dict) -> dict:
+    return {(tag, v[0]): [w for w in values if w[0] == v[0]]
+            for tag, values in side.items() for v in values}  # fmt: skip
+
+
+def test_on_time_records_make_no_requests_until_the_watermark():
+    op = KeyedProcessOperator(FACTORIES["tumbling-reduce"](), MemoryBackend(), ASYNC)
+    op.open()
+    feed(op, [rec("a", 1, 1), rec("b", 2, 2), rec("a", 3, 3), rec("a", 4, 12)])
+    assert op.metrics["requests"] == 0 and op.metrics["records_in"] == 4
+    op.process_watermark(Watermark(10))  # window [0, 10) of a and b fires
+    assert op.drain_outputs() == [("a", "1.3"), ("b", 2), Watermark(10)]
+    # per key: the fold's read and write, the firing's read and remove (record by
+    # record: a read and a write per record, 6, before the firings' 4)
+    assert op.metrics["requests"] == 8
+    op.finish()
+    assert op.drain_outputs() == [("a", 4), Watermark(float("inf"))]
+
+
+def test_end_of_input_folds_the_bundle():
+    source = [rec("a", 1, 1), rec("a", 2, 2), rec("b", 5, 15), rec("a", 3, 4)]
+    result = run(source, FACTORIES["tumbling-list"](), ASYNC)
+    assert result.outputs == run(source, FACTORIES["tumbling-list"](), SYNC).outputs
+    assert [("a", 1), ("a", 2), ("a", 3)] in result.outputs
+
+
+def test_size_bound_folds_early(monkeypatch):
+    """At the bound the bundle goes to state at once; later records fold onto it."""
+    monkeypatch.setattr(operator_module, "BUNDLE_LIMIT", 5)
+    backend = MemoryBackend()
+    op = KeyedProcessOperator(FACTORIES["tumbling-reduce"](), backend, ASYNC)
+    op.open()
+    source = [rec("a", n, n % 10) for n in range(1, 13)]
+    feed(op, source)
+    assert op.metrics["requests"] > 0  # two flushes of 5 records happened
+    op.finish()
+    assert op.drain_outputs() == run(source, FACTORIES["tumbling-reduce"](), SYNC).outputs
+
+
+def test_late_record_and_late_firing_between_bundled_records_of_a_key():
+    """Window [3, 13) of ``a`` fires at 13; a record for it then fires it again at once
+    (late firing), one before 3 is late (side output); bundled records of the key's
+    next window arrive before, between and after them."""
+    source = [
+        rec("a", 1, 5), Watermark(13), rec("a", 2, 14), rec("a", 3, 6), rec("a", 4, 15),
+        rec("a", 5, 1), rec("a", 6, 16), rec("a", 7, 7), Watermark(30),
+    ]  # fmt: skip
+    name = "tumbling-aggregate-late"
+    result = run(source, FACTORIES[name](), ASYNC)
+    reference = run(source, FACTORIES[name](), SYNC)
+    assert result.outputs == reference.outputs
+    assert result.side_outputs == reference.side_outputs == {"late": [("a", 5)]}
+    assert result.outputs[:5] == ["1", Watermark(13), "13", "137", "246"]
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_a_raising_add_names_its_record(backend, tmp_path):
+    source = [rec("a", 1, 1), rec("b", 2, 2), rec("a", 13, 3), rec("a", 4, 4), Watermark(20)]
+    for config in (SYNC, ASYNC):
+        with pytest.raises(JobFailure) as failure:
+            run(source, FACTORIES["tumbling-aggregate-late"](), config,
+                backend=make_backend(backend, tmp_path))  # fmt: skip
+        assert failure.value.key == "a" and failure.value.record == ("a", 13)
+        assert "('a', 13)" in str(failure.value) and "key 'a'" in str(failure.value)
+        assert isinstance(failure.value.__cause__, ArithmeticError)
+
+
+def test_records_of_other_key_groups_are_still_refused():
+    groups = ASYNC.max_parallelism
+    owned = key_group_range_for(groups, 2, 0)
+    keys = [f"k{i}" for i in range(100)]
+    mine = next(k for k in keys if key_group_for(k, groups) in owned)
+    other = next(k for k in keys if key_group_for(k, groups) not in owned)
+    op = KeyedProcessOperator(FACTORIES["tumbling-reduce"](), MemoryBackend(), ASYNC,
+                              key_group_range=owned)  # fmt: skip
+    op.open()
+    op.process(rec(mine, 1, 1))
+    with pytest.raises(ValueError, match="key group"):
+        op.process(rec(other, 2, 2))
+    op.finish()
+    assert op.drain_outputs() == [(mine, 1), Watermark(float("inf"))]
+
+
+def test_a_record_without_timestamp_still_fails_naming_it():
+    with pytest.raises(JobFailure, match="timestamp"):
+        run([rec("a", 1, 1), Record("a", ("a", 2))], FACTORIES["tumbling-reduce"](), ASYNC)
+
+
+def test_sync_and_parallel_runs_do_not_bundle():
+    source = [rec("a", n, n) for n in range(1, 9)]
+    parallel = AecConfig(watermark_order="parallel")
+    for config in (SYNC, parallel):
+        result = run(source, FACTORIES["tumbling-reduce"](), config)
+        assert result.metrics["requests"] >= 16  # a read and a write per record
+    assert run(source, FACTORIES["tumbling-reduce"](), ASYNC).metrics["requests"] < 8
