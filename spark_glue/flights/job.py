@@ -53,6 +53,16 @@ OBJECT_STORE_DIR = "object-store"  # the default SlateDB store: a directory in o
 SYNC_DIR = "sync"  # compare_sync: the synchronous run's outputs, in out/sync
 WARM_UP_ROWS = 200  # compare_sync's untimed warm-up run
 
+# What each operator reads (its key, the event time, the fields its function uses, the
+# arrival rank it is sorted by): narrower rows to shuffle, sort, ship over Arrow and turn
+# into dicts. docs/performance.md ("The Spark path") has the measurements.
+ROUTE_COLUMNS = ["route", "event_time", "row", "origin", "dest", "dep_delay", "cancelled",
+                 flights_data.ARRIVAL_RANK]  # fmt: skip
+ROTATION_COLUMNS = ["aircraft", "event_time", "row", "tailnum", "carrier", "flight", "origin",
+                    "dest", "dep_delay", "arr_delay", flights_data.ARRIVAL_RANK]  # fmt: skip
+SESSION_COLUMNS = ["aircraft", "event_time", "row", "dep_delay", "cancelled",
+                   flights_data.ARRIVAL_RANK]  # fmt: skip
+
 
 # --- the pipeline ---------------------------------------------------------------------
 
@@ -278,7 +288,13 @@ def _run(
     backends = _Backends(options, service, state_dir)
 
     prepared = flights_data.load(options.limit)
-    source = flights_data.to_spark(spark, prepared).cache()
+    prepared[flights_data.ARRIVAL_RANK] = flights_data.arrival_ranks(prepared)
+    # Only the columns some operator reads travel (--enrich's SQL reads the others).
+    wanted = [*flights_data.SCHEMA.fieldNames(), flights_data.ARRIVAL_RANK]
+    if not options.enrich:
+        needed = {*ROUTE_COLUMNS, *ROTATION_COLUMNS, *SESSION_COLUMNS}
+        wanted = [name for name in wanted if name in needed]
+    source = flights_data.to_spark_columns(spark, prepared, wanted).cache()
     source.count()  # materialise the cache now, so the stage timings below are the operators'
     report = FlightsRun(options=options, input_rows=len(prepared), backend_note=backends.note)
     report.load_s = time.perf_counter() - started
@@ -287,12 +303,12 @@ def _run(
     common: dict[str, Any] = {
         "timestamp": "event_time",
         "watermark_delay": options.watermark_delay,
-        "order_by": flights_data.ARRIVAL_ORDER,
+        "order_by": flights_data.ARRIVAL_RANK,  # the same order as ARRIVAL_ORDER
         "config": AecConfig(async_state=not options.sync),
         "num_partitions": options.partitions,
     }
     hourly = process_keyed(
-        source,
+        source.select(*ROUTE_COLUMNS),
         RouteHourly(),
         key="route",
         output_schema=ROUTE_HOURLY_SCHEMA,
@@ -304,12 +320,14 @@ def _run(
     step("route_hourly")
     with flights_enrich.serving(options) as enricher:
         rotations_function, rotations_schema = Rotations(), ROTATIONS_SCHEMA
+        rotations_input = source.select(*ROTATION_COLUMNS)
         if enricher is not None:
+            rotations_input = source  # its function reads the enrichment's columns too
             enricher.enrich_sql(spark, source, options.out)
             step("enrich")
             rotations_function, rotations_schema = enricher.rotations()
         rotations = process_keyed(
-            source,
+            rotations_input,
             rotations_function,
             key="aircraft",
             output_schema=rotations_schema,
@@ -323,7 +341,7 @@ def _run(
             report.enrichment = enricher.stats
     step("rotations")
     sessions = process_keyed(
-        source.where(source["aircraft"] != flights_data.NO_TAILNUM_KEY),
+        source.where(source["aircraft"] != flights_data.NO_TAILNUM_KEY).select(*SESSION_COLUMNS),
         AircraftSessions(),
         key="aircraft",
         output_schema=AIRCRAFT_SESSIONS_SCHEMA,
