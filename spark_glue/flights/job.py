@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from aec import (
@@ -45,7 +46,7 @@ from spark_glue.flights.functions import (
     Rotations,
     RouteHourly,
 )
-from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
+from spark_glue.keyed import arrange, partition_metrics, process_keyed, side_output, unpersist
 
 BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")
 DEFAULT_LATENCY = 0.001  # seconds per batch round trip (remote-latency)
@@ -59,7 +60,7 @@ WARM_UP_ROWS = 200  # compare_sync's untimed warm-up run
 ROUTE_COLUMNS = ["route", "event_time", "row", "origin", "dest", "dep_delay", "cancelled",
                  flights_data.ARRIVAL_RANK]  # fmt: skip
 ROTATION_COLUMNS = ["aircraft", "event_time", "row", "tailnum", "carrier", "flight", "origin",
-                    "dest", "dep_delay", "arr_delay", flights_data.ARRIVAL_RANK]  # fmt: skip
+                    "dest", "dep_delay", "arr_delay", "cancelled", flights_data.ARRIVAL_RANK]  # fmt: skip
 SESSION_COLUMNS = ["aircraft", "event_time", "row", "dep_delay", "cancelled",
                    flights_data.ARRIVAL_RANK]  # fmt: skip
 
@@ -320,7 +321,15 @@ def _run(
     step("route_hourly")
     with flights_enrich.serving(options) as enricher:
         rotations_function, rotations_schema = Rotations(), ROTATIONS_SCHEMA
-        rotations_input = source.select(*ROTATION_COLUMNS)
+        # rotations and aircraft_sessions share one shuffle and sort by aircraft (cached):
+        # Spark sees the cached frame already hash-partitioned by aircraft into the same
+        # partitions and sorted by the rank, and plans no second exchange or sort for
+        # either operator. The rows, partitions and order are those of separate shuffles.
+        by_aircraft = arrange(
+            source.select(*ROTATION_COLUMNS), ["aircraft"], flights_data.ARRIVAL_RANK,
+            options.partitions,
+        ).persist(StorageLevel.MEMORY_AND_DISK)  # fmt: skip
+        rotations_input = by_aircraft
         if enricher is not None:
             rotations_input = source  # its function reads the enrichment's columns too
             enricher.enrich_sql(spark, source, options.out)
@@ -341,7 +350,9 @@ def _run(
             report.enrichment = enricher.stats
     step("rotations")
     sessions = process_keyed(
-        source.where(source["aircraft"] != flights_data.NO_TAILNUM_KEY).select(*SESSION_COLUMNS),
+        by_aircraft.where(by_aircraft["aircraft"] != flights_data.NO_TAILNUM_KEY).select(
+            *SESSION_COLUMNS
+        ),
         AircraftSessions(),
         key="aircraft",
         output_schema=AIRCRAFT_SESSIONS_SCHEMA,
@@ -353,6 +364,7 @@ def _run(
         _write_stage(options.out, "aircraft_sessions", sessions, ["late_sessions"])
     )
     step("aircraft_sessions")
+    by_aircraft.unpersist()
     source.unpersist()
     report.wall_s = time.perf_counter() - started
     return report
