@@ -289,7 +289,8 @@ def partition_metrics(result: DataFrame) -> DataFrame:
     Columns: ``partition``, the engine's ``op.metrics`` keys (``records_in``,
     ``records_out``, ``max_in_flight``, ``batches``, ``requests``,
     ``max_batch_size``, ``mean_batch_size``, ``blocked_requests``,
-    ``elapsed_s``, ...) and the glue's own: ``rows_in``, ``watermarks_in``
+    ``elapsed_s``: from the partition's first input batch, when its operator opens,
+    to its end, ...) and the glue's own: ``rows_in``, ``watermarks_in``
     (periodic watermarks sent), ``main_rows``, ``side_rows`` (all tags),
     ``wall_s`` (the partition's time in the Python worker, conversions included).
     Runs the operator if the raw frame is not computed yet (a Spark action).

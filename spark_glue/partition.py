@@ -10,6 +10,7 @@ records and watermarks, feeds the operator and writes the raw frame
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,8 +57,13 @@ class PartitionJob:
         if self.partitions:
             owned = key_group_range_for(self.config.max_parallelism, self.partitions, partition)
         with PartitionRun(self, partition, key_group_range=owned) as run:
+            # The operator opens at the first input batch: before it arrives the JVM
+            # is still reading the shuffle and sorting, which is not the operator's
+            # time (its elapsed_s); the partition's wall_s still counts from the start.
+            batches = iter(batches)
+            first = next(batches, None)
             run.operator.open()
-            for batch in batches:
+            for batch in itertools.chain([first] if first is not None else [], batches):
                 yield from run.feed(untagged(batch, partition) if self.partitions else batch)
             run.operator.finish()
             yield from run.drain()

@@ -194,6 +194,14 @@ def test_arrival_order_breaks_ties_by_row():
     assert list(flights_data.in_arrival_order(frame)["row"]) == [1, 3, 0, 2]
 
 
+def test_arrival_rank_sorts_as_the_arrival_order():
+    prepared = flights_data.load(3000)
+    ranks = flights_data.arrival_ranks(prepared)
+    assert sorted(ranks) == list(range(len(prepared)))
+    by_rank = prepared.assign(rank=ranks).sort_values("rank")["row"].tolist()
+    assert by_rank == flights_data.in_arrival_order(prepared)["row"].tolist()
+
+
 def test_load_limits_rows():
     assert len(flights_data.load(10)) == 10
     with pytest.raises(ValueError):

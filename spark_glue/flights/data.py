@@ -28,6 +28,7 @@ from pyspark.sql import types as T
 
 ARRIVAL_ORDER = ["arrival_time", "row"]
 NO_TAILNUM_KEY = ""
+ARRIVAL_RANK = "arrival_rank"  # int64: the row's position in ARRIVAL_ORDER (one sort key)
 
 # Columns handed to Spark (and so to process_element), in this order.
 SCHEMA = T.StructType(
@@ -101,3 +102,26 @@ def in_arrival_order(prepared: pd.DataFrame) -> pd.DataFrame:
 def to_spark(spark: SparkSession, prepared: pd.DataFrame) -> DataFrame:
     """``prepared`` as a Spark DataFrame with ``SCHEMA`` (timestamps as timestamp_ntz)."""
     return spark.createDataFrame(prepared, schema=SCHEMA)
+
+
+def arrival_ranks(prepared: pd.DataFrame) -> pd.Series:
+    """Each row's position (int64, 0-based) in the arrival order ``(arrival_time, row)``:
+    sorting by it is sorting by ``ARRIVAL_ORDER`` (``row`` is unique, so the order is
+    total), with one integer key instead of a timestamp and a long."""
+    order = prepared.sort_values(ARRIVAL_ORDER, kind="stable").index
+    ranks = pd.Series(0, index=prepared.index, dtype="int64")
+    ranks.loc[order] = range(len(order))
+    return ranks
+
+
+def to_spark_columns(spark: SparkSession, prepared: pd.DataFrame, columns: list[str]) -> DataFrame:
+    """``prepared``'s ``columns`` (of ``SCHEMA``, or ``ARRIVAL_RANK``) as a Spark DataFrame,
+    shipped to the JVM as one Arrow table (no row objects). Types as ``SCHEMA``;
+    ``ARRIVAL_RANK`` is a non-null long."""
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+
+    fields = {f.name: f for f in SCHEMA.fields}
+    fields[ARRIVAL_RANK] = T.StructField(ARRIVAL_RANK, T.LongType(), False)
+    schema = T.StructType([fields[name] for name in columns])
+    table = pa.Table.from_pandas(prepared[columns], preserve_index=False)
+    return spark.createDataFrame(table, schema=schema)

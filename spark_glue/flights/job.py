@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from aec import (
@@ -45,13 +46,23 @@ from spark_glue.flights.functions import (
     Rotations,
     RouteHourly,
 )
-from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
+from spark_glue.keyed import arrange, partition_metrics, process_keyed, side_output, unpersist
 
 BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")
 DEFAULT_LATENCY = 0.001  # seconds per batch round trip (remote-latency)
 OBJECT_STORE_DIR = "object-store"  # the default SlateDB store: a directory in out
 SYNC_DIR = "sync"  # compare_sync: the synchronous run's outputs, in out/sync
 WARM_UP_ROWS = 200  # compare_sync's untimed warm-up run
+
+# What each operator reads (its key, the event time, the fields its function uses, the
+# arrival rank it is sorted by): narrower rows to shuffle, sort, ship over Arrow and turn
+# into dicts. docs/performance.md ("The Spark path") has the measurements.
+ROUTE_COLUMNS = ["route", "event_time", "row", "origin", "dest", "dep_delay", "cancelled",
+                 flights_data.ARRIVAL_RANK]  # fmt: skip
+ROTATION_COLUMNS = ["aircraft", "event_time", "row", "tailnum", "carrier", "flight", "origin",
+                    "dest", "dep_delay", "arr_delay", "cancelled", flights_data.ARRIVAL_RANK]  # fmt: skip
+SESSION_COLUMNS = ["aircraft", "event_time", "row", "dep_delay", "cancelled",
+                   flights_data.ARRIVAL_RANK]  # fmt: skip
 
 
 # --- the pipeline ---------------------------------------------------------------------
@@ -278,7 +289,13 @@ def _run(
     backends = _Backends(options, service, state_dir)
 
     prepared = flights_data.load(options.limit)
-    source = flights_data.to_spark(spark, prepared).cache()
+    prepared[flights_data.ARRIVAL_RANK] = flights_data.arrival_ranks(prepared)
+    # Only the columns some operator reads travel (--enrich's SQL reads the others).
+    wanted = [*flights_data.SCHEMA.fieldNames(), flights_data.ARRIVAL_RANK]
+    if not options.enrich:
+        needed = {*ROUTE_COLUMNS, *ROTATION_COLUMNS, *SESSION_COLUMNS}
+        wanted = [name for name in wanted if name in needed]
+    source = flights_data.to_spark_columns(spark, prepared, wanted).cache()
     source.count()  # materialise the cache now, so the stage timings below are the operators'
     report = FlightsRun(options=options, input_rows=len(prepared), backend_note=backends.note)
     report.load_s = time.perf_counter() - started
@@ -287,12 +304,12 @@ def _run(
     common: dict[str, Any] = {
         "timestamp": "event_time",
         "watermark_delay": options.watermark_delay,
-        "order_by": flights_data.ARRIVAL_ORDER,
+        "order_by": flights_data.ARRIVAL_RANK,  # the same order as ARRIVAL_ORDER
         "config": AecConfig(async_state=not options.sync),
         "num_partitions": options.partitions,
     }
     hourly = process_keyed(
-        source,
+        source.select(*ROUTE_COLUMNS),
         RouteHourly(),
         key="route",
         output_schema=ROUTE_HOURLY_SCHEMA,
@@ -304,12 +321,22 @@ def _run(
     step("route_hourly")
     with flights_enrich.serving(options) as enricher:
         rotations_function, rotations_schema = Rotations(), ROTATIONS_SCHEMA
+        # rotations and aircraft_sessions share one shuffle and sort by aircraft (cached):
+        # Spark sees the cached frame already hash-partitioned by aircraft into the same
+        # partitions and sorted by the rank, and plans no second exchange or sort for
+        # either operator. The rows, partitions and order are those of separate shuffles.
+        by_aircraft = arrange(
+            source.select(*ROTATION_COLUMNS), ["aircraft"], flights_data.ARRIVAL_RANK,
+            options.partitions,
+        ).persist(StorageLevel.MEMORY_AND_DISK)  # fmt: skip
+        rotations_input = by_aircraft
         if enricher is not None:
+            rotations_input = source  # its function reads the enrichment's columns too
             enricher.enrich_sql(spark, source, options.out)
             step("enrich")
             rotations_function, rotations_schema = enricher.rotations()
         rotations = process_keyed(
-            source,
+            rotations_input,
             rotations_function,
             key="aircraft",
             output_schema=rotations_schema,
@@ -323,7 +350,9 @@ def _run(
             report.enrichment = enricher.stats
     step("rotations")
     sessions = process_keyed(
-        source.where(source["aircraft"] != flights_data.NO_TAILNUM_KEY),
+        by_aircraft.where(by_aircraft["aircraft"] != flights_data.NO_TAILNUM_KEY).select(
+            *SESSION_COLUMNS
+        ),
         AircraftSessions(),
         key="aircraft",
         output_schema=AIRCRAFT_SESSIONS_SCHEMA,
@@ -335,6 +364,7 @@ def _run(
         _write_stage(options.out, "aircraft_sessions", sessions, ["late_sessions"])
     )
     step("aircraft_sessions")
+    by_aircraft.unpersist()
     source.unpersist()
     report.wall_s = time.perf_counter() - started
     return report
