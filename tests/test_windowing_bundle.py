@@ -10,7 +10,16 @@ import tempfile
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from windowing_cases import SYNC, Record, Watermark, epochs, make_backend, rec, run
+from windowing_cases import (
+    SYNC,
+    Record,
+    Watermark,
+    epochs,
+    make_backend,
+    rec,
+    run,
+    window_sources,
+)
 
 import aec.runtime.operator as operator_module
 from aec import AecConfig, AggregateFunction, JobFailure
@@ -67,18 +76,9 @@ def feed(op: KeyedProcessOperator, source: list) -> None:
             op.process(element)
 
 
-@st.composite
-def ordered_sources(draw, max_size: int = 40) -> list:
+def ordered_sources(max_size: int = 40) -> st.SearchStrategy[list]:
     """Keys a/b/c, digits 1..9, timestamps in [0, 60), rising watermarks."""
-    elements, watermark = [], 0
-    for _ in range(draw(st.integers(1, max_size))):
-        if draw(st.integers(0, 5)) == 0:
-            watermark += draw(st.integers(1, 15))
-            elements.append(Watermark(watermark))
-        else:
-            key = draw(st.sampled_from("abc"))
-            elements.append(rec(key, draw(st.integers(1, 9)), draw(st.integers(0, 59))))
-    return elements
+    return window_sources(max_size, watermark_odds=6, max_value=9)
 
 
 SERIAL = (ASYNC, AecConfig(buffer_size=1, in_flight_records_limit=1))

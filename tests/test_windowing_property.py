@@ -12,7 +12,15 @@ import tempfile
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from windowing_cases import SYNC, SumAggregate, SumList, SumWithWindow, rec, run, sum_reduce
+from windowing_cases import (
+    SYNC,
+    SumAggregate,
+    SumList,
+    SumWithWindow,
+    run,
+    sum_reduce,
+    window_sources,
+)
 
 from aec import AecConfig, Record, Watermark
 from aec.testing import assert_equivalent
@@ -81,18 +89,9 @@ PROCESSING_TIME = {
 }  # fmt: skip
 
 
-@st.composite
-def sources(draw, max_size: int = 30) -> list:
+def sources(max_size: int = 30) -> st.SearchStrategy[list]:
     """Records of keys a/b/c with timestamps in [0, 60) and rising watermarks."""
-    elements, watermark = [], 0
-    for _ in range(draw(st.integers(1, max_size))):
-        if draw(st.integers(0, 4)) == 0:
-            watermark += draw(st.integers(1, 15))
-            elements.append(Watermark(watermark))
-        else:
-            key = draw(st.sampled_from("abc"))
-            elements.append(rec(key, draw(st.integers(1, 5)), draw(st.integers(0, 59))))
-    return elements
+    return window_sources(max_size, watermark_odds=5, max_value=5)
 
 
 @pytest.mark.parametrize("name", list(EVENT_TIME))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import strategies as st
+
 import aec
 from aec import AecConfig, AggregateFunction, Record, Watermark
 from aec.clock import ManualClock
@@ -89,3 +91,18 @@ __all__ = [
     "SumWithWindow", "Watermark", "epochs", "make_backend", "rec", "run",
     "sum_reduce",
 ]  # fmt: skip
+
+
+@st.composite
+def window_sources(draw, max_size: int = 30, watermark_odds: int = 5, max_value: int = 5) -> list:
+    """Records of keys a/b/c, values 1..``max_value``, timestamps in [0, 60), and rising
+    watermarks (about one element in ``watermark_odds``)."""
+    elements, watermark = [], 0
+    for _ in range(draw(st.integers(1, max_size))):
+        if draw(st.integers(0, watermark_odds - 1)) == 0:
+            watermark += draw(st.integers(1, 15))
+            elements.append(Watermark(watermark))
+        else:
+            key = draw(st.sampled_from("abc"))
+            elements.append(rec(key, draw(st.integers(1, max_value)), draw(st.integers(0, 59))))
+    return elements
