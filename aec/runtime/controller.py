@@ -18,9 +18,10 @@ Invariants (mailbox thread only):
   other keys may interleave in any order (rule 2), so the results are those
   of the buffered path; the buffer keeps batching the records of other keys.
   The same holds for a request made in a callback of a completed request
-  (``completing``; inline executor only): its record holds its key. Either runs at once only when
-  none of its record's requests is still queued (``RecordContext.queued``),
-  so a record's requests reach the backend in submission order.
+  (``completing``; inline executor only): its record holds its key. Either
+  runs at once only when none of its record's requests is still queued
+  (``RecordContext.queued``), so a record's requests reach the backend in
+  submission order.
 """
 
 from __future__ import annotations
