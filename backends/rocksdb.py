@@ -84,9 +84,15 @@ class RocksDBBackend(StateBackend):
         fresh: on ``open``, destroy any DB already at ``path`` (``spec()`` builds
             fresh backends, since a Spark task must start from empty state).
 
-    Blocking: batches run on the engine's I/O threads, several at once (they never
-    share a key). Each batch does one multi-get per state it reads, applies its
-    requests in order over an overlay, and writes once (one ``WriteBatch``).
+    Not ``blocking``: batches run on the mailbox thread. rocksdict holds the GIL in
+    every call (its DB handle is not ``Sync``, so it never releases it), so an I/O
+    thread could only take turns with the mailbox thread and add hand-offs
+    (``docs/performance.md``). ``prefers_batches``: a call costs about what two
+    requests inside a batch cost, so a hot key's next request joins the batch of
+    other records when there is one. Each batch does one multi-get per state it
+    reads, applies its requests in order over an overlay, and writes once (one
+    ``WriteBatch``). Batches may still come from several threads (a
+    ``LatencyBackend`` or ``CachedBackend`` around it serializes them).
     ``snapshot``/``restore``/``close`` must not overlap ``execute_batch``.
 
     Raises:
@@ -94,7 +100,8 @@ class RocksDBBackend(StateBackend):
         ValueError: ``open`` on a RocksDB directory aec did not write.
     """
 
-    blocking = True
+    blocking = False  # rocksdict never releases the GIL: see the class doc
+    prefers_batches = True
     # RocksDB checks each block's checksum when it reads it (and a table's footer when
     # it opens it): a restore need not read every SST file to verify it.
     verified_by_backend = (f"{SNAPSHOT_SUBDIR}/*.sst", f"{SNAPSHOT_SUBDIR}/*.blob")

@@ -105,8 +105,8 @@ def per_key(outputs):
 class CountingInline(InlineExecutor):
     """InlineExecutor counting flushed batches and requests run at once."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, prefers_batches: bool = False) -> None:
+        super().__init__(prefers_batches)
         self.flushed = 0
         self.now = 0
 
@@ -170,3 +170,56 @@ def test_callbacks_requests_of_a_uniform_run_run_at_once():
     assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
     assert executor.now == 500  # the 500 writes
     assert result.metrics["blocked_requests"] == 0
+
+
+def few_hot_keys_source(n: int, seed: int = 5) -> list[Record]:
+    """Four hot keys holding 80 % of the records (Zipf-like skew), the rest spread."""
+    rng = random.Random(seed)
+    return [Record(f"hot{rng.randrange(4)}" if rng.random() < 0.8 else rng.randrange(200), i)
+            for i in range(n)]  # fmt: skip
+
+
+def test_a_store_preferring_batches_batches_the_hot_keys_records_together():
+    # several hot keys have a waiting record ready at once: their requests share a
+    # batch instead of one call each (RocksDB: a call costs about two batched requests)
+    source = few_hot_keys_source(3000)
+    config = AecConfig(in_flight_records_limit=200)
+    at_once, joined = CountingInline(prefers_batches=False), CountingInline(prefers_batches=True)
+    plain = run_keyed(source, Counter(), MemoryBackend(), config, executor=at_once)
+    backend = MemoryBackend()
+    batched = run_keyed(source, Counter(), backend, config, executor=joined)
+    expected = run_sync(source, Counter())
+    assert per_key(batched.outputs) == per_key(plain.outputs) == per_key(expected.outputs)
+    assert backend.state_items("count") == _counts(source)
+    assert batched.metrics["blocked_requests"] > 1000  # the hot keys' records still wait
+    assert joined.now < at_once.now / 4  # most of them joined a batch
+    assert batched.metrics["batches"] < plain.metrics["batches"] / 2
+    assert joined.flushed + joined.now == batched.metrics["batches"]
+
+
+def test_a_store_preferring_batches_still_runs_a_lone_hot_key_at_once():
+    # one key, nothing else waiting: joining a batch would only delay it
+    source = [Record("hot", i) for i in range(300)]
+    executor = CountingInline(prefers_batches=True)
+    result = run_keyed(source, Counter(), MemoryBackend(), AecConfig(in_flight_records_limit=50),
+                       executor=executor)  # fmt: skip
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+    assert executor.now >= 2 * 299 * 0.9  # every waiting record's read and write
+
+
+def test_rocksdb_batches_run_on_the_mailbox_thread(tmp_path):
+    # rocksdict holds the GIL in every call: an I/O thread could only take turns
+    from aec import KeyedProcessOperator
+    from backends import RocksDBBackend
+
+    operator = KeyedProcessOperator(Counter(), RocksDBBackend(str(tmp_path / "db")), AecConfig())
+    assert type(operator.executor) is InlineExecutor and operator.executor.prefers_batches
+    assert type(KeyedProcessOperator(Counter(), MemoryBackend()).executor) is InlineExecutor
+    assert not KeyedProcessOperator(Counter(), MemoryBackend()).executor.prefers_batches
+    backend = RocksDBBackend(str(tmp_path / "db2"))
+    source = few_hot_keys_source(2000)
+    result = run_keyed(source, Counter(), backend, AecConfig(in_flight_records_limit=200))
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+    assert backend.state_items("count") == _counts(source)
+    assert result.metrics["inline_batches"] == result.metrics["batches"]
+    assert result.metrics["mean_batch_size"] > 2

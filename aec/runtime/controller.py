@@ -21,7 +21,10 @@ Invariants (mailbox thread only):
   (``completing``; inline executor only): its record holds its key. Either
   runs at once only when none of its record's requests is still queued
   (``RecordContext.queued``), so a record's requests reach the backend in
-  submission order.
+  submission order, and, when the executor ``prefers_batches`` (a store call
+  costs more than a request inside one: RocksDB), only when no other record
+  has requests in the active buffer or is ready to make some; else it joins
+  them there.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class AsyncExecutionController:
         self.backend = backend
         self.executor = executor
         self._concurrent = executor.concurrent
+        self._join_batches = executor.prefers_batches
         self.mailbox = Mailbox()
         self.mails = self.mailbox.mails  # completion mails, popped on this thread only
         executor.start(backend, self.mailbox)
@@ -208,10 +212,16 @@ class AsyncExecutionController:
             else:
                 request.complete(request.result)
             return request
-        if (context.waited or self.completing) and not context.queued and context.lanes is None:
+        if (
+            (context.waited or self.completing)
+            and not context.queued
+            and context.lanes is None
+            and not (self._join_batches and (self.ready or self.active.requests))
+        ):
             # a hot key's next record, or a record continuing in a callback of its
             # completed request: it holds its key and none of its requests is still
-            # queued, so running this one at once keeps its order (see module doc)
+            # queued, so running this one at once keeps its order (see module doc);
+            # with others' requests to share a call with, it joins them instead
             try:
                 ran = self.executor.run_now((request,))
             except BaseException as exc:  # the job fails naming this record (rule 10)
@@ -220,7 +230,10 @@ class AsyncExecutionController:
                 self.batches += 1
                 if not self.max_batch_size:
                     self.max_batch_size = 1
-                request.complete(request.result)
+                if kind is StateRequest:  # nothing can be registered on it yet
+                    request._result = request.result
+                else:
+                    request.complete(request.result)
                 return request
             context.waited = False  # from now on its requests keep their order via the buffer
         context.ref_count += 1  # the pending future

@@ -37,6 +37,10 @@ class StateExecutor:
 
     concurrent = True
     idle = False  # set by the AEC around a flush when the mailbox thread has nothing else to do
+    # a request that may run at once joins the active buffer instead when other records
+    # have requests waiting there or are ready to make some (a call costs more than a
+    # request inside one: a store's per-call overhead, a round trip)
+    prefers_batches = True
 
     def __init__(self) -> None:
         self.pending = 0
@@ -79,9 +83,18 @@ class StateExecutor:
 
 
 class InlineExecutor(StateExecutor):
-    """Runs each batch at once on the mailbox thread (for non-blocking backends)."""
+    """Runs each batch at once on the mailbox thread (for non-blocking backends).
+
+    ``prefers_batches`` is the backend's (``StateBackend.prefers_batches``): False
+    for a dict in memory (every request that may run at once does), True for a
+    store whose calls cost more than their requests (RocksDB).
+    """
 
     concurrent = False
+
+    def __init__(self, prefers_batches: bool = False) -> None:
+        super().__init__()
+        self.prefers_batches = prefers_batches
 
     def submit(self, batch: Sequence[Any]) -> None:
         self.pending += 1

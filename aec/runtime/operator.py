@@ -89,7 +89,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
         self.synchronous = not self.config.async_state
         if executor is None:
             if self.synchronous or not getattr(backend, "blocking", True):
-                executor = InlineExecutor()
+                executor = InlineExecutor(getattr(backend, "prefers_batches", True))
             else:
                 executor = ThreadPoolStateExecutor(self.config.executor_threads)
         self.executor = executor

@@ -31,9 +31,16 @@ class StateBackend(ABC):
     """Keyed state storage answering batches of state requests.
 
     Attributes:
-        blocking: True when ``execute_batch`` blocks on I/O, so the engine runs
-            it on ``executor_threads`` I/O threads; False lets the engine run it
-            on the mailbox thread (completions still arrive as mails).
+        blocking: True when ``execute_batch`` waits on I/O with the GIL released,
+            so the engine runs it on ``executor_threads`` I/O threads, where it
+            overlaps the mailbox thread; False runs it on the mailbox thread
+            (completions still arrive as mails): a store answering from memory, or
+            one whose calls hold the GIL (an I/O thread could only take turns).
+        prefers_batches: True when a call costs more than a request within one
+            (a store call's own overhead, a round trip), so a request that could
+            run at once (a hot key's next record) joins the records' batch when
+            other records have requests waiting; False (a dict in memory) runs
+            such requests at once. Default True.
         verified_by_backend: ``fnmatch`` patterns (relative to the snapshot
             directory) of snapshot files whose content the backend verifies itself
             whenever it reads them (RocksDB's block checksums, a per-file digest).
@@ -43,6 +50,7 @@ class StateBackend(ABC):
     """
 
     blocking: bool = True
+    prefers_batches: bool = True
     verified_by_backend: tuple[str, ...] = ()
 
     def open(self) -> None:

@@ -140,9 +140,12 @@ class StateFuture:
         def forward(r: Any) -> None:
             value = fn(r)
             if type(value) is StateFuture or isinstance(value, StateFuture):
-                value.on_complete(out.complete)
-            else:
-                out.complete(value)
+                result = value._result
+                if result is _PENDING:
+                    value._register(out.complete)
+                    return
+                value = result
+            out.complete(value)
 
         self._register(forward)
         return out

@@ -36,6 +36,7 @@ class MemoryBackend(StateBackend):
     """
 
     blocking = False
+    prefers_batches = False  # a call costs what its requests cost: nothing to share
     verified_by_backend = (SEGMENTED_BASE,)  # its header and each segment carry a SHA-256
 
     def __init__(self, *, incremental: bool = True, max_deltas: int = 16) -> None:
