@@ -19,6 +19,11 @@ _HEAD = struct.Struct(">HI")  # key group, length of the key bytes
 _LEN = struct.Struct(">I")
 
 
+_PLAIN = frozenset((str, int, float, bytes, bool))  # types whose equal values encode alike
+_ENCODED_LIMIT = 1 << 16  # keys whose bytes are remembered; cleared when full
+_encoded: dict[Any, bytes] = {}
+
+
 def encode_key(key: Any) -> bytes:
     """Canonical, decodable bytes for a state key or map user key.
 
@@ -26,7 +31,29 @@ def encode_key(key: Any) -> bytes:
     ``1``, ``1.0`` and ``True`` share one form); tuples are encoded element by
     element with a length prefix each, so they decode unambiguously; anything else
     is pickled (protocol 4), which is canonical only if equal keys pickle equally.
+
+    Keys of those plain types, and flat tuples of them, are remembered (a bounded
+    dict, safe from any thread under the GIL): every request encodes its key and
+    user key, the flights job's window keys 3 million times. Only plain types are
+    looked up, since a value of another type may equal a plain key (``Decimal(1)
+    == 1``) and still encode differently; equal plain keys encode alike.
     """
+    kind = type(key)
+    if kind is tuple:
+        for element in key:
+            if type(element) not in _PLAIN:
+                return _encode(key)
+    elif kind not in _PLAIN:
+        return _encode(key)
+    data = _encoded.get(key)
+    if data is None:
+        if len(_encoded) >= _ENCODED_LIMIT:
+            _encoded.clear()
+        data = _encoded[key] = _encode(key)
+    return data
+
+
+def _encode(key: Any) -> bytes:
     if type(key) is tuple:
         parts = [encode_key(element) for element in key]
         return b"t" + b"".join(_LEN.pack(len(part)) + part for part in parts)

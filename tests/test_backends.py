@@ -433,6 +433,23 @@ def test_key_codec_is_canonical_for_equality(a, b):
         assert (encode_key(a) == encode_key(b)) == (a == b)
 
 
+@given(keys=st.lists(CODEC_KEYS, max_size=8))
+def test_remembered_key_bytes_are_the_encoding(keys):
+    from backends import keycodec
+
+    for key in keys + keys:  # the second pass reads what the first remembered
+        assert encode_key(key) == keycodec._encode(key)
+
+
+def test_an_equal_key_of_another_type_is_not_given_a_plain_keys_bytes():
+    from decimal import Decimal
+
+    assert encode_key(1) == encode_key(1.0) == encode_key(True) == b"i1"
+    assert Decimal(1) == 1 and encode_key(Decimal(1)).startswith(b"p")  # pickled, not b"i1"
+    assert encode_key((Decimal(1), "a")) != encode_key((1, "a"))
+    assert decode_key(encode_key((Decimal(1), "a"))) == (1, "a")
+
+
 def test_decode_rejects_foreign_bytes():
     with pytest.raises(ValueError, match="not an encoded key"):
         decode_key(b"?junk")
