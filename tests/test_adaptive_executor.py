@@ -223,3 +223,16 @@ def test_rocksdb_batches_run_on_the_mailbox_thread(tmp_path):
     assert backend.state_items("count") == _counts(source)
     assert result.metrics["inline_batches"] == result.metrics["batches"]
     assert result.metrics["mean_batch_size"] > 2
+
+
+def test_a_store_preferring_batches_batches_the_callbacks_requests_of_a_batch():
+    # the 500 reads go out as one batch; each read's callback writes: the writes of
+    # one completed batch share the next call instead of one call each
+    source = [Record(k, i) for i, k in enumerate(range(500))]
+    executor = CountingInline(prefers_batches=True)
+    backend = MemoryBackend()
+    result = run_keyed(source, Counter(), backend, AecConfig(), executor=executor)
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+    assert backend.state_items("count") == _counts(source)
+    assert executor.now == 0
+    assert result.metrics["batches"] == executor.flushed == 2

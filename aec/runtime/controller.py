@@ -390,8 +390,12 @@ class AsyncExecutionController:
             raise BatchFailed(batch) from error
         concurrent = self._concurrent
         # thread pools keep callbacks' requests batched: run at once, they would take the
-        # mailbox thread off its overlap with the I/O threads (measured on RocksDB sessions)
-        completing, self.completing = self.completing, not (self.state_ordered or concurrent)
+        # mailbox thread off its overlap with the I/O threads (measured on RocksDB sessions);
+        # a store preferring batches keeps them batched too when the rest of this batch's
+        # callbacks will make requests to share a call with
+        completing, self.completing = self.completing, not (
+            self.state_ordered or concurrent or (self._join_batches and len(batch) > 1)
+        )
         for request in batch:
             context = request._context
             self.current = context
