@@ -26,7 +26,12 @@ from aec import AecConfig, AggregateFunction, JobFailure
 from aec.keygroups import key_group_for, key_group_range_for
 from aec.runtime.operator import KeyedProcessOperator
 from aec.testing import assert_equivalent
-from aec.windowing import SlidingEventTimeWindows, TumblingEventTimeWindows, window
+from aec.windowing import (
+    ProcessWindowFunction,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    window,
+)
 from backends import MemoryBackend, RocksDBBackend
 
 ASYNC = AecConfig(buffer_size=4, in_flight_records_limit=10)
@@ -55,6 +60,14 @@ class Digits(AggregateFunction):
         return a + b
 
 
+class Windowed(ProcessWindowFunction):
+    """Outputs the window and the watermark with the result (what a firing sees)."""
+
+    def process(self, key, context, elements):
+        w = context.window()
+        return [(key, w.start, w.end, context.current_watermark(), *elements)]
+
+
 FACTORIES = {
     "tumbling-reduce": lambda: window(TumblingEventTimeWindows.of(10), reduce=concat),
     "tumbling-aggregate-late": lambda: window(
@@ -64,6 +77,12 @@ FACTORIES = {
     "tumbling-list": lambda: window(TumblingEventTimeWindows.of(10)),
     "sliding-chain": lambda: window(
         SlidingEventTimeWindows.of(12, 4), aggregate=Digits(), late_data_tag="late"
+    ),
+    # panes of 2 s, two per slide (r = 2), an offset; a reduce
+    "sliding-chain-r2": lambda: window(SlidingEventTimeWindows.of(10, 4, 1), reduce=concat),
+    # a process function: the flush folds only, the chain's timer fires
+    "sliding-chain-process": lambda: window(
+        SlidingEventTimeWindows.of(12, 4), aggregate=Digits(), process=Windowed()
     ),
 }  # fmt: skip
 

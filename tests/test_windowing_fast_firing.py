@@ -3,6 +3,10 @@
 * End of input with allowed lateness (``hot_path._at_end_of_input``): the key's first
   firing at watermark inf fires its unfired windows, clears every window and deletes
   its other timers (one firing per key instead of one per window end and cleanup).
+* Sliding windows as panes in chain mode, bundled (``bundle_path._fold_and_fire``):
+  the flush before a watermark folds a key's records into its panes and fires the
+  windows that watermark makes due (one context and one scan per key and watermark,
+  instead of a flush and then a timer firing); without a process function.
 
 Each is checked against the synchronous run, a reference model and the final state,
 and by a metric that shows the path ran (so a broken path fails here)."""
@@ -18,7 +22,7 @@ from windowing_cases import SYNC, Record, Watermark, make_backend, rec, run, sum
 
 from aec import AecConfig
 from aec.testing import assert_equivalent
-from aec.windowing import TumblingEventTimeWindows, window
+from aec.windowing import SlidingEventTimeWindows, TumblingEventTimeWindows, window
 
 ASYNC = AecConfig(buffer_size=4, in_flight_records_limit=10)
 
@@ -94,3 +98,36 @@ def test_end_of_input_cleanup_async_equals_sync(source, lateness, data):
         elements, configs=(ASYNC, AecConfig(buffer_size=1, in_flight_records_limit=1)),
         data=data,
     )  # fmt: skip
+
+
+def _every_key_every_epoch(epochs: int = 20) -> list:
+    source: list = []
+    for e in range(epochs):
+        for key in "abc":
+            for i in range(3):
+                source.append(rec(key, (e + i) % 9 + 1, 5 * e + 1.5 * i))
+        source.append(Watermark(5 * e + 2))
+    return source
+
+
+def digits(a: tuple, b: tuple) -> tuple:
+    return (a[0], f"{a[1]}{b[1]}")
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_the_flush_fires_the_due_panes_of_its_key(backend, tmp_path):
+    source = _every_key_every_epoch()
+    make = lambda: window(SlidingEventTimeWindows.of(12, 4), reduce=digits)  # noqa: E731
+    want = run(source, make(), SYNC, make_backend(backend, tmp_path))
+    got = run(source, make(), ASYNC, make_backend(backend, tmp_path))
+    per_key = lambda r: {k: [o for o in r.outputs if type(o) is not Watermark and o[0] == k]  # noqa: E731
+                         for k in "abc"}  # fmt: skip
+    assert per_key(got) == per_key(want)
+    assert [o for o in got.outputs if type(o) is Watermark] == [
+        o for o in want.outputs if type(o) is Watermark
+    ]
+    # every key has records before every watermark: its windows fire in the flushes; only
+    # the end of input (a flush that folds everything, fires nothing) leaves one chain
+    # firing per key
+    assert want.metrics["timers_fired"] >= 3 * 19  # a chain firing per key and watermark
+    assert got.metrics["timers_fired"] == 3
