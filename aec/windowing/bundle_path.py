@@ -42,12 +42,13 @@ import math
 from typing import Any
 
 from aec.runtime.bundle import BundleContext
-from aec.windowing import hot_path, pane_path
+from aec.windowing import hot_path, pane_path, session_path
 from aec.windowing.contents import AggregateContents
 from aec.windowing.hot_path import when_read
+from aec.windowing.session_bundle import SessionBundle
 
 
-def make(function: Any) -> WindowBundle | None:
+def make(function: Any) -> WindowBundle | SessionBundle | None:
     """The bundle of ``function`` (a ``WindowOperatorFunction``, opened), or None when
     its windows cannot be bundled."""
     if not function.event_time or function.contents.keeps_timestamps:
@@ -56,6 +57,8 @@ def make(function: Any) -> WindowBundle | None:
         return WindowBundle(function, panes=False)
     if function.hot is pane_path:
         return WindowBundle(function, panes=True)
+    if function.hot is session_path:
+        return SessionBundle(function)
     return None
 
 
