@@ -183,13 +183,11 @@ class WindowBundle:
         (``pane_path.fire_due``: its timers are deleted, the next one registered). Only
         without a process function, which could read the watermark (here the records',
         at the timer the firing one's); the outputs and state are the timer's."""
-        fresh = set()
+        stored = len(found)  # panes in state before the fold
         for slot, values in share:
-            before = found.get(slot)
-            found[slot] = self._folded(before, values, context)
-            if before is None:
-                fresh.add(slot)
+            found[slot] = self._folded(found.get(slot), values, context)
         dirty = [slot for slot, _ in share]
+        removed: list[int] = []
         if found:
             watermark = ctx.timer_service.current_watermark()
             offset, slide, size = self._offset, self._slide, self._length
@@ -202,13 +200,21 @@ class WindowBundle:
                     k += 1
                 while k > lowest and offset + (k - 1) * slide + size > watermark:
                     k -= 1  # float rounding of the estimate
-            pane_path.fire_due(self.function, ctx, found, k, until, fresh)
+            pane_path.fire_due(self.function, ctx, found, k, until, removed)
+        store = self._inner.store
+        if removed and stored:
+            # the key's live panes are few (chain mode): one clear and one put_all of
+            # them instead of a remove per fired-away pane and a put_all of the new ones
+            store.async_clear()
+            if found:
+                store.async_put_all(found)
+            return
         written = {slot: found[slot] for slot in dirty if slot in found}  # not fired away
         if len(written) > 1:
-            self._inner.store.async_put_all(written)  # one request
+            store.async_put_all(written)  # one request
         elif written:
-            ((slot, stored),) = written.items()
-            self._inner.store.async_put(slot, stored)
+            ((slot, value),) = written.items()
+            store.async_put(slot, value)
 
     def _write(
         self, share: list[tuple[Any, list[Any]]], stored: list[Any], context: BundleContext,

@@ -92,13 +92,14 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
 
 
 def fire_due(
-    function: Any, ctx: Any, found: dict[int, Any], k: int, due: float, fresh: Any = None
-) -> None:
+    function: Any, ctx: Any, found: dict[int, Any], k: int, due: float,
+    removed: list[int] | None = None,
+) -> None:  # fmt: skip
     """Fire window ``k`` (if it holds a pane) and, in order, every later window holding
     a pane of ``found`` (the key's panes: index -> accumulator) whose end is <= ``due``;
-    remove each fired window's last-use panes (from ``found``, and from state unless
-    they are in ``fresh``, the panes a flush made and has not written yet, which it
-    drops from ``fresh``), delete the fired windows' timers (event time), and register
+    remove each fired window's last-use panes (from ``found``, and from state, or when
+    ``removed`` is a list, appended to it: a flush rewrites the key's panes), delete
+    the fired windows' timers (event time), and register
     the timer of the next window holding a pane. No pane of ``found`` lies before
     window ``k`` (earlier windows fired and took their last-use panes)."""
     panes, assigner = function.contents, function.assigner
@@ -131,10 +132,10 @@ def fire_due(
             while i < m and indexes[i] < cut:  # the window's last-use panes
                 j = indexes[i]
                 del found[j]
-                if fresh is not None and j in fresh:
-                    fresh.discard(j)
-                else:
+                if removed is None:
                     store.async_remove(j)  # later requests of this key queue after it
+                else:
+                    removed.append(j)
                 i += 1
         if i == m:
             return
