@@ -26,7 +26,13 @@ from aec import AecConfig, AggregateFunction, JobFailure
 from aec.keygroups import key_group_for, key_group_range_for
 from aec.runtime.operator import KeyedProcessOperator
 from aec.testing import assert_equivalent
-from aec.windowing import SlidingEventTimeWindows, TumblingEventTimeWindows, window
+from aec.windowing import (
+    EventTimeSessionWindows,
+    ProcessWindowFunction,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    window,
+)
 from backends import MemoryBackend, RocksDBBackend
 
 ASYNC = AecConfig(buffer_size=4, in_flight_records_limit=10)
@@ -55,6 +61,14 @@ class Digits(AggregateFunction):
         return a + b
 
 
+class Windowed(ProcessWindowFunction):
+    """Outputs the window and the watermark with the result (what a firing sees)."""
+
+    def process(self, key, context, elements):
+        w = context.window()
+        return [(key, w.start, w.end, context.current_watermark(), *elements)]
+
+
 FACTORIES = {
     "tumbling-reduce": lambda: window(TumblingEventTimeWindows.of(10), reduce=concat),
     "tumbling-aggregate-late": lambda: window(
@@ -65,6 +79,23 @@ FACTORIES = {
     "sliding-chain": lambda: window(
         SlidingEventTimeWindows.of(12, 4), aggregate=Digits(), late_data_tag="late"
     ),
+    # panes of 2 s, two per slide (r = 2), an offset; a reduce
+    "sliding-chain-r2": lambda: window(SlidingEventTimeWindows.of(10, 4, 1), reduce=concat),
+    # a process function: the flush folds only, the chain's timer fires
+    "sliding-chain-process": lambda: window(
+        SlidingEventTimeWindows.of(12, 4), aggregate=Digits(), process=Windowed()
+    ),
+    # sessions (aec.windowing.session_bundle): every record of a key, replayed in order
+    "session-aggregate-late": lambda: window(
+        EventTimeSessionWindows.with_gap(4), aggregate=Digits(), allowed_lateness=6,
+        late_data_tag="late",
+    ),
+    "session-reduce": lambda: window(EventTimeSessionWindows.with_gap(5), reduce=concat,
+                                     late_data_tag="late"),
+    "session-process": lambda: window(
+        EventTimeSessionWindows.with_gap(3), aggregate=Digits(), process=Windowed()
+    ),
+    "session-list": lambda: window(EventTimeSessionWindows.with_gap(6), allowed_lateness=20),
 }  # fmt: skip
 
 
@@ -90,7 +121,8 @@ def test_bundled_async_equals_sync_in_arrival_order(name, source, data):
     assert_equivalent(FACTORIES[name], source, configs=SERIAL, data=data)
 
 
-@pytest.mark.parametrize("name", ["tumbling-aggregate-late", "sliding-chain"])
+@pytest.mark.parametrize("name", ["tumbling-aggregate-late", "sliding-chain",
+                                  "session-aggregate-late"])  # fmt: skip
 @settings(max_examples=10)
 @given(source=ordered_sources(25), data=st.data())
 def test_bundled_async_equals_sync_on_rocksdb(name, source, data):
@@ -220,3 +252,33 @@ def test_sync_and_parallel_runs_do_not_bundle():
         result = run(source, FACTORIES["tumbling-reduce"](), config)
         assert result.metrics["requests"] >= 16  # a read and a write per record
     assert run(source, FACTORIES["tumbling-reduce"](), ASYNC).metrics["requests"] < 8
+
+
+def test_session_records_fold_per_key_before_the_watermark():
+    """A key's session records make no requests until the watermark; then one context per
+    key reads the set and the sessions they touch and writes each once."""
+    source = [rec("a", 1, 1), rec("a", 2, 12), rec("b", 3, 2), rec("a", 4, 8),
+              rec("a", 5, 4)]  # fmt: skip
+    op = KeyedProcessOperator(FACTORIES["session-reduce"](), MemoryBackend(), ASYNC)
+    op.open()
+    feed(op, source)
+    assert op.metrics["requests"] == 0 and op.metrics["records_in"] == 5
+    op.process_watermark(Watermark(30))
+    # a: [1, 6) and [12, 17), then 8 joins the second, then 4 bridges both
+    assert op.drain_outputs() == [("b", 3), ("a", "1.2.4.5"), Watermark(30)]
+    # per key: the set read, the session written, the set written (no stored session
+    # touched: no second read); then each firing's four (set, contents, remove, set)
+    assert op.metrics["requests"] == 2 * 3 + 2 * 4
+    reference = run([*source, Watermark(30)], FACTORIES["session-reduce"](), SYNC)
+    assert reference.outputs[:2] == [("b", 3), ("a", "1.2.4.5")]
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_a_raising_session_aggregate_names_its_record(backend, tmp_path):
+    source = [rec("a", 1, 1), rec("b", 2, 2), rec("a", 13, 3), rec("a", 4, 4), Watermark(20)]
+    for config in (SYNC, ASYNC):
+        with pytest.raises(JobFailure) as failure:
+            run(source, FACTORIES["session-aggregate-late"](), config,
+                backend=make_backend(backend, tmp_path))  # fmt: skip
+        assert failure.value.key == "a" and failure.value.record == ("a", 13)
+        assert isinstance(failure.value.__cause__, ArithmeticError)

@@ -21,7 +21,7 @@ Backed by sortedcontainers (DESIGN rule 8). Invariants:
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -30,11 +30,14 @@ from sortedcontainers import SortedList
 class TimerQueue:
     """The timers of one time domain (event time or processing time)."""
 
-    __slots__ = ("_order", "_by_key", "_sequence", "_rearmed", "_boundaries")
+    __slots__ = ("_order", "_by_key", "_times", "_sequence", "_rearmed", "_boundaries")
 
     def __init__(self) -> None:
         self._order = SortedList()  # (timestamp, sequence, key)
         self._by_key: dict[Any, dict[float, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
+        # key -> its timestamps, ascending: a key's next timer without scanning all of
+        # them (a window with allowed lateness holds a cleanup timer per open window)
+        self._times: dict[Any, list[float]] = {}
         self._sequence = 0
         # (key, t) -> epochs of registrations waiting for the current one to fire
         self._rearmed: dict[tuple[Any, float], list[int]] = {}
@@ -56,11 +59,14 @@ class TimerQueue:
         timers = self._by_key.get(key)
         if timers is None:
             timers = self._by_key[key] = {}
+            self._times[key] = [timestamp]
         elif timestamp in timers:
             if self._fired_before(key, timestamp, timers, epoch, arrival_watermark):
                 self._rearmed.setdefault((key, timestamp), []).append(epoch)
                 return True
             return False
+        else:
+            insort(self._times[key], timestamp)
         self._sequence += 1
         timers[timestamp] = (self._sequence, epoch)
         self._order.add((timestamp, self._sequence, key))
@@ -108,6 +114,10 @@ class TimerQueue:
         sequence, _ = timers.pop(timestamp)
         if not timers:
             del self._by_key[key]
+            del self._times[key]
+        else:
+            times = self._times[key]
+            del times[bisect_left(times, timestamp)]
         self._order.remove((timestamp, sequence, key))
 
     def _fired(self, key: Any, timestamp: float) -> None:
@@ -146,16 +156,17 @@ class TimerQueue:
     def pop_next_for_key(self, key: Any, limit: float, max_epoch: int) -> float | None:
         """Remove and return ``key``'s earliest timer <= ``limit`` registered in an
         epoch <= ``max_epoch``; None if it has none."""
-        timers = self._by_key.get(key)
-        if not timers:
+        times = self._times.get(key)
+        if times is None:
             return None
-        best = None
-        for timestamp, (_, epoch) in timers.items():
-            if timestamp <= limit and epoch <= max_epoch and (best is None or timestamp < best):
-                best = timestamp
-        if best is not None:
-            self._fired(key, best)
-        return best
+        timers = self._by_key[key]
+        for timestamp in times:
+            if timestamp > limit:
+                return None
+            if timers[timestamp][1] <= max_epoch:
+                self._fired(key, timestamp)
+                return timestamp
+        return None
 
     def items(self) -> list[tuple[Any, float]]:
         """All ``(key, timestamp)`` in timestamp order (for snapshots and tests)."""
@@ -206,4 +217,5 @@ class TimerQueue:
         if not isinstance(counter, int) or len(order) != sum(map(len, by_key.values())):
             raise ValueError("not an exported timer queue: bad sequence or duplicate timers")
         self._order, self._by_key, self._rearmed, self._sequence = order, by_key, rearmed, counter
+        self._times = {key: sorted(timers) for key, timers in by_key.items()}
         self._boundaries = boundaries

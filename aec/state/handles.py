@@ -71,17 +71,7 @@ class StateIterator:
     def on_next(self, fn: Callable[[Any], Any]) -> StateFuture:
         """A future of ``[fn(e) for e in elements]`` in order; results that are
         StateFutures are awaited."""
-        results: list[Any] = []
-
-        def consume(items: list[Any], cursor: Any) -> Any:
-            results.extend(fn(item) for item in self._view(items))
-            if cursor is None:
-                if any(isinstance(r, StateFuture) for r in results):
-                    return combine_all([_as_future(r, None) for r in results])
-                return results
-            return self._load(cursor).then_compose(lambda chunk: consume(*chunk))
-
-        return _as_future(consume(self._items, self._cursor), None)
+        return _as_future(_Consumer(self, fn).consume(self._items, self._cursor), None)
 
     def is_empty(self) -> bool:
         """True when there are no elements (no request needed)."""
@@ -98,6 +88,32 @@ class StateIterator:
     def __repr__(self) -> str:
         more = ", ..." if self._cursor is not None else ""
         return f"StateIterator({self._view(self._items)!r}{more})"
+
+
+class _Consumer:
+    """``on_next``'s loop over the chunks. An object, not a closure calling itself:
+    a self-referencing closure is a reference cycle per iteration, which only the
+    cyclic GC frees (on the window benchmark's sliding panes, one scan per firing
+    made 170,000 such objects and four collections, 15-20 % of the run)."""
+
+    __slots__ = ("iterator", "fn", "results")
+
+    def __init__(self, iterator: StateIterator, fn: Callable[[Any], Any]) -> None:
+        self.iterator = iterator
+        self.fn = fn
+        self.results: list[Any] = []
+
+    def consume(self, items: list[Any], cursor: Any) -> Any:
+        results = self.results
+        results.extend(map(self.fn, self.iterator._view(items)))
+        if cursor is None:
+            if any(isinstance(r, StateFuture) for r in results):
+                return combine_all([_as_future(r, None) for r in results])
+            return results
+        return self.iterator._load(cursor).then_compose(self)
+
+    def __call__(self, chunk: tuple[list[Any], Any]) -> Any:
+        return self.consume(*chunk)
 
 
 # -- handles -------------------------------------------------------------------------------

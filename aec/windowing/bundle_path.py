@@ -42,12 +42,13 @@ import math
 from typing import Any
 
 from aec.runtime.bundle import BundleContext
-from aec.windowing import hot_path, pane_path
+from aec.windowing import hot_path, pane_path, session_path
 from aec.windowing.contents import AggregateContents
 from aec.windowing.hot_path import when_read
+from aec.windowing.session_bundle import SessionBundle
 
 
-def make(function: Any) -> WindowBundle | None:
+def make(function: Any) -> WindowBundle | SessionBundle | None:
     """The bundle of ``function`` (a ``WindowOperatorFunction``, opened), or None when
     its windows cannot be bundled."""
     if not function.event_time or function.contents.keeps_timestamps:
@@ -56,6 +57,8 @@ def make(function: Any) -> WindowBundle | None:
         return WindowBundle(function, panes=False)
     if function.hot is pane_path:
         return WindowBundle(function, panes=True)
+    if function.hot is session_path:
+        return SessionBundle(function)
     return None
 
 
@@ -66,7 +69,8 @@ class WindowBundle:
         self.size = 0
         self.function = function
         self.panes = panes
-        # firing time -> (slot, {key: [value, ...]}); slots are unique per firing time
+        # firing time -> ((start, end), {key: [value, ...]}) for tumbling windows;
+        # pane index -> (its first window's end, {key: [value, ...]}) for panes
         self._pending: dict[float, tuple[Any, dict[Any, list[Any]]]] = {}
         assigner = function.assigner
         self._offset, self._slide, self._length = assigner.offset, assigner.slide, assigner.size
@@ -76,23 +80,35 @@ class WindowBundle:
             self._g, self._n, self._r = contents.g, contents.n, contents.r
         folder = self._inner
         self._aggregate = folder.function if type(folder) is AggregateContents else None
+        self._low, self._high, self._last = math.inf, -math.inf, (0, 0.0)  # see offer
+        # a flush at a watermark also fires the key's due panes (see _fold_and_fire)
+        self._fires = panes and function.process_fn is None
 
     # -- taking records ----------------------------------------------------------------------
     def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
         if timestamp is None:
             return False  # the record's own path fails the run, naming the timestamp
         offset = self._offset
+        slot: Any
         try:
             if self.panes:  # PaneContents.pane and window_range, inlined
-                g = self._g
-                j = math.floor((timestamp - offset) / g)
-                if offset + j * g > timestamp:
-                    j -= 1
-                elif offset + (j + 1) * g <= timestamp:
-                    j += 1
-                first = -((self._n - 1 - j) // self._r)
-                due = offset + first * self._slide + self._length  # its first window's end
-                slot: Any = j
+                if self._low <= timestamp < self._high:  # the last record's pane
+                    slot, due = self._last
+                else:
+                    g = self._g
+                    j = math.floor((timestamp - offset) / g)
+                    if offset + j * g > timestamp:
+                        j -= 1
+                    elif offset + (j + 1) * g <= timestamp:
+                        j += 1
+                    first = -((self._n - 1 - j) // self._r)
+                    due = offset + first * self._slide + self._length  # its first window's end
+                    slot = j
+                    low, high = offset + j * g, offset + (j + 1) * g
+                    # pane() gives j for every t in [low, high): remember it (not for
+                    # grids so far out that floor's estimate could be off by two)
+                    if low <= timestamp < high and -(2**40) < j < 2**40:
+                        self._low, self._high, self._last = low, high, (j, due)
             else:  # hot_path.on_record's window: bit-for-bit the same
                 start = offset + math.floor((timestamp - offset) / self._slide) * self._slide
                 due = start + self._length
@@ -101,9 +117,12 @@ class WindowBundle:
             return False
         if due <= watermark:
             return False  # late, a late firing, or a pane with a fired window
-        pending = self._pending.get(due)
+        # tumbling: by firing time (one window each); panes: by index (with r > 1 panes
+        # per slide, several panes share a first window and so a firing time)
+        at = slot if self.panes else due
+        pending = self._pending.get(at)
         if pending is None:
-            self._pending[due] = (slot if self.panes else (start, due), {key: [value]})
+            self._pending[at] = (due if self.panes else (start, due), {key: [value]})
         else:
             values = pending[1].get(key)
             if values is None:
@@ -115,28 +134,87 @@ class WindowBundle:
 
     def take(self, watermark: float) -> list[tuple[Any, Any, int]]:
         pending = self._pending
-        due = sorted(t for t in pending if t <= watermark)
+        if self.panes:  # pane index -> (its first window's end, values by key)
+            due = sorted(j for j, (time, _) in pending.items() if time <= watermark)
+        else:  # window end -> ((start, end), values by key)
+            due = sorted(t for t in pending if t <= watermark)
         shares: dict[Any, list[tuple[Any, list[Any]]]] = {}
-        for time in due:
-            slot, by_key = pending.pop(time)
+        for at in due:
+            slot, by_key = pending.pop(at)
+            if self.panes:
+                slot = at
             for key, values in by_key.items():
                 share = shares.get(key)
                 if share is None:
                     shares[key] = [(slot, values)]
                 else:
                     share.append((slot, values))
+        # panes fire in the flush when it is a watermark's (see fold)
+        until = watermark if self._fires and watermark != math.inf else None
         taken = []
         for key, share in shares.items():
             records = sum(len(values) for _, values in share)
             self.size -= records
-            taken.append((key, share, records))
+            taken.append((key, (until, share), records))
         return taken
 
     # -- folding -------------------------------------------------------------------------------
-    def fold(self, share: Any, context: BundleContext, ctx: Any) -> None:
+    def fold(self, taken: Any, context: BundleContext, ctx: Any) -> None:
+        until, share = taken
         store = self._inner.store
+        if until is not None:
+            # entries as they come (``tuple`` of a pair is the pair: no Python call each)
+            store.async_entries().on_complete(
+                lambda entries: entries.on_next(tuple).on_complete(
+                    lambda pairs: self._fold_and_fire(share, dict(pairs), until, context, ctx)
+                )
+            )
+            return
         reads = [store.async_get(slot) for slot, _ in share]
         when_read(reads, lambda stored: self._write(share, stored, context, ctx))
+
+    def _fold_and_fire(
+        self, share: list[tuple[Any, list[Any]]], found: dict[int, Any], until: float,
+        context: BundleContext, ctx: Any,
+    ) -> None:  # fmt: skip
+        """Panes at a watermark ``until``: fold the share into the key's panes (one scan),
+        then fire what the chain's timer would fire at ``until``: every window of the key
+        holding a pane, ending after the records' watermark and at or before ``until``
+        (``pane_path.fire_due``: its timers are deleted, the next one registered). Only
+        without a process function, which could read the watermark (here the records',
+        at the timer the firing one's); the outputs and state are the timer's."""
+        stored = len(found)  # panes in state before the fold
+        for slot, values in share:
+            found[slot] = self._folded(found.get(slot), values, context)
+        dirty = [slot for slot, _ in share]
+        removed: list[int] = []
+        if found:
+            watermark = ctx.timer_service.current_watermark()
+            offset, slide, size = self._offset, self._slide, self._length
+            # the first window not fired yet: its end is after the records' watermark
+            lowest = -((self._n - 1 - min(found)) // self._r)  # the first pane's first window
+            k = lowest
+            if watermark != -math.inf:
+                k = max(k, math.floor((watermark - offset - size) / slide))
+                while offset + k * slide + size <= watermark:
+                    k += 1
+                while k > lowest and offset + (k - 1) * slide + size > watermark:
+                    k -= 1  # float rounding of the estimate
+            pane_path.fire_due(self.function, ctx, found, k, until, removed)
+        store = self._inner.store
+        if removed and stored:
+            # the key's live panes are few (chain mode): one clear and one put_all of
+            # them instead of a remove per fired-away pane and a put_all of the new ones
+            store.async_clear()
+            if found:
+                store.async_put_all(found)
+            return
+        written = {slot: found[slot] for slot in dirty if slot in found}  # not fired away
+        if len(written) > 1:
+            store.async_put_all(written)  # one request
+        elif written:
+            ((slot, value),) = written.items()
+            store.async_put(slot, value)
 
     def _write(
         self, share: list[tuple[Any, list[Any]]], stored: list[Any], context: BundleContext,
@@ -145,11 +223,15 @@ class WindowBundle:
         store = self._inner.store
         service = ctx.timer_service
         function = self.function
-        for (slot, values), before in zip(share, stored, strict=True):
+        for position, ((slot, values), before) in enumerate(zip(share, stored, strict=True)):
             store.async_put(slot, self._folded(before, values, context))
             if before is not None:
                 continue  # the slot's timers are registered; the built-in trigger continues
             if self.panes:  # pane_path.on_record: the chain's timer
+                if position:
+                    # an earlier pane of the share (in order of first window) starts
+                    # or has a chain that reaches this pane's windows: no timer of its own
+                    continue
                 offset, slide, size = self._offset, self._slide, self._length
                 k = -((self._n - 1 - slot) // self._r)
                 watermark = service.current_watermark()

@@ -107,6 +107,9 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
     whose cleanup time (``end + allowed_lateness``) is ``time`` is cleaned."""
     assigner, lateness = function.assigner, function.lateness
     store = function.contents.store
+    if function.event_time and 0 < lateness < math.inf:
+        if ctx.timer_service.current_watermark() == math.inf:
+            return _at_end_of_input(function, time, ctx)
     fires = _ending_at(assigner, time)
     if function.event_time and lateness > 0:  # an infinite lateness never cleans
         finite = math.isfinite(time - lateness)
@@ -134,6 +137,38 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
 
         store.async_get(fires).on_complete(fire_only)
     return None
+
+
+def _at_end_of_input(function: Any, time: float, ctx: Any) -> None:
+    """The key's first firing at watermark inf (end of input), with allowed lateness:
+    every timer of the key is due now, ``time`` is its earliest. Instead of one firing
+    per window end and per cleanup time, this one reads the key's windows (all are
+    due: each is cleaned), fires those not fired yet (``end >= time``: an earlier end
+    fired at an earlier watermark) in order of end, clears them all and deletes the
+    key's later timers. Per key: the outputs and final state of the separate firings."""
+    store, lateness = function.contents.store, function.lateness
+    service = ctx.timer_service
+    found: list[tuple[tuple[float, float], Any]] = []
+
+    def fire(_: Any) -> None:
+        found.sort(key=_by_end)
+        for (start, end), stored in found:
+            if end >= time:
+                function._emit(Scope(ctx, function), TimeWindow.trusted(start, end), stored)
+                if end > time:
+                    service.delete_event_time_timer(end)
+            if end + lateness > time:
+                service.delete_event_time_timer(end + lateness)
+        if found:
+            store.async_clear()  # the firing's own request: it holds the key
+
+    store.async_entries().on_complete(
+        lambda entries: entries.on_next(found.append).on_complete(fire)
+    )
+
+
+def _by_end(entry: tuple[tuple[float, float], Any]) -> float:
+    return entry[0][1]
 
 
 def when_read(reads: list[StateFuture], fn: Callable[[list[Any]], None]) -> None:

@@ -30,7 +30,7 @@ from aec.windowing.context import (
     window_handle,
 )
 from aec.windowing.evictors import Evictor
-from aec.windowing.merging import add_session
+from aec.windowing.merging import add_session, decode_sessions, encode_sessions
 from aec.windowing.panes import PaneContents
 from aec.windowing.timers import EVENT, PROCESSING, PendingTimers, WindowTimers
 from aec.windowing.triggers import (
@@ -268,7 +268,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
     ) -> bool:
         state = cast(ValueState, self.sessions)  # merging windows: a session set
         contents = cast(Contents, self.contents)  # sessions never keep panes
-        sessions = list(await state.async_value() or ())
+        sessions = decode_sessions(await state.async_value())
         before = list(sessions)
         accepted = False
         for window in self.assigner.assign_windows(value, timestamp if self.event_time else now):
@@ -288,7 +288,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
             if merged or not existed:
                 self._register_cleanup(scope, actual)
         if sessions != before:
-            state.async_update(tuple(sessions) or None)  # not awaited (see add)
+            state.async_update(encode_sessions(sessions))  # not awaited (see add)
         return accepted
 
     async def _element_trigger(
@@ -385,7 +385,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
         """Sessions with the built-in trigger: those ending at ``time`` fire, those whose
         cleanup time is ``time`` go (a timer of a merged-away session finds nothing)."""
         state = cast(ValueState, self.sessions)  # implied, not fast: sessions
-        sessions = list(await state.async_value() or ())
+        sessions = decode_sessions(await state.async_value())
         due = [w for w in sessions if w.end == time or self.cleanup_time(w) == time]
         cleaned = False
         for window in sorted(due, key=_by_end):
@@ -396,7 +396,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 sessions.remove(window)
                 cleaned = True
         if cleaned:
-            state.async_update(tuple(sessions) or None)  # not awaited (see add)
+            state.async_update(encode_sessions(sessions))  # not awaited (see add)
 
     async def _fire_indexed(self, scope: Scope, domain: str, time: float) -> None:
         windows = sorted(await self.timers.take(domain, time), key=_by_end)
@@ -404,7 +404,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
             return
         sessions = None
         if self.sessions is not None:
-            sessions = list(await self.sessions.async_value() or ())
+            sessions = decode_sessions(await self.sessions.async_value())
             before = list(sessions)
         trigger = self.trigger
         cleanup_domain = EVENT if self.event_time else PROCESSING
@@ -422,7 +422,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 if sessions is not None:
                     sessions.remove(window)
         if sessions is not None and sessions != before:  # sessions: self.sessions is set
-            cast(ValueState, self.sessions).async_update(tuple(sessions) or None)  # not awaited
+            cast(ValueState, self.sessions).async_update(encode_sessions(sessions))  # not awaited
 
     def _clear_all(self, scope: Scope, window: Any) -> Any:
         """Flink's ``clearAllState``: contents, trigger state and timers, function state.

@@ -12,10 +12,12 @@ run and the reference model).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from aec.windowing.context import Scope
 from aec.windowing.panes import PaneContents
+from aec.windowing.windows import TimeWindow
 
 
 def applies(function: Any) -> bool:
@@ -76,44 +78,69 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
     window = assigner.window_ending_at(time)
     if window is None:
         return None
-    service = ctx.timer_service
-    event_time = function.event_time
-    due = service.current_watermark() if event_time else time
-    n, r = panes.n, panes.r
-    found: dict[int, Any] = {}  # the key's panes: index -> accumulator
-
-    def collect(entry: tuple[int, Any]) -> None:
-        found[entry[0]] = entry[1]
-
-    def fire(_: Any) -> None:
-        store = panes.store
-        k, current = round((window.start - assigner.offset) / assigner.slide), window
-        while True:
-            first = k * r
-            present = [found[j] for j in range(first, first + n) if j in found]
-            if present:
-                function._emit(Scope(ctx, function), current, panes._merged(present))
-                for j in range(first, first + r):  # its last-use panes
-                    if found.pop(j, _ABSENT) is not _ABSENT:
-                        store.async_remove(j)  # later requests of this key queue after it
-            later = min((j for j in found if j >= first + r), default=None)
-            if later is None:
-                return
-            k = max(k + 1, panes.window_range(later)[0])
-            current = assigner.grid_window(k)
-            if current.end > due:
-                break
-            service.delete_event_time_timer(current.end)  # fires here, now
-        if event_time:
-            service.register_event_time_timer(current.end)
-        else:
-            service.register_processing_time_timer(current.end)
-
-    # callbacks, not a chain of derived futures: the pending scan keeps the firing in flight
+    due = ctx.timer_service.current_watermark() if function.event_time else time
+    k = round((window.start - assigner.offset) / assigner.slide)
+    # callbacks, not a chain of derived futures: the pending scan keeps the firing in
+    # flight; the key's panes (index -> accumulator) as they come (``tuple`` of a pair
+    # is the pair: no Python call per entry)
     panes.store.async_entries().on_complete(
-        lambda entries: entries.on_next(collect).on_complete(fire)
+        lambda entries: entries.on_next(tuple).on_complete(
+            lambda pairs: fire_due(function, ctx, dict(pairs), k, due)
+        )
     )
     return None
 
 
-_ABSENT = object()
+def fire_due(
+    function: Any, ctx: Any, found: dict[int, Any], k: int, due: float,
+    removed: list[int] | None = None,
+) -> None:  # fmt: skip
+    """Fire window ``k`` (if it holds a pane) and, in order, every later window holding
+    a pane of ``found`` (the key's panes: index -> accumulator) whose end is <= ``due``;
+    remove each fired window's last-use panes (from ``found``, and from state, or when
+    ``removed`` is a list, appended to it: a flush rewrites the key's panes), delete
+    the fired windows' timers (event time), and register
+    the timer of the next window holding a pane. No pane of ``found`` lies before
+    window ``k`` (earlier windows fired and took their last-use panes)."""
+    panes, assigner = function.contents, function.assigner
+    n, r = panes.n, panes.r
+    offset, slide, size = assigner.offset, assigner.slide, assigner.size
+    service = ctx.timer_service
+    event_time = function.event_time
+    store, inner = panes.store, panes.inner
+    plain = function.process_fn is None  # outputs need no window object
+    elements, output, merge = inner.elements, ctx.output, inner.merge_fresh
+    indexes = sorted(found)
+    i, m = 0, len(indexes)
+    while True:
+        start = offset + k * slide
+        end = start + size  # as grid_window computes it: bit-for-bit the same
+        if end > due:
+            break
+        first = k * r
+        hi = bisect_left(indexes, first + n, i)
+        if hi > i:
+            merged = merge([found[j] for j in indexes[i:hi]])
+            if plain:
+                for result in elements(merged):
+                    output(result)
+            else:
+                function._emit(Scope(ctx, function), TimeWindow.trusted(start, end), merged)
+            if event_time:
+                service.delete_event_time_timer(end)  # fires here, now (a no-op if firing)
+            cut = first + r
+            while i < m and indexes[i] < cut:  # the window's last-use panes
+                j = indexes[i]
+                del found[j]
+                if removed is None:
+                    store.async_remove(j)  # later requests of this key queue after it
+                else:
+                    removed.append(j)
+                i += 1
+        if i == m:
+            return
+        k = max(k + 1, -((n - 1 - indexes[i]) // r))  # the first window of the next pane
+    if event_time:
+        service.register_event_time_timer(end)
+    else:
+        service.register_processing_time_timer(end)

@@ -7,11 +7,11 @@ aggregate, a reduce or the list of values, with ``EventTimeTrigger``, no evictor
 plain process function (if any), records and firings run here as StateFuture
 callbacks with the same semantics:
 
-* a record reads the key's session set *and* the contents of its own new window
-  ``[t, t + gap)`` in one round trip: when the window starts a session (the common
-  case) or equals one, that read is its contents; when it merges, the merged
-  windows' contents are read next and folded with ``merge`` together with the
-  record (one write); when it lies inside a session, that session is read;
+* a record reads the key's session set (stored as ``(start, end)`` pairs); a window
+  that starts a session needs no contents read (nothing is stored under a window
+  outside the set); when it merges, the merged sessions' contents are read next
+  and folded with ``merge`` together with the record (one write under the cover);
+  when it lies inside (or equals) a session, that session is read;
 * a firing reads the session set, then the due sessions' contents, together.
 
 The property tests compare this path against the synchronous run and the reference
@@ -27,7 +27,7 @@ from aec.windowing.assigners import EventTimeSessionWindows
 from aec.windowing.contents import EvictingContents
 from aec.windowing.context import Scope
 from aec.windowing.hot_path import when_read
-from aec.windowing.merging import add_session
+from aec.windowing.merging import add_session, decode_sessions, encode_sessions
 from aec.windowing.windows import window_key
 
 
@@ -43,28 +43,30 @@ def applies(function: Any) -> bool:
 
 
 def on_record(function: Any, value: Any, ctx: Any) -> Any:
-    """``process_element``: the session set and the new window's contents in one round trip."""
+    """``process_element``: the session set first; contents only of sessions it touches."""
     timestamp = ctx.timestamp
     if timestamp is None:
         raise function.missing_timestamp(value, ctx)
     (window,) = function.assigner.assign_windows(value, timestamp)
-    sessions_read = function.sessions.async_value()
-    own_read = function.contents.store.async_get(window_key(window))
-    when_read(
-        [sessions_read, own_read],
-        lambda read: _place(function, ctx, value, timestamp, window, read[0], read[1]),
+    function.sessions.async_value().on_complete(
+        lambda held: _place(function, ctx, value, timestamp, window, held)
     )
     return None
 
 
-def _place(
-    function: Any, ctx: Any, value: Any, timestamp: float, window: Any, held: Any, own: Any
-) -> None:
+def _place(function: Any, ctx: Any, value: Any, timestamp: float, window: Any, held: Any) -> None:
     """Add the record's window to the key's sessions (``held``), then its value to
-    the window it lands in (``_merging_record``'s steps for the built-in trigger)."""
+    the window it lands in (``_merging_record``'s steps for the built-in trigger).
+
+    Contents exist only under windows of the session set (a session's contents are
+    written while it is in the set and removed when it leaves: merged away or
+    cleaned; a retired cover never holds merged contents here, since in serial
+    watermark order a session in the set is never past its cleanup time, so a
+    cover of sessions is never late). So a new window, and a merge's cover, start
+    empty: no read; a window inside (or equal to) a session reads that session."""
     service = ctx.timer_service
     watermark = service.current_watermark()
-    sessions = list(held or ())
+    sessions = decode_sessions(held)
     before = list(sessions)
     actual, merged = add_session(sessions, window)
     contents = function.contents
@@ -90,7 +92,7 @@ def _place(
                 if cleanup != actual.end and cleanup != math.inf:
                     service.register_event_time_timer(cleanup)
         if sessions != before:
-            function.sessions.async_update(tuple(sessions) or None)  # not awaited
+            function.sessions.async_update(encode_sessions(sessions))  # not awaited
         if late and timestamp + function.lateness <= watermark:
             function._late(ctx, value, timestamp, watermark)
 
@@ -105,7 +107,7 @@ def _place(
             for t in (old.end, cleanup_time(old)):
                 if t not in live and t != math.inf:
                     service.delete_event_time_timer(t)
-        reads = [store.async_get(window_key(w)) for w in (actual, *merged)]
+        reads = [store.async_get(window_key(w)) for w in merged]  # the cover holds nothing
 
         def fold_merged(values: list[Any]) -> None:
             for old in merged:
@@ -114,10 +116,10 @@ def _place(
             finish(contents.merge(present) if present else None, bool(present))
 
         when_read(reads, fold_merged)
-    elif actual == window:  # a new session, or one equal to it: ``own`` is its contents
-        finish(own, False)
-    else:  # inside a session: read that one
+    elif actual in before:  # inside (or equal to) a session: read that one
         store.async_get(window_key(actual)).on_complete(lambda stored: finish(stored, False))
+    else:  # a new session: nothing stored under it
+        finish(None, False)
 
 
 def on_timer(function: Any, time: float, ctx: Any) -> Any:
@@ -126,7 +128,7 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
     state = function.sessions
 
     def due(held: Any) -> None:
-        sessions = list(held or ())
+        sessions = decode_sessions(held)
         windows = sorted(
             (w for w in sessions if w.end == time or function.cleanup_time(w) == time),
             key=_by_end,
@@ -146,7 +148,7 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
                     sessions.remove(window)
                     cleaned = True
             if cleaned:
-                state.async_update(tuple(sessions) or None)  # not awaited
+                state.async_update(encode_sessions(sessions))  # not awaited
 
         when_read(reads, fire)
 

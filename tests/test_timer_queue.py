@@ -1,0 +1,44 @@
+"""TimerQueue against a brute-force model: a key's next due timer (pop_next_for_key)
+is its smallest due timestamp of an old enough epoch, however many it holds."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aec.runtime.timers import TimerQueue
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("register"), st.integers(0, 3), st.integers(0, 40), st.integers(0, 5)),
+        st.tuples(st.just("delete"), st.integers(0, 3), st.integers(0, 40), st.just(0)),
+        st.tuples(st.just("pop"), st.integers(0, 3), st.integers(0, 40), st.integers(0, 5)),
+        st.tuples(st.just("reload"), st.just(0), st.just(0), st.just(0)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ops)
+def test_pop_next_for_key_is_the_smallest_due_timer_of_the_key(ops):
+    queue, model = TimerQueue(), {}  # model: key -> {timestamp: epoch}
+    for op, key, t, epoch in ops:
+        timers = model.setdefault(key, {})
+        if op == "register":
+            assert queue.register(key, float(t), epoch) == (t not in timers)
+            timers.setdefault(t, epoch)
+        elif op == "delete":
+            assert queue.delete(key, float(t)) == (t in timers)
+            timers.pop(t, None)
+        elif op == "pop":
+            due = [s for s, e in timers.items() if s <= t and e <= epoch]
+            expected = min(due) if due else None
+            assert queue.pop_next_for_key(key, float(t), epoch) == expected
+            if expected is not None:
+                del timers[expected]
+        else:  # a checkpoint's round trip keeps the per-key order
+            queue = TimerQueue.from_export(queue.export())
+    assert sorted(queue.items()) == sorted(
+        (k, float(t)) for k, timers in model.items() for t in timers
+    )
