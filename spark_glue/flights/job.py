@@ -25,7 +25,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from aec import (
@@ -46,23 +45,25 @@ from spark_glue.flights.functions import (
     Rotations,
     RouteHourly,
 )
-from spark_glue.keyed import arrange, partition_metrics, process_keyed, side_output, unpersist
+from spark_glue.keyed_parquet import KeyedOperator, write_keyed
 
 BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")
 DEFAULT_LATENCY = 0.001  # seconds per batch round trip (remote-latency)
 OBJECT_STORE_DIR = "object-store"  # the default SlateDB store: a directory in out
 SYNC_DIR = "sync"  # compare_sync: the synchronous run's outputs, in out/sync
 WARM_UP_ROWS = 200  # compare_sync's untimed warm-up run
+INPUT_DIR = ".input"  # the table as Parquet for the run's Spark jobs, in out; removed after
 
-# What each operator reads (its key, the event time, the fields its function uses, the
-# arrival rank it is sorted by): narrower rows to shuffle, sort, ship over Arrow and turn
-# into dicts. docs/performance.md ("The Spark path") has the measurements.
-ROUTE_COLUMNS = ["route", "event_time", "row", "origin", "dest", "dep_delay", "cancelled",
-                 flights_data.ARRIVAL_RANK]  # fmt: skip
-ROTATION_COLUMNS = ["aircraft", "event_time", "row", "tailnum", "carrier", "flight", "origin",
-                    "dest", "dep_delay", "arr_delay", "cancelled", flights_data.ARRIVAL_RANK]  # fmt: skip
-SESSION_COLUMNS = ["aircraft", "event_time", "row", "dep_delay", "cancelled",
-                   flights_data.ARRIVAL_RANK]  # fmt: skip
+# What each operator's function reads from a flight (its record's dict): building the dicts
+# costs per field, a timestamp most (a datetime per row). The key, the event time and the
+# arrival rank reach the glue from the table as well. docs/performance.md ("The Spark
+# path") has the measurements.
+ROUTE_FIELDS = ["row", "origin", "dest", "dep_delay", "cancelled"]
+ROTATION_FIELDS = ["row", "tailnum", "carrier", "flight", "origin", "dest", "dep_delay", "arr_delay"]
+SESSION_FIELDS = ["row", "aircraft", "dep_delay", "cancelled"]
+# What travels into Spark: the fields, the keys, the event time, the arrival rank.
+TABLE_COLUMNS = {*ROUTE_FIELDS, *ROTATION_FIELDS, *SESSION_FIELDS, "route", "aircraft",
+                 "event_time", flights_data.ARRIVAL_RANK}  # fmt: skip
 
 
 # --- the pipeline ---------------------------------------------------------------------
@@ -115,6 +116,7 @@ class StageResult:
     rows: dict[str, int]  # dataset name -> row count
     metrics: pd.DataFrame  # partition_metrics, one row per partition
     wall_s: float
+    step: str | None = None  # the pass it shared with other operators (None: its own)
 
 
 @dataclass
@@ -293,10 +295,9 @@ def _run(
     # Only the columns some operator reads travel (--enrich's SQL reads the others).
     wanted = [*flights_data.SCHEMA.fieldNames(), flights_data.ARRIVAL_RANK]
     if not options.enrich:
-        needed = {*ROUTE_COLUMNS, *ROTATION_COLUMNS, *SESSION_COLUMNS}
-        wanted = [name for name in wanted if name in needed]
-    source = flights_data.to_spark_columns(spark, prepared, wanted).cache()
-    source.count()  # materialise the cache now, so the stage timings below are the operators'
+        wanted = [name for name in wanted if name in TABLE_COLUMNS]
+    input_dir = os.path.join(options.out, INPUT_DIR)
+    source = flights_data.to_spark_parquet(spark, prepared, wanted, input_dir)
     report = FlightsRun(options=options, input_rows=len(prepared), backend_note=backends.note)
     report.load_s = time.perf_counter() - started
     step("loaded the flights table")
@@ -305,69 +306,81 @@ def _run(
         "timestamp": "event_time",
         "watermark_delay": options.watermark_delay,
         "order_by": flights_data.ARRIVAL_RANK,  # the same order as ARRIVAL_ORDER
-        "config": AecConfig(async_state=not options.sync),
         "num_partitions": options.partitions,
     }
-    hourly = process_keyed(
-        source.select(*ROUTE_COLUMNS),
-        RouteHourly(),
-        key="route",
-        output_schema=ROUTE_HOURLY_SCHEMA,
-        backend=backends.build("route_hourly"),
-        side_outputs={"late": LATE_SCHEMA},
-        **common,
-    )
-    report.stages.append(_write_stage(options.out, "route_hourly", hourly, ["late"]))
+    config = AecConfig(async_state=not options.sync)
+    out = options.out
+    hourly = KeyedOperator(
+        "route_hourly", RouteHourly(), ROUTE_HOURLY_SCHEMA, os.path.join(out, "route_hourly"),
+        side_outputs={"late": (LATE_SCHEMA, os.path.join(out, "late"))},
+        columns=ROUTE_FIELDS, backend=backends.build("route_hourly"), config=config,
+    )  # fmt: skip
+    report.stages += _stages(source, [hourly], "route", common)
     step("route_hourly")
     with flights_enrich.serving(options) as enricher:
         rotations_function, rotations_schema = Rotations(), ROTATIONS_SCHEMA
-        # rotations and aircraft_sessions share one shuffle and sort by aircraft (cached):
-        # Spark sees the cached frame already hash-partitioned by aircraft into the same
-        # partitions and sorted by the rank, and plans no second exchange or sort for
-        # either operator. The rows, partitions and order are those of separate shuffles.
-        by_aircraft = arrange(
-            source.select(*ROTATION_COLUMNS), ["aircraft"], flights_data.ARRIVAL_RANK,
-            options.partitions,
-        ).persist(StorageLevel.MEMORY_AND_DISK)  # fmt: skip
-        rotations_input = by_aircraft
+        rotation_columns: list[str] | None = ROTATION_FIELDS
         if enricher is not None:
-            rotations_input = source  # its function reads the enrichment's columns too
-            enricher.enrich_sql(spark, source, options.out)
+            enricher.enrich_sql(spark, source, out)
             step("enrich")
             rotations_function, rotations_schema = enricher.rotations()
-        rotations = process_keyed(
-            rotations_input,
-            rotations_function,
-            key="aircraft",
-            output_schema=rotations_schema,
-            backend=backends.build("rotations"),
-            side_outputs={"no_tailnum": NO_TAILNUM_SCHEMA},
-            **common,
-        )
-        report.stages.append(_write_stage(options.out, "rotations", rotations, ["no_tailnum"]))
+            rotation_columns = None  # its function reads the enrichment's columns too
+        # rotations and aircraft_sessions are keyed and ordered alike: one shuffle and
+        # sort, one pass feeding each partition's rows to both operators. The sessions
+        # see only rows with a tail number, in the same order: the records of a
+        # separate process_keyed over the filtered table, with the same partitions.
+        rotations = KeyedOperator(
+            "rotations", rotations_function, rotations_schema, os.path.join(out, "rotations"),
+            side_outputs={"no_tailnum": (NO_TAILNUM_SCHEMA, os.path.join(out, "no_tailnum"))},
+            columns=rotation_columns, backend=backends.build("rotations"), config=config,
+        )  # fmt: skip
+        sessions = KeyedOperator(
+            "aircraft_sessions", AircraftSessions(), AIRCRAFT_SESSIONS_SCHEMA,
+            os.path.join(out, "aircraft_sessions"),
+            side_outputs={"late_sessions": (LATE_SESSIONS_SCHEMA,
+                                            os.path.join(out, "late_sessions"))},
+            columns=SESSION_FIELDS, row_filter=has_tailnum,
+            backend=backends.build("aircraft_sessions"), config=config,
+        )  # fmt: skip
+        report.stages += _stages(source, [rotations, sessions], "aircraft", common)
         if enricher is not None:
             enricher.rotations_done()
             report.enrichment = enricher.stats
     step("rotations")
-    sessions = process_keyed(
-        by_aircraft.where(by_aircraft["aircraft"] != flights_data.NO_TAILNUM_KEY).select(
-            *SESSION_COLUMNS
-        ),
-        AircraftSessions(),
-        key="aircraft",
-        output_schema=AIRCRAFT_SESSIONS_SCHEMA,
-        backend=backends.build("aircraft_sessions"),
-        side_outputs={"late_sessions": LATE_SESSIONS_SCHEMA},
-        **common,
-    )
-    report.stages.append(
-        _write_stage(options.out, "aircraft_sessions", sessions, ["late_sessions"])
-    )
     step("aircraft_sessions")
-    by_aircraft.unpersist()
-    source.unpersist()
+    shutil.rmtree(input_dir, ignore_errors=True)
     report.wall_s = time.perf_counter() - started
     return report
+
+
+def has_tailnum(batch: Any) -> Any:
+    """The rows of an Arrow batch that have a tail number (aircraft_sessions' input)."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped]  # pyarrow ships no type hints
+
+    return pc.not_equal(batch.column("aircraft"), flights_data.NO_TAILNUM_KEY)
+
+
+def _stages(
+    source: DataFrame, operators: list[KeyedOperator], key: str, common: dict[str, Any]
+) -> list[StageResult]:
+    """One ``write_keyed`` pass over ``source`` keyed by ``key``: a StageResult per
+    operator, each with the pass's wall time."""
+    started = time.perf_counter()
+    written = write_keyed(source, operators, key, **common)
+    wall_s = time.perf_counter() - started
+    step = " and ".join(op.name for op in operators) if len(operators) > 1 else None
+    stages = []
+    for op, done in zip(operators, written, strict=True):
+        names = {path: name for name, path in _datasets(op).items()}
+        rows = {names[path]: count for path, count in done.rows.items()}
+        outputs = {name: path for path, name in names.items()}
+        stages.append(StageResult(op.name, outputs, rows, pd.DataFrame(done.metrics), wall_s, step))
+    return stages
+
+
+def _datasets(op: KeyedOperator) -> dict[str, str]:
+    """Dataset name (its directory's name) -> directory, main output first."""
+    return {os.path.basename(path): path for path in op.paths().values()}
 
 
 class _Backends:
@@ -451,20 +464,3 @@ def redact_url(url: str) -> str:
     host = parts.netloc.rsplit("@", 1)[1]
     user = f"{parts.username}:***@" if parts.username else ":***@"
     return urlunsplit(parts._replace(netloc=user + host))
-
-
-def _write_stage(out: str, name: str, result: DataFrame, sides: list[str]) -> StageResult:
-    started = time.perf_counter()
-    frames = {name: result, **{tag: side_output(result, tag) for tag in sides}}
-    outputs, rows = {}, {}
-    for (
-        dataset,
-        frame,
-    ) in frames.items():  # the first write runs the operator; the rest read its cache
-        path = os.path.join(out, dataset)
-        frame.write.mode("overwrite").parquet(path)
-        outputs[dataset] = path
-        rows[dataset] = frame.count()
-    metrics = partition_metrics(result).toPandas()
-    unpersist(result)
-    return StageResult(name, outputs, rows, metrics, time.perf_counter() - started)
