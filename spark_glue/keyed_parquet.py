@@ -30,6 +30,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import cloudpickle  # type: ignore[import-untyped]  # cloudpickle ships no type hints
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
 from pyspark import TaskContext
 from pyspark.sql import DataFrame
@@ -153,7 +154,13 @@ def write_keyed(
         )
         if op.columns is not None:
             job = replace(job, values=list(op.columns))
-        members.append(_Member(op.name, job, op.row_filter, op.paths()))
+        row_filter = None
+        if op.row_filter is not None:  # pickled here, like the function (plan_job)
+            try:
+                row_filter = cloudpickle.dumps(op.row_filter)
+            except Exception as exc:
+                raise TypeError(f"{op.name}: the row filter cannot be pickled: {exc}") from exc
+        members.append(_Member(op.name, job, row_filter, op.paths()))
     keys = [key] if isinstance(key, str) else list(key)
     arranged = arrange(df, keys, order_by, num_partitions)
     plan = arranged.mapInArrow(_PassJob(members, uuid.uuid4().hex).run, _METRICS_SCHEMA)
@@ -185,11 +192,11 @@ class _Member:
 
     name: str
     job: PartitionJob
-    row_filter: RowFilter | None
+    row_filter: bytes | None  # a cloudpickled RowFilter
     targets: dict[str, str]
 
-    def view(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        return batch if self.row_filter is None else batch.filter(self.row_filter(batch))
+    def filter(self) -> RowFilter | None:
+        return None if self.row_filter is None else cloudpickle.loads(self.row_filter)
 
 
 @dataclass(frozen=True)
@@ -243,6 +250,7 @@ class _PassJob:
         operator's own seconds, its files, and the whole pass's seconds."""
         started = time.perf_counter()
         busy = [0.0] * len(runs)
+        filters = [member.filter() for member in self.members]
         # The operators open at the first input batch, as process_keyed's do: before it
         # the JVM is still reading the shuffle and sorting.
         batches = iter(batches)
@@ -250,9 +258,9 @@ class _PassJob:
         for run in runs:
             run.operator.open()
         for batch in itertools.chain([first] if first is not None else [], batches):
-            for index, (member, run) in enumerate(zip(self.members, runs, strict=True)):
+            for index, (keep, run) in enumerate(zip(filters, runs, strict=True)):
                 began = time.perf_counter()
-                view = member.view(batch)
+                view = batch if keep is None else batch.filter(keep(batch))
                 if view.num_rows:
                     for _ in run.feed(view):
                         pass  # ParquetStreams writes the outputs; it yields nothing
