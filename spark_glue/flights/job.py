@@ -300,10 +300,11 @@ def _run(
     input_dir = os.path.join(options.out, INPUT_DIR)
     # Spark's first-query costs (planning, code generation, forking and importing the
     # Python workers) run in the background while the driver loads the table.
-    schema = flights_data.to_spark_parquet(spark, None, wanted, os.path.join(input_dir, "schema"))
     imports = (*WORKER_MODULES, type(backends.build("route_hourly")).__module__)
-    warming = first_query.start(schema, "route", flights_data.ARRIVAL_RANK, options.partitions,
-                                imports)  # fmt: skip
+    warming = first_query.start(
+        spark, flights_data.schema_of(wanted), "route", flights_data.ARRIVAL_RANK,
+        options.partitions, os.path.join(input_dir, "warm-up"), imports,
+    )  # fmt: skip
     prepared = flights_data.load(options.limit)
     prepared[flights_data.ARRIVAL_RANK] = flights_data.arrival_ranks(prepared)
     source = flights_data.to_spark_parquet(spark, prepared, wanted, input_dir)
