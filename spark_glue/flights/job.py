@@ -1,28 +1,26 @@
 """The flights pipeline: runs the job's operators (``spark_glue.flights.functions``)
 through Spark and aec and writes their outputs.
 
-State backends (``FlightsOptions.backend``, one per operator, built per
-partition on the executors from its picklable spec): ``memory``, ``rocksdb``
-(under ``out/state``), ``remote-latency`` (``LatencyBackend`` over that RocksDB:
-every batch pays a modelled round trip), ``slatedb`` (an LSM on an object
-store, by default the local directory ``out/object-store``) and ``redis`` (a
-given server, or a throwaway local ``redis-server`` started for the run).
-``compare_sync`` runs the job twice, async then synchronous on fresh state, and
-checks that both wrote the same rows.
+The table goes to Spark as one Parquet file (``data.to_spark_parquet``), then two
+passes of ``spark_glue.write_keyed``: ``route_hourly`` keyed by route, then
+``rotations`` and ``aircraft_sessions`` together over one shuffle by aircraft; the
+partitions write the Parquet outputs. State backends (one per operator, built per
+partition on the executors): ``spark_glue.flights.state``. ``compare_sync`` runs the
+job twice, async then synchronous on fresh state, and checks that both wrote the same
+rows.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 from pyspark.sql import DataFrame, SparkSession
@@ -30,7 +28,6 @@ from pyspark.sql import DataFrame, SparkSession
 from aec import (
     AecConfig,
 )
-from backends import LatencyBackend, LocalRedisServer, MemoryBackend, RedisBackend, RocksDBBackend
 from spark_glue import warm_up as first_query
 from spark_glue.flights import data as flights_data
 from spark_glue.flights import enrich as flights_enrich
@@ -46,11 +43,18 @@ from spark_glue.flights.functions import (
     Rotations,
     RouteHourly,
 )
+from spark_glue.flights.state import (
+    BACKENDS,
+    DEFAULT_LATENCY,
+    OBJECT_STORE_DIR,
+    Backends,
+    StateService,
+    redact_url,
+    slatedb_backend,
+    state_service,
+)
 from spark_glue.keyed_parquet import KeyedOperator, write_keyed
 
-BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")
-DEFAULT_LATENCY = 0.001  # seconds per batch round trip (remote-latency)
-OBJECT_STORE_DIR = "object-store"  # the default SlateDB store: a directory in out
 SYNC_DIR = "sync"  # compare_sync: the synchronous run's outputs, in out/sync
 WARM_UP_ROWS = 200  # compare_sync's untimed warm-up run
 INPUT_DIR = ".input"  # the table as Parquet for the run's Spark jobs, in out; removed after
@@ -160,7 +164,7 @@ def run(
         local redis-server would not start.
     """
     validate(options)
-    with _state_service(options) as service:
+    with state_service(options) as service:
         return _run(spark, options, service, step)
 
 
@@ -182,7 +186,7 @@ def compare_sync(
     if options.sync:
         raise ValueError("compare_sync runs both modes: options.sync must be False")
     validate(options)
-    with _state_service(options) as service:
+    with state_service(options) as service:
         warm_up(spark, options, service)
         step("warm-up")
         first = _run(spark, options, service, step)
@@ -194,7 +198,7 @@ def compare_sync(
 
 
 def warm_up(
-    spark: SparkSession, options: FlightsOptions, service: _Service, rows: int = WARM_UP_ROWS
+    spark: SparkSession, options: FlightsOptions, service: StateService, rows: int = WARM_UP_ROWS
 ) -> None:
     """Run the whole job, untimed, on the first ``rows`` rows into a temporary
     directory (same backend kind, async): starts Spark's Python workers, loads the
@@ -226,7 +230,7 @@ def validate(options: FlightsOptions) -> None:
     if options.object_store is not None:
         if options.backend != "slatedb":
             raise ValueError("object_store applies to the slatedb backend only")
-        _slatedb_backend()(options.object_store, "aec-flights")  # checks the URL
+        slatedb_backend()(options.object_store, "aec-flights")  # checks the URL
     if options.redis_url is not None:
         if options.backend != "redis":
             raise ValueError("redis_url applies to the redis backend only")
@@ -256,33 +260,10 @@ def _rows(path: str) -> tuple[list[str], list[str]]:
     return list(frame.columns), rows  # repr: exact floats, NaN equals NaN, None stays None
 
 
-@dataclass(frozen=True)
-class _Service:
-    """What a run's backends need beyond its options: the Redis server in use."""
-
-    redis_url: str | None = None
-    redis_note: str = ""
-
-
-@contextlib.contextmanager
-def _state_service(options: FlightsOptions) -> Iterator[_Service]:
-    """Starts (and finally stops) a throwaway redis-server when ``redis`` has no URL."""
-    if options.backend != "redis":
-        yield _Service()
-    elif options.redis_url is not None:
-        yield _Service(options.redis_url, f"Redis at {redact_url(options.redis_url)}")
-    else:
-        with LocalRedisServer() as server:
-            note = (
-                f"a throwaway local redis-server on 127.0.0.1:{server.port}, stopped after the run"
-            )
-            yield _Service(server.url, note)
-
-
 def _run(
     spark: SparkSession,
     options: FlightsOptions,
-    service: _Service,
+    service: StateService,
     step: Callable[[str], None],
 ) -> FlightsRun:
     started = time.perf_counter()
@@ -291,13 +272,30 @@ def _run(
     shutil.rmtree(state_dir, ignore_errors=True)  # state is per run; stale partitions confuse
     if options.backend == "slatedb" and options.object_store is None:
         shutil.rmtree(os.path.join(options.out, OBJECT_STORE_DIR), ignore_errors=True)
-    backends = _Backends(options, service, state_dir)
+    backends = Backends(options, service, state_dir)
 
     # Only the columns some operator reads travel (--enrich's SQL reads the others).
     wanted = [*flights_data.SCHEMA.fieldNames(), flights_data.ARRIVAL_RANK]
     if not options.enrich:
         wanted = [name for name in wanted if name in TABLE_COLUMNS]
     input_dir = os.path.join(options.out, INPUT_DIR)
+    try:
+        return _passes(spark, options, backends, wanted, input_dir, started, step)
+    finally:
+        shutil.rmtree(input_dir, ignore_errors=True)
+
+
+def _passes(
+    spark: SparkSession,
+    options: FlightsOptions,
+    backends: Backends,
+    wanted: list[str],
+    input_dir: str,
+    started: float,
+    step: Callable[[str], None],
+) -> FlightsRun:
+    """Load the table into Spark, then run the two passes (the operators keyed by route,
+    then those keyed by aircraft)."""
     # Spark's first-query costs (planning, code generation, forking and importing the
     # Python workers) run in the background while the driver loads the table.
     imports = (*WORKER_MODULES, type(backends.build("route_hourly")).__module__)
@@ -359,7 +357,6 @@ def _run(
             report.enrichment = enricher.stats
     step("rotations")
     step("aircraft_sessions")
-    shutil.rmtree(input_dir, ignore_errors=True)
     report.wall_s = time.perf_counter() - started
     return report
 
@@ -392,86 +389,3 @@ def _stages(
 def _datasets(op: KeyedOperator) -> dict[str, str]:
     """Dataset name (its directory's name) -> directory, main output first."""
     return {os.path.basename(path): path for path in op.paths().values()}
-
-
-class _Backends:
-    """Builds each operator's backend (the glue ships its picklable ``spec()``)."""
-
-    def __init__(self, options: FlightsOptions, service: _Service, state_dir: str) -> None:
-        self.options = options
-        self.service = service
-        self.state_dir = state_dir
-        self.mode = "sync" if options.sync else "async"  # fresh state per mode
-        kind = options.backend
-        if kind == "memory":
-            self.note = "in-process dicts"
-        elif kind == "rocksdb":
-            self.note = f"RocksDB under {state_dir}"
-        elif kind == "remote-latency":
-            self.note = (
-                f"RocksDB under {state_dir} behind LatencyBackend: a modelled "
-                f"{format_seconds(options.latency)} round trip per state batch"
-            )
-        elif kind == "slatedb":
-            self.note = f"SlateDB on {self.object_store}, databases under aec-flights/{self.mode}"
-        else:
-            self.note = service.redis_note
-
-    @property
-    def object_store(self) -> str:
-        if self.options.object_store is not None:
-            return self.options.object_store
-        return "file://" + os.path.join(os.path.abspath(self.options.out), OBJECT_STORE_DIR)
-
-    def build(self, name: str) -> Any:
-        kind = self.options.backend
-        if kind == "memory":
-            return MemoryBackend()
-        if kind == "rocksdb":
-            return RocksDBBackend(os.path.join(self.state_dir, name))
-        if kind == "remote-latency":
-            return LatencyBackend(
-                RocksDBBackend(os.path.join(self.state_dir, name)), self.options.latency
-            )
-        if kind == "slatedb":
-            return _slatedb_backend()(self.object_store, f"aec-flights/{self.mode}/{name}")
-        if kind == "redis":
-            if self.service.redis_url is None:
-                raise AssertionError("no Redis server: _state_service provides one")
-            return RedisBackend(self.service.redis_url, prefix=f"aec-flights.{self.mode}.{name}")
-        raise ValueError(f"unknown backend {kind!r}")  # validate() rejects it first
-
-
-def _slatedb_backend() -> Any:
-    """``backends.slatedb.SlateDBBackend``, imported when needed (it loads SlateDB's
-    native library)."""
-    try:
-        from backends.slatedb import SlateDBBackend
-    except ImportError as exc:
-        raise ValueError(f"the slatedb backend is not available: {exc}") from exc
-    return SlateDBBackend
-
-
-def format_seconds(seconds: float) -> str:
-    """``0.001`` -> ``"1 ms"``, ``0.00025`` -> ``"250 us"``, ``2.5`` -> ``"2.5 s"``."""
-    if seconds == 0:
-        return "0 s"
-    if seconds < 0.001:
-        return f"{seconds * 1e6:g} us"
-    if seconds < 1:
-        return f"{seconds * 1000:g} ms"
-    return f"{seconds:g} s"
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (for notes and error messages)."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<unparsable url>"
-    if password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + host))

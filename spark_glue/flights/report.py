@@ -26,8 +26,8 @@ from spark_glue.flights.job import (  # noqa: E402
     WARM_UP_ROWS,
     FlightsRun,
     StageResult,
-    format_seconds,
 )
+from spark_glue.flights.state import format_seconds  # noqa: E402
 from spark_glue.flights.stream_report import stream_section  # noqa: E402
 
 PLOT_FILE = "delay_by_hour.png"
