@@ -23,12 +23,14 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import cloudpickle  # type: ignore[import-untyped]  # cloudpickle ships no type hints
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
@@ -131,8 +133,11 @@ def write_keyed(
     if len(set(names)) != len(names):
         raise ValueError(f"operator names must be unique, got {names}")
     directories = [path for op in operators for path in op.paths().values()]
-    if len(set(directories)) != len(directories):
+    if len({os.path.abspath(d) for d in directories}) != len(directories):
         raise ValueError(f"every output needs its own directory, got {directories}")
+    read = _read_from(df, directories)
+    if read:  # the outputs are emptied before the job: Spark refuses the same overwrite
+        raise ValueError(f"{read!r} is an output directory and an input of the DataFrame")
     members = []
     for op in operators:
         unknown = [c for c in op.columns or () if c not in df.columns]
@@ -184,6 +189,20 @@ def write_keyed(
                 counts[member.targets[stream]] += count
         written.append(Written(member.name, counts, by_operator[member.name]))
     return written
+
+
+def _read_from(df: DataFrame, directories: list[str]) -> str | None:
+    """The first of ``directories`` that holds a file ``df`` reads, if any."""
+    roots = [os.path.abspath(d) + os.sep for d in directories]
+    for uri in df.inputFiles():
+        parts = urlsplit(uri)
+        if parts.scheme not in ("", "file"):
+            continue
+        path = os.path.abspath(unquote(parts.path))
+        for root in roots:
+            if path.startswith(root):
+                return root.rstrip(os.sep)
+    return None
 
 
 @dataclass(frozen=True)

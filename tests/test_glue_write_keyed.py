@@ -157,6 +157,12 @@ def test_bad_arguments_fail_on_the_driver(spark, tmp_path):
         write_keyed(df, [counted(tmp_path, "a", columns=["x", "nope"])], "k")
     with pytest.raises(ValueError, match="column 'nope'"):
         write_keyed(df, [counted(tmp_path, "a")], "nope")
+    df.write.parquet(str(tmp_path / "input"))
+    stored = spark.read.parquet(str(tmp_path / "input"))
+    reads_its_output = KeyedOperator("c", Counted(), OUT, str(tmp_path / "input"))
+    with pytest.raises(ValueError, match="an output directory and an input"):
+        write_keyed(stored, [reads_its_output], "k")
+    assert stored.count() == 5
     assert not (tmp_path / "a").exists()  # nothing touched before the checks passed
 
 
