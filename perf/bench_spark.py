@@ -16,7 +16,10 @@ temp directory). Variants, interleaved per round (``perf/harness.py``):
   from the first input batch to ``finish``, the glue's Arrow conversions included); the
   partition's ``wall_s`` (its whole time in the Python worker, the wait for the JVM's
   shuffle read and sort included) and the action's wall time (``count()`` on the
-  persisted result) are reported beside it.
+  persisted result) are reported beside it;
+* ``write_keyed``: the same through ``spark_glue.write_keyed`` (the flights job's way:
+  the partition writes its output as Parquet, no output row goes back to the JVM), timed
+  the same way.
 
 Goal (issue 9, section 2): engine records/s of one partition through ``process_keyed``
 (rows / partition ``elapsed_s``) >= 0.6x in-process ``run_keyed``, measured side by side.
@@ -76,6 +79,7 @@ VARIANTS = [
     Variant("run_keyed", "in-process run_keyed (engine alone)"),
     Variant("glue", "process_keyed's partition function, in-process (no JVM)"),
     Variant("spark", "process_keyed on Spark, 1 partition (engine elapsed_s)"),
+    Variant("write_keyed", "write_keyed on Spark, 1 partition (engine elapsed_s)"),
 ]
 
 
@@ -146,6 +150,8 @@ def run_variant(v: Variant, env: Env) -> h.Sample:
             env.check(v.name, check.state_items("count"))
             check.close()
             return sample
+        if v.name == "write_keyed":
+            return run_write_keyed(env, path)
         return run_spark(env, path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
@@ -170,6 +176,29 @@ def run_spark(env: Env, path: str) -> h.Sample:
     # batch to finish, the glue's conversions included), as the issue's goal reads;
     # wall_s (the whole Python worker, waits for the JVM's sort included) is reported too.
     return h.Sample(m["elapsed_s"], m.get("cpu_s", m["wall_s"]), env.args.rows,
+                    {"action_s": action, "wall_s": m["wall_s"], "batches": m["batches"]})  # fmt: skip
+
+
+def run_write_keyed(env: Env, path: str) -> h.Sample:
+    """The flights job's way: outputs written as Parquet by the partition (no output row
+    back to the JVM, nothing cached); timed by the partition's engine ``elapsed_s``."""
+    import pandas as pd
+
+    from spark_glue import KeyedOperator, write_keyed
+
+    df = env.spark.createDataFrame(env.table.to_pandas()).repartition(1).cache()
+    df.count()  # the input is materialized outside the clock
+    start = time.perf_counter()
+    op = KeyedOperator("counter", RowCounter(), OUTPUT, f"{path}-out", backend=RocksDBSpec(path))
+    done = write_keyed(df, [op], "k", order_by="v", num_partitions=1)[0]
+    action = time.perf_counter() - start
+    df.unpersist()
+    rows_out = len(pd.read_parquet(f"{path}-out"))
+    shutil.rmtree(f"{path}-out", ignore_errors=True)
+    if rows_out != env.args.rows:
+        raise AssertionError(f"write_keyed: {rows_out} output rows for {env.args.rows} rows")
+    m = done.metrics[0]
+    return h.Sample(m["elapsed_s"], m["cpu_s"], env.args.rows,
                     {"action_s": action, "wall_s": m["wall_s"], "batches": m["batches"]})  # fmt: skip
 
 
@@ -233,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     args = h.finish_args(parser, parser.parse_args(argv), "bench_spark", DEFAULTS, QUICK)
     machine = h.machine_facts(("pyspark", "pyarrow", "rocksdict"))
     env = Env(args)
-    variants = [v for v in VARIANTS if not (args.no_spark and v.name == "spark")]
+    spark_variants = ("spark", "write_keyed")
+    variants = [v for v in VARIANTS if not (args.no_spark and v.name in spark_variants)]
     try:
         if not args.no_spark:
             import bench_core
@@ -260,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     base = results["run_keyed"]
     goals = {}
-    for name in ("spark", "glue"):
+    for name in ("spark", "glue", "write_keyed"):
         if name in results:
             r = results[name]
             goals[name] = h.goal(

@@ -7,6 +7,9 @@ the other streams of its result. See ``spark_glue.keyed`` for the design.
 ``process_keyed_stream(stream_df, function, key, output_schema,
 checkpoint_location=..., sink=...)`` does the same per micro-batch of a
 Structured Streaming query, with exactly-once state (``spark_glue.stream``).
+``write_keyed(df, operators, key, ...)`` runs several operators keyed alike over one
+shuffle and sort and writes their outputs as Parquet from the partitions
+(``spark_glue.keyed_parquet``; what the ``aec flights`` job uses).
 ``async_udf`` turns an ``async def`` into a pandas UDF and ``async_map`` maps rows
 through async calls, both with bounded calls in flight per task
 (``spark_glue.async_calls``).
@@ -35,6 +38,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 if TYPE_CHECKING:
     from spark_glue.async_calls import async_map, async_udf
     from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
+    from spark_glue.keyed_parquet import KeyedOperator, write_keyed
     from spark_glue.stream import process_keyed_stream
 
 SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "cloudpickle")  # the 'spark' extra
@@ -46,6 +50,8 @@ _EXPORTS = {
     "process_keyed": "spark_glue.keyed",
     "side_output": "spark_glue.keyed",
     "unpersist": "spark_glue.keyed",
+    "KeyedOperator": "spark_glue.keyed_parquet",
+    "write_keyed": "spark_glue.keyed_parquet",
     "process_keyed_stream": "spark_glue.stream",
 }
 
@@ -60,6 +66,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "KeyedOperator",
     "async_map",
     "async_udf",
     "partition_metrics",
@@ -67,4 +74,5 @@ __all__ = [
     "process_keyed_stream",
     "side_output",
     "unpersist",
+    "write_keyed",
 ]

@@ -45,6 +45,7 @@ class PartitionJob:
     interval: int
     layout: RawLayout
     partitions: int = 0  # rows routed by key group to this many partitions (0: not routed)
+    values: list[str] | None = None  # the columns of each record's dict (None: all of them)
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The ``mapInArrow`` function of ``process_keyed``: input batches in, raw
@@ -77,7 +78,9 @@ class PartitionJob:
         # interval's max by pyarrow), not per record: the same watermarks after
         # the same records as feeding on_record one record at a time.
         keys = keys_of(batch, self.keys)
-        values = batch.to_pylist()
+        # Rows as dicts cost per column and row (a timestamp column most: a datetime per
+        # row); write_keyed's operators name the columns their functions read.
+        values = (batch if self.values is None else batch.select(self.values)).to_pylist()
         process = operator.process
         if self.timestamp is None:
             for record in map(Record, keys, values):
@@ -111,14 +114,19 @@ class PartitionRun:
     """
 
     def __init__(
-        self, job: PartitionJob, partition: int, key_group_range: KeyGroupRange | None = None
+        self,
+        job: PartitionJob,
+        partition: int,
+        key_group_range: KeyGroupRange | None = None,
+        writer: Any = None,
     ) -> None:
         self.job = job
         self.partition = partition
         self.key_group_range = key_group_range
         self.started = time.perf_counter()
         self.cpu_started = time.process_time()
-        self.writer = RawWriter(job.layout)
+        # RawWriter by default; write_keyed passes a spark_glue.parquet_out.ParquetStreams
+        self.writer: Any = writer if writer is not None else RawWriter(job.layout)
         self.watermarks = BoundedOutOfOrderness(job.delay, job.interval)
         self.rows_in = 0
         self.backend: StateBackend | None = None
@@ -170,6 +178,10 @@ class PartitionRun:
 
     def metrics_batch(self, **extra: Any) -> pa.RecordBatch:
         """The metrics row; call after leaving the context (or on a kept operator)."""
+        return cast(pa.RecordBatch, self.writer.metrics_batch(self.metrics(**extra)))
+
+    def metrics(self, **extra: Any) -> dict[str, Any]:
+        """The operator's metrics and the glue's (see ``partition_metrics``)."""
         metrics = dict(self.final_metrics or self.operator.metrics)
         metrics.update(
             partition=self.partition,
@@ -181,4 +193,4 @@ class PartitionRun:
             cpu_s=time.process_time() - self.cpu_started,
             **extra,
         )
-        return self.writer.metrics_batch(metrics)
+        return metrics

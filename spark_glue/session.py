@@ -10,11 +10,17 @@ Decisions: ``docs/cluster.md``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 DEFAULT_MASTER = "local[*]"
 MASTER = "spark.master"
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+# The driver JVM compiles with C1 only: the command's jobs last seconds, and C2's compile
+# threads cost more CPU than they saved (the flights year: about 5 CPU-seconds less of
+# ~20 in the JVM, session start 8 s instead of 14-19 s; docs/performance.md).
+DEFAULT_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 def session_settings(
@@ -75,9 +81,12 @@ def command_session(partitions: int, master: str | None = None) -> tuple[Any, bo
     if active is not None:
         return active, False
     # Start (or, under spark-submit, join) the JVM first, so that the conf below sees
-    # the submitted settings; the launch itself gets the driver memory default.
+    # the submitted settings; the launch itself gets the driver memory default and,
+    # unless the user gave driver Java options, the JIT default.
     launch = SparkConf(loadDefaults=False)
     launch.set("spark.driver.memory", "2g")
+    if not java_options_given(os.environ.get("PYSPARK_SUBMIT_ARGS", ""), _spark_defaults()):
+        launch.set(JAVA_OPTIONS, DEFAULT_JAVA_OPTIONS)
     SparkContext._ensure_initialized(conf=launch)
     submitted = dict(SparkConf().getAll())
     settings = session_settings(partitions, master, submitted)
@@ -87,3 +96,30 @@ def command_session(partitions: int, master: str | None = None) -> tuple[Any, bo
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session, True
+
+
+def java_options_given(submit_args: str, defaults: str) -> bool:
+    """Whether the user set the driver's Java options: ``--driver-java-options`` or
+    ``spark.driver.extraJavaOptions`` in ``PYSPARK_SUBMIT_ARGS`` (``submit_args``) or in
+    ``spark-defaults.conf`` (its text, ``defaults``). Their options win over the JIT
+    default, which the launch would otherwise put on the command line."""
+    if "--driver-java-options" in submit_args or JAVA_OPTIONS in submit_args:
+        return True
+    return any(line.split()[:1] == [JAVA_OPTIONS] for line in defaults.splitlines())
+
+
+def _spark_defaults() -> str:
+    """The text of the ``spark-defaults.conf`` spark-submit would read ('' if none)."""
+    directory = os.environ.get("SPARK_CONF_DIR")
+    if directory is None:
+        try:
+            from pyspark.find_spark_home import _find_spark_home
+
+            directory = os.path.join(_find_spark_home(), "conf")
+        except Exception:  # no Spark home: no defaults file either
+            return ""
+    try:
+        with open(os.path.join(directory, "spark-defaults.conf"), encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""

@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 from driver_helpers import DRIVERS, ROOT, driver_env
 
-from spark_glue.session import DEFAULT_MASTER, session_settings
+from spark_glue.session import DEFAULT_MASTER, java_options_given, session_settings
 
 DRIVER = DRIVERS / "cluster_driver.py"
 MASTER = "local-cluster[2,1,1024]"
@@ -81,6 +81,15 @@ def test_session_settings_honour_submitted_ones():
         session_settings(4, " ", {})
     with pytest.raises(ValueError, match="partitions"):
         session_settings(0, None, {})
+
+
+def test_the_jit_default_yields_to_the_users_java_options():
+    assert not java_options_given("pyspark-shell", "")
+    assert not java_options_given("--master local[2] pyspark-shell", "spark.driver.memory 4g\n")
+    assert java_options_given("--driver-java-options -Xss4m pyspark-shell", "")
+    assert java_options_given("--conf spark.driver.extraJavaOptions=-Xss4m pyspark-shell", "")
+    assert java_options_given("", "# comment\nspark.driver.extraJavaOptions  -Xss4m\n")
+    assert not java_options_given("", "# spark.driver.extraJavaOptions -Xss4m\n")
 
 
 def test_cli_passes_master():

@@ -55,6 +55,7 @@ from spark_glue.flights import (
 from spark_glue.flights import data as flights_data
 from spark_glue.flights import job as flights
 from spark_glue.flights import report as flights_report
+from spark_glue.flights import state as flights_state
 
 PARTITIONS = 2
 HOUR = 3600
@@ -308,9 +309,9 @@ def test_cli_defaults_and_errors(capsys):
 def test_cli_and_job_agree_on_backends_and_latency():
     assert cli.BACKENDS == flights.BACKENDS
     assert cli.DEFAULT_LATENCY == flights.DEFAULT_LATENCY == FlightsOptions(out="x").latency
-    assert flights.format_seconds(0.001) == "1 ms"
-    assert flights.format_seconds(0.00025) == "250 us"
-    assert flights.format_seconds(2.5) == "2.5 s"
+    assert flights_state.format_seconds(0.001) == "1 ms"
+    assert flights_state.format_seconds(0.00025) == "250 us"
+    assert flights_state.format_seconds(2.5) == "2.5 s"
     assert flights.redact_url("redis://u:secret@h:1/0") == "redis://u:***@h:1/0"
 
 
@@ -553,6 +554,8 @@ def test_cli_runs_end_to_end(spark, rocksdb_run, tmp_path):
     ):
         assert heading in summary
     assert "## Sync vs async" not in summary
+    assert "rotations and aircraft_sessions" in summary.split("Wall time", 1)[1].split("\n")[0]
+    assert not (out / flights.INPUT_DIR).exists()  # the job's input file goes with the run
     png = (out / flights_report.PLOT_FILE).read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 

@@ -22,6 +22,9 @@ boundaries matter, and local hours are what the windows should follow.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
@@ -118,10 +121,40 @@ def to_spark_columns(spark: SparkSession, prepared: pd.DataFrame, columns: list[
     """``prepared``'s ``columns`` (of ``SCHEMA``, or ``ARRIVAL_RANK``) as a Spark DataFrame,
     shipped to the JVM as one Arrow table (no row objects). Types as ``SCHEMA``;
     ``ARRIVAL_RANK`` is a non-null long."""
-    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+    schema = schema_of(columns)
+    return spark.createDataFrame(_arrow_table(prepared, schema), schema=schema)
 
+
+def to_spark_parquet(
+    spark: SparkSession, prepared: pd.DataFrame, columns: list[str], directory: str
+) -> DataFrame:
+    """``prepared``'s ``columns`` written by pyarrow as one Parquet file in ``directory``
+    (created; the caller removes it) and read back by Spark, types as
+    ``to_spark_columns``. Nothing is cached: every Spark job that reads it scans the file
+    (column by column, only the columns it needs), which costs less than building and
+    reading Spark's in-memory cache (docs/performance.md, "The Spark path")."""
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type hints
+
+    schema = schema_of(columns)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "flights.parquet")
+    pq.write_table(_arrow_table(prepared, schema), path, compression="snappy")
+    return spark.read.schema(schema).parquet(path)
+
+
+def schema_of(columns: list[str]) -> T.StructType:
+    """The Spark schema of ``columns`` (of ``SCHEMA``, or ``ARRIVAL_RANK``)."""
     fields = {f.name: f for f in SCHEMA.fields}
     fields[ARRIVAL_RANK] = T.StructField(ARRIVAL_RANK, T.LongType(), False)
-    schema = T.StructType([fields[name] for name in columns])
-    table = pa.Table.from_pandas(prepared[columns], preserve_index=False)
-    return spark.createDataFrame(table, schema=schema)
+    return T.StructType([fields[name] for name in columns])
+
+
+def _arrow_table(prepared: pd.DataFrame, schema: T.StructType) -> Any:
+    """``prepared``'s columns as the Arrow table Spark reads for ``schema`` (timestamps
+    in microseconds, as Spark keeps them: pandas' nanoseconds would not read)."""
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+
+    from spark_glue.convert import arrow_schema
+
+    target = arrow_schema(schema)
+    return pa.Table.from_pandas(prepared[schema.fieldNames()], schema=target, preserve_index=False)

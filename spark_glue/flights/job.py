@@ -1,37 +1,34 @@
 """The flights pipeline: runs the job's operators (``spark_glue.flights.functions``)
 through Spark and aec and writes their outputs.
 
-State backends (``FlightsOptions.backend``, one per operator, built per
-partition on the executors from its picklable spec): ``memory``, ``rocksdb``
-(under ``out/state``), ``remote-latency`` (``LatencyBackend`` over that RocksDB:
-every batch pays a modelled round trip), ``slatedb`` (an LSM on an object
-store, by default the local directory ``out/object-store``) and ``redis`` (a
-given server, or a throwaway local ``redis-server`` started for the run).
-``compare_sync`` runs the job twice, async then synchronous on fresh state, and
-checks that both wrote the same rows.
+The table goes to Spark as one Parquet file (``data.to_spark_parquet``), then two
+passes of ``spark_glue.write_keyed``: ``route_hourly`` keyed by route, then
+``rotations`` and ``aircraft_sessions`` together over one shuffle by aircraft; the
+partitions write the Parquet outputs. State backends (one per operator, built per
+partition on the executors): ``spark_glue.flights.state``. ``compare_sync`` runs the
+job twice, async then synchronous on fresh state, and checks that both wrote the same
+rows.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
 from aec import (
     AecConfig,
 )
-from backends import LatencyBackend, LocalRedisServer, MemoryBackend, RedisBackend, RocksDBBackend
+from spark_glue import warm_up as first_query
 from spark_glue.flights import data as flights_data
 from spark_glue.flights import enrich as flights_enrich
 from spark_glue.flights.functions import (
@@ -46,23 +43,34 @@ from spark_glue.flights.functions import (
     Rotations,
     RouteHourly,
 )
-from spark_glue.keyed import arrange, partition_metrics, process_keyed, side_output, unpersist
+from spark_glue.flights.state import (
+    BACKENDS,
+    DEFAULT_LATENCY,
+    OBJECT_STORE_DIR,
+    Backends,
+    StateService,
+    redact_url,
+    slatedb_backend,
+    state_service,
+)
+from spark_glue.keyed_parquet import KeyedOperator, write_keyed
 
-BACKENDS = ("memory", "rocksdb", "remote-latency", "slatedb", "redis")
-DEFAULT_LATENCY = 0.001  # seconds per batch round trip (remote-latency)
-OBJECT_STORE_DIR = "object-store"  # the default SlateDB store: a directory in out
 SYNC_DIR = "sync"  # compare_sync: the synchronous run's outputs, in out/sync
 WARM_UP_ROWS = 200  # compare_sync's untimed warm-up run
+INPUT_DIR = ".input"  # the table as Parquet for the run's Spark jobs, in out; removed after
+# What the Python workers import for the job (spark_glue.warm_up imports it in advance).
+WORKER_MODULES = ("aec.windowing", "spark_glue.keyed_parquet", "spark_glue.flights.functions")
 
-# What each operator reads (its key, the event time, the fields its function uses, the
-# arrival rank it is sorted by): narrower rows to shuffle, sort, ship over Arrow and turn
-# into dicts. docs/performance.md ("The Spark path") has the measurements.
-ROUTE_COLUMNS = ["route", "event_time", "row", "origin", "dest", "dep_delay", "cancelled",
-                 flights_data.ARRIVAL_RANK]  # fmt: skip
-ROTATION_COLUMNS = ["aircraft", "event_time", "row", "tailnum", "carrier", "flight", "origin",
-                    "dest", "dep_delay", "arr_delay", "cancelled", flights_data.ARRIVAL_RANK]  # fmt: skip
-SESSION_COLUMNS = ["aircraft", "event_time", "row", "dep_delay", "cancelled",
-                   flights_data.ARRIVAL_RANK]  # fmt: skip
+# What each operator's function reads from a flight (its record's dict): building the dicts
+# costs per field, a timestamp most (a datetime per row). The key, the event time and the
+# arrival rank reach the glue from the table as well. docs/performance.md ("The Spark
+# path") has the measurements.
+ROUTE_FIELDS = ["row", "origin", "dest", "dep_delay", "cancelled"]
+ROTATION_FIELDS = ["row", "tailnum", "carrier", "flight", "origin", "dest", "dep_delay", "arr_delay"]
+SESSION_FIELDS = ["row", "aircraft", "dep_delay", "cancelled"]
+# What travels into Spark: the fields, the keys, the event time, the arrival rank.
+TABLE_COLUMNS = {*ROUTE_FIELDS, *ROTATION_FIELDS, *SESSION_FIELDS, "route", "aircraft",
+                 "event_time", flights_data.ARRIVAL_RANK}  # fmt: skip
 
 
 # --- the pipeline ---------------------------------------------------------------------
@@ -115,6 +123,7 @@ class StageResult:
     rows: dict[str, int]  # dataset name -> row count
     metrics: pd.DataFrame  # partition_metrics, one row per partition
     wall_s: float
+    step: str | None = None  # the pass it shared with other operators (None: its own)
 
 
 @dataclass
@@ -155,7 +164,7 @@ def run(
         local redis-server would not start.
     """
     validate(options)
-    with _state_service(options) as service:
+    with state_service(options) as service:
         return _run(spark, options, service, step)
 
 
@@ -177,7 +186,7 @@ def compare_sync(
     if options.sync:
         raise ValueError("compare_sync runs both modes: options.sync must be False")
     validate(options)
-    with _state_service(options) as service:
+    with state_service(options) as service:
         warm_up(spark, options, service)
         step("warm-up")
         first = _run(spark, options, service, step)
@@ -189,7 +198,7 @@ def compare_sync(
 
 
 def warm_up(
-    spark: SparkSession, options: FlightsOptions, service: _Service, rows: int = WARM_UP_ROWS
+    spark: SparkSession, options: FlightsOptions, service: StateService, rows: int = WARM_UP_ROWS
 ) -> None:
     """Run the whole job, untimed, on the first ``rows`` rows into a temporary
     directory (same backend kind, async): starts Spark's Python workers, loads the
@@ -221,7 +230,7 @@ def validate(options: FlightsOptions) -> None:
     if options.object_store is not None:
         if options.backend != "slatedb":
             raise ValueError("object_store applies to the slatedb backend only")
-        _slatedb_backend()(options.object_store, "aec-flights")  # checks the URL
+        slatedb_backend()(options.object_store, "aec-flights")  # checks the URL
     if options.redis_url is not None:
         if options.backend != "redis":
             raise ValueError("redis_url applies to the redis backend only")
@@ -251,33 +260,10 @@ def _rows(path: str) -> tuple[list[str], list[str]]:
     return list(frame.columns), rows  # repr: exact floats, NaN equals NaN, None stays None
 
 
-@dataclass(frozen=True)
-class _Service:
-    """What a run's backends need beyond its options: the Redis server in use."""
-
-    redis_url: str | None = None
-    redis_note: str = ""
-
-
-@contextlib.contextmanager
-def _state_service(options: FlightsOptions) -> Iterator[_Service]:
-    """Starts (and finally stops) a throwaway redis-server when ``redis`` has no URL."""
-    if options.backend != "redis":
-        yield _Service()
-    elif options.redis_url is not None:
-        yield _Service(options.redis_url, f"Redis at {redact_url(options.redis_url)}")
-    else:
-        with LocalRedisServer() as server:
-            note = (
-                f"a throwaway local redis-server on 127.0.0.1:{server.port}, stopped after the run"
-            )
-            yield _Service(server.url, note)
-
-
 def _run(
     spark: SparkSession,
     options: FlightsOptions,
-    service: _Service,
+    service: StateService,
     step: Callable[[str], None],
 ) -> FlightsRun:
     started = time.perf_counter()
@@ -286,17 +272,41 @@ def _run(
     shutil.rmtree(state_dir, ignore_errors=True)  # state is per run; stale partitions confuse
     if options.backend == "slatedb" and options.object_store is None:
         shutil.rmtree(os.path.join(options.out, OBJECT_STORE_DIR), ignore_errors=True)
-    backends = _Backends(options, service, state_dir)
+    backends = Backends(options, service, state_dir)
 
-    prepared = flights_data.load(options.limit)
-    prepared[flights_data.ARRIVAL_RANK] = flights_data.arrival_ranks(prepared)
     # Only the columns some operator reads travel (--enrich's SQL reads the others).
     wanted = [*flights_data.SCHEMA.fieldNames(), flights_data.ARRIVAL_RANK]
     if not options.enrich:
-        needed = {*ROUTE_COLUMNS, *ROTATION_COLUMNS, *SESSION_COLUMNS}
-        wanted = [name for name in wanted if name in needed]
-    source = flights_data.to_spark_columns(spark, prepared, wanted).cache()
-    source.count()  # materialise the cache now, so the stage timings below are the operators'
+        wanted = [name for name in wanted if name in TABLE_COLUMNS]
+    input_dir = os.path.join(options.out, INPUT_DIR)
+    try:
+        return _passes(spark, options, backends, wanted, input_dir, started, step)
+    finally:
+        shutil.rmtree(input_dir, ignore_errors=True)
+
+
+def _passes(
+    spark: SparkSession,
+    options: FlightsOptions,
+    backends: Backends,
+    wanted: list[str],
+    input_dir: str,
+    started: float,
+    step: Callable[[str], None],
+) -> FlightsRun:
+    """Load the table into Spark, then run the two passes (the operators keyed by route,
+    then those keyed by aircraft)."""
+    # Spark's first-query costs (planning, code generation, forking and importing the
+    # Python workers) run in the background while the driver loads the table.
+    imports = (*WORKER_MODULES, type(backends.build("route_hourly")).__module__)
+    warming = first_query.start(
+        spark, flights_data.schema_of(wanted), "route", flights_data.ARRIVAL_RANK,
+        options.partitions, os.path.join(input_dir, "warm-up"), imports,
+    )  # fmt: skip
+    prepared = flights_data.load(options.limit)
+    prepared[flights_data.ARRIVAL_RANK] = flights_data.arrival_ranks(prepared)
+    source = flights_data.to_spark_parquet(spark, prepared, wanted, input_dir)
+    warming.join()
     report = FlightsRun(options=options, input_rows=len(prepared), backend_note=backends.note)
     report.load_s = time.perf_counter() - started
     step("loaded the flights table")
@@ -305,166 +315,77 @@ def _run(
         "timestamp": "event_time",
         "watermark_delay": options.watermark_delay,
         "order_by": flights_data.ARRIVAL_RANK,  # the same order as ARRIVAL_ORDER
-        "config": AecConfig(async_state=not options.sync),
         "num_partitions": options.partitions,
     }
-    hourly = process_keyed(
-        source.select(*ROUTE_COLUMNS),
-        RouteHourly(),
-        key="route",
-        output_schema=ROUTE_HOURLY_SCHEMA,
-        backend=backends.build("route_hourly"),
-        side_outputs={"late": LATE_SCHEMA},
-        **common,
-    )
-    report.stages.append(_write_stage(options.out, "route_hourly", hourly, ["late"]))
+    config = AecConfig(async_state=not options.sync)
+    out = options.out
+    hourly = KeyedOperator(
+        "route_hourly", RouteHourly(), ROUTE_HOURLY_SCHEMA, os.path.join(out, "route_hourly"),
+        side_outputs={"late": (LATE_SCHEMA, os.path.join(out, "late"))},
+        columns=ROUTE_FIELDS, backend=backends.build("route_hourly"), config=config,
+    )  # fmt: skip
+    report.stages += _stages(source, [hourly], "route", common)
     step("route_hourly")
     with flights_enrich.serving(options) as enricher:
         rotations_function, rotations_schema = Rotations(), ROTATIONS_SCHEMA
-        # rotations and aircraft_sessions share one shuffle and sort by aircraft (cached):
-        # Spark sees the cached frame already hash-partitioned by aircraft into the same
-        # partitions and sorted by the rank, and plans no second exchange or sort for
-        # either operator. The rows, partitions and order are those of separate shuffles.
-        by_aircraft = arrange(
-            source.select(*ROTATION_COLUMNS), ["aircraft"], flights_data.ARRIVAL_RANK,
-            options.partitions,
-        ).persist(StorageLevel.MEMORY_AND_DISK)  # fmt: skip
-        rotations_input = by_aircraft
+        rotation_columns: list[str] | None = ROTATION_FIELDS
         if enricher is not None:
-            rotations_input = source  # its function reads the enrichment's columns too
-            enricher.enrich_sql(spark, source, options.out)
+            enricher.enrich_sql(spark, source, out)
             step("enrich")
             rotations_function, rotations_schema = enricher.rotations()
-        rotations = process_keyed(
-            rotations_input,
-            rotations_function,
-            key="aircraft",
-            output_schema=rotations_schema,
-            backend=backends.build("rotations"),
-            side_outputs={"no_tailnum": NO_TAILNUM_SCHEMA},
-            **common,
-        )
-        report.stages.append(_write_stage(options.out, "rotations", rotations, ["no_tailnum"]))
+            rotation_columns = None  # its function reads the enrichment's columns too
+        # rotations and aircraft_sessions are keyed and ordered alike: one shuffle and
+        # sort, one pass feeding each partition's rows to both operators. The sessions
+        # see only rows with a tail number, in the same order: the records of a
+        # separate process_keyed over the filtered table, with the same partitions.
+        rotations = KeyedOperator(
+            "rotations", rotations_function, rotations_schema, os.path.join(out, "rotations"),
+            side_outputs={"no_tailnum": (NO_TAILNUM_SCHEMA, os.path.join(out, "no_tailnum"))},
+            columns=rotation_columns, backend=backends.build("rotations"), config=config,
+        )  # fmt: skip
+        sessions = KeyedOperator(
+            "aircraft_sessions", AircraftSessions(), AIRCRAFT_SESSIONS_SCHEMA,
+            os.path.join(out, "aircraft_sessions"),
+            side_outputs={"late_sessions": (LATE_SESSIONS_SCHEMA,
+                                            os.path.join(out, "late_sessions"))},
+            columns=SESSION_FIELDS, row_filter=has_tailnum,
+            backend=backends.build("aircraft_sessions"), config=config,
+        )  # fmt: skip
+        report.stages += _stages(source, [rotations, sessions], "aircraft", common)
         if enricher is not None:
             enricher.rotations_done()
             report.enrichment = enricher.stats
     step("rotations")
-    sessions = process_keyed(
-        by_aircraft.where(by_aircraft["aircraft"] != flights_data.NO_TAILNUM_KEY).select(
-            *SESSION_COLUMNS
-        ),
-        AircraftSessions(),
-        key="aircraft",
-        output_schema=AIRCRAFT_SESSIONS_SCHEMA,
-        backend=backends.build("aircraft_sessions"),
-        side_outputs={"late_sessions": LATE_SESSIONS_SCHEMA},
-        **common,
-    )
-    report.stages.append(
-        _write_stage(options.out, "aircraft_sessions", sessions, ["late_sessions"])
-    )
     step("aircraft_sessions")
-    by_aircraft.unpersist()
-    source.unpersist()
     report.wall_s = time.perf_counter() - started
     return report
 
 
-class _Backends:
-    """Builds each operator's backend (the glue ships its picklable ``spec()``)."""
+def has_tailnum(batch: Any) -> Any:
+    """The rows of an Arrow batch that have a tail number (aircraft_sessions' input)."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped]  # pyarrow ships no type hints
 
-    def __init__(self, options: FlightsOptions, service: _Service, state_dir: str) -> None:
-        self.options = options
-        self.service = service
-        self.state_dir = state_dir
-        self.mode = "sync" if options.sync else "async"  # fresh state per mode
-        kind = options.backend
-        if kind == "memory":
-            self.note = "in-process dicts"
-        elif kind == "rocksdb":
-            self.note = f"RocksDB under {state_dir}"
-        elif kind == "remote-latency":
-            self.note = (
-                f"RocksDB under {state_dir} behind LatencyBackend: a modelled "
-                f"{format_seconds(options.latency)} round trip per state batch"
-            )
-        elif kind == "slatedb":
-            self.note = f"SlateDB on {self.object_store}, databases under aec-flights/{self.mode}"
-        else:
-            self.note = service.redis_note
-
-    @property
-    def object_store(self) -> str:
-        if self.options.object_store is not None:
-            return self.options.object_store
-        return "file://" + os.path.join(os.path.abspath(self.options.out), OBJECT_STORE_DIR)
-
-    def build(self, name: str) -> Any:
-        kind = self.options.backend
-        if kind == "memory":
-            return MemoryBackend()
-        if kind == "rocksdb":
-            return RocksDBBackend(os.path.join(self.state_dir, name))
-        if kind == "remote-latency":
-            return LatencyBackend(
-                RocksDBBackend(os.path.join(self.state_dir, name)), self.options.latency
-            )
-        if kind == "slatedb":
-            return _slatedb_backend()(self.object_store, f"aec-flights/{self.mode}/{name}")
-        if kind == "redis":
-            if self.service.redis_url is None:
-                raise AssertionError("no Redis server: _state_service provides one")
-            return RedisBackend(self.service.redis_url, prefix=f"aec-flights.{self.mode}.{name}")
-        raise ValueError(f"unknown backend {kind!r}")  # validate() rejects it first
+    return pc.not_equal(batch.column("aircraft"), flights_data.NO_TAILNUM_KEY)
 
 
-def _slatedb_backend() -> Any:
-    """``backends.slatedb.SlateDBBackend``, imported when needed (it loads SlateDB's
-    native library)."""
-    try:
-        from backends.slatedb import SlateDBBackend
-    except ImportError as exc:
-        raise ValueError(f"the slatedb backend is not available: {exc}") from exc
-    return SlateDBBackend
-
-
-def format_seconds(seconds: float) -> str:
-    """``0.001`` -> ``"1 ms"``, ``0.00025`` -> ``"250 us"``, ``2.5`` -> ``"2.5 s"``."""
-    if seconds == 0:
-        return "0 s"
-    if seconds < 0.001:
-        return f"{seconds * 1e6:g} us"
-    if seconds < 1:
-        return f"{seconds * 1000:g} ms"
-    return f"{seconds:g} s"
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (for notes and error messages)."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<unparsable url>"
-    if password is None:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + host))
-
-
-def _write_stage(out: str, name: str, result: DataFrame, sides: list[str]) -> StageResult:
+def _stages(
+    source: DataFrame, operators: list[KeyedOperator], key: str, common: dict[str, Any]
+) -> list[StageResult]:
+    """One ``write_keyed`` pass over ``source`` keyed by ``key``: a StageResult per
+    operator, each with the pass's wall time."""
     started = time.perf_counter()
-    frames = {name: result, **{tag: side_output(result, tag) for tag in sides}}
-    outputs, rows = {}, {}
-    for (
-        dataset,
-        frame,
-    ) in frames.items():  # the first write runs the operator; the rest read its cache
-        path = os.path.join(out, dataset)
-        frame.write.mode("overwrite").parquet(path)
-        outputs[dataset] = path
-        rows[dataset] = frame.count()
-    metrics = partition_metrics(result).toPandas()
-    unpersist(result)
-    return StageResult(name, outputs, rows, metrics, time.perf_counter() - started)
+    written = write_keyed(source, operators, key, **common)
+    wall_s = time.perf_counter() - started
+    step = " and ".join(op.name for op in operators) if len(operators) > 1 else None
+    stages = []
+    for op, done in zip(operators, written, strict=True):
+        names = {path: name for name, path in _datasets(op).items()}
+        rows = {names[path]: count for path, count in done.rows.items()}
+        outputs = {name: path for path, name in names.items()}
+        stages.append(StageResult(op.name, outputs, rows, pd.DataFrame(done.metrics), wall_s, step))
+    return stages
+
+
+def _datasets(op: KeyedOperator) -> dict[str, str]:
+    """Dataset name (its directory's name) -> directory, main output first."""
+    return {os.path.basename(path): path for path in op.paths().values()}
