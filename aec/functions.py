@@ -8,6 +8,7 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from typing import Any, Protocol, overload
 
 from aec.config import AecConfig
@@ -44,6 +45,7 @@ class OperatorHooks(Protocol):
     def state_handle(self, descriptor: StateDescriptor) -> Any: ...
     def register_timer(self, domain: str, timestamp: float) -> None: ...
     def delete_timer(self, domain: str, timestamp: float) -> None: ...
+    def timer_times(self, domain: str) -> Container[float]: ...
     def current_context(self) -> _RunningRecord: ...
     def emit(self, value: Any) -> None: ...
     def emit_side(self, tag: Any, value: Any) -> None: ...
@@ -135,6 +137,12 @@ class TimerService:
     def delete_processing_time_timer(self, timestamp: float) -> None:
         """Forget this key's processing-time timer at ``timestamp`` (no-op if absent)."""
         self._operator.delete_timer("processing-time", _checked(timestamp, "processing-time"))
+
+    def _registered(self, domain: str) -> Container[float]:
+        """aec-internal: timestamps of this key's timers in ``domain`` (``"event-time"``
+        or ``"processing-time"``), for membership tests before many deletes; valid
+        until a timer of the key is registered."""
+        return self._operator.timer_times(domain)
 
     def current_watermark(self) -> float:
         """The watermark the running code sees, in seconds (-inf before the first):

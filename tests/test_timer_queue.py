@@ -42,3 +42,18 @@ def test_pop_next_for_key_is_the_smallest_due_timer_of_the_key(ops):
     assert sorted(queue.items()) == sorted(
         (k, float(t)) for k, timers in model.items() for t in timers
     )
+
+
+def test_timestamps_are_the_keys_registered_timers_for_membership_tests():
+    queue = TimerQueue()
+    assert 5.0 not in queue.timestamps("a")  # no timers: empty
+    queue.register("a", 5.0, 0)
+    queue.register("a", 9.0, 0)
+    queue.register("b", 7.0, 0)
+    view = queue.timestamps("a")
+    assert 5.0 in view and 9.0 in view and 7.0 not in view
+    queue.delete("a", 5.0, 0)
+    assert 5.0 not in view and 9.0 in view  # live while the key has timers
+    queue.delete("a", 9.0, 0)
+    assert 9.0 not in queue.timestamps("a")
+    assert 7.0 in queue.timestamps("b")

@@ -7,6 +7,7 @@ when a ``ClockTick`` does (DESIGN rule 8). Flink: ``InternalTimerServiceAsyncImp
 from __future__ import annotations
 
 import math
+from collections.abc import Container
 from typing import TYPE_CHECKING, Any, cast
 
 from aec.elements import ClockTick, Watermark
@@ -60,6 +61,10 @@ class OperatorTimers:
         self._timer_queue(domain).delete(
             context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
         )
+
+    def timer_times(self, domain: str) -> Container[float]:
+        """Timestamps of the current key's timers in ``domain`` (``TimerQueue.timestamps``)."""
+        return self._timer_queue(domain).timestamps(self.current_context().key)
 
     def _timer_queue(self, domain: str) -> TimerQueue:
         return self.event_timers if domain == _EVENT else self.processing_timers

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from collections.abc import Container
 from typing import Any
 
 from sortedcontainers import SortedList
+
+_NONE: frozenset[float] = frozenset()
 
 
 class TimerQueue:
@@ -71,6 +74,12 @@ class TimerQueue:
         timers[timestamp] = (self._sequence, epoch)
         self._order.add((timestamp, self._sequence, key))
         return True
+
+    def timestamps(self, key: Any) -> Container[float]:
+        """The timestamps of ``key``'s registered timers, for membership tests: a live
+        view while the key has timers; an empty container (not live) when it has none."""
+        timers = self._by_key.get(key)
+        return _NONE if timers is None else timers
 
     def delete(
         self, key: Any, timestamp: float, epoch: int = 0, arrival_watermark: float = -math.inf

@@ -15,6 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
+from aec.windowing.contents import AggregateContents
 from aec.windowing.context import Scope
 from aec.windowing.panes import PaneContents
 from aec.windowing.windows import TimeWindow
@@ -112,6 +113,15 @@ def fire_due(
     elements, output, merge = inner.elements, ctx.output, inner.merge_fresh
     indexes = sorted(found)
     i, m = 0, len(indexes)
+    # an aggregate without a process function: merge_fresh and elements inlined (the
+    # same calls in the same order); with no user code holding a context in the loop,
+    # the key's timers change only by our deletes, so absent ones are skipped (most
+    # fired windows have no timer of their own: one chain timer per key)
+    aggregate = inner.function if plain and type(inner) is AggregateContents else None
+    if aggregate is not None:
+        create, combine = aggregate.create_accumulator, aggregate.merge
+        result_of = aggregate.get_result
+    timers = service._registered("event-time") if event_time and plain else None
     while True:
         start = offset + k * slide
         end = start + size  # as grid_window computes it: bit-for-bit the same
@@ -120,13 +130,18 @@ def fire_due(
         first = k * r
         hi = bisect_left(indexes, first + n, i)
         if hi > i:
-            merged = merge([found[j] for j in indexes[i:hi]])
-            if plain:
-                for result in elements(merged):
+            if aggregate is not None:
+                accumulator = create()
+                for j in indexes[i:hi]:
+                    accumulator = combine(accumulator, found[j])
+                output(result_of(accumulator))
+            elif plain:
+                for result in elements(merge([found[j] for j in indexes[i:hi]])):
                     output(result)
             else:
+                merged = merge([found[j] for j in indexes[i:hi]])
                 function._emit(Scope(ctx, function), TimeWindow.trusted(start, end), merged)
-            if event_time:
+            if event_time and (timers is None or end in timers):
                 service.delete_event_time_timer(end)  # fires here, now (a no-op if firing)
             cut = first + r
             while i < m and indexes[i] < cut:  # the window's last-use panes
