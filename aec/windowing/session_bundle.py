@@ -22,13 +22,12 @@ watermark that closes the epoch, and the fold runs before that watermark closes 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from aec.runtime.bundle import BundleContext
-from aec.windowing.context import Scope
 from aec.windowing.hot_path import when_read
 from aec.windowing.merging import add_session, decode_sessions, encode_sessions
+from aec.windowing.session_path import element_fired, merge_timers
 from aec.windowing.windows import window_key
 
 
@@ -98,7 +97,6 @@ class SessionBundle:
         contents = function.contents
         service = ctx.timer_service
         watermark = service.current_watermark()
-        cleanup_time = function.cleanup_time
         sessions = list(held)
         memory = dict(stored)  # window key -> contents now (absent: nothing stored)
         for (value, timestamp), window in zip(records, windows, strict=True):
@@ -107,13 +105,7 @@ class SessionBundle:
                 actual, merged = add_session(sessions, window)
                 moved = False
                 if merged:
-                    if actual.end > watermark:  # EventTimeTrigger.on_merge
-                        service.register_event_time_timer(actual.end)
-                    live = {t for w in sessions for t in (w.end, cleanup_time(w))}
-                    for old in merged:
-                        for t in (old.end, cleanup_time(old)):
-                            if t not in live and t != math.inf:
-                                service.delete_event_time_timer(t)
+                    merge_timers(function, service, sessions, actual, merged, watermark)
                     present = [memory.pop(window_key(w), None) for w in merged]
                     present = [v for v in present if v is not None]
                     current = contents.merge(present) if present else None
@@ -132,14 +124,9 @@ class SessionBundle:
                     continue
                 folded = contents.fold(current, value, timestamp)
                 memory[key] = folded
-                if actual.end <= watermark:  # EventTimeTrigger.on_element: a late firing
-                    function._emit(Scope(ctx, function), actual, folded)
-                else:
-                    service.register_event_time_timer(actual.end)
-                if merged or current is None:
-                    cleanup = cleanup_time(actual)
-                    if cleanup != actual.end and cleanup != math.inf:
-                        service.register_event_time_timer(cleanup)
+                element_fired(
+                    function, ctx, actual, folded, bool(merged) or current is None, watermark
+                )
             except BaseException:
                 context.value = value
                 raise

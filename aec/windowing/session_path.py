@@ -82,31 +82,14 @@ def _place(function: Any, ctx: Any, value: Any, timestamp: float, window: Any, h
         else:
             folded = contents.fold(stored, value, timestamp)
             store.async_put(window_key(actual), folded)
-            if actual.end <= watermark:  # EventTimeTrigger.on_element: a late firing
-                function._emit(Scope(ctx, function), actual, folded)
-            else:
-                service.register_event_time_timer(actual.end)
-            if merged or stored is None:
-                cleanup = function.cleanup_time(actual)
-                # at ``end`` it is the timer just registered; an infinite lateness never cleans
-                if cleanup != actual.end and cleanup != math.inf:
-                    service.register_event_time_timer(cleanup)
+            element_fired(function, ctx, actual, folded, bool(merged) or stored is None, watermark)
         if sessions != before:
             function.sessions.async_update(encode_sessions(sessions))  # not awaited
         if late and timestamp + function.lateness <= watermark:
             function._late(ctx, value, timestamp, watermark)
 
     if merged:
-        if actual.end > watermark:  # EventTimeTrigger.on_merge
-            service.register_event_time_timer(actual.end)
-        # EventTimeTrigger.clear and the cleanup timer of the merged-away sessions: an
-        # engine timer is per (key, time), so one another session still uses stays
-        cleanup_time = function.cleanup_time
-        live = {t for w in sessions for t in (w.end, cleanup_time(w))}
-        for old in merged:
-            for t in (old.end, cleanup_time(old)):
-                if t not in live and t != math.inf:
-                    service.delete_event_time_timer(t)
+        merge_timers(function, service, sessions, actual, merged, watermark)
         reads = [store.async_get(window_key(w)) for w in merged]  # the cover holds nothing
 
         def fold_merged(values: list[Any]) -> None:
@@ -120,6 +103,42 @@ def _place(function: Any, ctx: Any, value: Any, timestamp: float, window: Any, h
         store.async_get(window_key(actual)).on_complete(lambda stored: finish(stored, False))
     else:  # a new session: nothing stored under it
         finish(None, False)
+
+
+def merge_timers(
+    function: Any, service: Any, sessions: list[Any], actual: Any, merged: list[Any],
+    watermark: float,
+) -> None:  # fmt: skip
+    """The timers of a merge into ``actual`` (``sessions``: the set after it):
+    EventTimeTrigger.on_merge, then EventTimeTrigger.clear and the cleanup timer of the
+    merged-away sessions (an engine timer is per (key, time), so one another session
+    still uses stays)."""
+    if actual.end > watermark:
+        service.register_event_time_timer(actual.end)
+    cleanup_time = function.cleanup_time
+    live = {t for w in sessions for t in (w.end, cleanup_time(w))}
+    for old in merged:
+        for t in (old.end, cleanup_time(old)):
+            if t not in live and t != math.inf:
+                service.delete_event_time_timer(t)
+
+
+def element_fired(
+    function: Any, ctx: Any, actual: Any, folded: Any, fresh: bool, watermark: float
+) -> None:
+    """After a record folded into session ``actual`` (now ``folded``):
+    EventTimeTrigger.on_element (a late firing emits at once, else the end timer), and
+    the cleanup timer of a ``fresh`` session (new, or the cover of a merge)."""
+    service = ctx.timer_service
+    if actual.end <= watermark:
+        function._emit(Scope(ctx, function), actual, folded)
+    else:
+        service.register_event_time_timer(actual.end)
+    if fresh:
+        cleanup = function.cleanup_time(actual)
+        # at ``end`` it is the timer just registered; an infinite lateness never cleans
+        if cleanup != actual.end and cleanup != math.inf:
+            service.register_event_time_timer(cleanup)
 
 
 def on_timer(function: Any, time: float, ctx: Any) -> Any:
