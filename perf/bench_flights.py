@@ -6,8 +6,9 @@ partitions, ``local[*]``), which is timed apart, then ``spark_glue.flights.job.r
 on the full year (or ``--limit``) with its default backend (RocksDB), and prints the
 job's figures as JSON: wall time excluding the session start (the issue-9 goal), the
 load step, each step's wall time, each operator's engine seconds (slowest partition)
-and the Python workers' CPU seconds. The parent adds the CPU seconds of the whole
-process tree (driver, JVM, Python workers; ``os.wait4``), which the load of a shared
+and the Python workers' CPU seconds, with the CPU seconds of the whole
+process tree (driver, JVM, Python workers; read from ``/proc``,
+``flights_run.tree_cpu_s``), which the load of a shared
 machine inflates much less than wall time.
 
 Variants: ``this`` (this checkout) and, with ``--base DIR``, a checkout of another
@@ -67,13 +68,9 @@ def run_once(checkout: Path, out: Path, limit: int | None) -> dict[str, Any]:
 
 def same_rows(a: Path, b: Path) -> list[str]:
     """Datasets whose rows differ (as multisets) between two output directories."""
-    import pandas as pd
+    from spark_glue.flights.job import dataset_rows
 
-    def rows(path: Path) -> tuple[list[str], list[str]]:
-        frame = pd.read_parquet(path)
-        return list(frame.columns), sorted(repr(r) for r in frame.itertuples(index=False, name=None))
-
-    return [d for d in DATASETS if rows(a / d) != rows(b / d)]
+    return [d for d in DATASETS if dataset_rows(str(a / d)) != dataset_rows(str(b / d))]
 
 
 def markdown(report: dict[str, Any]) -> str:

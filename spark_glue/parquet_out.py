@@ -30,9 +30,8 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
 import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type hints
 
-from aec.elements import Watermark
-from spark_glue.convert import arrow_schema, encode_rows
-from spark_glue.raw_frame import RawLayout
+from spark_glue.convert import arrow_schema
+from spark_glue.raw_frame import RawLayout, drained, encoded
 
 TEMPORARY = "_temporary"
 SUCCESS = "_SUCCESS"
@@ -65,26 +64,19 @@ class ParquetStreams:
             )
             for stream, schema in schemas.items()
         }
+        self._sides = frozenset(layout.sides)
 
     def drain(self, operator: Any) -> Iterator[pa.RecordBatch]:
         """Write everything the operator emitted since the last drain; yields nothing
         (the batches went to the files). Raises TypeError for rows that do not fit."""
-        values = [v for v in operator.drain_outputs() if not isinstance(v, Watermark)]
-        if values:
-            self.main_rows += len(values)
-            self._streams["main"].add(values)
-        for tag, side_values in operator.drain_side_outputs().items():
-            if not side_values:
-                continue
-            stream = self._streams.get(tag)
-            if stream is None or tag == "main":
-                declared = sorted(s for s in self._streams if s != "main")
-                raise ValueError(
-                    f"side output {tag!r} is not declared in the operator's side_outputs; "
-                    f"declared: {declared}"
-                )
-            self.side_rows += len(side_values)
-            stream.add(side_values)
+        streams = self._streams
+        for tag, values in drained(operator, self._sides, "the operator's side_outputs"):
+            if tag is None:
+                self.main_rows += len(values)
+                streams["main"].add(values)
+            else:
+                self.side_rows += len(values)
+                streams[tag].add(values)
         return iter(())
 
     def close(self) -> dict[str, tuple[str, int]]:
@@ -112,11 +104,8 @@ class _StreamFile:
         self.rows = 0
 
     def add(self, values: list[Any]) -> None:
-        try:
-            columns = encode_rows(values, self.schema, self.target)
-        except TypeError as exc:
-            where = "main output" if self.stream == "main" else f"side output {self.stream!r}"
-            raise TypeError(f"{where} does not fit its schema: {exc}") from None
+        tag = None if self.stream == "main" else self.stream
+        columns = encoded(values, self.schema, self.target, tag)
         self.pending.append(pa.RecordBatch.from_arrays(columns, schema=self.target))
         self.pending_rows += len(values)
         self.rows += len(values)

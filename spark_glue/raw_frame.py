@@ -10,7 +10,7 @@ its Arrow batches on the executors.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,37 @@ def side_column(index: int, name: str) -> str:
     return f"{_RESERVED}_s{index}_{name}"
 
 
+def drained(
+    operator: Any, declared: Collection[str], declared_in: str
+) -> Iterator[tuple[str | None, list[Any]]]:
+    """What ``operator`` emitted since the last drain: ``(None, values)`` for the main
+    output (watermarks left out), then ``(tag, values)`` per side output, each only
+    when not empty. Raises ValueError naming a side output tag not in ``declared``
+    (``declared_in``: where the user declares them)."""
+    values = [v for v in operator.drain_outputs() if not isinstance(v, Watermark)]
+    if values:
+        yield None, values
+    for tag, side_values in operator.drain_side_outputs().items():
+        if not side_values:
+            continue
+        if tag not in declared:
+            raise ValueError(
+                f"side output {tag!r} is not declared in {declared_in}; "
+                f"declared: {sorted(declared)}"
+            )
+        yield tag, side_values
+
+
+def encoded(values: list[Any], schema: T.StructType, target: Any, tag: str | None) -> list[Any]:
+    """``encode_rows`` of one stream's values (``tag``: None for the main output);
+    its TypeError reworded to name the stream."""
+    try:
+        return encode_rows(values, schema, target)
+    except TypeError as exc:
+        where = "main output" if tag is None else f"side output {tag!r}"
+        raise TypeError(f"{where} does not fit its schema: {exc}") from None
+
+
 class RawWriter:
     """Turns an operator's drained outputs into raw-frame batches."""
 
@@ -59,21 +90,15 @@ class RawWriter:
 
     def drain(self, operator: Any) -> Iterator[pa.RecordBatch]:
         """Batches for everything the operator emitted since the last drain."""
-        values = [v for v in operator.drain_outputs() if not isinstance(v, Watermark)]
-        if values:
-            self.main_rows += len(values)
-            yield self._batch("main", self.layout.main, values, 2)
-        for tag, side_values in operator.drain_side_outputs().items():
-            if not side_values:
-                continue
-            if tag not in self.layout.sides:
-                raise ValueError(
-                    f"side output {tag!r} is not declared in process_keyed(side_outputs=...); "
-                    f"declared: {sorted(self.layout.sides)}"
-                )
-            index, schema = self.layout.sides[tag]
-            self.side_rows += len(side_values)
-            yield self._batch(f"side:{tag}", schema, side_values, self._offset(index))
+        sides = self.layout.sides
+        for tag, values in drained(operator, sides, "process_keyed(side_outputs=...)"):
+            if tag is None:
+                self.main_rows += len(values)
+                yield self._batch(None, self.layout.main, values, 2)
+            else:
+                index, schema = sides[tag]
+                self.side_rows += len(values)
+                yield self._batch(tag, schema, values, self._offset(index))
 
     def metrics_batch(self, metrics: dict[str, Any]) -> pa.RecordBatch:
         """The partition's single metrics row."""
@@ -92,15 +117,12 @@ class RawWriter:
         return offset
 
     def _batch(
-        self, stream: str, schema: T.StructType, values: list[Any], offset: int
+        self, tag: str | None, schema: T.StructType, values: list[Any], offset: int
     ) -> pa.RecordBatch:
         width = len(schema.fields)
         target = pa.schema(list(self.target)[offset : offset + width])
-        try:
-            encoded = encode_rows(values, schema, target)
-        except TypeError as exc:
-            where = "main output" if stream == "main" else f"side output {stream[5:]!r}"
-            raise TypeError(f"{where} does not fit its schema: {exc}") from None
+        columns_of = encoded(values, schema, target, tag)
+        stream = "main" if tag is None else f"side:{tag}"
         rows = len(values)
         columns: list[pa.Array] = [
             pa.array([stream] * rows, pa.string()),
@@ -108,7 +130,7 @@ class RawWriter:
         ]
         for position, field in enumerate(list(self.target)[2:], start=2):
             if offset <= position < offset + width:
-                columns.append(encoded[position - offset])
+                columns.append(columns_of[position - offset])
             else:
                 columns.append(pa.nulls(rows, field.type))
         return pa.RecordBatch.from_arrays(columns, schema=self.target)

@@ -29,8 +29,9 @@ import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hint
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from spark_glue.flights.functions import NO_TAILNUM_KEY
+
 ARRIVAL_ORDER = ["arrival_time", "row"]
-NO_TAILNUM_KEY = ""
 ARRIVAL_RANK = "arrival_rank"  # int64: the row's position in ARRIVAL_ORDER (one sort key)
 
 # Columns handed to Spark (and so to process_element), in this order.
@@ -117,20 +118,12 @@ def arrival_ranks(prepared: pd.DataFrame) -> pd.Series:
     return ranks
 
 
-def to_spark_columns(spark: SparkSession, prepared: pd.DataFrame, columns: list[str]) -> DataFrame:
-    """``prepared``'s ``columns`` (of ``SCHEMA``, or ``ARRIVAL_RANK``) as a Spark DataFrame,
-    shipped to the JVM as one Arrow table (no row objects). Types as ``SCHEMA``;
-    ``ARRIVAL_RANK`` is a non-null long."""
-    schema = schema_of(columns)
-    return spark.createDataFrame(_arrow_table(prepared, schema), schema=schema)
-
-
 def to_spark_parquet(
     spark: SparkSession, prepared: pd.DataFrame, columns: list[str], directory: str
 ) -> DataFrame:
     """``prepared``'s ``columns`` written by pyarrow as one Parquet file in ``directory``
-    (created; the caller removes it) and read back by Spark, types as
-    ``to_spark_columns``. Nothing is cached: every Spark job that reads it scans the file
+    (created; the caller removes it) and read back by Spark, types as ``SCHEMA``
+    (``ARRIVAL_RANK`` a non-null long). Nothing is cached: every Spark job that reads it scans the file
     (column by column, only the columns it needs), which costs less than building and
     reading Spark's in-memory cache (docs/performance.md, "The Spark path")."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type hints

@@ -265,3 +265,16 @@ def _no_tailnum_row(flight: dict[str, Any], event_time: float) -> dict[str, Any]
         "dep_delay": flight["dep_delay"],
         "arr_delay": flight["arr_delay"],
     }
+
+
+NO_TAILNUM_KEY = ""  # the ``aircraft`` key of a flight without a tail number
+
+
+def has_tailnum(batch: Any) -> Any:
+    """The rows of an Arrow batch that have a tail number (aircraft_sessions' input).
+
+    Here, not in ``job``: Spark's workers unpickle it by reference to its module, and
+    this one they import anyway (``job`` would bring pandas, redis and aiohttp)."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped]  # pyarrow ships no type hints
+
+    return pc.not_equal(batch.column("aircraft"), NO_TAILNUM_KEY)

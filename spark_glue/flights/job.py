@@ -42,6 +42,7 @@ from spark_glue.flights.functions import (
     AircraftSessions,
     Rotations,
     RouteHourly,
+    has_tailnum,
 )
 from spark_glue.flights.state import (
     BACKENDS,
@@ -249,12 +250,13 @@ def differing_datasets(first: FlightsRun, second: FlightsRun) -> list[str]:
     differing = []
     for stage in first.stages:
         for name, path in stage.outputs.items():
-            if name not in paths or _rows(path) != _rows(paths[name]):
+            if name not in paths or dataset_rows(path) != dataset_rows(paths[name]):
                 differing.append(name)
     return differing
 
 
-def _rows(path: str) -> tuple[list[str], list[str]]:
+def dataset_rows(path: str) -> tuple[list[str], list[str]]:
+    """``(columns, rows)`` of a Parquet dataset, its rows as sorted reprs (a multiset)."""
     frame = pd.read_parquet(path)
     rows = sorted(repr(row) for row in frame.itertuples(index=False, name=None))
     return list(frame.columns), rows  # repr: exact floats, NaN equals NaN, None stays None
@@ -361,13 +363,6 @@ def _passes(
     return report
 
 
-def has_tailnum(batch: Any) -> Any:
-    """The rows of an Arrow batch that have a tail number (aircraft_sessions' input)."""
-    import pyarrow.compute as pc  # type: ignore[import-untyped]  # pyarrow ships no type hints
-
-    return pc.not_equal(batch.column("aircraft"), flights_data.NO_TAILNUM_KEY)
-
-
 def _stages(
     source: DataFrame, operators: list[KeyedOperator], key: str, common: dict[str, Any]
 ) -> list[StageResult]:
@@ -379,9 +374,8 @@ def _stages(
     step = " and ".join(op.name for op in operators) if len(operators) > 1 else None
     stages = []
     for op, done in zip(operators, written, strict=True):
-        names = {path: name for name, path in _datasets(op).items()}
-        rows = {names[path]: count for path, count in done.rows.items()}
-        outputs = {name: path for path, name in names.items()}
+        outputs = _datasets(op)
+        rows = {os.path.basename(path): count for path, count in done.rows.items()}
         stages.append(StageResult(op.name, outputs, rows, pd.DataFrame(done.metrics), wall_s, step))
     return stages
 

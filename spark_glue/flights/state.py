@@ -90,7 +90,7 @@ class Backends:
             return slatedb_backend()(self.object_store, f"aec-flights/{self.mode}/{name}")
         if kind == "redis":
             if self.service.redis_url is None:
-                raise AssertionError("no Redis server: _state_service provides one")
+                raise AssertionError("no Redis server: state_service provides one")
             return RedisBackend(self.service.redis_url, prefix=f"aec-flights.{self.mode}.{name}")
         raise ValueError(f"unknown backend {kind!r}")  # validate() rejects it first
 
