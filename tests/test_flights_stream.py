@@ -58,7 +58,7 @@ DATASETS = ["route_hourly", "late", "rotations", "no_tailnum"]
 
 
 def _same(stream_out, batch_out, dataset):
-    return batch_job._rows(os.path.join(stream_out, dataset)) == batch_job._rows(
+    return batch_job.dataset_rows(os.path.join(stream_out, dataset)) == batch_job.dataset_rows(
         os.path.join(batch_out, dataset)
     )
 
