@@ -236,3 +236,31 @@ def test_a_store_preferring_batches_batches_the_callbacks_requests_of_a_batch():
     assert backend.state_items("count") == _counts(source)
     assert executor.now == 0
     assert result.metrics["batches"] == executor.flushed == 2
+
+
+def skewed_source(n: int, seed: int = 9) -> list[Record]:
+    """Keys 0-9 hold 60 % of the records, the rest spread over 5,000 keys."""
+    rng = random.Random(seed)
+    return [Record(rng.randrange(10) if rng.random() < 0.6 else rng.randrange(10, 5010), i)
+            for i in range(n)]  # fmt: skip
+
+
+def test_records_blocked_behind_the_buffer_flush_it_on_a_store_answering_from_memory():
+    # the buffer (1,000 requests) fills slowly while hot keys' records pile up blocked;
+    # BLOCKED_FLUSH blocked records make the flush due, so few stay in flight
+    from aec.runtime.controller import BLOCKED_FLUSH
+
+    source = skewed_source(20_000)
+    backend = MemoryBackend()
+    result = run_keyed(source, Counter(), backend, AecConfig())
+    assert per_key(result.outputs) == per_key(run_sync(source, Counter()).outputs)
+    assert backend.state_items("count") == _counts(source)
+    assert result.metrics["blocked_requests"] > 5 * BLOCKED_FLUSH
+    # every record admitted after a flush runs at once (distinct key) or waits: at most
+    # BLOCKED_FLUSH waiting plus the records with requests in the active buffer
+    assert result.metrics["max_in_flight"] <= BLOCKED_FLUSH + 1000
+    # a store preferring batches keeps filling the buffer: far more records in flight
+    batched = run_keyed(source, Counter(), MemoryBackend(), AecConfig(),
+                        executor=CountingInline(prefers_batches=True))  # fmt: skip
+    assert per_key(batched.outputs) == per_key(result.outputs)
+    assert batched.metrics["max_in_flight"] > 2 * result.metrics["max_in_flight"]

@@ -25,6 +25,12 @@ Invariants (mailbox thread only):
   costs more than a request inside one: RocksDB), only when no other record
   has requests in the active buffer or is ready to make some; else it joins
   them there.
+- Progress needs a flush (rule 4) when ``BLOCKED_FLUSH`` records went to the
+  blocking buffer since the last one, on an inline executor that does not
+  prefer batches (a store answering from memory: no call to share). Skewed
+  keys otherwise keep thousands of records blocked behind a filling buffer,
+  and their memory traffic, not their instructions, made async cost 1.27x
+  sync on Zipf(1.1) keys (perf/bench_core.py; 1.14x with the flush).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
 from aec.state.requests import RmwRead, RmwWrite, StateRequest
 
+BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
 _REQUESTS_MOVED = object()  # _next_holder's answer when a waiting record took the key
 
 
@@ -89,6 +96,10 @@ class AsyncExecutionController:
         self.executor = executor
         self._concurrent = executor.concurrent
         self._join_batches = executor.prefers_batches
+        # records blocked since the last flush (None: batches wait for buffer_size)
+        self._blocked_since_flush: int | None = (
+            None if executor.concurrent or executor.prefers_batches else 0
+        )
         self.mailbox = Mailbox()
         self.mails = self.mailbox.mails  # completion mails, popped on this thread only
         executor.start(backend, self.mailbox)
@@ -137,6 +148,12 @@ class AsyncExecutionController:
         else:
             self.blocking.add(context)
             self.blocked += 1
+            blocked = self._blocked_since_flush
+            if blocked is not None:
+                if blocked + 1 >= BLOCKED_FLUSH and self.active.requests:
+                    self.flush()  # resets the count
+                else:
+                    self._blocked_since_flush = blocked + 1
 
     def run_entry(self, context: RecordContext) -> None:
         """Run the user entry of ``context`` holding one reference meanwhile."""
@@ -347,6 +364,8 @@ class AsyncExecutionController:
         if not active.requests:
             return
         batch = active.take(self.buffer_size)
+        if self._blocked_since_flush is not None:
+            self._blocked_since_flush = 0
         if self._concurrent:
             batch = self._hold_back_overlaps(batch)
         if active.requests:
