@@ -88,9 +88,26 @@ def decode_key(data: bytes) -> Any:
 
 
 def key_prefix(key_group: int, key: Any) -> bytes:
-    """The DB key of ``key``'s value or list entry; the prefix of its map entries."""
+    """The DB key of ``key``'s value or list entry; the prefix of its map entries.
+
+    Remembered like ``encode_key``'s bytes, for plain keys only (every request of a
+    batch needs its key's prefix); the key group is checked, since operators with
+    different ``max_parallelism`` may share the process."""
+    if type(key) in _PLAIN:
+        known = _prefixes.get(key)
+        if known is not None and known[0] == key_group:
+            return known[1]
+        if len(_prefixes) >= _ENCODED_LIMIT:
+            _prefixes.clear()
+        encoded = encode_key(key)
+        prefix = _HEAD.pack(key_group, len(encoded)) + encoded
+        _prefixes[key] = (key_group, prefix)
+        return prefix
     encoded = encode_key(key)
     return _HEAD.pack(key_group, len(encoded)) + encoded
+
+
+_prefixes: dict[Any, tuple[int, bytes]] = {}  # plain key -> (key group, its prefix)
 
 
 def split_db_key(db_key: bytes) -> tuple[Any, bytes]:

@@ -261,7 +261,6 @@ class RocksDBBackend(StateBackend):
         # table. Locals and the same-state check keep this loop cheap: it runs per
         # request on an I/O thread that shares the GIL with the mailbox thread.
         tables = self._tables
-        prefixes: dict[Any, bytes] = {}  # a record's requests share its key: encode it once
         plan_tables: list[Table] = []
         plan_keys: list[bytes] = []
         reads: dict[Table, dict[bytes, None]] = {}  # ordered sets of DB keys to multi-get
@@ -277,10 +276,7 @@ class RocksDBBackend(StateBackend):
                     found = reads[table] = {}
                 table_reads = found
                 last_state = state
-            key = request.key
-            db_key = prefixes.get(key)
-            if db_key is None:
-                db_key = prefixes[key] = key_prefix(request.key_group, key)
+            db_key = key_prefix(request.key_group, request.key)
             op = request.op
             if op in POINT_READS:
                 if op in USER_KEY_OPS:

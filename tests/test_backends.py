@@ -450,6 +450,18 @@ def test_an_equal_key_of_another_type_is_not_given_a_plain_keys_bytes():
     assert decode_key(encode_key((Decimal(1), "a"))) == (1, "a")
 
 
+@given(keys=st.lists(CODEC_KEYS, max_size=8), groups=st.lists(st.integers(0, 65535), min_size=1))
+def test_remembered_key_prefixes_are_the_layout_for_each_key_group(keys, groups):
+    # a key's prefix is remembered per key, but operators with another max_parallelism
+    # put the same key in another key group: the group must still be the one asked for
+    import struct
+
+    for key in keys + keys:
+        for group in groups:
+            encoded = encode_key(key)
+            assert key_prefix(group, key) == struct.pack(">HI", group, len(encoded)) + encoded
+
+
 def test_decode_rejects_foreign_bytes():
     with pytest.raises(ValueError, match="not an encoded key"):
         decode_key(b"?junk")

@@ -181,13 +181,16 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
         Raises TypeError/ValueError for a bad key or timestamp, JobFailure on failure.
         """
         key = record.key
-        check_key(key)
+        try:
+            key_group = self._key_groups.get(key)  # a cached key was checked on its way in
+        except TypeError:  # unhashable
+            key_group = None
+        if key_group is None:
+            check_key(key)
+            key_group = self._key_group(key)
         timestamp = record.timestamp
         if timestamp is not None and (type(timestamp) is not float or timestamp != timestamp):
             check_timestamp(timestamp)
-        key_group = self._key_groups.get(key)
-        if key_group is None:
-            key_group = self._key_group(key)
         if not self._first_group <= key_group <= self._last_group:
             raise ValueError(
                 f"record key {key!r} is in key group {key_group}, outside this operator's "

@@ -218,14 +218,15 @@ class Rotations(KeyedProcessFunction):
         self.previous = ctx.get_state(ValueStateDescriptor("previous"))
 
     async def process_element(self, flight: dict[str, Any], ctx: Any) -> None:
+        timestamp = ctx.timestamp
         if flight["tailnum"] is None:
-            ctx.side_output("no_tailnum", _no_tailnum_row(flight, ctx.timestamp))
+            ctx.side_output("no_tailnum", _no_tailnum_row(flight, timestamp))
             return
         previous = await self.previous.async_value()
-        ctx.output(_rotation_row(flight, ctx.timestamp, previous))
-        await self.previous.async_update(
-            (ctx.timestamp, flight["origin"], flight["dest"], flight["arr_delay"])
-        )
+        ctx.output(_rotation_row(flight, timestamp, previous))
+        # not awaited: the record holds its aircraft until the write lands (a pending
+        # request counts like an awaited one), and nothing follows it here
+        self.previous.async_update((timestamp, flight["origin"], flight["dest"], flight["arr_delay"]))
 
 
 def _rotation_row(flight: dict[str, Any], event_time: float, previous: tuple | None) -> dict:
