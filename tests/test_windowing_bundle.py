@@ -169,11 +169,37 @@ def test_on_time_records_make_no_requests_until_the_watermark():
     assert op.metrics["requests"] == 0 and op.metrics["records_in"] == 4
     op.process_watermark(Watermark(10))  # window [0, 10) of a and b fires
     assert op.drain_outputs() == [("a", "1.3"), ("b", 2), Watermark(10)]
-    # per key: the fold's read and write, the firing's read and remove (record by
-    # record: a read and a write per record, 6, before the firings' 4)
-    assert op.metrics["requests"] == 8
+    # the windows fire in the flush: nothing was stored (no end timer registered), so
+    # nothing is read, written or removed (record by record: a read and a write per
+    # record, 6, before the firings' 4)
+    assert op.metrics["requests"] == 0
+    assert op.metrics["timers_fired"] == 0
     op.finish()
     assert op.drain_outputs() == [("a", 4), Watermark(float("inf"))]
+
+
+def test_a_flush_fires_the_keys_windows_stored_earlier_in_order_of_end(tmp_path):
+    # a's window [0, 10) is stored by a flush before a snapshot (its end timer
+    # registered); the watermark 25 then makes it, a's bundled [10, 20) and b's [20, 30)
+    # due: the flush fires a's two in order of end, reading only the stored one
+    backend = MemoryBackend()
+    op = KeyedProcessOperator(FACTORIES["tumbling-reduce"](), backend, ASYNC)
+    op.open()
+    feed(op, [rec("a", 1, 1), rec("a", 2, 2)])
+    op.snapshot(1, str(tmp_path / "chk"))  # the bundle goes to state, timers registered
+    requests = op.metrics["requests"]
+    assert backend.state_items("window-contents") and requests > 0
+    feed(op, [rec("a", 3, 12), rec("b", 4, 21), rec("a", 5, 13)])
+    op.process_watermark(Watermark(30))
+    out = op.drain_outputs()
+    assert out[-1] == Watermark(30)  # keys interleave freely; per key, in order of end
+    assert [o for o in out[:-1] if o[0] == "a"] == [("a", "1.2"), ("a", "3.5")]
+    assert [o for o in out[:-1] if o[0] == "b"] == [("b", 4)] and len(out) == 4
+    assert op.metrics["requests"] == requests + 2  # a's read and remove of [0, 10)
+    assert op.metrics["timers_fired"] == 0  # the flush deleted a's timer at 10
+    assert backend.state_items("window-contents") == {}
+    op.finish()
+    assert op.drain_outputs() == [Watermark(float("inf"))]
 
 
 def test_end_of_input_folds_the_bundle():

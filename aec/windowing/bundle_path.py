@@ -31,7 +31,9 @@ write, and for a new slot the end timer (and the cleanup timer at ``end +
 allowed_lateness``), or for a new pane the chain's timer at its first window's end.
 The watermark the fold sees is the one the records saw when they arrived (no
 watermark at or after their firing time has come since), so the same timers
-result. So the outputs, the side outputs and the final state are the synchronous
+result. At a watermark, tumbling windows without allowed lateness (and panes
+without a process function) fire in the fold instead of by their timers
+(``_fire_windows``, ``_fold_and_fire``). So the outputs, the side outputs and the final state are the synchronous
 run's (the property tests compare them); the records make no requests of their own
 (``requests``, ``batches`` and ``blocked_requests`` fall).
 """
@@ -44,8 +46,10 @@ from typing import Any
 from aec.runtime.bundle import BundleContext
 from aec.windowing import hot_path, pane_path, session_path
 from aec.windowing.contents import AggregateContents
+from aec.windowing.context import Scope
 from aec.windowing.hot_path import when_read
 from aec.windowing.session_bundle import SessionBundle
+from aec.windowing.windows import TimeWindow
 
 
 def make(function: Any) -> WindowBundle | SessionBundle | None:
@@ -81,8 +85,9 @@ class WindowBundle:
         folder = self._inner
         self._aggregate = folder.function if type(folder) is AggregateContents else None
         self._low, self._high, self._last = math.inf, -math.inf, (0, 0.0)  # see offer
-        # a flush at a watermark also fires the key's due panes (see _fold_and_fire)
-        self._fires = panes and function.process_fn is None
+        # a flush at a watermark also fires the key's due panes (see _fold_and_fire), or
+        # its due tumbling windows (see _fire_windows; their cleanup is their firing)
+        self._fires = function.process_fn is None if panes else function.lateness == 0
 
     # -- taking records ----------------------------------------------------------------------
     def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
@@ -162,6 +167,9 @@ class WindowBundle:
     def fold(self, taken: Any, context: BundleContext, ctx: Any) -> None:
         until, share = taken
         store = self._inner.store
+        if until is not None and not self.panes:
+            self._fire_windows(share, until, context, ctx)
+            return
         if until is not None:
             # entries as they come (``tuple`` of a pair is the pair: no Python call each)
             store.async_entries().on_complete(
@@ -216,6 +224,66 @@ class WindowBundle:
             ((slot, value),) = written.items()
             store.async_put(slot, value)
 
+    def _fire_windows(
+        self, share: list[tuple[Any, list[Any]]], until: float, context: BundleContext,
+        ctx: Any,
+    ) -> None:  # fmt: skip
+        """Tumbling windows at a watermark ``until`` (no allowed lateness): every window
+        of the share ends at or before ``until`` (``take`` gives back only those), so
+        its end timer would fire at ``until``. They fire here instead, together with
+        the key's other windows that ``until`` makes due (stored earlier), in order of
+        end: what the timers would emit, in the same order for the key. A window is in
+        state exactly while its end timer is registered (the built-in trigger registers
+        it with the first write and the firing removes both), so only windows whose
+        end is a registered timer are read; the others start empty and are never
+        written. A stored window's timer is deleted and its contents removed, as its
+        firing would; the process function sees the firing watermark ``until``."""
+        timers = ctx.timer_service._registered("event-time")
+        slots = {slot[1]: slot for slot, _ in share}  # end -> (start, end)
+        stored = []
+        for end in sorted(t for t in timers if t <= until):
+            slot = slots.get(end) or hot_path._ending_at(self.function.assigner, end)
+            if slot is not None:  # else no window ends there: that timer fires as usual
+                stored.append(slot)
+        if not stored:
+            self._fire(share, {}, until, context, ctx)
+            return
+        reads = [self._inner.store.async_get(slot) for slot in stored]
+        when_read(
+            reads,
+            lambda values: self._fire(
+                share, dict(zip(stored, values, strict=True)), until, context, ctx
+            ),
+        )
+
+    def _fire(
+        self, share: list[tuple[Any, list[Any]]], stored: dict[Any, Any], until: float,
+        context: BundleContext, ctx: Any,
+    ) -> None:  # fmt: skip
+        """``_fire_windows``' firings: ``stored`` maps the stored due windows to their
+        contents (None: absent)."""
+        windows = dict(stored)
+        for slot, values in share:
+            windows[slot] = self._folded(windows.get(slot), values, context)
+        function = self.function
+        service = ctx.timer_service
+        store = self._inner.store
+        scope = Scope(ctx, function)
+        records_watermark = context.watermark
+        for slot in sorted(windows, key=_end):
+            value = windows[slot]
+            if slot in stored:
+                service.delete_event_time_timer(slot[1])  # seen from the records' watermark
+            if value is None:
+                continue  # the timer's firing finds nothing: no output, nothing to remove
+            context.watermark = until  # what the timer's firing would see
+            try:
+                function._emit(scope, TimeWindow.trusted(*slot), value)
+            finally:
+                context.watermark = records_watermark
+            if slot in stored:
+                store.async_remove(slot)
+
     def _write(
         self, share: list[tuple[Any, list[Any]]], stored: list[Any], context: BundleContext,
         ctx: Any,
@@ -264,3 +332,7 @@ class WindowBundle:
         except BaseException:
             context.value = value
             raise
+
+
+def _end(slot: tuple[float, float]) -> float:
+    return slot[1]
