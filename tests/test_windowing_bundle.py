@@ -282,7 +282,7 @@ def test_sync_and_parallel_runs_do_not_bundle():
 
 def test_session_records_fold_per_key_before_the_watermark():
     """A key's session records make no requests until the watermark; then one context per
-    key reads the set and the sessions they touch and writes each once."""
+    key reads its sessions with their contents (one value) and writes it once."""
     source = [rec("a", 1, 1), rec("a", 2, 12), rec("b", 3, 2), rec("a", 4, 8),
               rec("a", 5, 4)]  # fmt: skip
     op = KeyedProcessOperator(FACTORIES["session-reduce"](), MemoryBackend(), ASYNC)
@@ -292,9 +292,8 @@ def test_session_records_fold_per_key_before_the_watermark():
     op.process_watermark(Watermark(30))
     # a: [1, 6) and [12, 17), then 8 joins the second, then 4 bridges both
     assert op.drain_outputs() == [("b", 3), ("a", "1.2.4.5"), Watermark(30)]
-    # per key: the set read, the session written, the set written (no stored session
-    # touched: no second read); then each firing's four (set, contents, remove, set)
-    assert op.metrics["requests"] == 2 * 3 + 2 * 4
+    # per key: the value read and written; then each firing's two (read, clear)
+    assert op.metrics["requests"] == 2 * 2 + 2 * 2
     reference = run([*source, Watermark(30)], FACTORIES["session-reduce"](), SYNC)
     assert reference.outputs[:2] == [("b", 3), ("a", "1.2.4.5")]
 

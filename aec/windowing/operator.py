@@ -6,9 +6,10 @@ reached through the AEC like any state request: contents (``window-contents``),
 trigger and ``ProcessWindowFunction`` state (``window-trigger.<name>``,
 ``window-process.<name>``), the timer index (``window-timers``) and, for
 sessions, the merging-window set (``window-sessions``: the key's windows, a
-single value). Timers are the engine's per-key timers. So windows batch,
-run asynchronously, checkpoint, rescale and pass ``assert_equivalent`` as any
-keyed function does. See ``docs/windows.md``.
+single value; on the session path, ``aec.windowing.session_path``, a key's sessions
+and their contents are one value instead). Timers are the engine's per-key timers.
+So windows batch, run asynchronously, checkpoint, rescale and pass
+``assert_equivalent`` as any keyed function does. See ``docs/windows.md``.
 """
 
 from __future__ import annotations
@@ -71,17 +72,14 @@ class WindowOperatorFunction(KeyedProcessFunction):
         self.late_records_dropped = 0
 
     # -- set-up ------------------------------------------------------------------------------
-    def open(self, ctx: RuntimeContext) -> None:
+    def _configure(self) -> bool:
+        """The spec's fields and the choice of paths that need no state; True when the
+        session path keeps a key's sessions and their contents as one value."""
         spec = self.spec
         assigner = spec.assigner
-        self._runtime = ctx
-        self._stores: dict[str, Any] = {}
-        ctx.get_state(ValueStateDescriptor(self.assigner_marker()))  # a name, never written
         self.assigner, self.trigger, self.evictor = assigner, spec.trigger, spec.evictor
         self.process_fn, self.lateness = spec.process, spec.allowed_lateness
         self.event_time = assigner.event_time
-        store = ctx.get_state(MapStateDescriptor("window-contents"))
-        self.contents: Contents | PaneContents = spec.make_contents(store)
         builtin = EventTimeTrigger if self.event_time else ProcessingTimeTrigger
         # implicit timers: a time grid with the built-in trigger (see aec.windowing.timers)
         self.fast = (
@@ -92,23 +90,39 @@ class WindowOperatorFunction(KeyedProcessFunction):
         # sessions with the built-in trigger imply their timers too: a firing at t finds
         # the sessions ending (or cleaned) at t in the key's session set, read anyway
         self.implied = self.fast or (assigner.merging and type(self.trigger) is builtin)
-        index = None if self.implied else ctx.get_state(MapStateDescriptor("window-timers"))
-        self.timers = WindowTimers(index, self.implied)
-        self.sessions = (
-            ctx.get_state(ValueStateDescriptor("window-sessions")) if assigner.merging else None
-        )
-        if self.fast and spec.pane is not None:
-            # without lateness a key's live panes are its firing window's and a few ahead:
-            # one scan beats a read per pane (see PaneContents.read)
-            chain = self.lateness == 0 or not self.event_time
-            self.contents = PaneContents(self.contents, assigner, spec.pane, chain)
-        self.panes = isinstance(self.contents, PaneContents)
         process = self.process_fn
         # ProcessWindowFunction.clear is a no-op unless overridden: skip the call then
         self.clears = process is not None and getattr(type(process), "clear", None) not in (
             None,
             ProcessWindowFunction.clear,
         )
+        # the session path keeps a key's sessions and their contents as one value (one
+        # read and one write per record); every other path, the set apart from the contents
+        return hot_path.plain(self) and session_path.applies(self)
+
+    def open(self, ctx: RuntimeContext) -> None:
+        spec = self.spec
+        assigner = spec.assigner
+        self._runtime = ctx
+        self._stores: dict[str, Any] = {}
+        ctx.get_state(ValueStateDescriptor(self.assigner_marker()))  # a name, never written
+        together = self._configure()
+        process = self.process_fn
+        store = None if together else ctx.get_state(MapStateDescriptor("window-contents"))
+        self.contents: Contents | PaneContents = spec.make_contents(store)
+        index = None if self.implied else ctx.get_state(MapStateDescriptor("window-timers"))
+        self.timers = WindowTimers(index, self.implied)
+        self.together: ValueState | None = (
+            ctx.get_state(ValueStateDescriptor(session_path.STATE)) if together else None
+        )
+        merging = assigner.merging and not together
+        self.sessions = ctx.get_state(ValueStateDescriptor("window-sessions")) if merging else None
+        if self.fast and spec.pane is not None:
+            # without lateness a key's live panes are its firing window's and a few ahead:
+            # one scan beats a read per pane (see PaneContents.read)
+            chain = self.lateness == 0 or not self.event_time
+            self.contents = PaneContents(self.contents, assigner, spec.pane, chain)
+        self.panes = isinstance(self.contents, PaneContents)
         if process is not None and hasattr(process, "open"):
             process.open(ctx)
         # callback-style paths (no coroutine per record) where they apply
@@ -141,6 +155,16 @@ class WindowOperatorFunction(KeyedProcessFunction):
             raise ValueError(
                 f"the checkpoint holds windows of {theirs[0].split('=', 1)[1]}; this "
                 f"function's assigner is {self.spec.assigner.describe()}: windows would not match"
+            )
+        # sessions are kept with their contents on the session path only: the other
+        # layout's state would restore unread
+        together = session_path.STATE in state_names
+        if (together or "window-sessions" in state_names) and together != self._configure():
+            layouts = ("apart from", "with")
+            raise ValueError(
+                f"the checkpoint keeps sessions {layouts[together]} their contents; this "
+                f"function keeps them {layouts[not together]} theirs (trigger, evictor or "
+                "process function changed, or a checkpoint of an earlier version)"
             )
 
     def close(self) -> None:

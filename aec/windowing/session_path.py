@@ -1,18 +1,21 @@
 """Event-time session windows with the built-in trigger, in callback style.
 
 The general path (``WindowOperatorFunction._merging_record`` / ``_fire_sessions``) is
-``async def`` and reads a record's session set, then its window's contents: two
-round trips in a row, and a coroutine suspension each. For sessions over an
-aggregate, a reduce or the list of values, with ``EventTimeTrigger``, no evictor and a
-plain process function (if any), records and firings run here as StateFuture
-callbacks with the same semantics:
+``async def`` and keeps a key's session set (ValueState ``window-sessions``) apart from
+its sessions' contents (MapState ``window-contents``): a record reads the set, then the
+contents of the sessions it touches; a firing the set, then the due contents. For
+sessions over an aggregate, a reduce or the list of values, with ``EventTimeTrigger``,
+no evictor and a plain process function (if any), records and firings run here as
+StateFuture callbacks with the same semantics, on one value per key instead
+(ValueState ``window-sessions-contents``, ``STATE``): the key's sessions sorted by start,
+each with its contents, as ``(start, end, contents)`` triples. Most keys hold one or two
+sessions, so reading them all costs less than a second round trip:
 
-* a record reads the key's session set (stored as ``(start, end)`` pairs); a window
-  that starts a session needs no contents read (nothing is stored under a window
-  outside the set); when it merges, the merged sessions' contents are read next
-  and folded with ``merge`` together with the record (one write under the cover);
-  when it lies inside (or equals) a session, that session is read;
-* a firing reads the session set, then the due sessions' contents, together.
+* a record reads the value, places its window (``place``: new, inside a session, or
+  merging sessions whose contents fold with ``merge`` together with the record) and
+  writes the value once: one read and one write;
+* a firing reads the value, fires the due sessions and writes it once if a session was
+  cleaned (a clear when none is left).
 
 The property tests compare this path against the synchronous run and the reference
 model, like the general one.
@@ -24,85 +27,93 @@ import math
 from typing import Any
 
 from aec.windowing.assigners import EventTimeSessionWindows
-from aec.windowing.contents import EvictingContents
 from aec.windowing.context import Scope
-from aec.windowing.hot_path import when_read
-from aec.windowing.merging import add_session, decode_sessions, encode_sessions
-from aec.windowing.windows import window_key
+from aec.windowing.merging import add_session
+from aec.windowing.windows import TimeWindow
+
+STATE = "window-sessions-contents"
+"""The ValueState of this path: a key's sessions with their contents (see the module)."""
 
 
 def applies(function: Any) -> bool:
-    """Whether ``function`` (a ``WindowOperatorFunction``, opened, with ``hot_path.plain``'s
-    conditions on its process function) has event-time sessions for this path."""
+    """Whether ``function`` (a ``WindowOperatorFunction`` whose ``open`` set its spec's
+    fields, with ``hot_path.plain``'s conditions on its process function) has
+    event-time sessions for this path. Asked in ``open`` before the state exists."""
     return (
         function.implied
         and function.event_time
         and type(function.assigner) is EventTimeSessionWindows
-        and not isinstance(function.contents, EvictingContents)
+        and function.evictor is None
     )
 
 
+def decode(held: Any) -> tuple[list[Any], dict[tuple[float, float], Any]]:
+    """The stored value -> (the sessions sorted by start, ``(start, end)`` -> contents)."""
+    if not held:
+        return [], {}
+    trusted = TimeWindow.trusted
+    return [trusted(s, e) for s, e, _ in held], {(s, e): c for s, e, c in held}
+
+
+def encode(sessions: list[Any], memory: dict[tuple[float, float], Any]) -> Any:
+    """Sessions and their contents -> the stored value (None: none left, a clear).
+    Plain tuples: pickling them is C work."""
+    return tuple((w.start, w.end, memory.get((w.start, w.end))) for w in sessions) or None
+
+
 def on_record(function: Any, value: Any, ctx: Any) -> Any:
-    """``process_element``: the session set first; contents only of sessions it touches."""
+    """``process_element``: one read of the key's sessions, one write."""
     timestamp = ctx.timestamp
     if timestamp is None:
         raise function.missing_timestamp(value, ctx)
     (window,) = function.assigner.assign_windows(value, timestamp)
-    function.sessions.async_value().on_complete(
-        lambda held: _place(function, ctx, value, timestamp, window, held)
-    )
+    state = function.together
+
+    def placed(held: Any) -> None:
+        sessions, memory = decode(held)
+        watermark = ctx.timer_service.current_watermark()
+        if place(function, ctx, sessions, memory, value, timestamp, window, watermark):
+            state.async_update(encode(sessions, memory))  # not awaited
+
+    state.async_value().on_complete(placed)
     return None
 
 
-def _place(function: Any, ctx: Any, value: Any, timestamp: float, window: Any, held: Any) -> None:
-    """Add the record's window to the key's sessions (``held``), then its value to
-    the window it lands in (``_merging_record``'s steps for the built-in trigger).
+def place(
+    function: Any, ctx: Any, sessions: list[Any], memory: dict[tuple[float, float], Any],
+    value: Any, timestamp: float, window: Any, watermark: float,
+) -> bool:  # fmt: skip
+    """Add a record's ``window`` to a key's ``sessions`` and the record to the session it
+    lands in (``_merging_record``'s steps for the built-in trigger), on the sessions and
+    their contents (``memory``) in memory, both changed in place. True when they
+    changed (the value is to be written).
 
-    Contents exist only under windows of the session set (a session's contents are
-    written while it is in the set and removed when it leaves: merged away or
-    cleaned; a retired cover never holds merged contents here, since in serial
-    watermark order a session in the set is never past its cleanup time, so a
-    cover of sessions is never late). So a new window, and a merge's cover, start
-    empty: no read; a window inside (or equal to) a session reads that session."""
-    service = ctx.timer_service
-    watermark = service.current_watermark()
-    sessions = decode_sessions(held)
-    before = list(sessions)
-    actual, merged = add_session(sessions, window)
+    A new window, and a merge's cover, hold nothing before the record: contents exist
+    only with sessions of the set. A late session (Flink's retireWindow) leaves the set
+    with its contents (the general path leaves merged contents under the retired cover,
+    where nothing reads them; in serial watermark order a session in the set is never
+    past its cleanup time, so this does not happen there)."""
     contents = function.contents
-    store = contents.store
-
-    def finish(stored: Any, moved: bool) -> None:
-        """``stored``: ``actual``'s contents before the record (merged ones included)."""
-        late = function.is_late(actual, watermark)
-        if late:
-            sessions.remove(actual)  # Flink's retireWindow; merged contents stay, as there
-            if moved:
-                store.async_put(window_key(actual), stored)
-        else:
-            folded = contents.fold(stored, value, timestamp)
-            store.async_put(window_key(actual), folded)
-            element_fired(function, ctx, actual, folded, bool(merged) or stored is None, watermark)
-        if sessions != before:
-            function.sessions.async_update(encode_sessions(sessions))  # not awaited
-        if late and timestamp + function.lateness <= watermark:
-            function._late(ctx, value, timestamp, watermark)
-
+    count = len(sessions)
+    actual, merged = add_session(sessions, window)
+    key = (actual.start, actual.end)
     if merged:
-        merge_timers(function, service, sessions, actual, merged, watermark)
-        reads = [store.async_get(window_key(w)) for w in merged]  # the cover holds nothing
-
-        def fold_merged(values: list[Any]) -> None:
-            for old in merged:
-                store.async_remove(window_key(old))
-            present = [v for v in values if v is not None]
-            finish(contents.merge(present) if present else None, bool(present))
-
-        when_read(reads, fold_merged)
-    elif actual in before:  # inside (or equal to) a session: read that one
-        store.async_get(window_key(actual)).on_complete(lambda stored: finish(stored, False))
-    else:  # a new session: nothing stored under it
-        finish(None, False)
+        merge_timers(function, ctx.timer_service, sessions, actual, merged, watermark)
+        present = [memory.pop((w.start, w.end), None) for w in merged]
+        present = [v for v in present if v is not None]
+        stored = contents.merge(present) if present else None
+    else:  # inside (or equal to) a session: its contents; a new one: nothing
+        stored = memory.get(key)
+    if function.is_late(actual, watermark):
+        inside = not merged and len(sessions) == count
+        sessions.remove(actual)
+        memory.pop(key, None)
+        if timestamp + function.lateness <= watermark:
+            function._late(ctx, value, timestamp, watermark)
+        return bool(merged) or inside
+    folded = memory[key] = contents.fold(stored, value, timestamp)
+    element_fired(function, ctx, actual, folded, bool(merged) or stored is None, watermark)
+    return True
 
 
 def merge_timers(
@@ -142,34 +153,31 @@ def element_fired(
 
 
 def on_timer(function: Any, time: float, ctx: Any) -> Any:
-    """The sessions ending (or cleaned) at ``time`` fire (or go); a merged-away
-    session's timer finds nothing (``_fire_sessions``)."""
-    state = function.sessions
+    """The sessions ending (or cleaned) at ``time`` fire (or go), in order of end; a
+    merged-away session's timer finds nothing (``_fire_sessions``). One read, and one
+    write when a session goes."""
+    state = function.together
 
     def due(held: Any) -> None:
-        sessions = decode_sessions(held)
+        sessions, memory = decode(held)
+        cleanup_time = function.cleanup_time
         windows = sorted(
-            (w for w in sessions if w.end == time or function.cleanup_time(w) == time),
-            key=_by_end,
+            (w for w in sessions if w.end == time or cleanup_time(w) == time), key=_by_end
         )
         if not windows:
             return
-        store = function.contents.store
-        reads = [store.async_get(window_key(w)) for w in windows]
-
-        def fire(values: list[Any]) -> None:
-            cleaned = False
-            for window, stored in zip(windows, values, strict=True):
-                if window.end == time and stored is not None:
-                    function._emit(Scope(ctx, function), window, stored)
-                if function.cleanup_time(window) == time:
-                    store.async_remove(window_key(window))
-                    sessions.remove(window)
-                    cleaned = True
-            if cleaned:
-                state.async_update(encode_sessions(sessions))  # not awaited
-
-        when_read(reads, fire)
+        cleaned = False
+        for window in windows:
+            key = (window.start, window.end)
+            stored = memory.get(key)
+            if window.end == time and stored is not None:
+                function._emit(Scope(ctx, function), window, stored)
+            if cleanup_time(window) == time:
+                sessions.remove(window)
+                del memory[key]
+                cleaned = True
+        if cleaned:
+            state.async_update(encode(sessions, memory))  # not awaited
 
     state.async_value().on_complete(due)
     return None
