@@ -158,6 +158,8 @@ class TimerService:
 
 
 def _checked(timestamp: Any, domain: str) -> float:
+    if type(timestamp) is float and timestamp == timestamp:  # the common case: not NaN
+        return timestamp
     if timestamp is None:
         raise TypeError(f"{domain} timer timestamp must be a number, got None")
     check_timestamp(timestamp, f"{domain} timer timestamp")

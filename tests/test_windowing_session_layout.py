@@ -175,3 +175,41 @@ def test_a_checkpoint_of_the_other_layout_is_refused(tmp_path):
         op.close()
         with pytest.raises(ValueError, match="keeps sessions"):
             KeyedProcessOperator(second, MemoryBackend(), SYNC).restore(handle)
+
+
+class _Service:
+    """The part of TimerService that NetTimers uses, recording the calls it gets."""
+
+    def __init__(self, times):
+        self.times = dict.fromkeys(times)
+        self.calls = []
+
+    def _registered(self, domain):
+        assert domain == "event-time"
+        return self.times
+
+    def register_event_time_timer(self, t):
+        self.calls.append(("register", t))
+        self.times[t] = None
+
+    def delete_event_time_timer(self, t):
+        self.calls.append(("delete", t))
+        self.times.pop(t, None)
+
+
+def test_net_timers_apply_only_the_net_effect_of_a_folds_changes():
+    from aec.windowing.session_path import NetTimers
+
+    service = _Service([10.0, 20.0, 30.0])
+    net = NetTimers(service)
+    net.register_event_time_timer(40.0)  # new, then fired in the fold: never reaches the queue
+    net.delete_event_time_timer(40.0)
+    net.register_event_time_timer(20.0)  # already there (a duplicate), then deleted: goes
+    net.delete_event_time_timer(20.0)
+    net.delete_event_time_timer(30.0)  # deleted, then registered again: stays
+    net.register_event_time_timer(30.0)
+    net.register_event_time_timer(50.0)  # new: registered
+    assert service.calls == []  # nothing before apply
+    net.apply()
+    assert service.calls == [("delete", 20.0), ("register", 50.0)]
+    assert sorted(service.times) == [10.0, 30.0, 50.0]

@@ -81,12 +81,13 @@ def on_record(function: Any, value: Any, ctx: Any) -> Any:
 
 def place(
     function: Any, ctx: Any, sessions: list[Any], memory: dict[tuple[float, float], Any],
-    value: Any, timestamp: float, window: Any, watermark: float,
+    value: Any, timestamp: float, window: Any, watermark: float, service: Any = None,
 ) -> bool:  # fmt: skip
     """Add a record's ``window`` to a key's ``sessions`` and the record to the session it
     lands in (``_merging_record``'s steps for the built-in trigger), on the sessions and
     their contents (``memory``) in memory, both changed in place. True when they
-    changed (the value is to be written).
+    changed (the value is to be written). Timers go to ``service`` (default: the
+    key's ``ctx.timer_service``; the bundle passes its ``NetTimers``).
 
     A new window, and a merge's cover, hold nothing before the record: contents exist
     only with sessions of the set. A late session (Flink's retireWindow) leaves the set
@@ -98,7 +99,8 @@ def place(
     actual, merged = add_session(sessions, window)
     key = (actual.start, actual.end)
     if merged:
-        merge_timers(function, ctx.timer_service, sessions, actual, merged, watermark)
+        service = service or ctx.timer_service
+        merge_timers(function, service, sessions, actual, merged, watermark)
         present = [memory.pop((w.start, w.end), None) for w in merged]
         present = [v for v in present if v is not None]
         stored = contents.merge(present) if present else None
@@ -112,7 +114,8 @@ def place(
             function._late(ctx, value, timestamp, watermark)
         return bool(merged) or inside
     folded = memory[key] = contents.fold(stored, value, timestamp)
-    element_fired(function, ctx, actual, folded, bool(merged) or stored is None, watermark)
+    fresh = bool(merged) or stored is None
+    element_fired(function, ctx, actual, folded, fresh, watermark, service)
     return True
 
 
@@ -135,12 +138,13 @@ def merge_timers(
 
 
 def element_fired(
-    function: Any, ctx: Any, actual: Any, folded: Any, fresh: bool, watermark: float
-) -> None:
+    function: Any, ctx: Any, actual: Any, folded: Any, fresh: bool, watermark: float,
+    service: Any = None,
+) -> None:  # fmt: skip
     """After a record folded into session ``actual`` (now ``folded``):
     EventTimeTrigger.on_element (a late firing emits at once, else the end timer), and
     the cleanup timer of a ``fresh`` session (new, or the cover of a merge)."""
-    service = ctx.timer_service
+    service = service or ctx.timer_service
     if actual.end <= watermark:
         function._emit(Scope(ctx, function), actual, folded)
     else:
@@ -162,7 +166,7 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
         sessions, memory = decode(held)
         cleanup_time = function.cleanup_time
         windows = sorted(
-            (w for w in sessions if w.end == time or cleanup_time(w) == time), key=_by_end
+            (w for w in sessions if w.end == time or cleanup_time(w) == time), key=by_end
         )
         if not windows:
             return
@@ -183,5 +187,34 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
     return None
 
 
-def _by_end(window: Any) -> tuple[float, float]:
+def by_end(window: Any) -> tuple[float, float]:
     return (window.end, window.start)
+
+
+class NetTimers:
+    """A key's event-time timer changes within one fold, applied at its end as their net
+    effect: a timer registered and deleted again in the fold (a session that starts and
+    fires in one flush) never reaches the timer queue. Per key a timer is one (key,
+    time) entry, so the queue ends as if each change had been made in turn."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        self.before = service._registered("event-time")  # live, unchanged until apply
+        self.after = set(self.before)
+        self.added: dict[float, None] = {}  # in order of registration
+
+    def register_event_time_timer(self, timestamp: float) -> None:
+        self.after.add(timestamp)
+        self.added[timestamp] = None
+
+    def delete_event_time_timer(self, timestamp: float) -> None:
+        self.after.discard(timestamp)
+
+    def apply(self) -> None:
+        """Make the changes: delete the timers gone, then register the new ones."""
+        service, before, after = self.service, self.before, self.after
+        for timestamp in [t for t in before if t not in after]:
+            service.delete_event_time_timer(timestamp)
+        for timestamp in self.added:
+            if timestamp in after and timestamp not in before:
+                service.register_event_time_timer(timestamp)
