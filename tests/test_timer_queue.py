@@ -57,3 +57,14 @@ def test_timestamps_are_the_keys_registered_timers_for_membership_tests():
     queue.delete("a", 9.0, 0)
     assert 9.0 not in queue.timestamps("a")
     assert 7.0 in queue.timestamps("b")
+
+
+def test_due_gives_a_keys_timers_up_to_a_time_in_order():
+    queue = TimerQueue()
+    for t in (30.0, 10.0, 20.0, 40.0):
+        queue.register("a", t, 0)
+    queue.register("b", 5.0, 0)
+    assert queue.due("a", 30.0) == [10.0, 20.0, 30.0]  # inclusive, ascending
+    assert queue.due("a", 9.0) == [] and queue.due("c", 100.0) == []
+    queue.delete("a", 20.0)
+    assert queue.due("a", 100.0) == [10.0, 30.0, 40.0]

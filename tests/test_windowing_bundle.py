@@ -76,6 +76,12 @@ FACTORIES = {
         late_data_tag="late",
     ),
     "tumbling-list": lambda: window(TumblingEventTimeWindows.of(10)),
+    # a process function seeing the firing watermark, with lateness (fired in the flush,
+    # kept for late records, cleaned by a later flush)
+    "tumbling-process-late": lambda: window(
+        TumblingEventTimeWindows.of(10), aggregate=Digits(), process=Windowed(),
+        allowed_lateness=15, late_data_tag="late",
+    ),
     "sliding-chain": lambda: window(
         SlidingEventTimeWindows.of(12, 4), aggregate=Digits(), late_data_tag="late"
     ),
@@ -176,6 +182,29 @@ def test_on_time_records_make_no_requests_until_the_watermark():
     assert op.metrics["timers_fired"] == 0
     op.finish()
     assert op.drain_outputs() == [("a", 4), Watermark(float("inf"))]
+
+
+def test_a_flush_fires_windows_with_lateness_keeps_them_and_a_later_flush_cleans_them():
+    # [0, 10) fires at watermark 12 (seeing 12) and stays until 25; a late record re-fires
+    # it at once; at 30 the flush fires [10, 20) and cleans [0, 10); no timer fires as one
+    source = [rec("a", 1, 1), rec("a", 3, 3), Watermark(12), rec("a", 4, 5),
+              rec("a", 5, 14), Watermark(30)]  # fmt: skip
+    backend = MemoryBackend()
+    op = KeyedProcessOperator(FACTORIES["tumbling-process-late"](), backend, ASYNC)
+    op.open()
+    feed(op, source)
+    assert op.drain_outputs() == [
+        ("a", 0, 10, 12, "13"), Watermark(12), ("a", 0, 10, 12, "134"),
+        ("a", 10, 20, 30, "5"), Watermark(30),
+    ]  # fmt: skip
+    assert op.metrics["timers_fired"] == 0
+    assert list(backend.state_items("window-contents")["a"]) == [(10, 20)]
+    op.finish()
+    reference = run(source, FACTORIES["tumbling-process-late"](), SYNC)
+    assert [o for o in reference.outputs if type(o) is not Watermark] == [
+        ("a", 0, 10, 12, "13"), ("a", 0, 10, 12, "134"), ("a", 10, 20, 30, "5"),
+    ]  # fmt: skip
+    assert backend.state_items("window-contents") == {}
 
 
 def test_a_flush_fires_the_keys_windows_stored_earlier_in_order_of_end(tmp_path):

@@ -66,6 +66,11 @@ class OperatorTimers:
         """Timestamps of the current key's timers in ``domain`` (``TimerQueue.timestamps``)."""
         return self._timer_queue(domain).timestamps(self.current_context().key)
 
+    def due_timers(self, domain: str, until: float) -> list[float]:
+        """The current key's timer timestamps in ``domain`` at or before ``until``,
+        ascending (``TimerQueue.due``)."""
+        return self._timer_queue(domain).due(self.current_context().key, until)
+
     def _timer_queue(self, domain: str) -> TimerQueue:
         return self.event_timers if domain == _EVENT else self.processing_timers
 

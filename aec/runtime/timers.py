@@ -21,7 +21,7 @@ Backed by sortedcontainers (DESIGN rule 8). Invariants:
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Container
 from typing import Any
 
@@ -80,6 +80,13 @@ class TimerQueue:
         view while the key has timers; an empty container (not live) when it has none."""
         timers = self._by_key.get(key)
         return _NONE if timers is None else timers
+
+    def due(self, key: Any, until: float) -> list[float]:
+        """``key``'s timer timestamps at or before ``until``, ascending (a copy)."""
+        times = self._times.get(key)
+        if times is None:
+            return []
+        return times[: bisect_right(times, until)]
 
     def delete(
         self, key: Any, timestamp: float, epoch: int = 0, arrival_watermark: float = -math.inf

@@ -31,11 +31,11 @@ write, and for a new slot the end timer (and the cleanup timer at ``end +
 allowed_lateness``), or for a new pane the chain's timer at its first window's end.
 The watermark the fold sees is the one the records saw when they arrived (no
 watermark at or after their firing time has come since), so the same timers
-result. At a watermark, tumbling windows without allowed lateness (and panes
-without a process function) fire in the fold instead of by their timers
-(``_fire_windows``, ``_fold_and_fire``). So the outputs, the side outputs and the final state are the synchronous
-run's (the property tests compare them); the records make no requests of their own
-(``requests``, ``batches`` and ``blocked_requests`` fall).
+result. At a watermark, the key's due timers of tumbling windows (and of panes
+without a process function) fire in the fold instead (``_fire_windows``,
+``_fold_and_fire``). So the outputs, the side outputs and the final state are the
+synchronous run's (the property tests compare them); the records make no requests
+of their own (``requests``, ``batches`` and ``blocked_requests`` fall).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class WindowBundle:
         self._aggregate = folder.function if type(folder) is AggregateContents else None
         self._low, self._high, self._last = math.inf, -math.inf, (0, 0.0)  # see offer
         # a flush at a watermark also fires the key's due panes (see _fold_and_fire), or
-        # its due tumbling windows (see _fire_windows; their cleanup is their firing)
-        self._fires = function.process_fn is None if panes else function.lateness == 0
+        # its due tumbling windows (see _fire_windows)
+        self._fires = function.process_fn is None if panes else True
 
     # -- taking records ----------------------------------------------------------------------
     def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
@@ -228,60 +228,81 @@ class WindowBundle:
         self, share: list[tuple[Any, list[Any]]], until: float, context: BundleContext,
         ctx: Any,
     ) -> None:  # fmt: skip
-        """Tumbling windows at a watermark ``until`` (no allowed lateness): every window
-        of the share ends at or before ``until`` (``take`` gives back only those), so
-        its end timer would fire at ``until``. They fire here instead, together with
-        the key's other windows that ``until`` makes due (stored earlier), in order of
-        end: what the timers would emit, in the same order for the key. A window is in
-        state exactly while its end timer is registered (the built-in trigger registers
-        it with the first write and the firing removes both), so only windows whose
-        end is a registered timer are read; the others start empty and are never
-        written. A stored window's timer is deleted and its contents removed, as its
-        firing would; the process function sees the firing watermark ``until``."""
-        timers = ctx.timer_service._registered("event-time")
+        """Tumbling windows at a watermark ``until``: every window of the share ends at
+        or before ``until`` (``take`` gives back only those), so its end timer would
+        fire at ``until``. The key's timers at or before ``until`` fire here instead, in
+        order, with the share folded in first: each end fires its window (emitted, the
+        process function seeing ``until``), each cleanup time (``end +
+        allowed_lateness``) removes its window; a share window whose cleanup time is
+        after ``until`` is written and gets its cleanup timer, one cleaned by ``until``
+        is never written. A window is in state only while its end or cleanup timer is
+        registered (the first write registers both; the cleanup removes both), so only
+        windows ending at a registered timer are read; the others start empty."""
+        due = ctx.timer_service._due("event-time", until)
+        assigner, lateness = self.function.assigner, self.function.lateness
         slots = {slot[1]: slot for slot, _ in share}  # end -> (start, end)
-        stored = []
-        for end in sorted(t for t in timers if t <= until):
-            slot = slots.get(end) or hot_path._ending_at(self.function.assigner, end)
-            if slot is not None:  # else no window ends there: that timer fires as usual
-                stored.append(slot)
-        if not stored:
-            self._fire(share, {}, until, context, ctx)
+        reads = []  # windows that may be stored and fire now: their end is a timer
+        for end in due:
+            slot = slots.get(end) or hot_path._ending_at(assigner, end)
+            if slot is not None:
+                reads.append(slot)
+        cleaned = []  # windows whose cleanup timer fires now (absent ones: no-op removes)
+        if 0 < lateness < math.inf:  # an infinite lateness never cleans
+            for t in due:
+                slot = hot_path._ending_at(assigner, t - lateness) if math.isfinite(t) else None
+                if slot is not None:
+                    cleaned.append(slot)
+        if not reads:
+            self._fire(share, {}, due, cleaned, until, context, ctx)
             return
-        reads = [self._inner.store.async_get(slot) for slot in stored]
+        store = self._inner.store
         when_read(
-            reads,
+            [store.async_get(slot) for slot in reads],
             lambda values: self._fire(
-                share, dict(zip(stored, values, strict=True)), until, context, ctx
+                share, dict(zip(reads, values, strict=True)), due, cleaned, until, context,
+                ctx,
             ),
-        )
+        )  # fmt: skip
 
     def _fire(
-        self, share: list[tuple[Any, list[Any]]], stored: dict[Any, Any], until: float,
-        context: BundleContext, ctx: Any,
+        self, share: list[tuple[Any, list[Any]]], stored: dict[Any, Any], due: list[float],
+        cleaned: list[Any], until: float, context: BundleContext, ctx: Any,
     ) -> None:  # fmt: skip
-        """``_fire_windows``' firings: ``stored`` maps the stored due windows to their
-        contents (None: absent)."""
-        windows = dict(stored)
+        """``_fire_windows``' firings: ``stored`` maps the windows ending at a due timer
+        to their contents (None: absent), ``cleaned`` the windows whose cleanup timer is
+        due."""
+        windows = dict(stored)  # the windows that fire now -> contents
         for slot, values in share:
             windows[slot] = self._folded(windows.get(slot), values, context)
+        shared = {slot for slot, _ in share}
         function = self.function
+        lateness = function.lateness
         service = ctx.timer_service
         store = self._inner.store
+        for t in due:  # each fires here, now (seen from the records' watermark)
+            service.delete_event_time_timer(t)
         scope = Scope(ctx, function)
         records_watermark = context.watermark
+        gone = set(cleaned)
         for slot in sorted(windows, key=_end):
             value = windows[slot]
-            if slot in stored:
-                service.delete_event_time_timer(slot[1])  # seen from the records' watermark
-            if value is None:
-                continue  # the timer's firing finds nothing: no output, nothing to remove
-            context.watermark = until  # what the timer's firing would see
-            try:
-                function._emit(scope, TimeWindow.trusted(*slot), value)
-            finally:
-                context.watermark = records_watermark
-            if slot in stored:
+            if value is not None:
+                context.watermark = until  # what the timer's firing would see
+                try:
+                    function._emit(scope, TimeWindow.trusted(*slot), value)
+                finally:
+                    context.watermark = records_watermark
+            cleanup = slot[1] + lateness
+            if cleanup <= until:
+                gone.add(slot)  # cleaned by ``until`` too: removed, or never written
+            elif slot in shared:
+                store.async_put(slot, value)  # kept for late records until its cleanup
+                if cleanup != math.inf:
+                    service.register_event_time_timer(cleanup)
+        for slot in sorted(gone, key=_end):
+            # a window stored before (read, or cleaned without a read) is removed; one
+            # that only the share filled was never written
+            if stored.get(slot) is not None or slot not in windows:
                 store.async_remove(slot)
 
     def _write(
@@ -336,3 +357,4 @@ class WindowBundle:
 
 def _end(slot: tuple[float, float]) -> float:
     return slot[1]
+

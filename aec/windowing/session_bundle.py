@@ -105,7 +105,7 @@ class SessionBundle:
             except BaseException:
                 context.value = value
                 raise
-        if net is not None:
+        if net is not None and until is not None:  # (net exists exactly when until does)
             changed = self._fire_due(sessions, memory, until, context, ctx, net) or changed
             net.apply()
         if changed and (held or sessions):  # nothing stored and nothing left: no write
