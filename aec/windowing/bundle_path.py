@@ -243,13 +243,13 @@ class WindowBundle:
         slots = {slot[1]: slot for slot, _ in share}  # end -> (start, end)
         reads = []  # windows that may be stored and fire now: their end is a timer
         for end in due:
-            slot = slots.get(end) or hot_path._ending_at(assigner, end)
+            slot = slots.get(end) or hot_path.ending_at(assigner, end)
             if slot is not None:
                 reads.append(slot)
         cleaned = []  # windows whose cleanup timer fires now (absent ones: no-op removes)
         if 0 < lateness < math.inf:  # an infinite lateness never cleans
             for t in due:
-                slot = hot_path._ending_at(assigner, t - lateness) if math.isfinite(t) else None
+                slot = hot_path.ending_at(assigner, t - lateness) if math.isfinite(t) else None
                 if slot is not None:
                     cleaned.append(slot)
         if not reads:

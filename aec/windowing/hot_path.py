@@ -94,7 +94,7 @@ def on_record(function: Any, value: Any, ctx: Any) -> Any:
     return None
 
 
-def _ending_at(assigner: Any, end: float) -> tuple[float, float] | None:
+def ending_at(assigner: Any, end: float) -> tuple[float, float] | None:
     """``(start, end)`` of the grid window ending exactly at ``end``, or None."""
     start = assigner.offset + round((end - assigner.size - assigner.offset) / assigner.slide) * (
         assigner.slide
@@ -110,10 +110,10 @@ def on_timer(function: Any, time: float, ctx: Any) -> Any:
     if function.event_time and 0 < lateness < math.inf:
         if ctx.timer_service.current_watermark() == math.inf:
             return _at_end_of_input(function, time, ctx)
-    fires = _ending_at(assigner, time)
+    fires = ending_at(assigner, time)
     if function.event_time and lateness > 0:  # an infinite lateness never cleans
         finite = math.isfinite(time - lateness)
-        cleans = _ending_at(assigner, time - lateness) if finite else None
+        cleans = ending_at(assigner, time - lateness) if finite else None
     else:
         cleans = fires  # processing time, or no lateness: cleaned when it fires
     if cleans is fires:  # one window fires and goes: a single read, no combining
