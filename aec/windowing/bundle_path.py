@@ -282,16 +282,12 @@ class WindowBundle:
         for t in due:  # each fires here, now (seen from the records' watermark)
             service.delete_event_time_timer(t)
         scope = Scope(ctx, function)
-        records_watermark = context.watermark
         gone = set(cleaned)
         for slot in sorted(windows, key=_end):
             value = windows[slot]
             if value is not None:
-                context.watermark = until  # what the timer's firing would see
-                try:
-                    function._emit(scope, TimeWindow.trusted(*slot), value)
-                finally:
-                    context.watermark = records_watermark
+                window = TimeWindow.trusted(*slot)
+                hot_path.emit_at_watermark(function, scope, context, window, value, until)
             cleanup = slot[1] + lateness
             if cleanup <= until:
                 gone.add(slot)  # cleaned by ``until`` too: removed, or never written

@@ -171,6 +171,20 @@ def _by_end(entry: tuple[tuple[float, float], Any]) -> float:
     return entry[0][1]
 
 
+def emit_at_watermark(
+    function: Any, scope: Scope, context: Any, window: Any, stored: Any, watermark: float
+) -> None:
+    """Emit a window fired by a bundle's flush as its timer's firing would: the flush
+    ``context`` (a ``BundleContext``) reports ``watermark``, the flushing one, while the
+    process function runs, then its records' watermark again."""
+    records_watermark = context.watermark
+    context.watermark = watermark
+    try:
+        function._emit(scope, window, stored)
+    finally:
+        context.watermark = records_watermark
+
+
 def when_read(reads: list[StateFuture], fn: Callable[[list[Any]], None]) -> None:
     """Run ``fn(results)`` once every read of ``reads`` (one invocation's, in submission
     order) is done. A record's requests complete in submission order, so the last read's

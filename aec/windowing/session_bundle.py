@@ -34,6 +34,7 @@ from typing import Any
 
 from aec.runtime.bundle import BundleContext
 from aec.windowing.context import Scope
+from aec.windowing.hot_path import emit_at_watermark
 from aec.windowing.session_path import NetTimers, by_end, decode, encode, place
 
 
@@ -121,15 +122,10 @@ class SessionBundle:
         if not due:
             return False
         function = self.function
-        records_watermark = context.watermark
         for window in due:
             net.delete_event_time_timer(window.end)  # fires here, now
             sessions.remove(window)
             stored = memory.pop((window.start, window.end), None)
             if stored is not None:
-                context.watermark = until  # what the timer's firing would see
-                try:
-                    function._emit(Scope(ctx, function), window, stored)
-                finally:
-                    context.watermark = records_watermark
+                emit_at_watermark(function, Scope(ctx, function), context, window, stored, until)
         return True
