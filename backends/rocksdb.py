@@ -47,7 +47,7 @@ from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from backends.keycodec import decode_key, encode_key, key_group_bounds, key_prefix, split_db_key
 from backends.overlay import APPLY_OPS, POINT_READS, USER_KEY_OPS
-from backends.rocksdb_batch import RocksBatchView, Table, scan_range
+from backends.rocksdb_batch import RocksBatchView, Table, run_value_batch, scan_range
 from backends.rocksdb_snapshots import (
     SNAPSHOT_SUBDIR,
     holds_database,
@@ -241,6 +241,9 @@ class RocksDBBackend(StateBackend):
                     self._tables = {**self._tables, state: table}  # readers see old or new
         return table
 
+    def _table_of(self, state: str) -> Table:
+        return self._tables.get(state) or self._table(state)
+
     def _live_db(self) -> Rdict:
         db = self._db
         if db is None:
@@ -257,6 +260,8 @@ class RocksDBBackend(StateBackend):
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         db = self._live_db()
+        if run_value_batch(db, self._table_of, requests, self._write_options):
+            return
         # Plan each request's table and DB key and collect the keys to multi-get per
         # table. Locals and the same-state check keep this loop cheap: it runs per
         # request on an I/O thread that shares the GIL with the mailbox thread.

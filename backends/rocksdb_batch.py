@@ -8,13 +8,17 @@ sees it (``backends.overlay``'s op functions run on it, shared with SlateDB).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from backends.keycodec import prefix_end
+from aec.state.requests import Op, StateRequest
+from backends.keycodec import key_prefix, prefix_end
 from backends.overlay import ABSENT, BatchView, dumps, merge_map_overlay
+
+_VALUE_GET, _VALUE_PUT, _VALUE_CLEAR = Op.VALUE_GET, Op.VALUE_PUT, Op.VALUE_CLEAR
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 class Table:
@@ -143,6 +147,63 @@ class RocksBatchView(BatchView):
             else:
                 batch.put(db_key, dumps(value), table.handle)
         db.write(batch, write_options)
+
+
+def run_value_batch(
+    db: Rdict,
+    table_of: Callable[[str], Table],
+    requests: Sequence[StateRequest],
+    write_options: WriteOptions,
+) -> bool:
+    """Run a batch of value-state requests only: one multi-get per column family,
+    one ``WriteBatch``; False (nothing done) for any other batch.
+
+    The common batch of keyed counters and the like, without ``RocksBatchView``'s
+    overlay: reads all go to the DB before the writes, which is the overlay's
+    answer too as long as no read follows a write of its key in the batch (then,
+    or for any list or map request, this gives up for the general path). Two
+    writes of a key keep their order in the ``WriteBatch``.
+    """
+    gets: dict[Table, tuple[list[bytes], list[StateRequest]]] = {}
+    writes = WriteBatch(raw_mode=True)
+    written: set[bytes] = set()  # DB keys written so far (any table: a clash only gives up)
+    last_state: str | None = None
+    table: Table  # both bound by the first request (its state is never None)
+    table_gets: tuple[list[bytes], list[StateRequest]]
+    for request in requests:
+        state = request.state
+        if state is not last_state:
+            table = table_of(state)
+            found = gets.get(table)
+            if found is None:
+                found = gets[table] = ([], [])
+            table_gets = found
+            last_state = state
+        db_key = key_prefix(request.key_group, request.key)
+        op = request.op
+        if op == _VALUE_GET:
+            if written and db_key in written:
+                return False
+            table_gets[0].append(db_key)
+            table_gets[1].append(request)
+        elif op == _VALUE_PUT or op == _VALUE_CLEAR:
+            value = request.value if op == _VALUE_PUT else None
+            if value is None:
+                writes.delete(db_key, table.handle)
+            else:
+                writes.put(db_key, pickle.dumps(value, _PROTOCOL), table.handle)
+            written.add(db_key)
+        else:
+            return False
+    loads = pickle.loads
+    for table, (db_keys, readers) in gets.items():
+        if db_keys:
+            raws = cast("list[bytes | None]", table.rdict.get(cast("list[Any]", db_keys)))
+            for reader, raw in zip(readers, raws, strict=True):
+                reader.result = None if raw is None else loads(raw)
+    if written:
+        db.write(writes, write_options)
+    return True
 
 
 def scan_range(table: Table, low: bytes, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:

@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterator
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rocksdict import WriteOptions
 
 from aec.keygroups import KeyGroupRange, key_group_for, key_group_range_for
 from aec.state.requests import Op, StateRequest
 from backends import LatencyBackend, MemoryBackend, RocksDBBackend, StateBackend
 from backends.keycodec import decode_key, encode_key, key_prefix, split_db_key
 from backends.latency import LatencySampler
+from backends.rocksdb_batch import run_value_batch
 
 MAX_PARALLELISM = 128
 
@@ -371,6 +373,8 @@ MIXES = {
     "mixed": request_batches(st.one_of(value_ops(KEYS), list_ops(KEYS), map_ops(KEYS))),
     "one-map": request_batches(map_ops(st.sampled_from(["a", "ab"]))),
     "one-list": request_batches(list_ops(st.just("a"))),
+    # value ops only: RocksDB's overlay-free path, and its fallback on a read after a write
+    "values": request_batches(value_ops(st.sampled_from(["a", "b"]))),
 }
 
 
@@ -401,6 +405,30 @@ def test_rocksdb_matches_memory_on_random_batches(mix):
             shutil.rmtree(directory)
 
     check()
+
+
+def test_a_value_only_batch_takes_the_path_without_the_overlay_until_a_read_follows_a_write(
+    tmp_path,
+):
+    rocks = RocksDBBackend(str(tmp_path / "db"))
+    rocks.open()
+    try:
+        run(rocks, req(Op.VALUE_PUT, "v", "a", value=1))
+        first = [req(Op.VALUE_GET, "v", "a"), req(Op.VALUE_PUT, "v", "a", value=2),
+                 req(Op.VALUE_PUT, "v", "b", value=3), req(Op.VALUE_PUT, "v", "b", value=4)]  # fmt: skip
+        assert run_value_batch(rocks._live_db(), rocks._table_of, first, WriteOptions())
+        assert first[0].result == 1  # read before the batch's write
+        assert rocks.state_items("v") == {"a": 2, "b": 4}  # writes kept their order
+        # a read after a write of its key, or a list request: the general path's to run
+        assert not run_value_batch(rocks._live_db(), rocks._table_of,
+                                   [req(Op.VALUE_CLEAR, "v", "a"), req(Op.VALUE_GET, "v", "a")],
+                                   WriteOptions())  # fmt: skip
+        assert not run_value_batch(rocks._live_db(), rocks._table_of,
+                                   [req(Op.VALUE_PUT, "v", "b", value=5), req(Op.LIST_GET, "l", "a")],
+                                   WriteOptions())  # fmt: skip
+        assert rocks.state_items("v") == {"a": 2, "b": 4}  # a batch given up wrote nothing
+    finally:
+        rocks.close()
 
 
 # --- key codec ---------------------------------------------------------------------------
