@@ -165,7 +165,7 @@ def run_value_batch(
     writes of a key keep their order in the ``WriteBatch``.
     """
     gets: dict[Table, tuple[list[bytes], list[StateRequest]]] = {}
-    writes = WriteBatch(raw_mode=True)
+    writes: WriteBatch | None = None  # made at the first write: a read-only batch has none
     written: set[bytes] = set()  # DB keys written so far (any table: a clash only gives up)
     last_state: str | None = None
     table: Table  # both bound by the first request (its state is never None)
@@ -188,6 +188,8 @@ def run_value_batch(
             table_gets[1].append(request)
         elif op == _VALUE_PUT or op == _VALUE_CLEAR:
             value = request.value if op == _VALUE_PUT else None
+            if writes is None:
+                writes = WriteBatch(raw_mode=True)
             if value is None:
                 writes.delete(db_key, table.handle)
             else:
@@ -201,7 +203,7 @@ def run_value_batch(
             raws = cast("list[bytes | None]", table.rdict.get(cast("list[Any]", db_keys)))
             for reader, raw in zip(readers, raws, strict=True):
                 reader.result = None if raw is None else loads(raw)
-    if written:
+    if writes is not None:
         db.write(writes, write_options)
     return True
 
