@@ -23,7 +23,7 @@ from pyspark import TaskContext
 
 import aec
 from aec.config import AecConfig
-from aec.elements import Record, Watermark
+from aec.elements import Watermark
 from aec.keygroups import KeyGroupRange, key_group_range_for
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.convert import timestamp_seconds
@@ -81,20 +81,20 @@ class PartitionJob:
         # Rows as dicts cost per column and row (a timestamp column most: a datetime per
         # row); write_keyed's operators name the columns their functions read.
         values = (batch if self.values is None else batch.select(self.values)).to_pylist()
-        process = operator.process
+        process = operator.process_fields  # no Record built per row
         if self.timestamp is None:
-            for record in map(Record, keys, values):
-                process(record)
+            for key, value in zip(keys, values, strict=True):
+                process(key, value, None)
             return
         column = batch.column(self.timestamp)
         stamps = timestamp_seconds(column)
-        records = list(map(Record, keys, values, stamps))
         seconds = pa.array(stamps, pa.float64())
-        start, rows = 0, len(records)
+        start, rows = 0, len(values)
         while start < rows:
             end = min(rows, start + watermarks.until_check())
-            for record in records[start:end]:
-                process(record)
+            rows_now = zip(keys[start:end], values[start:end], stamps[start:end], strict=True)
+            for key, value, stamp in rows_now:
+                process(key, value, stamp)
             mark = watermarks.on_records(
                 end - start, pc.max(seconds.slice(start, end - start)).as_py()
             )

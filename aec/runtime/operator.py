@@ -180,7 +180,11 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
 
         Raises TypeError/ValueError for a bad key or timestamp, JobFailure on failure.
         """
-        key = record.key
+        self.process_fields(record.key, record.value, record.timestamp)
+
+    def process_fields(self, key: Any, value: Any, timestamp: float | None) -> None:
+        """``process(Record(key, value, timestamp))`` without building the Record (the
+        Spark glue's per-row call); the same checks and errors."""
         try:
             key_group = self._key_groups.get(key)  # a cached key was checked on its way in
         except TypeError:  # unhashable
@@ -188,7 +192,6 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
         if key_group is None:
             check_key(key)
             key_group = self._key_group(key)
-        timestamp = record.timestamp
         if timestamp is not None and (type(timestamp) is not float or timestamp != timestamp):
             check_timestamp(timestamp)
         if not self._first_group <= key_group <= self._last_group:
@@ -202,7 +205,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
         if bundle is not None:
             if self._poll:
                 self._poll_clock_or_fail()
-            if bundle.offer(key, record.value, timestamp, self._watermark):
+            if bundle.offer(key, value, timestamp, self._watermark):
                 self._sequence += 1
                 self._records_in += 1
                 if bundle.size >= BUNDLE_LIMIT:
@@ -226,7 +229,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
             self._sequence += 1
             self._records_in += 1
             context = RecordContext(
-                record.value, key, key_group, timestamp, self._sequence,
+                value, key, key_group, timestamp, self._sequence,
                 self.epochs.active, self._watermark, controller.on_context_finished,
                 None, self._now,
             )  # fmt: skip

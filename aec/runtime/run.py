@@ -70,9 +70,10 @@ def run_keyed(
     operator = KeyedProcessOperator(function, backend, config, executor, clock)
     operator.open()
     try:
+        process = operator.process_fields
         for position, element in enumerate(source):
             if type(element) is Record:
-                operator.process(element)
+                process(element.key, element.value, element.timestamp)
             elif type(element) is Watermark:
                 operator.process_watermark(element)
             else:
