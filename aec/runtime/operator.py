@@ -116,6 +116,8 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
         self._first_group = self.key_group_range.start
         self._last_group = self.key_group_range.end
         self._ticks = type(executor).tick is not StateExecutor.tick
+        self._limit = self.config.in_flight_records_limit
+        self._on_finished = self.controller.on_context_finished  # bound once, not per record
         self._outputs: list[Any] = []
         self._side_outputs: dict[Any, list[Any]] = {}
         self._watermark = -math.inf  # last watermark that arrived
@@ -217,7 +219,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
                 self.executor.tick(controller)
             if controller.mails or controller.ready:
                 controller.run_available()
-            limit = self.config.in_flight_records_limit
+            limit = self._limit
             while controller.in_flight >= limit:
                 if not controller.step():
                     raise self._stuck()
@@ -230,8 +232,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
             self._records_in += 1
             context = RecordContext(
                 value, key, key_group, timestamp, self._sequence,
-                self.epochs.active, self._watermark, controller.on_context_finished,
-                None, self._now,
+                self.epochs.active, self._watermark, self._on_finished, None, self._now,
             )  # fmt: skip
             controller.admit(context, inline=True)
         except BaseException as exc:
