@@ -65,6 +65,7 @@ from backends.cache_entries import (
     SLOT_OVERHEAD_BYTES,
     Slot,
     SlotPlan,
+    answer_value_hits,
     approx_bytes,
     merge_fetched,
 )
@@ -173,15 +174,27 @@ class CachedBackend(StateBackend):
         if not requests:
             return
         with self._lock:
-            while self._in_flight and any((r.state, r.key) in self._in_flight for r in requests):
-                self._landed.wait()  # a write-back of one of our keys is on its way
-            plans, slots = self._plan(requests)
-            fetches = self._fetch_requests(plans)
-            if fetches:  # queued write-backs ride along with the one remote call
-                sending = self._take_queue(0)
-            else:  # every read hits: answer now, no remote call
-                self._answer(requests, slots, plans)
+            # value requests all answered from memory: no plan (sizes unchanged, so
+            # nothing to measure or evict unless bytes are counted)
+            hits = None
+            if not self._in_flight and self.capacity_bytes is None:
+                hits = answer_value_hits(self._index, self._dirty, requests)
+            if hits is not None:
+                self.hits += hits
+                fetches = None
                 sending = self._take_queue(WRITEBACK_QUEUE_LIMIT)
+            else:
+                while self._in_flight and any(
+                    (r.state, r.key) in self._in_flight for r in requests
+                ):
+                    self._landed.wait()  # a write-back of one of our keys is on its way
+                plans, slots = self._plan(requests)
+                fetches = self._fetch_requests(plans)
+                if fetches:  # queued write-backs ride along with the one remote call
+                    sending = self._take_queue(0)
+                else:  # every read hits: answer now, no remote call
+                    self._answer(requests, slots, plans)
+                    sending = self._take_queue(WRITEBACK_QUEUE_LIMIT)
         if fetches:
             # in-flight slots are this thread's alone: build their requests unlocked
             remote = [w for slot in sending for w in slot.writebacks()]

@@ -12,7 +12,9 @@ from __future__ import annotations
 import bisect
 import pickle
 import sys
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, cast
 
 from aec.state.requests import Op, StateRequest, op_table
 from backends.keycodec import encode_key
@@ -189,6 +191,63 @@ class SlotPlan:
                 group.append(slot.request(Op.MAP_GET, user_key))
             return slot, list(self.points), group
         return None
+
+
+_VALUE_GET, _VALUE_PUT = Op.VALUE_GET, Op.VALUE_PUT
+_VALUE_OPS = frozenset({Op.VALUE_GET, Op.VALUE_PUT, Op.VALUE_CLEAR})
+
+
+def answer_value_hits(
+    index: dict[tuple, Slot], dirty: dict[tuple, Slot], requests: Sequence[StateRequest]
+) -> int | None:
+    """Apply a batch of value requests that memory answers whole; the reads it answered.
+
+    Every request must be a value op on a cached value slot, and every read must find
+    its slot loaded or written earlier in the batch; otherwise None, with nothing
+    done (the caller plans the batch). Requests apply in order, as ``APPLY`` applies
+    them; the touched slots become dirty entries where written and move to the most
+    recently used end of ``index`` in order of first use, as ``CachedBackend`` does
+    after a planned batch. No plan, pin or fetch: the common all-hit batch of keyed
+    value state. Call under the cache's lock, with no write-back in flight.
+    """
+    touched: dict[tuple, Slot] = {}
+    slots: list[Slot] = []
+    written: set[tuple] | None = None
+    for request in requests:
+        op = request.op
+        if op not in _VALUE_OPS:
+            return None
+        sid = (request.state, request.key)
+        slot = touched.get(sid)
+        if slot is None:
+            slot = index.get(sid)
+            if slot is None or slot.kind != VALUE:
+                return None
+            touched[sid] = slot
+        if op == _VALUE_GET:
+            if not slot.known and (written is None or sid not in written):
+                return None
+        elif written is None:
+            written = {sid}
+        else:
+            written.add(sid)
+        slots.append(slot)
+    reads = 0
+    for request, slot in zip(requests, slots, strict=True):
+        op = request.op
+        if op == _VALUE_GET:
+            request.result = slot.data
+            reads += 1
+        else:  # VALUE_PUT (None clears) or VALUE_CLEAR
+            slot.data = request.value if op == _VALUE_PUT else None
+            slot.known = slot.dirty = True
+            slot.version += 1
+    move_to_end = cast(OrderedDict, index).move_to_end
+    for sid, slot in touched.items():
+        if slot.dirty:
+            dirty[sid] = slot
+        move_to_end(sid)
+    return reads
 
 
 def merge_fetched(fetches: list[tuple]) -> None:

@@ -49,6 +49,7 @@ from aec.state.memory import MemoryBackend
 from aec.state.requests import Op
 from aec.testing import assert_equivalent
 from backends.cache import CachedBackend, CachedSpec
+from backends.cache_entries import answer_value_hits
 from backends.keycodec import encode_key
 from backends.latency import LatencyBackend
 from backends.rocksdb import RocksDBBackend
@@ -300,6 +301,29 @@ def test_reads_after_writes_of_the_batch_need_no_remote_call():
     )
     assert results == [None, 5, None, None, [1, 2], None, 1, None, True]
     assert remote.batches == [] and cache.misses == 0 and cache.hits == 5
+
+
+def test_a_value_batch_memory_answers_runs_without_a_plan_in_order_and_keeps_lru_order():
+    remote = Recording()
+    cache = CachedBackend(remote, capacity_entries=2)
+    run(cache, req(Op.VALUE_PUT, "v", "a", value=1), req(Op.VALUE_PUT, "v", "b", value=2))
+    batch = [req(Op.VALUE_GET, "v", "b"), req(Op.VALUE_PUT, "v", "a", value=3),
+             req(Op.VALUE_GET, "v", "a"), req(Op.VALUE_CLEAR, "v", "b"),
+             req(Op.VALUE_GET, "v", "b")]  # fmt: skip
+    with cache._lock:
+        assert answer_value_hits(cache._index, cache._dirty, batch) == 3
+    assert [r.result for r in batch] == [2, None, 3, None, None]
+    assert list(cache._index) == [("v", "b"), ("v", "a")]  # first used first: "b" goes next
+    run(cache, req(Op.VALUE_PUT, "v", "c", value=4))  # evicts "b": its clear is written back
+    cache.flush()
+    assert remote.memory.state_items("v") == {"a": 3, "c": 4} and remote.batches[0][0] == (
+        "VALUE_PUT", "v", "b",
+    )  # fmt: skip
+    # an uncached key or a list request: planned instead
+    for other in ([req(Op.VALUE_GET, "v", "z")], [req(Op.LIST_GET, "l", "a")]):
+        with cache._lock:
+            assert answer_value_hits(cache._index, cache._dirty, other) is None
+    assert (cache.hits, cache.misses) == (0, 0)  # counted by the backend, not here
 
 
 def test_hit_rate_counts_reads():
