@@ -173,28 +173,18 @@ class CachedBackend(StateBackend):
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         if not requests:
             return
+        if self.execute_batch_now(requests):  # value requests memory answers: no plan
+            return
         with self._lock:
-            # value requests all answered from memory: no plan (sizes unchanged, so
-            # nothing to measure or evict unless bytes are counted)
-            hits = None
-            if not self._in_flight and self.capacity_bytes is None:
-                hits = answer_value_hits(self._index, self._dirty, requests)
-            if hits is not None:
-                self.hits += hits
-                fetches = None
+            while self._in_flight and any((r.state, r.key) in self._in_flight for r in requests):
+                self._landed.wait()  # a write-back of one of our keys is on its way
+            plans, slots = self._plan(requests)
+            fetches = self._fetch_requests(plans)
+            if fetches:  # queued write-backs ride along with the one remote call
+                sending = self._take_queue(0)
+            else:  # every read hits: answer now, no remote call
+                self._answer(requests, slots, plans)
                 sending = self._take_queue(WRITEBACK_QUEUE_LIMIT)
-            else:
-                while self._in_flight and any(
-                    (r.state, r.key) in self._in_flight for r in requests
-                ):
-                    self._landed.wait()  # a write-back of one of our keys is on its way
-                plans, slots = self._plan(requests)
-                fetches = self._fetch_requests(plans)
-                if fetches:  # queued write-backs ride along with the one remote call
-                    sending = self._take_queue(0)
-                else:  # every read hits: answer now, no remote call
-                    self._answer(requests, slots, plans)
-                    sending = self._take_queue(WRITEBACK_QUEUE_LIMIT)
         if fetches:
             # in-flight slots are this thread's alone: build their requests unlocked
             remote = [w for slot in sending for w in slot.writebacks()]
@@ -213,6 +203,20 @@ class CachedBackend(StateBackend):
                 sending = self._take_queue(WRITEBACK_QUEUE_LIMIT)
         if sending:
             self._send_writebacks(sending)
+
+    def execute_batch_now(self, requests: Sequence[StateRequest]) -> bool:
+        """A batch of value requests memory answers whole runs at once, without a plan
+        (``answer_value_hits``; no remote call, and no write-back to send: such a batch
+        adds no entry, so evicts nothing); any other batch, or with a write-back in
+        flight or a capacity in bytes (sizes to measure): False."""
+        with self._lock:
+            if self._in_flight or self.capacity_bytes is not None:
+                return False
+            hits = answer_value_hits(self._index, self._dirty, requests)
+            if hits is None:
+                return False
+            self.hits += hits
+            return True
 
     def _plan(self, requests: Sequence[StateRequest]) -> tuple[dict[tuple, SlotPlan], list[Slot]]:
         """Pin the batch's slots (creating or reviving them) and decide the fetches.

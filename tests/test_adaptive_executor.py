@@ -8,6 +8,7 @@ import random
 import threading
 import time
 
+import pytest
 from engine_helpers import Counter
 
 from aec import AecConfig, KeyedProcessFunction, Record, ValueStateDescriptor, run_keyed
@@ -264,3 +265,39 @@ def test_records_blocked_behind_the_buffer_flush_it_on_a_store_answering_from_me
                         executor=CountingInline(prefers_batches=True))  # fmt: skip
     assert per_key(batched.outputs) == per_key(result.outputs)
     assert batched.metrics["max_in_flight"] > 2 * result.metrics["max_in_flight"]
+
+
+def test_a_warm_cache_answers_its_batches_on_the_mailbox_thread():
+    """``StateBackend.execute_batch_now``: a cache over a slow store, holding every key,
+    completes its batches without an I/O thread; a cold one hands them off."""
+    from backends.cache import CachedBackend
+
+    remote = BlockingMemory(sleep=0.001)
+    cache = CachedBackend(remote, capacity_entries=100)
+    rng = random.Random(5)
+    source = [Record(rng.randrange(40), i) for i in range(2000)]
+    cold = run_keyed(source, Counter(), cache)
+    reads = len(remote.threads)  # the cold run's misses (and its final flush)
+    assert any(name.startswith("aec-io") for name in remote.threads)
+    warm = run_keyed(source, Counter(), cache)  # every key cached now
+    # no read reached the remote: its one call is the end of input's write-back flush
+    assert remote.threads[reads:] == [threading.current_thread().name]
+    assert warm.metrics["inline_batches"] == warm.metrics["batches"] > 0
+    assert cold.metrics["inline_batches"] < cold.metrics["batches"]
+    expected = run_sync(source + source, Counter())  # the two runs are one run's halves
+    assert per_key(cold.outputs + warm.outputs) == per_key(expected.outputs)
+
+
+class RaisingNow(BlockingMemory):
+    def execute_batch_now(self, requests) -> bool:
+        raise OSError("the cache's lookup broke")
+
+
+def test_an_error_answering_a_batch_now_fails_the_job_naming_a_record():
+    from aec import JobFailure
+
+    with pytest.raises(JobFailure, match="the cache's lookup broke") as failure:
+        # a full buffer's flush (not an idle one, which the cost model may run inline)
+        source = [Record(k, k) for k in range(10)]
+        run_keyed(source, Counter(), RaisingNow(), AecConfig(buffer_size=2))
+    assert "record" in str(failure.value)

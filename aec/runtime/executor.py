@@ -152,6 +152,15 @@ class ThreadPoolStateExecutor(StateExecutor):
             self._run(batch, self._mailbox.post_local)
             cast(BatchCostModel, cost).record_inline(len(batch), perf_counter() - start)
             return
+        try:  # a batch the store answers from memory (a warm cache) needs no thread
+            answered = self._backend.execute_batch_now(batch)
+        except BaseException as exc:  # the mailbox thread fails the job, as for _run
+            self._mailbox.post_local((batch, exc))
+            return
+        if answered:
+            self.inline_batches += 1
+            self._mailbox.post_local((batch, None))
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="aec-io")
         start = perf_counter()

@@ -65,6 +65,18 @@ class StateBackend(ABC):
         hold requests of the same key.
         """
 
+    def execute_batch_now(self, requests: Sequence[StateRequest]) -> bool:
+        """Run ``requests`` as ``execute_batch`` would and return True if that needs no
+        waiting on I/O (a cache holding every entry the batch reads); else change
+        nothing and return False.
+
+        A blocking backend's batch goes to an I/O thread; the engine asks this first,
+        so a batch memory answers completes on the mailbox thread without a thread
+        hand-off or the records it would let pile up in flight. Must not block; raises
+        as ``execute_batch``. Default: False (always hand off).
+        """
+        return False
+
     def flush(self) -> None:
         """Make every acknowledged write durable (write-back caches, remote stores).
 
