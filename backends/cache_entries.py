@@ -193,7 +193,7 @@ class SlotPlan:
         return None
 
 
-_VALUE_GET, _VALUE_PUT = Op.VALUE_GET, Op.VALUE_PUT
+_VALUE_GET = Op.VALUE_GET
 _VALUE_OPS = frozenset({Op.VALUE_GET, Op.VALUE_PUT, Op.VALUE_CLEAR})
 
 
@@ -235,13 +235,9 @@ def answer_value_hits(
     reads = 0
     for request, slot in zip(requests, slots, strict=True):
         op = request.op
+        APPLY[op](slot, request)
         if op == _VALUE_GET:
-            request.result = slot.data
             reads += 1
-        else:  # VALUE_PUT (None clears) or VALUE_CLEAR
-            slot.data = request.value if op == _VALUE_PUT else None
-            slot.known = slot.dirty = True
-            slot.version += 1
     move_to_end = cast(OrderedDict, index).move_to_end
     for sid, slot in touched.items():
         if slot.dirty:

@@ -18,7 +18,6 @@ from backends.keycodec import key_prefix, prefix_end
 from backends.overlay import ABSENT, BatchView, dumps, merge_map_overlay
 
 _VALUE_GET, _VALUE_PUT, _VALUE_CLEAR = Op.VALUE_GET, Op.VALUE_PUT, Op.VALUE_CLEAR
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 class Table:
@@ -193,7 +192,7 @@ def run_value_batch(
             if value is None:
                 writes.delete(db_key, table.handle)
             else:
-                writes.put(db_key, pickle.dumps(value, _PROTOCOL), table.handle)
+                writes.put(db_key, dumps(value), table.handle)
             written.add(db_key)
         else:
             return False
