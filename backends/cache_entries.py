@@ -14,7 +14,7 @@ import pickle
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 from aec.state.requests import Op, StateRequest, op_table
 from backends.keycodec import encode_key
@@ -198,7 +198,7 @@ _VALUE_OPS = frozenset({Op.VALUE_GET, Op.VALUE_PUT, Op.VALUE_CLEAR})
 
 
 def answer_value_hits(
-    index: dict[tuple, Slot], dirty: dict[tuple, Slot], requests: Sequence[StateRequest]
+    index: OrderedDict[tuple, Slot], dirty: dict[tuple, Slot], requests: Sequence[StateRequest]
 ) -> int | None:
     """Apply a batch of value requests that memory answers whole; the reads it answered.
 
@@ -238,7 +238,7 @@ def answer_value_hits(
         APPLY[op](slot, request)
         if op == _VALUE_GET:
             reads += 1
-    move_to_end = cast(OrderedDict, index).move_to_end
+    move_to_end = index.move_to_end
     for sid, slot in touched.items():
         if slot.dirty:
             dirty[sid] = slot
