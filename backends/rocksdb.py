@@ -264,8 +264,7 @@ class RocksDBBackend(StateBackend):
             return
         # Plan each request's table and DB key and collect the keys to multi-get per
         # table. Locals and the same-state check keep this loop cheap: it runs per
-        # request on an I/O thread that shares the GIL with the mailbox thread.
-        tables = self._tables
+        # request, on the mailbox thread (or an I/O thread sharing its GIL, wrapped).
         plan_tables: list[Table] = []
         plan_keys: list[bytes] = []
         reads: dict[Table, dict[bytes, None]] = {}  # ordered sets of DB keys to multi-get
@@ -275,7 +274,7 @@ class RocksDBBackend(StateBackend):
         for request in requests:
             state = request.state
             if state is not last_state:
-                table = tables.get(state) or self._table(state)
+                table = self._table_of(state)
                 found = reads.get(table)
                 if found is None:
                     found = reads[table] = {}

@@ -87,7 +87,7 @@ class WindowBundle:
         self._low, self._high, self._last = math.inf, -math.inf, (0, 0.0)  # see offer
         # a flush at a watermark also fires the key's due panes (see _fold_and_fire), or
         # its due tumbling windows (see _fire_windows)
-        self._fires = function.process_fn is None if panes else True
+        self._fires = not panes or function.process_fn is None
 
     # -- taking records ----------------------------------------------------------------------
     def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
@@ -353,4 +353,3 @@ class WindowBundle:
 
 def _end(slot: tuple[float, float]) -> float:
     return slot[1]
-
