@@ -41,6 +41,7 @@ from time import monotonic
 from typing import Any, cast
 
 from aec.config import AecConfig
+from aec.runtime import lanes
 from aec.runtime.buffers import ActiveBuffer, BlockingBuffer
 from aec.runtime.epochs import OPEN, EpochManager
 from aec.runtime.executor import StateExecutor
@@ -48,7 +49,7 @@ from aec.runtime.key_accounting import KeyAccountingUnit
 from aec.runtime.mailbox import Mailbox
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
-from aec.state.requests import RmwRead, RmwWrite, StateRequest
+from aec.state.requests import StateRequest
 
 BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
 _REQUESTS_MOVED = object()  # _next_holder's answer when a waiting record took the key
@@ -170,6 +171,24 @@ class AsyncExecutionController:
         """Reference count of ``context`` reached 0: pass its key on, leave its epoch."""
         self.in_flight -= 1
         key = context.key
+        if context.timer is not None or self.state_ordered:
+            self._pass_key_on(context, key)
+        elif key in self.blocking.queues:
+            # a record (the per-record path): the oldest record blocked on its key runs next
+            successor = cast(RecordContext, self.blocking.pop_next(key))  # the key has a queue
+            successor.waited = True
+            self.keys.holders[key] = successor
+            self.ready.append(successor)
+        elif self.keys.holders.pop(key, None) is not context:
+            raise RuntimeError(f"{context.describe()} released a key it did not hold")
+        epoch = context.epoch
+        epoch.ongoing -= 1
+        if epoch.ongoing == 0 and epoch.status != OPEN:
+            self.epochs.advance()
+
+    def _pass_key_on(self, context: RecordContext, key: Any) -> None:
+        """``on_context_finished`` for a timer firing or in state-ordered mode: the
+        timer's successor, a state-ordered waiter or a blocked record gets the key."""
         successor = None
         if context.timer is not None:
             successor = self._timer_successor(context)
@@ -195,10 +214,6 @@ class AsyncExecutionController:
         elif successor is not _REQUESTS_MOVED:
             holders[key] = successor
             self.ready.append(successor)
-        epoch = context.epoch
-        epoch.ongoing -= 1
-        if epoch.ongoing == 0 and epoch.status != OPEN:
-            self.epochs.advance()
 
     # -- state requests ---------------------------------------------------------------------
     def submit(
@@ -220,8 +235,8 @@ class AsyncExecutionController:
                 "state accessed outside process_element, on_timer or their callbacks"
             )
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
-        self.requests += 1
         if self.synchronous:
+            self.requests += 1
             self.batches += 1
             self.backend.execute_batch((request,))
             if kind is StateRequest:
@@ -244,6 +259,7 @@ class AsyncExecutionController:
             except BaseException as exc:  # the job fails naming this record (rule 10)
                 raise BatchFailed([request]) from exc
             if ran:
+                self.requests += 1
                 self.batches += 1
                 if not self.max_batch_size:
                     self.max_batch_size = 1
@@ -255,55 +271,24 @@ class AsyncExecutionController:
             context.waited = False  # from now on its requests keep their order via the buffer
         context.ref_count += 1  # the pending future
         context.queued += 1
-        if context.lanes is not None or kind is RmwRead or kind is RmwWrite:
-            if self._hold(context, request, kind):
+        if context.lanes is not None or (kind is not StateRequest and kind.read_modify_write):
+            if lanes.hold(self._enqueue, context, request, kind):
                 return request
         if self.state_ordered:
             self._enqueue(request)
             return request
         # _enqueue's common case, inlined: this is the per-request hot path
-        active = self.active
-        if not active.requests:
-            active.first_time = monotonic()
-        active.requests.append(request)
-        if len(active.requests) >= self.buffer_size:
+        requests = self.active.requests
+        if not requests:
+            self.active.first_time = monotonic()
+        requests.append(request)
+        if len(requests) >= self.buffer_size:
             self.flush()
         return request
 
-    def _hold(self, context: RecordContext, request: StateRequest, kind: type) -> bool:
-        """Read-modify-write lanes: True if ``request`` must wait behind an unfinished
-        read-modify-write of its state by the same record (then it is held)."""
-        lanes = context.lanes
-        state = request.state
-        if kind is RmwWrite:
-            self._enqueue(request)
-            self._release(context, state)
-            return True
-        held = None if lanes is None else lanes.get(state)
-        if held is not None:
-            held.append(request)
-            return True
-        if kind is RmwRead:
-            if lanes is None:
-                lanes = context.lanes = {}
-            lanes[state] = deque()
-        return False
-
     def release_lane(self, state: str) -> None:
         """The running record's read-modify-write of ``state`` ended without a write."""
-        self._release(cast(RecordContext, self.current), state)  # a record is running
-
-    def _release(self, context: RecordContext, state: str) -> None:
-        lanes = context.lanes
-        held = None if lanes is None else lanes.pop(state, None)
-        while held:
-            request = held.popleft()
-            self._enqueue(request)
-            if type(request) is RmwRead:  # busy again: the rest wait for its write
-                cast("dict[str, Any]", lanes)[state] = held  # held came from lanes
-                return
-        if lanes is not None and not lanes:
-            context.lanes = None
+        lanes.release(self._enqueue, cast(RecordContext, self.current), state)  # one runs
 
     def _enqueue(self, request: StateRequest) -> None:
         """Put a submitted request in the active buffer (or, in state-ordered mode,
@@ -372,6 +357,7 @@ class AsyncExecutionController:
             active.first_time = monotonic()
         if batch:
             self.batches += 1
+            self.requests += len(batch)  # counted here, not per submit: the hot path
             if len(batch) > self.max_batch_size:
                 self.max_batch_size = len(batch)
             self.executor.submit(batch)
@@ -423,7 +409,10 @@ class AsyncExecutionController:
                 if context.in_batches == 0 and context.deferred is not None:
                     self._release_deferred(context)
             context.queued -= 1
-            request.complete(request.result)
+            if request._callbacks is None and type(request) is StateRequest:
+                request._result = request.result  # nothing to run (an unawaited write)
+            else:
+                request.complete(request.result)
             count = context.ref_count - 1  # the request's own reference
             context.ref_count = count
             if count == 0:

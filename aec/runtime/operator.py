@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from time import monotonic
 from types import CoroutineType
 from typing import Any, cast
@@ -34,7 +35,7 @@ from aec.runtime.operator_timers import OperatorTimers
 from aec.runtime.record_context import RecordContext
 from aec.runtime.timers import TimerQueue
 from aec.state.descriptors import StateDescriptor
-from aec.state.future import StateFuture
+from aec.state.future import _PENDING, StateFuture
 from aec.state.handles import make_handle
 from aec.state.ttl import with_ttl
 
@@ -188,19 +189,23 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
         """``process(Record(key, value, timestamp))`` without building the Record (the
         Spark glue's per-row call); the same checks and errors."""
         try:
-            key_group = self._key_groups.get(key)  # a cached key was checked on its way in
+            # a cached key was checked on its way in, its key group in this operator's
+            # range (timers and bundles cache only keys of records admitted here)
+            key_group = self._key_groups.get(key)
         except TypeError:  # unhashable
             key_group = None
         if key_group is None:
             check_key(key)
             key_group = self._key_group(key)
+            if not self._first_group <= key_group <= self._last_group:
+                del self._key_groups[key]
+                raise ValueError(
+                    f"record key {key!r} is in key group {key_group}, outside this "
+                    f"operator's {self.key_group_range}: route records by key group "
+                    "(operator_index_for)"
+                )
         if timestamp is not None and (type(timestamp) is not float or timestamp != timestamp):
             check_timestamp(timestamp)
-        if not self._first_group <= key_group <= self._last_group:
-            raise ValueError(
-                f"record key {key!r} is in key group {key_group}, outside this operator's "
-                f"{self.key_group_range}: route records by key group (operator_index_for)"
-            )
         if self._state != "open":
             self._require_open()
         bundle = self._bundle
@@ -234,7 +239,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
                 value, key, key_group, timestamp, self._sequence,
                 self.epochs.active, self._watermark, self._on_finished, None, self._now,
             )  # fmt: skip
-            controller.admit(context, inline=True)
+            controller.admit(context, True)
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -452,10 +457,14 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
                 f"async user code awaited {describe(awaited)}; only aec StateFutures can be "
                 "awaited in process_element/on_timer (use aec.async_io.waits for asyncio calls)"
             )
-        if awaited._context is None and not awaited.is_done():
+        if awaited._result is not _PENDING:  # a custom awaitable yielded a done future
+            self._drive(coroutine, awaited._result)
+            return
+        if awaited._context is None:
             # a future the user made: the awaiting record now depends on it
             awaited._context = self.controller.current
-        awaited.on_complete(lambda result: self._drive(coroutine, result))
+        # a partial, not a lambda: its call adds no Python frame (once per await)
+        awaited._register(partial(self._drive, coroutine))
 
     def _emit_watermark(self, epoch: Epoch) -> None:
         if type(epoch.watermark) is not Watermark:  # a ClockTick is internal

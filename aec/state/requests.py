@@ -96,6 +96,7 @@ class StateRequest(StateFuture):
     """
 
     __slots__ = ("op", "state", "key", "key_group", "user_key", "value", "result")
+    read_modify_write = False  # RmwRead and RmwWrite: the AEC's lanes hold requests behind it
 
     def __init__(
         self,
@@ -139,12 +140,14 @@ class RmwRead(StateRequest):
     are held, so they reach the backend after the write, as in program order."""
 
     __slots__ = ()
+    read_modify_write = True
 
 
 class RmwWrite(StateRequest):
     """The write that ends a read-modify-write; it releases the held requests."""
 
     __slots__ = ()
+    read_modify_write = True
 
 
 class DefaultedGet(StateRequest):

@@ -230,25 +230,30 @@ class Rotations(KeyedProcessFunction):
 
 
 def _rotation_row(flight: dict[str, Any], event_time: float, previous: tuple | None) -> dict:
-    row = {
+    if previous is None:
+        return {
+            "tailnum": flight["tailnum"],
+            "event_time": event_time,
+            "origin": flight["origin"],
+            "dest": flight["dest"],
+            "dep_delay": flight["dep_delay"],
+        }
+    # one dict literal per row (not a dict then update(**fields)): it runs per flight
+    prev_time, prev_origin, prev_dest, prev_arr_delay = previous
+    dep_delay = flight["dep_delay"]
+    return {
         "tailnum": flight["tailnum"],
         "event_time": event_time,
         "origin": flight["origin"],
         "dest": flight["dest"],
-        "dep_delay": flight["dep_delay"],
+        "dep_delay": dep_delay,
+        "prev_origin": prev_origin,
+        "prev_dest": prev_dest,
+        "prev_arr_delay": prev_arr_delay,
+        "gap_minutes": (event_time - prev_time) / 60.0,
+        "propagated": _late_by(prev_arr_delay) and _late_by(dep_delay),
+        "relocated": flight["origin"] != prev_dest,
     }
-    if previous is None:
-        return row
-    prev_time, prev_origin, prev_dest, prev_arr_delay = previous
-    row.update(
-        prev_origin=prev_origin,
-        prev_dest=prev_dest,
-        prev_arr_delay=prev_arr_delay,
-        gap_minutes=(event_time - prev_time) / 60.0,
-        propagated=_late_by(prev_arr_delay) and _late_by(flight["dep_delay"]),
-        relocated=flight["origin"] != prev_dest,
-    )
-    return row
 
 
 def _late_by(minutes: float | None) -> bool:
