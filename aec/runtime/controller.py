@@ -235,8 +235,8 @@ class AsyncExecutionController:
                 "state accessed outside process_element, on_timer or their callbacks"
             )
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
+        self.requests += 1
         if self.synchronous:
-            self.requests += 1
             self.batches += 1
             self.backend.execute_batch((request,))
             if kind is StateRequest:
@@ -259,7 +259,6 @@ class AsyncExecutionController:
             except BaseException as exc:  # the job fails naming this record (rule 10)
                 raise BatchFailed([request]) from exc
             if ran:
-                self.requests += 1
                 self.batches += 1
                 if not self.max_batch_size:
                     self.max_batch_size = 1
@@ -357,7 +356,6 @@ class AsyncExecutionController:
             active.first_time = monotonic()
         if batch:
             self.batches += 1
-            self.requests += len(batch)  # counted here, not per submit: the hot path
             if len(batch) > self.max_batch_size:
                 self.max_batch_size = len(batch)
             self.executor.submit(batch)
