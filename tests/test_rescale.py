@@ -353,3 +353,23 @@ def test_memory_backend_restore_unions_and_filters(tmp_path):
     with pytest.raises(FileNotFoundError):
         merged.restore([str(tmp_path / "a"), str(tmp_path / "missing")])
     assert set(merged.state_items("s")) == {k for k in "xyz" if key_group_for(k, 4) in own}
+
+
+def test_a_key_outside_the_range_is_refused_each_time_it_comes():
+    """The key-group range is checked when a key's group is first cached; a refused key
+    must not stay cached, or its next record would skip the check."""
+    own = KeyGroupRange(0, 63)
+    outside = next(k for k in range(1000) if key_group_for(k, 128) not in own)
+    inside = next(k for k in range(1000) if key_group_for(k, 128) in own)
+    op = KeyedProcessOperator(AsyncCounter(), MemoryBackend(), AecConfig(max_parallelism=128),
+                              key_group_range=own)  # fmt: skip
+    op.open()
+    for n in range(3):
+        with pytest.raises(ValueError, match="outside this operator's"):
+            op.process_fields(outside, n, float(n))
+        op.process_fields(inside, n, float(n))
+    op.finish()
+    assert [o for o in op.drain_outputs() if not isinstance(o, Watermark)] == [
+        (inside, 1), (inside, 2), (inside, 3)
+    ]  # fmt: skip
+    op.close()
