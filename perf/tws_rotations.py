@@ -220,10 +220,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"Same rows: {r['same_output']}. aec is {r['speedup']:.1f}x faster by wall time, "
         f"{r['cpu_speedup']:.1f}x per CPU-second (each side's best round).",
         "",
-        "Wall seconds per round: aec "
-        + ", ".join(f"{x['s']:.1f}" for x in r.get("rounds", {}).get("aec", [r["aec"]]))
-        + "; Spark "
-        + ", ".join(f"{x['s']:.1f}" for x in r.get("rounds", {}).get("tws", [r["tws"]]))
+        "Wall seconds per round: "
+        + "; ".join(
+            f"{name} " + ", ".join(f"{run['s']:.1f}" for run in r["rounds"][side])
+            for side, name in (("aec", "aec"), ("tws", "Spark"))
+        )
         + ".",
         *h.goal_lines(report["goals"]),
     ]
