@@ -19,11 +19,18 @@ Spark runs ``groupBy("aircraft").transformWithStateInPandas(..., timeMode="None"
 Beside wall time, the CPU seconds of the whole process tree (driver, JVM, Python
 workers) during each run: on a shared machine the fairer figure.
 
+Both sides share one driver JVM. ``--jit jvm`` (the default) leaves it the JVM's own
+JIT (C1 and C2), as ``pyspark`` and ``spark-submit`` start it: Spark's side is a minute
+of JVM work, which C2 speeds up by about a fifth. ``--jit c1`` runs it as the ``aec``
+command does (``-XX:TieredStopAtLevel=1``, chosen for the command's seconds-long jobs),
+which slows Spark's side: figures measured that way flatter aec (docs/performance.md).
+
 Usage::
 
     .venv/bin/python perf/tws_rotations.py --limit 30000
     .venv/bin/python perf/tws_rotations.py            # the full year (Spark's side: minutes)
     .venv/bin/python perf/tws_rotations.py --repeats 3  # best of 3 interleaved rounds each
+    .venv/bin/python perf/tws_rotations.py --jit c1     # the aec command's C1-only JVM
 """
 
 from __future__ import annotations
@@ -45,10 +52,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from flights_run import tree_cpu_s  # noqa: E402
 
+from spark_glue.session import DEFAULT_JAVA_OPTIONS  # noqa: E402
+
 _EPOCH = dt.datetime(1970, 1, 1)
 STATE = "prev_time double, prev_origin string, prev_dest string, prev_arr_delay double"
 WARM_UP_ROWS = 2_000
 GOAL = 20.0  # aec >= 20x faster on the full year (issue 9)
+JIT = {"jvm": None, "c1": DEFAULT_JAVA_OPTIONS}  # --jit: the driver JVM's Java options
+JIT_NAMES = {"jvm": "the JVM's own (C1 and C2)", "c1": "C1 only (the aec command's)"}
 
 
 def tws_processor(fields: list[str]) -> Any:
@@ -141,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=h.RESULTS)
     parser.add_argument("--repeats", type=int, default=1,
                         help="interleaved rounds of both sides; each side's best counts")  # fmt: skip
+    parser.add_argument("--jit", choices=sorted(JIT), default="jvm",
+                        help="the shared driver JVM's JIT: the JVM's own (C1 and C2) or the "
+                             "aec command's C1 only")  # fmt: skip
     args = parser.parse_args(argv)
     import spark_glue  # noqa: F401  (Python workers: this interpreter)
     from spark_glue.flights import data
@@ -149,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     from spark_glue.session import command_session
 
     fields = [f.split()[0] for f in ROTATIONS_SCHEMA.split(",")]
-    spark, _ = command_session(args.partitions)  # the aec command's session and JVM settings
+    # the aec command's session settings; its JVM's JIT as --jit says
+    spark, _ = command_session(args.partitions, java_options=JIT[args.jit])
     spark.conf.set("spark.sql.streaming.stateStore.providerClass",
                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")  # fmt: skip
     machine = h.machine_facts(("pyspark", "pyarrow", "rocksdict"))
@@ -194,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{h.verdict(goal)}: {goal['text']}: {goal['measured']}")
     report = {"benchmark": "tws_rotations", "date": h.now(), "machine": machine,
               "params": {"limit": args.limit, "partitions": args.partitions,
-                         "repeats": args.repeats},
+                         "repeats": args.repeats, "jit": args.jit},
               "results": figures, "goals": {"speedup": goal}}  # fmt: skip
     h.write_outputs(args.out, "tws_rotations", report, markdown(report), lambda p: plot(report, p))
     return 0 if same else 1
@@ -206,7 +221,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         *h.md_header("tws_rotations: rotations on aec and on Spark's transformWithStateInPandas",
                      f"the flights job's rotations over {size}, RocksDB state, "
-                     f"{report['params']['partitions']} partitions", report),  # fmt: skip
+                     f"{report['params']['partitions']} partitions, driver JVM JIT: "
+                     f"{JIT_NAMES[report['params'].get('jit', 'c1')]}", report),  # fmt: skip
         "",
         *h.md_table(
             ["run", "wall s", "tree CPU s", "load average at start", "output rows"],

@@ -67,12 +67,16 @@ def session_settings(
     return settings
 
 
-def command_session(partitions: int, master: str | None = None) -> tuple[Any, bool]:
+def command_session(
+    partitions: int, master: str | None = None, *, java_options: str | None = DEFAULT_JAVA_OPTIONS
+) -> tuple[Any, bool]:
     """The active SparkSession if there is one (tests, notebooks), else a new one.
 
     The new one gets ``session_settings`` over the conf Spark loads by itself (so
-    ``spark-submit --master yarn aec-flights.py ...`` keeps yarn). Returns
-    ``(session, owned)``; ``owned`` sessions are the caller's to stop.
+    ``spark-submit --master yarn aec-flights.py ...`` keeps yarn). ``java_options``:
+    the driver JVM's options when the user gave none (``java_options_given``); None
+    leaves the JVM's own defaults (C1 and C2). Returns ``(session, owned)``;
+    ``owned`` sessions are the caller's to stop.
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
@@ -85,8 +89,11 @@ def command_session(partitions: int, master: str | None = None) -> tuple[Any, bo
     # unless the user gave driver Java options, the JIT default.
     launch = SparkConf(loadDefaults=False)
     launch.set("spark.driver.memory", "2g")
-    if not java_options_given(os.environ.get("PYSPARK_SUBMIT_ARGS", ""), _spark_defaults()):
-        launch.set(JAVA_OPTIONS, DEFAULT_JAVA_OPTIONS)
+    options = launch_java_options(
+        java_options, os.environ.get("PYSPARK_SUBMIT_ARGS", ""), _spark_defaults()
+    )
+    if options is not None:
+        launch.set(JAVA_OPTIONS, options)
     SparkContext._ensure_initialized(conf=launch)
     submitted = dict(SparkConf().getAll())
     settings = session_settings(partitions, master, submitted)
@@ -96,6 +103,14 @@ def command_session(partitions: int, master: str | None = None) -> tuple[Any, bo
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session, True
+
+
+def launch_java_options(java_options: str | None, submit_args: str, defaults: str) -> str | None:
+    """The driver Java options the launch sets: ``java_options``, unless it is None
+    or the user gave their own (``java_options_given``: theirs win)."""
+    if java_options is None or java_options_given(submit_args, defaults):
+        return None
+    return java_options
 
 
 def java_options_given(submit_args: str, defaults: str) -> bool:

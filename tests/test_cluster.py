@@ -11,7 +11,13 @@ from collections import defaultdict
 import pytest
 from driver_helpers import DRIVERS, ROOT, driver_env
 
-from spark_glue.session import DEFAULT_MASTER, java_options_given, session_settings
+from spark_glue.session import (
+    DEFAULT_JAVA_OPTIONS,
+    DEFAULT_MASTER,
+    java_options_given,
+    launch_java_options,
+    session_settings,
+)
 
 DRIVER = DRIVERS / "cluster_driver.py"
 MASTER = "local-cluster[2,1,1024]"
@@ -90,6 +96,13 @@ def test_the_jit_default_yields_to_the_users_java_options():
     assert java_options_given("--conf spark.driver.extraJavaOptions=-Xss4m pyspark-shell", "")
     assert java_options_given("", "# comment\nspark.driver.extraJavaOptions  -Xss4m\n")
     assert not java_options_given("", "# spark.driver.extraJavaOptions -Xss4m\n")
+
+
+def test_the_launch_sets_the_jit_default_unless_told_not_to_or_the_user_chose():
+    assert launch_java_options(DEFAULT_JAVA_OPTIONS, "pyspark-shell", "") == DEFAULT_JAVA_OPTIONS
+    assert launch_java_options(None, "pyspark-shell", "") is None  # the JVM's own JIT
+    given = "--driver-java-options -Xss4m pyspark-shell"
+    assert launch_java_options(DEFAULT_JAVA_OPTIONS, given, "") is None
 
 
 def test_cli_passes_master():
