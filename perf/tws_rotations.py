@@ -21,7 +21,7 @@ workers) during each run: on a shared machine the fairer figure.
 
 Both sides share one driver JVM. ``--jit jvm`` (the default) leaves it the JVM's own
 JIT (C1 and C2), as ``pyspark`` and ``spark-submit`` start it: Spark's side is a minute
-of JVM work, which C2 speeds up by about a fifth. ``--jit c1`` runs it as the ``aec``
+of JVM work, which C2 speeds up by about a quarter. ``--jit c1`` runs it as the ``aec``
 command does (``-XX:TieredStopAtLevel=1``, chosen for the command's seconds-long jobs),
 which slows Spark's side: figures measured that way flatter aec (docs/performance.md).
 
@@ -222,7 +222,7 @@ def markdown(report: dict[str, Any]) -> str:
         *h.md_header("tws_rotations: rotations on aec and on Spark's transformWithStateInPandas",
                      f"the flights job's rotations over {size}, RocksDB state, "
                      f"{report['params']['partitions']} partitions, driver JVM JIT: "
-                     f"{JIT_NAMES[report['params'].get('jit', 'c1')]}", report),  # fmt: skip
+                     f"{JIT_NAMES[report['params']['jit']]}", report),  # fmt: skip
         "",
         *h.md_table(
             ["run", "wall s", "tree CPU s", "load average at start", "output rows"],

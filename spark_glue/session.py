@@ -86,7 +86,7 @@ def command_session(
         return active, False
     # Start (or, under spark-submit, join) the JVM first, so that the conf below sees
     # the submitted settings; the launch itself gets the driver memory default and,
-    # unless the user gave driver Java options, the JIT default.
+    # unless the user gave driver Java options, ``java_options`` (the JIT default).
     launch = SparkConf(loadDefaults=False)
     launch.set("spark.driver.memory", "2g")
     options = launch_java_options(
