@@ -9,8 +9,20 @@ __version__ = "0.2.0.dev0"  # the one place: pyproject.toml reads it, ``aec --ve
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
 from aec.errors import JobFailure
-from aec.functions import Context, KeyedProcessFunction, RuntimeContext, TimerService
-from aec.runtime import KeyedProcessOperator, RunResult, run_keyed
+from aec.functions import (
+    Context,
+    KeyedCoProcessFunction,
+    KeyedProcessFunction,
+    RuntimeContext,
+    TimerService,
+)
+from aec.runtime import (
+    KeyedCoProcessOperator,
+    KeyedProcessOperator,
+    RunResult,
+    run_keyed,
+    run_keyed_co,
+)
 from aec.state import (
     AggregateFunction,
     AggregatingState,
@@ -31,9 +43,10 @@ from aec.state import (
 
 __all__ = [
     "AecConfig", "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor",
-    "Context", "JobFailure", "KeyedProcessFunction", "KeyedProcessOperator", "ListState",
+    "Context", "JobFailure", "KeyedCoProcessFunction", "KeyedCoProcessOperator",
+    "KeyedProcessFunction", "KeyedProcessOperator", "ListState",
     "ListStateDescriptor", "MapState", "MapStateDescriptor", "Record", "ReducingState",
     "ReducingStateDescriptor", "RunResult", "RuntimeContext", "StateFuture", "StateIterator",
     "TimerService", "ValueState", "ValueStateDescriptor", "Watermark", "combine_all",
-    "__version__", "completed_future", "run_keyed",
+    "__version__", "completed_future", "run_keyed", "run_keyed_co",
 ]  # fmt: skip

@@ -70,6 +70,46 @@ class KeyedProcessFunction:
         """Release what ``open`` acquired; called once at the end of the run."""
 
 
+class KeyedCoProcessFunction:
+    """Two keyed inputs in one key space (Flink's ``KeyedCoProcessFunction``): override
+    ``process_element1`` (input 1) and ``process_element2`` (input 2), and ``on_timer``
+    for timers. Records of both inputs with the same key share state and timers and
+    run one after another in arrival order, whichever input they came from. The return
+    rules are ``KeyedProcessFunction.process_element``'s (None, a ``StateFuture``, or
+    ``async def``). Run it with ``aec.run_keyed_co`` or ``aec.KeyedCoProcessOperator``.
+    """
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Create state handles here: ``self.s = ctx.get_state(descriptor)``."""
+
+    def process_element1(self, value: Any, ctx: Context) -> Any:
+        """Handle one record of input 1 of key ``ctx.current_key``."""
+        raise NotImplementedError(f"{type(self).__name__} must override process_element1")
+
+    def process_element2(self, value: Any, ctx: Context) -> Any:
+        """Handle one record of input 2 of key ``ctx.current_key``."""
+        raise NotImplementedError(f"{type(self).__name__} must override process_element2")
+
+    def on_timer(self, timestamp: float, ctx: Context) -> Any:
+        """A timer of key ``ctx.current_key`` at ``timestamp`` (seconds) fired."""
+
+    def close(self) -> None:
+        """Release what ``open`` acquired; called once at the end of the run."""
+
+
+def check_function_kind(function: Any, expected: type, takes: str) -> None:
+    """Raise TypeError unless ``function`` is an instance of ``expected``
+    (``KeyedProcessFunction`` or ``KeyedCoProcessFunction``); the message names both
+    kinds and what runs each. ``takes`` names the caller (``"KeyedProcessOperator"``)."""
+    if isinstance(function, expected):
+        return
+    raise TypeError(
+        f"{takes} takes a {expected.__name__}, got {type(function).__name__}: a "
+        "KeyedProcessFunction (one input) runs with run_keyed / KeyedProcessOperator, a "
+        "KeyedCoProcessFunction (two inputs) with run_keyed_co / KeyedCoProcessOperator"
+    )
+
+
 class RuntimeContext:
     """Given to ``open``: makes state handles bound to the running operator."""
 

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("aec.checkpoint",),
     ("aec.runtime",),
     ("aec.async_io",),
-    ("aec.windowing",),
+    ("aec.windowing", "aec.joins"),
     ("aec.testing",),
     ("aec",),  # the package's public face only
     ("backends",),

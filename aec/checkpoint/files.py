@@ -95,6 +95,9 @@ class OperatorState:
         key_group_range: ``(start, end)`` of the key groups the operator owned
             (inclusive, ``aec.keygroups.KeyGroupRange``); None: every key group
             (and what a checkpoint written before rescaling existed reads as).
+        input_watermarks: the last watermark of each input of a two-input operator
+            (``KeyedCoProcessOperator``; -inf for an input that sent none), whose
+            minimum is ``watermark``; None for a one-input operator.
     """
 
     watermark: float
@@ -110,6 +113,7 @@ class OperatorState:
     counts: dict[str, int] = field(default_factory=dict)
     backend: str = ""
     key_group_range: tuple[int, int] | None = None
+    input_watermarks: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -243,6 +247,8 @@ def _metadata(checkpoint_id: int, state: OperatorState) -> dict[str, Any]:
                    "processing_timers": len(state.processing_timers)},
         "backend": state.backend,
         "key_group_range": None if state.key_group_range is None else list(state.key_group_range),
+        **({} if state.input_watermarks is None
+           else {"input_watermarks": [_encode_time(w) for w in state.input_watermarks]}),
     }  # fmt: skip
 
 
@@ -309,6 +315,7 @@ def read(
             counts=dict(metadata["counts"]),
             backend=str(metadata["backend"]),
             key_group_range=_key_group_range(metadata.get("key_group_range")),
+            input_watermarks=_input_watermarks(metadata.get("input_watermarks")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: operator metadata or timers are malformed: {exc}") from exc
@@ -431,6 +438,14 @@ def _key_group_range(value: Any) -> tuple[int, int] | None:
     if not (type(start) is int and type(end) is int and 0 <= start <= end + 1):
         raise ValueError(f"not a key-group range: {value!r}")
     return start, end
+
+
+def _input_watermarks(value: Any) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"not the watermarks of two inputs: {value!r}")
+    return tuple(_decode_time(w) for w in value)
 
 
 def _decode_time(value: Any) -> float:

@@ -5,11 +5,18 @@ Modules in data-flow order: ``mailbox`` (the one user-code thread's queue),
 holds each key), ``buffers`` (active and blocking buffers), ``epochs`` (records
 between watermarks), ``controller`` (the AEC), ``executor`` (batches to I/O
 threads), ``timers`` (per-key timer queues), ``event_loop`` (one asyncio loop
-thread for external calls), ``operator`` (``KeyedProcessOperator``), ``run``
-(``run_keyed``), ``interpreter_tuning`` (GC and GIL settings while operators run).
+thread for external calls), ``operator`` (``KeyedProcessOperator``), ``co_operator``
+(``KeyedCoProcessOperator``: two inputs), ``run`` (``run_keyed``, ``run_keyed_co``), ``interpreter_tuning`` (GC and GIL settings while operators run).
 """
 
+from aec.runtime.co_operator import KeyedCoProcessOperator
 from aec.runtime.operator import KeyedProcessOperator
-from aec.runtime.run import RunResult, run_keyed
+from aec.runtime.run import RunResult, run_keyed, run_keyed_co
 
-__all__ = ["KeyedProcessOperator", "RunResult", "run_keyed"]
+__all__ = [
+    "KeyedCoProcessOperator",
+    "KeyedProcessOperator",
+    "RunResult",
+    "run_keyed",
+    "run_keyed_co",
+]

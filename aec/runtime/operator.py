@@ -21,7 +21,7 @@ from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
 from aec.elements import ClockTick, Record, Watermark, check_key, check_timestamp
 from aec.errors import describe
-from aec.functions import Context, KeyedProcessFunction, RuntimeContext
+from aec.functions import Context, KeyedProcessFunction, RuntimeContext, check_function_kind
 from aec.keygroups import KeyGroupRange, key_group_for
 from aec.runtime import interpreter_tuning
 from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, OperatorBundles, bundles
@@ -65,6 +65,8 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
     operator is then unusable.
     """
 
+    function_kind: type = KeyedProcessFunction  # what ``function`` must be (TypeError otherwise)
+
     def __init__(
         self,
         function: KeyedProcessFunction,
@@ -75,10 +77,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
         *,
         key_group_range: KeyGroupRange | None = None,
     ) -> None:
-        if not isinstance(function, KeyedProcessFunction):
-            raise TypeError(
-                f"function must be a KeyedProcessFunction, got {type(function).__name__}"
-            )
+        check_function_kind(function, self.function_kind, type(self).__name__)
         if backend is None or not callable(getattr(backend, "execute_batch", None)):
             raise TypeError(f"backend must be a StateBackend, got {backend!r}")
         self.function = function
@@ -185,9 +184,9 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
         """
         self.process_fields(record.key, record.value, record.timestamp)
 
-    def process_fields(self, key: Any, value: Any, timestamp: float | None) -> None:
+    def process_fields(self, key: Any, value: Any, timestamp: float | None, input: int = 0) -> None:
         """``process(Record(key, value, timestamp))`` without building the Record (the
-        Spark glue's per-row call); the same checks and errors."""
+        Spark glue's per-row call); the same checks and errors. ``input``: of two (1, 2)."""
         try:
             # a cached key was checked on its way in, its key group in this operator's
             # range (timers and bundles cache only keys of records admitted here)
@@ -237,7 +236,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
             self._records_in += 1
             context = RecordContext(
                 value, key, key_group, timestamp, self._sequence,
-                self.epochs.active, self._watermark, self._on_finished, None, self._now,
+                self.epochs.active, self._watermark, self._on_finished, None, self._now, input,
             )  # fmt: skip
             controller.admit(context, True)
         except BaseException as exc:
@@ -437,10 +436,13 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
             result = self.function.on_timer(cast(float, context.timestamp), self.context)
         if result is None or type(result) is StateFuture:
             return
+        self._settle(result, "process_element" if context.timer is None else "on_timer")
+
+    def _settle(self, result: Any, entry: str) -> None:
+        """Drive a coroutine ``entry`` returned; TypeError for anything but a StateFuture."""
         if type(result) is CoroutineType or hasattr(result, "send"):
             self._drive(result, None)
         elif not isinstance(result, StateFuture):
-            entry = "process_element" if context.timer is None else "on_timer"
             raise TypeError(
                 f"{entry} returned {describe(result)}; return None, a StateFuture, or use async def"
             )

@@ -53,6 +53,7 @@ class OperatorCheckpoints:
     function: KeyedProcessFunction
     declared_states: list[str]
     key_group_range: KeyGroupRange
+    inputs = 1  # a two-input operator (KeyedCoProcessOperator) has 2
 
     if TYPE_CHECKING:  # the operator's methods (KeyedProcessOperator, OperatorFailures)
 
@@ -161,7 +162,7 @@ class OperatorCheckpoints:
                 local = copies.enter_context(local_copy(original))
                 item = checkpoint.read(_relocated(original, local), TimerQueue.from_export)
                 restored.append(dataclasses.replace(item, handle=_named(original, item.handle)))
-            plan = merge(restored, self.config.max_parallelism, self.key_group_range)
+            plan = merge(restored, self.config.max_parallelism, self.key_group_range, self.inputs)
             check = getattr(self.function, "check_restore", None)  # e.g. windows: same assigner
             if check is not None:
                 check(plan.state.state_names)  # raises ValueError before anything live changes
@@ -181,8 +182,12 @@ class OperatorCheckpoints:
                 ) from exc
             except BaseException as exc:
                 self._raise_failure(exc, f"restore of {where}")
-        state = plan.state
         self._restorable = False
+        self._apply_restored(plan.state)
+
+    def _apply_restored(self, state: OperatorState) -> None:
+        """Take the timers, watermark, clock reading, epoch and sequence of a restored
+        (merged) checkpoint."""
         self.event_timers = state.event_timers
         self.processing_timers = state.processing_timers
         self._watermark = state.watermark

@@ -14,7 +14,9 @@ Merge rules (``docs/checkpoints.md``):
   names; their key-group ranges (recorded in each checkpoint; none recorded:
   every key group) are pairwise disjoint;
 - watermark: the minimum (every checkpoint's due timers fired up to its own
-  watermark, so its remaining timers are all above the minimum);
+  watermark, so its remaining timers are all above the minimum); a two-input
+  operator's watermark of each input: the minimum per input (so the operator's,
+  their minimum, is again the minimum of the checkpoints');
 - clock reading: the maximum (processing time never goes back); clock polling:
   on if any was;
 - epoch and record sequence: the maximum. A single checkpoint keeps its
@@ -60,15 +62,19 @@ def stored_range(state: OperatorState) -> KeyGroupRange:
 
 
 def merge(
-    restored: Sequence[RestoredCheckpoint], max_parallelism: int, own: KeyGroupRange
+    restored: Sequence[RestoredCheckpoint],
+    max_parallelism: int,
+    own: KeyGroupRange,
+    inputs: int = 1,
 ) -> MergedCheckpoint:
-    """Check that ``restored`` fit together and into an operator owning ``own``;
-    their merged state.
+    """Check that ``restored`` fit together and into an operator owning ``own`` with
+    ``inputs`` inputs (1, or 2 for a ``KeyedCoProcessOperator``); their merged state.
 
     Raises:
         ValueError: no checkpoint; a ``max_parallelism`` other than the operator's;
-            different state names; overlapping key-group ranges; a recorded range
-            outside ``range(max_parallelism)``.
+            a checkpoint of an operator with another number of inputs; different
+            state names; overlapping key-group ranges; a recorded range outside
+            ``range(max_parallelism)``.
     """
     if not restored:
         raise ValueError("restore needs at least one checkpoint handle")
@@ -86,6 +92,13 @@ def merge(
                 f"checkpoint {where} has states {sorted(state.state_names)}, checkpoint "
                 f"{first.handle.path} {sorted(first.state.state_names)}: checkpoints of "
                 "different operators cannot be merged"
+            )
+        theirs = 1 if state.input_watermarks is None else len(state.input_watermarks)
+        if theirs != inputs:
+            raise ValueError(
+                f"checkpoint {where} is of an operator with {theirs} input(s), this one has "
+                f"{inputs}: a KeyedProcessOperator and a KeyedCoProcessOperator do not "
+                "restore each other's checkpoints"
             )
         stored = stored_range(state)
         if not stored.within(max_parallelism):
@@ -121,10 +134,16 @@ def merge(
         event_timers=event,
         processing_timers=processing,
         key_group_range=(own.start, own.end),
+        input_watermarks=None if inputs == 1 else _per_input_minimum(states, inputs),
     )
     return MergedCheckpoint(
         merged, [item.backend_dir for item in restored], None if inside else own
     )
+
+
+def _per_input_minimum(states: list[OperatorState], inputs: int) -> tuple[float, ...]:
+    """Each input's watermark: the minimum over the checkpoints (all have ``inputs``)."""
+    return tuple(min((s.input_watermarks or ())[i] for s in states) for i in range(inputs))
 
 
 def _keeps(own: KeyGroupRange, max_parallelism: int) -> Any:

@@ -33,12 +33,14 @@ class RecordContext:
         watermark: the watermark current when it arrived (what user code sees).
         processing_time: the clock reading when it arrived (what user code and
             state TTL see), seconds.
+        input: which input of a two-input operator it came from (1 or 2); 0 for a
+            one-input operator's record and for a timer.
     """
 
     __slots__ = (
         "value", "key", "key_group", "timestamp", "sequence", "epoch", "timer",
         "watermark", "processing_time", "ref_count", "in_batches", "batch_id", "deferred",
-        "on_finished", "lanes", "waited", "queued",
+        "on_finished", "lanes", "waited", "queued", "input",
     )  # fmt: skip
 
     def __init__(
@@ -53,6 +55,7 @@ class RecordContext:
         on_finished: Callable[[RecordContext], None],
         timer: tuple[str, float] | None = None,
         processing_time: float = 0.0,
+        input: int = 0,
     ) -> None:
         self.value = value
         self.key = key
@@ -72,6 +75,7 @@ class RecordContext:
         self.lanes: dict[str, Any] | None = None
         self.waited = False  # it waited for its key (see the AEC's invariants)
         self.queued = 0  # see the module invariants
+        self.input = input
 
     def release(self) -> None:
         """Drop one reference; at 0 the record is finished."""

@@ -1,4 +1,5 @@
-"""run_keyed: run a KeyedProcessFunction over an in-memory source."""
+"""run_keyed and run_keyed_co: run a keyed function (one or two inputs) over an
+in-memory source."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 from aec.clock import Clock
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
-from aec.functions import KeyedProcessFunction
+from aec.functions import KeyedCoProcessFunction, KeyedProcessFunction
+from aec.runtime.co_operator import KeyedCoProcessOperator, co_element
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
 from aec.state.memory import MemoryBackend
@@ -81,6 +83,49 @@ def run_keyed(
                     f"source element #{position} is a {type(element).__name__}; "
                     "expected aec.Record or aec.Watermark"
                 )
+        operator.finish()
+    finally:
+        operator.close()
+    return RunResult(
+        operator.drain_outputs(),
+        operator.drain_side_outputs(),
+        operator.metrics,
+        operator.state_names,
+    )
+
+
+def run_keyed_co(
+    source: Iterable[tuple[int, Record | Watermark]],
+    function: KeyedCoProcessFunction,
+    backend: Any = None,
+    config: AecConfig | None = None,
+    executor: StateExecutor | None = None,
+    clock: Clock | None = None,
+) -> RunResult:
+    """Run a two-input ``function`` over ``source`` to the end of both inputs.
+
+    Args:
+        source: ``(input, element)`` pairs in arrival order: ``input`` is 1 or 2,
+            ``element`` an ``aec.Record`` or ``aec.Watermark`` of that input.
+        function: a ``KeyedCoProcessFunction`` (opened and closed here).
+        backend, config, executor, clock: as ``run_keyed``'s.
+
+    Returns a ``RunResult``; its watermarks are the operator's (the minimum of the
+    two inputs', emitted when it advances), the last ``Watermark(math.inf)``.
+
+    Raises:
+        TypeError: ``function`` is not a ``KeyedCoProcessFunction``; a source element
+            that is not such a pair (naming its position); a bad key or timestamp.
+        ValueError: a watermark below its own input's previous one.
+        JobFailure: user code or the backend failed.
+    """
+    if backend is None:
+        backend = default_backend()
+    operator = KeyedCoProcessOperator(function, backend, config, executor, clock)
+    operator.open()
+    try:
+        for position, item in enumerate(source):
+            operator.process_input(*co_element(item, position))
         operator.finish()
     finally:
         operator.close()

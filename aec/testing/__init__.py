@@ -6,13 +6,13 @@ hypothesis strategies.
     assert_equivalent(MyFunction, records_and_watermarks)
 
 Modules: ``reference`` (``run_sync``), ``scripted`` (``ScriptedExecutor``),
-``checker`` (``assert_equivalent``), ``strategies`` (``keyed_streams``,
+``checker`` (``assert_equivalent``, ``assert_equivalent_co``), ``strategies`` (``keyed_streams``,
 ``configs``; needs hypothesis, so imported lazily).
 """
 
 from typing import Any
 
-from aec.testing.checker import DEFAULT_CONFIGS, assert_equivalent
+from aec.testing.checker import DEFAULT_CONFIGS, assert_equivalent, assert_equivalent_co
 from aec.testing.reference import run_sync
 from aec.testing.scripted import ScriptedExecutor
 
@@ -26,4 +26,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'aec.testing' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_CONFIGS", "ScriptedExecutor", "assert_equivalent", "run_sync"]
+__all__ = [
+    "DEFAULT_CONFIGS",
+    "ScriptedExecutor",
+    "assert_equivalent",
+    "assert_equivalent_co",
+    "run_sync",
+]

@@ -9,6 +9,8 @@ reference, ``async_state=False``) and asynchronously under scripted batch
 completion orders, and compares what DESIGN rule 11 promises: the output
 sequence per key (and per side-output tag and key), the watermark sequence,
 each output's position relative to the watermarks, and the final state.
+``assert_equivalent_co`` does the same for a two-input ``KeyedCoProcessFunction``
+over ``(input, element)`` pairs.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 from aec.clock import ScriptedClock
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
-from aec.functions import KeyedProcessFunction
+from aec.functions import KeyedCoProcessFunction, KeyedProcessFunction
+from aec.runtime.co_operator import KeyedCoProcessOperator, co_element
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
 from aec.runtime.run import default_backend
@@ -69,20 +72,40 @@ def _state_items(backend: Any, name: str) -> Any:
         return None
 
 
+class _Inputs:
+    """How a checked run is fed: the operator class and one source element's call."""
+
+    def __init__(self, operator: type[KeyedProcessOperator], feed: Callable[..., None]) -> None:
+        self.operator = operator
+        self.feed = feed  # feed(operator, element, position)
+
+
+def _feed_one(operator: Any, element: Any, position: int) -> None:
+    if type(element) is Watermark:
+        operator.process_watermark(element)
+    else:
+        operator.process(element)
+
+
+def _feed_two(operator: Any, element: Any, position: int) -> None:
+    operator.process_input(*co_element(element, position))
+
+
+ONE_INPUT = _Inputs(KeyedProcessOperator, _feed_one)
+TWO_INPUTS = _Inputs(KeyedCoProcessOperator, _feed_two)
+
+
 def _observe(
-    source: Sequence[Any], function: KeyedProcessFunction, backend: Any, config: AecConfig,
+    inputs: _Inputs, source: Sequence[Any], function: Any, backend: Any, config: AecConfig,
     executor: StateExecutor | None, clock_advances: Sequence[float],
 ) -> _Observed:  # fmt: skip
     clock = ScriptedClock(clock_advances)
-    operator = KeyedProcessOperator(function, backend, config, executor, clock)
+    operator = inputs.operator(function, backend, config, executor, clock)
     operator.trace = []
     operator.open()
     try:
-        for element in source:
-            if type(element) is Watermark:
-                operator.process_watermark(element)
-            else:
-                operator.process(element)
+        for position, element in enumerate(source):
+            inputs.feed(operator, element, position)
         operator.finish()
     finally:
         operator.close()
@@ -160,6 +183,41 @@ def assert_equivalent(
     The message names the config (so the watermark mode that diverges), the
     seed or schedule, the input size and the first divergence.
     """
+    _check(
+        ONE_INPUT, function_factory, source, backend_factory, configs, data, seeds,
+        executor_factory, clock_advances,
+    )  # fmt: skip
+
+
+def assert_equivalent_co(
+    function_factory: Callable[[], KeyedCoProcessFunction],
+    source: Iterable[tuple[int, Record | Watermark]],
+    *,
+    backend_factory: Callable[[], Any] | None = None,
+    configs: Iterable[AecConfig] | None = None,
+    data: Any = None,
+    seeds: Iterable[int] = (0, 1, 2),
+    executor_factory: Callable[[int | None], StateExecutor] | None = None,
+    clock_advances: Sequence[float] = (),
+) -> None:
+    """``assert_equivalent`` for a two-input ``KeyedCoProcessFunction``: ``source`` is
+    ``(input, element)`` pairs as ``aec.run_keyed_co`` takes them (input 1 or 2, a
+    ``Record`` or ``Watermark`` of that input); the runs are
+    ``KeyedCoProcessOperator``s and the comparison is the same (per key across both
+    inputs, the operator's watermarks, final state). Raises AssertionError."""
+    _check(
+        TWO_INPUTS, function_factory, source, backend_factory, configs, data, seeds,
+        executor_factory, clock_advances,
+    )  # fmt: skip
+
+
+def _check(
+    inputs: _Inputs, function_factory: Callable[[], Any], source: Iterable[Any],
+    backend_factory: Callable[[], Any] | None, configs: Iterable[AecConfig] | None,
+    data: Any, seeds: Iterable[int],
+    executor_factory: Callable[[int | None], StateExecutor] | None,
+    clock_advances: Sequence[float],
+) -> None:  # fmt: skip
     source = list(source)
     backend_factory = backend_factory or default_backend
 
@@ -167,8 +225,8 @@ def assert_equivalent(
         elements: list[Any], config: AecConfig, seed: int | None
     ) -> tuple[str | None, StateExecutor]:
         reference = _observe(
-            elements, function_factory(), backend_factory(), AecConfig(async_state=False), None,
-            clock_advances,
+            inputs, elements, function_factory(), backend_factory(), AecConfig(async_state=False),
+            None, clock_advances,
         )  # fmt: skip
         executor: StateExecutor
         if executor_factory is None:
@@ -176,7 +234,13 @@ def assert_equivalent(
         else:
             executor = executor_factory(seed)
         run = _observe(
-            elements, function_factory(), backend_factory(), config, executor, clock_advances
+            inputs,
+            elements,
+            function_factory(),
+            backend_factory(),
+            config,
+            executor,
+            clock_advances,
         )
         return _divergence(reference, run, config.watermark_order == "serial"), executor
 

@@ -1,0 +1,16 @@
+"""Joins of two keyed inputs on async state (``aec.KeyedCoProcessFunction``s).
+
+``interval_join(lower, upper, process, ...)``: Flink's interval join (DESIGN "Two-input
+keyed operators"), its buffers in time buckets so that a record reads only the other
+side's entries inside its interval. Modules: ``buffer`` (one side's buffered records),
+``interval`` (the join function, ``ProcessJoinFunction``, ``JoinContext``).
+"""
+
+from aec.joins.interval import (
+    IntervalJoinFunction,
+    JoinContext,
+    ProcessJoinFunction,
+    interval_join,
+)
+
+__all__ = ["IntervalJoinFunction", "JoinContext", "ProcessJoinFunction", "interval_join"]

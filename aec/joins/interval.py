@@ -1,0 +1,306 @@
+"""``interval_join``: Flink's interval join as a ``KeyedCoProcessFunction``
+(``IntervalJoinOperator`` / ``AsyncIntervalJoinOperator``) on async state.
+
+Input 1 is the left side, input 2 the right. For each key it emits, exactly once,
+``process(left, right)`` for every pair with ``left.ts + lower <= right.ts <=
+left.ts + upper`` (an exclusive bound drops its equality; bounds are real seconds
+and, unlike Flink's milliseconds, are not shifted by one). Each record, unless
+late, is added to its side's buffer (``aec.joins.buffer.TimeBuffer``, in the
+function's backend) and paired with the other side's buffered records inside its
+interval, read from the buckets that interval covers only. The pairs one record
+completes leave in increasing timestamp of the other side, ties in the other side's
+arrival order. Details: ``docs/joins.md``.
+
+Lateness and cleanup follow Flink: a record below the operator's (combined)
+watermark is late (to its side's tag, else dropped and counted in
+``late_records_dropped``); a buffered record is removed by an event-time timer at
+its cleanup time (left ``ts + upper`` if ``upper > 0`` else ``ts``; right ``ts -
+lower`` if ``lower < 0`` else ``ts``), which fires at the first watermark advance to
+at least that time after the record arrived (DESIGN rule 8).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable
+from operator import itemgetter
+from typing import Any
+
+from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
+from aec.joins.buffer import Entry, TimeBuffer
+from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
+from aec.state.future import StateFuture, combine_all
+
+LEFT_BUFFER = "interval-join.left"
+RIGHT_BUFFER = "interval-join.right"
+_LAYOUT = "interval-join.bucket-width="  # + the width: a state name marking the layout
+_BY_TIMESTAMP = itemgetter(0)
+
+
+class ProcessJoinFunction:
+    """Flink's ``ProcessJoinFunction``: ``process_element(left, right, ctx)`` for every
+    joined pair, returning an iterable of outputs (or None: none). ``ctx`` is a
+    ``JoinContext``. ``open(ctx)`` and ``close()`` run with the join's."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Called once before the first pair (``ctx`` makes state handles)."""
+
+    def process_element(self, left: Any, right: Any, ctx: JoinContext) -> Iterable[Any] | None:
+        """The outputs of one pair."""
+        raise NotImplementedError(f"{type(self).__name__} must override process_element")
+
+    def close(self) -> None:
+        """Called once at the end of the run."""
+
+
+class JoinContext:
+    """What ``ProcessJoinFunction.process_element`` sees of a pair: ``left_timestamp``,
+    ``right_timestamp``, ``timestamp`` (the larger; Flink's output timestamp), the
+    ``current_key`` and ``side_output(tag, value)``."""
+
+    __slots__ = ("_context", "left_timestamp", "right_timestamp")
+
+    def __init__(self, context: Context, left_timestamp: float, right_timestamp: float) -> None:
+        self._context = context
+        self.left_timestamp = left_timestamp
+        self.right_timestamp = right_timestamp
+
+    @property
+    def timestamp(self) -> float:
+        return max(self.left_timestamp, self.right_timestamp)
+
+    @property
+    def current_key(self) -> Any:
+        return self._context.current_key
+
+    def side_output(self, tag: Any, value: Any) -> None:
+        """Emit ``value`` to the side output ``tag``."""
+        self._context.side_output(tag, value)
+
+
+def interval_join(
+    lower: float,
+    upper: float,
+    process: ProcessJoinFunction | Callable[[Any, Any], Any],
+    *,
+    lower_inclusive: bool = True,
+    upper_inclusive: bool = True,
+    left_late_tag: Any = None,
+    right_late_tag: Any = None,
+) -> IntervalJoinFunction:
+    """An interval join of input 1 (left) with input 2 (right), per key.
+
+    Args:
+        lower, upper: seconds; pairs have ``left.ts + lower <= right.ts <= left.ts +
+            upper`` (real numbers, ``lower <= upper``).
+        process: a ``ProcessJoinFunction`` or a plain ``fn(left, right) -> output``
+            (one output per pair).
+        lower_inclusive, upper_inclusive: False drops the bound's equality.
+        left_late_tag, right_late_tag: side-output tags for late records of each side
+            (None: dropped and counted in the metric ``late_records_dropped``).
+
+    Returns a ``KeyedCoProcessFunction`` for ``run_keyed_co``,
+    ``KeyedCoProcessOperator``, ``assert_equivalent_co`` or
+    ``spark_glue.process_keyed_co`` (picklable if ``process`` is).
+
+    Raises:
+        TypeError: a bound that is not a real number; ``process`` not callable;
+            an inclusiveness flag that is not a bool.
+        ValueError: a bound that is not finite; ``lower > upper``; ``lower ==
+            upper`` with an exclusive bound.
+    """
+    _check_bound("lower", lower)
+    _check_bound("upper", upper)
+    for name, flag in (("lower_inclusive", lower_inclusive), ("upper_inclusive", upper_inclusive)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if lower > upper:
+        raise ValueError(f"interval lower bound {lower!r} is above the upper bound {upper!r}")
+    if lower == upper and not (lower_inclusive and upper_inclusive):
+        raise ValueError(
+            f"interval [{lower!r}, {upper!r}] with an exclusive bound is empty: both bounds "
+            "must be inclusive when lower == upper"
+        )
+    if not isinstance(process, ProcessJoinFunction) and not callable(process):
+        raise TypeError(
+            f"process must be a ProcessJoinFunction or a callable (left, right) -> output, "
+            f"got {process!r}"
+        )
+    return IntervalJoinFunction(
+        float(lower), float(upper), process, lower_inclusive, upper_inclusive,
+        left_late_tag, right_late_tag,
+    )  # fmt: skip
+
+
+def _check_bound(name: str, bound: Any) -> None:
+    if isinstance(bound, bool) or not isinstance(bound, numbers.Real):
+        raise TypeError(f"interval bound {name} must be a real number of seconds, got {bound!r}")
+    if not math.isfinite(bound):
+        raise ValueError(f"interval bound {name} must be finite, got {bound!r}")
+
+
+class IntervalJoinFunction(KeyedCoProcessFunction):
+    """The function ``interval_join`` returns (arguments as there, checked there)."""
+
+    def __init__(
+        self, lower: float, upper: float, process: Any, lower_inclusive: bool,
+        upper_inclusive: bool, left_late_tag: Any, right_late_tag: Any,
+    ) -> None:  # fmt: skip
+        self.lower, self.upper = lower, upper
+        self.lower_inclusive, self.upper_inclusive = lower_inclusive, upper_inclusive
+        self.process = process
+        self.late_tags = (left_late_tag, right_late_tag)
+        # the interval's length; a single point (lower == upper) gets buckets of a second
+        self.bucket_width = upper - lower if upper > lower else 1.0
+        self.late_records_dropped = 0
+
+    # -- set-up ------------------------------------------------------------------------------
+    def left_cleanup(self, timestamp: float) -> float:
+        """When a left record at ``timestamp`` leaves the buffer (Flink's rule)."""
+        return timestamp + self.upper if self.upper > 0 else timestamp
+
+    def right_cleanup(self, timestamp: float) -> float:
+        """When a right record at ``timestamp`` leaves the buffer (Flink's rule)."""
+        return timestamp - self.lower if self.lower < 0 else timestamp
+
+    def layout_marker(self) -> str:
+        """A state name naming the bucket width, so a restore into a join whose
+        buckets differ is refused (``check_restore``)."""
+        return f"{_LAYOUT}{self.bucket_width!r}"
+
+    def open(self, ctx: RuntimeContext) -> None:
+        ctx.get_state(ValueStateDescriptor(self.layout_marker()))  # a name, never written
+        width = self.bucket_width
+        left = ctx.get_state(MapStateDescriptor(LEFT_BUFFER))
+        right = ctx.get_state(MapStateDescriptor(RIGHT_BUFFER))
+        self.left = TimeBuffer(left, width, self.left_cleanup)
+        self.right = TimeBuffer(right, width, self.right_cleanup)
+        self.late_records_dropped = 0
+        self.joined = self._pair_function()
+        if isinstance(self.process, ProcessJoinFunction):
+            self.process.open(ctx)
+
+    def close(self) -> None:
+        if isinstance(self.process, ProcessJoinFunction):
+            self.process.close()
+
+    def check_restore(self, state_names: list[str]) -> None:
+        """Called by the operator's ``restore`` with the checkpoint's state names.
+
+        Raises ValueError: the checkpoint's buffers use another bucket width.
+        """
+        theirs = [n for n in state_names if n.startswith(_LAYOUT)]
+        if theirs and theirs != [self.layout_marker()]:
+            raise ValueError(
+                f"the checkpoint's interval-join buffers have buckets of "
+                f"{theirs[0][len(_LAYOUT) :]} s, this join {self.bucket_width!r} s "
+                "(upper - lower): its buffered records would not be found"
+            )
+
+    def metric_counters(self) -> dict[str, int]:
+        """Added to the run's metrics: ``late_records_dropped``."""
+        return {"late_records_dropped": self.late_records_dropped}
+
+    # -- records -----------------------------------------------------------------------------
+    def process_element1(self, value: Any, ctx: Context) -> StateFuture | None:
+        return self._record(value, ctx, True)
+
+    def process_element2(self, value: Any, ctx: Context) -> StateFuture | None:
+        return self._record(value, ctx, False)
+
+    def _record(self, value: Any, ctx: Context, is_left: bool) -> StateFuture | None:
+        timestamp = ctx.timestamp
+        if timestamp is None or not math.isfinite(timestamp):
+            side = "left (input 1)" if is_left else "right (input 2)"
+            raise ValueError(
+                f"{side} record {value!r} of key {ctx.current_key!r} has timestamp "
+                f"{timestamp!r}: an interval join needs Record(key, value, timestamp) with a "
+                "finite timestamp"
+            )
+        watermark = ctx.timer_service.current_watermark()
+        if timestamp < watermark:
+            tag = self.late_tags[0 if is_left else 1]
+            if tag is None:
+                self.late_records_dropped += 1
+            else:
+                ctx.side_output(tag, value)
+            return None
+        if is_left:
+            own, other = self.left, self.right
+            low, high = timestamp + self.lower, timestamp + self.upper
+        else:
+            own, other = self.right, self.left
+            low, high = timestamp - self.upper, timestamp - self.lower
+        ctx.timer_service.register_event_time_timer(own.cleanup_time(timestamp))
+        bucket = own.bucket(timestamp)
+        reads = [own.state.async_get(bucket)]
+        get = other.state.async_get
+        reads += [get(b) for b in other.buckets(low, high)]
+        joined = self.joined
+
+        def pair(stored: list[Any]) -> StateFuture:
+            candidates = other.live(stored[1:], watermark)
+            if candidates:
+                joined(ctx, value, timestamp, candidates, is_left)
+            return own.append(bucket, stored[0], (timestamp, watermark, value), watermark)
+
+        return combine_all(reads).then_compose(pair)
+
+    def _pair_function(self) -> Callable[[Context, Any, float, list[Entry], bool], None]:
+        """``fn(ctx, value, timestamp, candidates, is_left)``: emit the record's pairs with
+        the other side's live ``candidates`` (read in bucket order)."""
+        lower, upper = self.lower, self.upper
+        lower_inclusive, upper_inclusive = self.lower_inclusive, self.upper_inclusive
+        process = self.process
+        plain = not isinstance(process, ProcessJoinFunction)
+
+        def inside(left: float, right: float) -> bool:
+            low, high = left + lower, left + upper
+            return (low <= right if lower_inclusive else low < right) and (
+                right <= high if upper_inclusive else right < high
+            )
+
+        def joined(
+            ctx: Context, value: Any, timestamp: float, candidates: list[Entry], is_left: bool
+        ) -> None:
+            if is_left:
+                matches = [e for e in candidates if inside(timestamp, e[0])]
+            else:
+                matches = [e for e in candidates if inside(e[0], timestamp)]
+            matches.sort(key=_BY_TIMESTAMP)  # stable: ties keep the other side's arrival order
+            output = ctx.output
+            for other_timestamp, _, other in matches:
+                left, right = (value, other) if is_left else (other, value)
+                if plain:
+                    output(process(left, right))
+                    continue
+                times = (timestamp, other_timestamp) if is_left else (other_timestamp, timestamp)
+                results = process.process_element(left, right, JoinContext(ctx, *times))
+                if results is not None:
+                    for result in results:
+                        output(result)
+
+        return joined
+
+    # -- cleanup -----------------------------------------------------------------------------
+    def on_timer(self, timestamp: float, ctx: Context) -> StateFuture:
+        """A cleanup time: drop the entries of both sides that are dead at the firing
+        watermark from the buckets of the records whose cleanup time this is."""
+        watermark = ctx.timer_service.current_watermark()
+        upper, lower = self.upper, self.lower
+        left_at = timestamp - upper if upper > 0 else timestamp
+        right_at = timestamp + lower if lower < 0 else timestamp
+        sides = [(self.left, b) for b in self.left.buckets(left_at, left_at)]
+        sides += [(self.right, b) for b in self.right.buckets(right_at, right_at)]
+        reads = [buffer.state.async_get(b) for buffer, b in sides]
+
+        def clean(stored: list[Any]) -> StateFuture | None:
+            writes = []
+            for (buffer, bucket), entries in zip(sides, stored, strict=True):
+                write = buffer.write(bucket, entries, watermark)
+                if write is not None:
+                    writes.append(write)
+            return combine_all(writes) if writes else None
+
+        return combine_all(reads).then_compose(clean)

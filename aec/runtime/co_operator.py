@@ -1,0 +1,212 @@
+"""KeyedCoProcessOperator: two keyed inputs in one key space (Flink's
+``KeyedCoProcessOperator`` / ``AsyncKeyedCoProcessOperator``).
+
+A ``KeyedProcessOperator`` whose records say which input they came from
+(``RecordContext.input``): records of both inputs go through the same AEC, so
+same-key order, buffers, back-pressure and epochs hold across both inputs. What
+is its own:
+
+- the entry a record calls: ``process_element1`` or ``process_element2``;
+- the watermark: each input has its own, never regressing; the operator's is
+  their minimum (-inf until both sent one), and only when that minimum advances
+  does an epoch close (timers fire, the watermark is emitted). Flink:
+  ``AbstractStreamOperator.processWatermark1/2`` with ``combinedWatermark``;
+- checkpoints carry both inputs' watermarks (``OperatorState.input_watermarks``);
+  a restore from several checkpoints takes, per input, the minimum
+  (``aec.runtime.operator_rescale``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from aec.checkpoint.files import OperatorState
+from aec.clock import Clock
+from aec.config import AecConfig
+from aec.elements import Record, Watermark, check_timestamp
+from aec.errors import describe
+from aec.functions import KeyedCoProcessFunction
+from aec.keygroups import KeyGroupRange
+from aec.runtime.executor import StateExecutor
+from aec.runtime.operator import KeyedProcessOperator
+from aec.runtime.record_context import RecordContext
+from aec.state.future import StateFuture
+
+INPUTS = (1, 2)
+
+
+class KeyedCoProcessOperator(KeyedProcessOperator):
+    """Runs a ``KeyedCoProcessFunction`` over two keyed inputs with state in ``backend``.
+
+    Arguments as ``KeyedProcessOperator``'s (``function`` must be a
+    ``KeyedCoProcessFunction``). Input 1: ``process1(record)``,
+    ``process_watermark1(w)``; input 2: ``process2``, ``process_watermark2``;
+    ``process_input(n, element)`` takes either. Every other method is
+    ``KeyedProcessOperator``'s (``open``, ``snapshot``, ``restore``, ``finish``,
+    ``drain_outputs``, ``drain_side_outputs``, ``metrics``, ``close``);
+    ``finish()`` ends both inputs (``Watermark(math.inf)``).
+
+    Raises:
+        TypeError: ``function`` is not a ``KeyedCoProcessFunction`` (a
+            ``KeyedProcessFunction`` runs on ``KeyedProcessOperator``);
+            ``process``/``process_watermark`` (which input?).
+    """
+
+    function_kind = KeyedCoProcessFunction
+    inputs = 2
+
+    def __init__(
+        self,
+        function: KeyedCoProcessFunction,
+        backend: Any,
+        config: AecConfig | None = None,
+        executor: StateExecutor | None = None,
+        clock: Clock | None = None,
+        *,
+        key_group_range: KeyGroupRange | None = None,
+    ) -> None:
+        # the base checks the kind (function_kind) before it stores the function
+        base: Any = function
+        super().__init__(base, backend, config, executor, clock, key_group_range=key_group_range)
+        self._entries = (function.process_element1, function.process_element2)
+        self._input_watermarks = [-math.inf, -math.inf]  # last watermark of each input
+
+    # -- input ---------------------------------------------------------------------------------
+    def process1(self, record: Record) -> None:
+        """Admit one record of input 1 (as ``KeyedProcessOperator.process``)."""
+        _check_record(record)
+        self.process_fields(record.key, record.value, record.timestamp, 1)
+
+    def process2(self, record: Record) -> None:
+        """Admit one record of input 2 (as ``KeyedProcessOperator.process``)."""
+        _check_record(record)
+        self.process_fields(record.key, record.value, record.timestamp, 2)
+
+    def process_watermark1(self, watermark: Watermark) -> None:
+        """Input 1's watermark; see ``process_input_watermark``."""
+        self.process_input_watermark(1, watermark)
+
+    def process_watermark2(self, watermark: Watermark) -> None:
+        """Input 2's watermark; see ``process_input_watermark``."""
+        self.process_input_watermark(2, watermark)
+
+    def process_input(self, input: int, element: Record | Watermark) -> None:
+        """A record or watermark of input ``input`` (1 or 2).
+
+        Raises TypeError for anything else (as ``process1``... do for bad elements).
+        """
+        if type(element) is Record:
+            self.process_fields(element.key, element.value, element.timestamp, input)
+        elif isinstance(element, Watermark):
+            self.process_input_watermark(input, element)
+        else:
+            raise TypeError(f"expected an aec.Record or aec.Watermark, got {describe(element)}")
+
+    def process_fields(self, key: Any, value: Any, timestamp: float | None, input: int = 0) -> None:
+        """``KeyedProcessOperator.process_fields`` for input ``input`` (1 or 2; the
+        Spark glue's per-row call). Raises ValueError for another input number."""
+        if input != 1 and input != 2:
+            raise ValueError(f"a KeyedCoProcessOperator has inputs 1 and 2, got {input!r}")
+        super().process_fields(key, value, timestamp, input)
+
+    def process(self, record: Record) -> None:
+        """Always TypeError: a two-input operator takes ``process1`` or ``process2``."""
+        raise TypeError("a KeyedCoProcessOperator has two inputs: use process1 or process2")
+
+    def process_watermark(self, watermark: Watermark) -> None:
+        """Always TypeError: a two-input operator takes ``process_watermark1`` or ``2``."""
+        raise TypeError(
+            "a KeyedCoProcessOperator has two inputs: use process_watermark1 or process_watermark2"
+        )
+
+    def process_input_watermark(self, input: int, watermark: Watermark) -> None:
+        """Input ``input``'s watermark. The operator's watermark is the minimum of the
+        inputs' latest (-inf while one has sent none); when that minimum advances, the
+        epoch closes as on a ``KeyedProcessOperator.process_watermark`` (timers fire,
+        the minimum is emitted; serial order waits until it left).
+
+        Raises:
+            TypeError: not a ``Watermark``, or a timestamp that is not a number.
+            ValueError: NaN, a watermark below this input's previous one, or an input
+                other than 1 and 2.
+            JobFailure: user code or the backend failed.
+        """
+        if input != 1 and input != 2:
+            raise ValueError(f"a KeyedCoProcessOperator has inputs 1 and 2, got {input!r}")
+        if not isinstance(watermark, Watermark):
+            raise TypeError(
+                f"expected an aec.Watermark for input {input}, got {type(watermark).__name__}"
+            )
+        timestamp = watermark.timestamp
+        if timestamp is None:
+            raise TypeError(f"watermark timestamp of input {input} must be a number, got None")
+        check_timestamp(timestamp, f"watermark timestamp of input {input}")
+        previous = self._input_watermarks[input - 1]
+        if timestamp < previous:
+            raise ValueError(
+                f"watermark {timestamp!r} of input {input} arrived after {previous!r}: "
+                "an input's watermarks must not go backwards"
+            )
+        self._require_open()
+        self._restorable = False
+        self._input_watermarks[input - 1] = timestamp
+        combined = min(self._input_watermarks)
+        if combined > self.current_watermark:
+            super().process_watermark(Watermark(combined))
+
+    @property
+    def current_watermark(self) -> float:
+        """The operator's watermark: the minimum of the inputs' (seconds; -inf before)."""
+        return self._watermark
+
+    @property
+    def input_watermarks(self) -> tuple[float, float]:
+        """The latest watermark of input 1 and of input 2 (-inf: none yet)."""
+        first, second = self._input_watermarks
+        return first, second
+
+    def finish(self) -> None:
+        """End of both inputs: ``KeyedProcessOperator.finish`` (``Watermark(math.inf)``)."""
+        super().finish()
+        self._input_watermarks = [math.inf, math.inf]
+
+    # -- engine hooks --------------------------------------------------------------------------
+    def _run_entry(self, context: RecordContext) -> None:
+        if context.timer is not None:
+            super()._run_entry(context)
+            return
+        result = self._entries[context.input - 1](context.value, self.context)
+        if result is None or type(result) is StateFuture:
+            return
+        self._settle(result, f"process_element{context.input}")
+
+    def _checkpoint_state(self) -> OperatorState:
+        state = super()._checkpoint_state()
+        return dataclasses.replace(state, input_watermarks=tuple(self._input_watermarks))
+
+    def _apply_restored(self, state: OperatorState) -> None:
+        super()._apply_restored(state)
+        self._input_watermarks = list(state.input_watermarks or (-math.inf, -math.inf))
+
+
+def co_element(item: Any, position: int) -> tuple[int, Record | Watermark]:
+    """``item`` of a two-input source as ``(input, element)``.
+
+    Raises TypeError naming ``position`` unless ``item`` is a pair (tuple or list)
+    ``(1 | 2, Record | Watermark)``.
+    """
+    if type(item) in (tuple, list) and len(item) == 2:
+        input, element = item
+        if type(input) is int and input in INPUTS and isinstance(element, (Record, Watermark)):
+            return input, element
+    raise TypeError(
+        f"source element #{position} must be a pair (1 or 2, aec.Record or aec.Watermark), "
+        f"got {describe(item)}"
+    )
+
+
+def _check_record(record: Any) -> None:
+    if type(record) is not Record:
+        raise TypeError(f"expected an aec.Record, got {type(record).__name__}")
