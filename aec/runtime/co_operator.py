@@ -125,7 +125,8 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         """Input ``input``'s watermark. The operator's watermark is the minimum of the
         inputs' latest (-inf while one has sent none); when that minimum advances, the
         epoch closes as on a ``KeyedProcessOperator.process_watermark`` (timers fire,
-        the minimum is emitted; serial order waits until it left).
+        the minimum is emitted; serial order waits until it left). Like every input
+        element it reads the processing-time clock (due processing-time timers fire).
 
         Raises:
             TypeError: not a ``Watermark``, or a timestamp that is not a number.
@@ -154,7 +155,12 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         self._input_watermarks[input - 1] = timestamp
         combined = min(self._input_watermarks)
         if combined > self.current_watermark:
-            super().process_watermark(Watermark(combined))
+            super().process_watermark(Watermark(combined))  # reads the clock too
+        elif self._poll:  # an input element reads the clock, advancing or not
+            try:
+                self._poll_clock()
+            except BaseException as exc:
+                self._raise_failure(exc)
 
     @property
     def current_watermark(self) -> float:

@@ -6,8 +6,9 @@ hypothesis strategies.
     assert_equivalent(MyFunction, records_and_watermarks)
 
 Modules: ``reference`` (``run_sync``), ``scripted`` (``ScriptedExecutor``),
-``checker`` (``assert_equivalent``, ``assert_equivalent_co``), ``strategies`` (``keyed_streams``,
-``configs``; needs hypothesis, so imported lazily).
+``checker`` (``assert_equivalent``, ``assert_equivalent_co``), ``strategies``
+(``keyed_streams``, ``co_keyed_streams``, ``configs``; needs hypothesis, so imported
+lazily).
 """
 
 from typing import Any
@@ -19,7 +20,7 @@ from aec.testing.scripted import ScriptedExecutor
 
 def __getattr__(name: str) -> Any:
     # the hypothesis strategies, re-exported lazily: hypothesis is optional for aec
-    if name in ("keyed_streams", "configs"):
+    if name in ("keyed_streams", "co_keyed_streams", "configs"):
         from aec.testing import strategies
 
         return getattr(strategies, name)

@@ -11,6 +11,8 @@
 - ``keyed_streams`` draws input: ``Record``s over a few keys (so records of one
   key collide and wait for each other), integer values that double as event
   times, and non-decreasing ``Watermark``s interleaved among them.
+- ``co_keyed_streams`` draws the same for a two-input function: ``(input, element)``
+  pairs, each input with its own non-decreasing watermarks.
 - ``configs`` draws async ``AecConfig``s with small in-flight limits and
   buffers, in one or both watermark modes.
 
@@ -31,7 +33,7 @@ with needs_extra("hypothesis", "aec.testing.strategies", "hypothesis"):
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
 
-__all__ = ["DEFAULT_KEYS", "configs", "keyed_streams"]
+__all__ = ["DEFAULT_KEYS", "co_keyed_streams", "configs", "keyed_streams"]
 
 #: Keys ``keyed_streams`` draws from by default: few, of mixed types (str, int, tuple).
 DEFAULT_KEYS: tuple[Any, ...] = ("a", "b", "c", 1, (2, "x"))
@@ -102,6 +104,56 @@ def _streams(draw: Any, elements: st.SearchStrategy) -> list[Record | Watermark]
             stream.append(Watermark(watermark))
         else:
             stream.append(Record(key, value, timestamp=value))
+    return stream
+
+
+def co_keyed_streams(
+    keys: Sequence[Any] = DEFAULT_KEYS,
+    max_size: int = 40,
+    max_value: int = 30,
+    *,
+    min_size: int = 0,
+    watermarks: bool = True,
+    max_watermark_step: int | None = None,
+) -> st.SearchStrategy[list[tuple[int, Record | Watermark]]]:
+    """``keyed_streams`` for two inputs: lists of ``(input, element)`` pairs (input 1
+    or 2), as ``aec.run_keyed_co`` and ``aec.testing.assert_equivalent_co`` take them.
+    Arguments as ``keyed_streams``'; each input's watermarks never decrease (and may
+    repeat) and start at -1 or later, independently of the other input's, so the
+    operator's watermark (their minimum) sometimes stands still while one advances.
+
+    Raises ValueError as ``keyed_streams``.
+    """
+    keys = tuple(keys)
+    if not keys:
+        raise ValueError("co_keyed_streams needs at least one key")
+    if min_size < 0 or max_size < min_size:
+        raise ValueError(f"need 0 <= min_size <= max_size, got {min_size}, {max_size}")
+    if max_value < 0:
+        raise ValueError(f"max_value must be >= 0, got {max_value}")
+    step = max(1, max_value // 3 + 2) if max_watermark_step is None else max_watermark_step
+    if step < 0:
+        raise ValueError(f"max_watermark_step must be >= 0, got {step}")
+    element = st.tuples(
+        st.integers(0, 5 if watermarks else 0),
+        st.sampled_from((1, 2)),
+        st.sampled_from(keys),
+        st.integers(0, max_value),
+        st.integers(0, step),
+    )
+    return _co_streams(st.lists(element, min_size=min_size, max_size=max_size))
+
+
+@st.composite
+def _co_streams(draw: Any, elements: st.SearchStrategy) -> list[tuple[int, Record | Watermark]]:
+    stream: list[tuple[int, Record | Watermark]] = []
+    watermark = {1: -1, 2: -1}
+    for kind, input, key, value, step in draw(elements):
+        if kind == 5:
+            watermark[input] += step
+            stream.append((input, Watermark(watermark[input])))
+        else:
+            stream.append((input, Record(key, value, timestamp=value)))
     return stream
 
 
