@@ -75,7 +75,11 @@ def test_timestamp_and_watermark_querying(config):
     ]  # fmt: skip
     outputs = run_keyed_co(source, WatermarkQuerying(), config=config).outputs
     assert outputs == [
-        Watermark(17), "5WM:17 TS:12", Watermark(42), "6WM:42 TS:13", Watermark(math.inf)
+        Watermark(17),
+        "5WM:17 TS:12",
+        Watermark(42),
+        "6WM:42 TS:13",
+        Watermark(math.inf),
     ]
 
 
@@ -277,9 +281,7 @@ def test_snapshot_and_restore_keeps_timers_of_both_inputs(config, tmp_path):
     second.process_watermark1(Watermark(6))  # reads the clock: the processing-time timer
     second.process_watermark2(Watermark(6))
     second.finish()  # parallel watermark order: the firings may still run until here
-    assert second.drain_outputs() == [
-        "PROC:1777", "EVENT:1777", Watermark(6), Watermark(math.inf)
-    ]
+    assert second.drain_outputs() == ["PROC:1777", "EVENT:1777", Watermark(6), Watermark(math.inf)]
 
 
 class AppendCurrentKey(KeyedCoProcessFunction):
