@@ -10,6 +10,10 @@ Structured Streaming query, with exactly-once state (``spark_glue.stream``).
 ``write_keyed(df, operators, key, ...)`` runs several operators keyed alike over one
 shuffle and sort and writes their outputs as Parquet from the partitions
 (``spark_glue.keyed_parquet``; what the ``aec flights`` job uses).
+``process_keyed_co(left, right, function, key, output_schema, ...)`` and
+``process_keyed_co_stream`` run a two-input ``KeyedCoProcessFunction`` (an interval
+join, say) over two DataFrames or two streams (``spark_glue.keyed_co``,
+``spark_glue.stream_co``).
 ``async_udf`` turns an ``async def`` into a pandas UDF and ``async_map`` maps rows
 through async calls, both with bounded calls in flight per task
 (``spark_glue.async_calls``).
@@ -38,8 +42,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 if TYPE_CHECKING:
     from spark_glue.async_calls import async_map, async_udf
     from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
+    from spark_glue.keyed_co import process_keyed_co
     from spark_glue.keyed_parquet import KeyedOperator, write_keyed
     from spark_glue.stream import process_keyed_stream
+    from spark_glue.stream_co import process_keyed_co_stream
 
 SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "cloudpickle")  # the 'spark' extra
 
@@ -53,6 +59,8 @@ _EXPORTS = {
     "KeyedOperator": "spark_glue.keyed_parquet",
     "write_keyed": "spark_glue.keyed_parquet",
     "process_keyed_stream": "spark_glue.stream",
+    "process_keyed_co": "spark_glue.keyed_co",
+    "process_keyed_co_stream": "spark_glue.stream_co",
 }
 
 
@@ -71,6 +79,8 @@ __all__ = [
     "async_udf",
     "partition_metrics",
     "process_keyed",
+    "process_keyed_co",
+    "process_keyed_co_stream",
     "process_keyed_stream",
     "side_output",
     "unpersist",

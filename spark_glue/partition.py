@@ -47,6 +47,25 @@ class PartitionJob:
     partitions: int = 0  # rows routed by key group to this many partitions (0: not routed)
     values: list[str] | None = None  # the columns of each record's dict (None: all of them)
 
+    def make_operator(
+        self, function: Any, backend: StateBackend, key_group_range: KeyGroupRange | None
+    ) -> Any:
+        """The partition's operator (not opened); a two-input job makes its own kind."""
+        return aec.KeyedProcessOperator(
+            function, backend, self.config, key_group_range=key_group_range
+        )
+
+    def watermark_generator(self) -> Any:
+        """A fresh generator of the partition's periodic watermarks."""
+        return BoundedOutOfOrderness(self.delay, self.interval)
+
+    def end_micro_batch(self, operator: Any, watermarks: Any) -> None:
+        """``process_keyed_stream``'s end of a micro-batch: one more watermark
+        (``max event time - delay``) if it advances."""
+        mark = watermarks.check_now()
+        if mark is not None:
+            operator.process_watermark(Watermark(mark))
+
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The ``mapInArrow`` function of ``process_keyed``: input batches in, raw
         batches out; end of input is ``finish()`` (every remaining timer fires).
@@ -127,7 +146,7 @@ class PartitionRun:
         self.cpu_started = time.process_time()
         # RawWriter by default; write_keyed passes a spark_glue.parquet_out.ParquetStreams
         self.writer: Any = writer if writer is not None else RawWriter(job.layout)
-        self.watermarks = BoundedOutOfOrderness(job.delay, job.interval)
+        self.watermarks = job.watermark_generator()
         self.rows_in = 0
         self.backend: StateBackend | None = None
         self.operator: Any = None
@@ -136,11 +155,8 @@ class PartitionRun:
     def __enter__(self) -> PartitionRun:
         self.backend = self.job.spec.build(self.partition)
         try:
-            self.operator = aec.KeyedProcessOperator(
-                cloudpickle.loads(self.job.function_bytes),
-                self.backend,
-                self.job.config,
-                key_group_range=self.key_group_range,
+            self.operator = self.job.make_operator(
+                cloudpickle.loads(self.job.function_bytes), self.backend, self.key_group_range
             )
         except BaseException:
             self.backend.close()
@@ -161,10 +177,7 @@ class PartitionRun:
         self.started = time.perf_counter()
         self.writer = RawWriter(self.job.layout)
         self.rows_in = 0
-        progress = self.watermarks  # the record count of watermark_interval restarts
-        self.watermarks = BoundedOutOfOrderness(self.job.delay, self.job.interval)
-        self.watermarks.max_timestamp = progress.max_timestamp
-        self.watermarks.current = progress.current
+        self.watermarks = self.watermarks.restarted()  # the count of watermark_interval
 
     def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         """Process one input batch (records and periodic watermarks); its outputs."""

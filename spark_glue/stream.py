@@ -42,6 +42,7 @@ from spark_glue.keyed import (
     persisted_result,
     plan_job,
 )
+from spark_glue.partition import PartitionJob
 from spark_glue.routing import ROUTE, tag
 from spark_glue.stream_state import Layout, StateStore
 from spark_glue.stream_task import StreamTask, driver_aws_environment
@@ -118,13 +119,7 @@ def process_keyed_stream(
     """
     if not isinstance(stream_df, DataFrame) or not stream_df.isStreaming:
         raise TypeError("process_keyed_stream needs a streaming DataFrame (spark.readStream...)")
-    state_location, spark_root = _locations(checkpoint_location, spark_checkpoint_location)
-    if not callable(sink):
-        raise TypeError(f"sink must be callable as sink(batch_df, batch_id), got {sink!r}")
-    if trigger is not None and not isinstance(trigger, Mapping):
-        raise TypeError(
-            f"trigger must be a mapping of DataStreamWriter.trigger arguments, got {trigger!r}"
-        )
+    check_stream_arguments(checkpoint_location, sink, trigger)
     job = plan_job(
         stream_df,
         function,
@@ -139,6 +134,41 @@ def process_keyed_stream(
         side_outputs=side_outputs,
         name="process_keyed_stream",
     )
+    return start_stream(
+        stream_df, job, job.keys, lambda routed, n: arrange(routed, [ROUTE], order_by, n),
+        num_partitions=num_partitions, checkpoint_location=checkpoint_location,
+        spark_checkpoint_location=spark_checkpoint_location, sink=sink, trigger=trigger,
+    )  # fmt: skip
+
+
+def check_stream_arguments(checkpoint_location: Any, sink: Any, trigger: Any) -> None:
+    """The driver's checks of the streaming-only arguments (see ``process_keyed_stream``)."""
+    _locations(checkpoint_location, None)
+    if not callable(sink):
+        raise TypeError(f"sink must be callable as sink(batch_df, batch_id), got {sink!r}")
+    if trigger is not None and not isinstance(trigger, Mapping):
+        raise TypeError(
+            f"trigger must be a mapping of DataStreamWriter.trigger arguments, got {trigger!r}"
+        )
+
+
+def start_stream(
+    stream_df: DataFrame,
+    job: PartitionJob,
+    layout_keys: list[str],
+    arranged: Callable[[DataFrame, int], DataFrame],
+    *,
+    num_partitions: int | None,
+    checkpoint_location: str | os.PathLike[str],
+    spark_checkpoint_location: str | os.PathLike[str] | None,
+    sink: Callable[[DataFrame, int], Any],
+    trigger: Mapping[str, Any] | None,
+) -> StreamingQuery:
+    """Start the ``foreachBatch`` query running ``job`` per micro-batch over
+    ``stream_df`` (arguments checked by the caller): the state layout is checked
+    against ``layout_keys``; each micro-batch is routed by key group (``job.keys``)
+    and ``arranged(routed, partitions)`` shuffles and sorts it (the arrival order)."""
+    state_location, spark_root = _locations(checkpoint_location, spark_checkpoint_location)
     spark = stream_df.sparkSession
     if spark.sparkContext.getConf().get("spark.speculation", "false").lower() == "true":
         raise ValueError(
@@ -147,7 +177,7 @@ def process_keyed_stream(
         )
     max_parallelism = job.config.max_parallelism
     state = StateStore(state_location, max_parallelism)
-    layout = _open_layout(state, job.keys, spark_root)
+    layout = _open_layout(state, layout_keys, spark_root)
     partitions = (
         num_partitions
         or layout.partitions
@@ -170,11 +200,11 @@ def process_keyed_stream(
             state.clear_attempt(partition, partitions, batch_id)
             sources[partition] = state.sources(layout.history, era, partition, batch_id)
         routed = tag(batch_df, keys, max_parallelism, partitions)
-        arranged = arrange(routed, [ROUTE], order_by, partitions)
         run = task.for_batch(
             batch_id, partitions, layout.history[-1][0], sources, driver_aws_environment()
         )
-        result = persisted_result(arranged.mapInArrow(run, job.layout.raw), job.layout)
+        mapped = arranged(routed, partitions).mapInArrow(run, job.layout.raw)
+        result = persisted_result(mapped, job.layout)
         raw = output_of(result).raw
         try:
             raw.count()  # every partition runs (and snapshots) once, whatever the sink reads

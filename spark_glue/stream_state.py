@@ -29,7 +29,6 @@ from typing import Any
 
 from aec.checkpoint import CheckpointHandle, CheckpointStore
 from aec.keygroups import key_group_range_for
-from spark_glue.watermarks import BoundedOutOfOrderness
 
 _LAYOUT = "layout.json"
 _FORMAT = 2
@@ -167,33 +166,30 @@ def watermarks_name(checkpoint_id: int) -> str:
     return f"watermarks-{checkpoint_id}.json"
 
 
-def save_watermarks(store: CheckpointStore, batch_id: int, marks: BoundedOutOfOrderness) -> None:
-    """The generator's progress beside ``chk-<batch_id>``, written before it (the
-    checkpoint's commit covers both; a replay overwrites a stale file)."""
-    data = {"max_timestamp": marks.max_timestamp, "current": marks.current}
-    store.write_bytes(json.dumps(data).encode(), watermarks_name(batch_id))
+def save_watermarks(store: CheckpointStore, batch_id: int, marks: Any) -> None:
+    """The generator's progress (``marks.progress()``) beside ``chk-<batch_id>``,
+    written before it (the checkpoint's commit covers both; a replay overwrites a
+    stale file)."""
+    store.write_bytes(json.dumps(marks.progress()).encode(), watermarks_name(batch_id))
 
 
-def load_watermarks(sources: list[CheckpointHandle], marks: BoundedOutOfOrderness) -> None:
-    """Continue the generator from its progress saved beside ``sources``: the highest
-    event time seen and the lowest watermark emitted (the operator restores the
-    minimum watermark too).
+def load_watermarks(sources: list[CheckpointHandle], marks: Any) -> None:
+    """Continue the generator (``marks.resume``) from its progress saved beside
+    ``sources``: the highest event time seen and the lowest watermark emitted (the
+    operator restores the minimum watermark too).
 
     Raises RuntimeError when a watermarks file is missing.
     """
-    highest, lowest = -float("inf"), float("inf")
+    progress = []
     for handle in sources:
         parent, _, _ = handle.path.rstrip("/").rpartition("/")
         store = CheckpointStore.at(parent)
         try:
             name = watermarks_name(handle.checkpoint_id)
-            data: dict[str, Any] = json.loads(store.read_bytes(name))
+            progress.append(json.loads(store.read_bytes(name)))
         except FileNotFoundError:
             raise RuntimeError(
                 f"{store.name_of(watermarks_name(handle.checkpoint_id))} is missing: "
                 f"checkpoint {handle.path} cannot continue its watermarks"
             ) from None
-        highest = max(highest, float(data["max_timestamp"]))
-        lowest = min(lowest, float(data["current"]))
-    if sources:
-        marks.max_timestamp, marks.current = highest, lowest
+    marks.resume(progress)

@@ -27,7 +27,6 @@ import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hi
 from pyspark import TaskContext
 
 from aec.checkpoint import CheckpointHandle
-from aec.elements import Watermark
 from aec.keygroups import key_group_range_for
 from spark_glue.partition import PartitionJob, PartitionRun
 from spark_glue.routing import partition_of, untagged
@@ -110,9 +109,7 @@ class BatchTask:
             for batch in batches:
                 if batch.num_rows:
                     yield from run.feed(untagged(batch, partition))
-            mark = run.watermarks.check_now()
-            if mark is not None:
-                run.operator.process_watermark(Watermark(mark))
+            run.job.end_micro_batch(run.operator, run.watermarks)
             save_watermarks(directory, self.batch_id, run.watermarks)
             handle = run.operator.snapshot(self.batch_id, directory.location)
             yield from run.drain()

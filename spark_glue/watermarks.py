@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from typing import Any
 
 
 def delay_seconds(delay: float | int | dt.timedelta | None) -> float:
@@ -100,6 +101,24 @@ class BoundedOutOfOrderness:
         if math.isinf(self.max_timestamp - self.delay):
             return None
         return self._advance()
+
+    def restarted(self) -> BoundedOutOfOrderness:
+        """A generator with this one's progress (highest event time, last watermark)
+        whose record count starts again (a kept operator's next micro-batch)."""
+        fresh = BoundedOutOfOrderness(self.delay, self.interval)
+        fresh.max_timestamp, fresh.current = self.max_timestamp, self.current
+        return fresh
+
+    def progress(self) -> dict[str, float]:
+        """What a checkpoint keeps: ``{"max_timestamp", "current"}`` (seconds)."""
+        return {"max_timestamp": self.max_timestamp, "current": self.current}
+
+    def resume(self, progress: list[dict[str, Any]]) -> None:
+        """Continue from the ``progress()`` of one or more checkpoints (a restore after
+        rescaling): the highest event time seen, the lowest watermark emitted."""
+        if progress:
+            self.max_timestamp = max(float(p["max_timestamp"]) for p in progress)
+            self.current = min(float(p["current"]) for p in progress)
 
     def _advance(self) -> float | None:
         candidate = self.max_timestamp - self.delay
