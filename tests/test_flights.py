@@ -541,7 +541,7 @@ def test_cli_runs_end_to_end(spark, rocksdb_run, tmp_path):
     for dataset in ("route_hourly", "late", "rotations", "no_tailnum"):
         assert (out / dataset / "_SUCCESS").exists()
     assert sorted(os.listdir(out / "state")) == [
-        "aircraft_sessions", "rotations", "route_hourly"
+        "aircraft_sessions", "flights_weather", "rotations", "route_hourly"
     ]  # rocksdb default  # fmt: skip
     summary = (out / "summary.md").read_text()
     for heading in (
@@ -551,13 +551,16 @@ def test_cli_runs_end_to_end(spark, rocksdb_run, tmp_path):
         "## Engine metrics",
         "Wall time",
         "Backend `rocksdb` (RocksDB under",
+        "## Weather at departure",
+        "| visibility (miles) | flights | mean delay | delayed > 15 min |",
     ):
         assert heading in summary
     assert "## Sync vs async" not in summary
     assert "rotations and aircraft_sessions" in summary.split("Wall time", 1)[1].split("\n")[0]
     assert not (out / flights.INPUT_DIR).exists()  # the job's input file goes with the run
-    png = (out / flights_report.PLOT_FILE).read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    for plot in (flights_report.PLOT_FILE, "delay_by_visibility.png"):
+        png = (out / plot).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
     hourly = pd.read_parquet(out / "route_hourly")
     late = pd.read_parquet(out / "late")

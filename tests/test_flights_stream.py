@@ -54,7 +54,7 @@ def test_stream_arguments_are_checked(tmp_path, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-DATASETS = ["route_hourly", "late", "rotations", "no_tailnum"]
+DATASETS = ["route_hourly", "late", "rotations", "no_tailnum", "flights_weather"]
 
 
 def _same(stream_out, batch_out, dataset):
@@ -77,7 +77,7 @@ def test_stream_equals_batch_when_nothing_is_late_across_a_rescale(spark, tmp_pa
         len(pd.read_parquet(out / "rotations")) + len(pd.read_parquet(out / "no_tailnum")) == LIMIT
     )
     summary = (out / "summary.md").read_text()
-    assert "All four datasets are identical" in summary
+    assert "All 7 datasets are identical" in summary
     assert "| route_hourly | 2 |" in summary and "| rotations | 2 |" in summary
     assert "restarted on 3 state partition(s) (from 2)" in summary
     layout = out / "stream" / "checkpoint" / "rotations" / "state"

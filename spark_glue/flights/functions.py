@@ -32,7 +32,10 @@ from aec.windowing import (
 HOUR = 3600
 DELAYED_MINUTES = 15  # FAA's definition of a delayed flight
 SESSION_GAP = 12 * HOUR  # an aircraft idle this long starts a new session
-DATASETS = ("route_hourly", "late", "rotations", "no_tailnum", "aircraft_sessions", "late_sessions")
+DATASETS = (
+    "route_hourly", "late", "rotations", "no_tailnum", "aircraft_sessions", "late_sessions",
+    "flights_weather", "late_flights_weather", "late_weather",  # spark_glue.flights.weather
+)  # fmt: skip
 
 ROUTE_HOURLY_SCHEMA = (
     "origin string, dest string, window_start timestamp_ntz, flights long, cancelled long, "

@@ -3,8 +3,9 @@
 Reads the datasets back with pandas (so the report checks what was written),
 then writes ``summary.md`` (the backend, wall time, with ``--compare-sync`` the
 sync-vs-async table, row counts, the ten routes with the worst mean departure
-delay, the delay propagation rate, engine metrics) and ``delay_by_hour.png`` (mean departure delay by scheduled hour, one line per
-origin, over departures per hour).
+delay, the delay propagation rate, engine metrics, the weather at departure) and
+``delay_by_hour.png`` (mean departure delay by scheduled hour, one line per origin,
+over departures per hour); ``weather_report`` adds ``delay_by_visibility.png``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # type: ignore[import-untyped]  # noqa: E402  # pandas ships no type hints (no pandas-stubs)
 
 from spark_glue.flights import enrich as flights_enrich  # noqa: E402
-from spark_glue.flights import sessions_report  # noqa: E402
+from spark_glue.flights import sessions_report, weather_report  # noqa: E402
 from spark_glue.flights.functions import DELAYED_MINUTES  # noqa: E402
 from spark_glue.flights.job import (  # noqa: E402
     SYNC_DIR,
@@ -50,8 +51,12 @@ def write(run: FlightsRun) -> tuple[str, str]:
         sessions = sessions_report.write(
             out, _read(run, "aircraft_sessions"), _read(run, "late_sessions")
         )
+    weather: list[str] = []
+    if any("flights_weather" in stage.outputs for stage in run.stages):
+        weather = weather_report.section(out, run.options.limit, run.input_rows)
     with open(summary_path, "w", encoding="utf-8") as handle:
-        handle.write(render(run, hourly, late, rotations) + "\n".join(sessions) + "\n")
+        text = render(run, hourly, late, rotations) + "\n".join(sessions + weather)
+        handle.write(text + "\n")
     return summary_path, plot_path
 
 

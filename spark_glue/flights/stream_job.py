@@ -1,5 +1,6 @@
 """The flights job as a stream (``aec flights --stream``): the year as files arriving in
-order, both operators through ``process_keyed_stream``.
+order, both operators through ``process_keyed_stream`` and the weather join through
+``process_keyed_co_stream`` (``spark_glue.flights.stream_weather``).
 
 The prepared table, in arrival order (``spark_glue.flights.data``), is cut into Parquet
 files of ``file_rows`` rows whose modification times follow that order (Spark's file
@@ -36,6 +37,8 @@ from aec import AecConfig, KeyedProcessFunction
 from backends import MemoryBackend, RocksDBBackend
 from spark_glue.flights import data as flights_data
 from spark_glue.flights import job as batch_job
+from spark_glue.flights import stream_weather
+from spark_glue.flights import weather as flights_weather
 from spark_glue.flights.functions import (
     LATE_SCHEMA,
     NO_TAILNUM_SCHEMA,
@@ -183,13 +186,19 @@ def run(
     started = time.perf_counter()
     root = os.path.join(options.out, STREAM_DIR)
     state_dir = os.path.join(options.out, "state")
-    for stale in (root, state_dir, *(os.path.join(options.out, d) for d in _datasets())):
+    stale_datasets = [*_datasets(), *stream_weather.DATASETS]
+    for stale in (root, state_dir, *(os.path.join(options.out, d) for d in stale_datasets)):
         shutil.rmtree(stale, ignore_errors=True)  # state and outputs are per run
     arrivals = os.path.join(root, "arrivals")
     input_dir = os.path.join(root, "input")
     os.makedirs(input_dir)
+    os.makedirs(os.path.join(root, "input-weather"))
     prepared = flights_data.load(options.limit)
     files, markers = write_files(prepared, arrivals, stream.file_rows)
+    weather = flights_weather.load_weather(prepared)
+    stream_weather.write_files(
+        prepared, weather, os.path.join(root, "arrivals-weather"), stream.file_rows, END_TIME
+    )
     report = batch_job.FlightsRun(
         options=options,
         input_rows=len(prepared),
@@ -204,14 +213,26 @@ def run(
         phases = [(files[:first], options.partitions), (files[first:], partitions)]
     queries = [QueryStats(op.name) for op in OPERATORS]
     metrics: dict[str, list[pd.DataFrame]] = {op.name: [] for op in OPERATORS}
+    join_stats = QueryStats(flights_weather.FLIGHTS_WEATHER)
+    join_metrics: list[pd.DataFrame] = []
     for arriving, partitions in phases:
         for name in arriving:  # the files arrive: moved in, their order kept by mtime
             os.replace(os.path.join(arrivals, name), os.path.join(input_dir, name))
+            weather_file = os.path.join(root, "arrivals-weather", name)
+            os.replace(weather_file, os.path.join(root, "input-weather", name))
         for op, stats in zip(OPERATORS, queries, strict=True):
             _run_query(spark, options, stream, op, stats, metrics[op.name], partitions, state_dir)
+        _run_join_query(spark, options, stream, join_stats, join_metrics, partitions, state_dir)
     for op, stats in zip(OPERATORS, queries, strict=True):
         report.stages.append(_stage(options.out, op, stats, metrics[op.name]))
         step(op.name)
+    outputs = {name: os.path.join(options.out, name) for name in stream_weather.DATASETS}
+    rows = {name: len(pd.read_parquet(path)) for name, path in outputs.items()}
+    report.stages.append(batch_job.StageResult(
+        join_stats.name, outputs, rows, per_partition(join_metrics), join_stats.wall_s
+    ))  # fmt: skip
+    queries.append(join_stats)
+    step(join_stats.name)
     report.wall_s = time.perf_counter() - started
     report.stream = StreamNote(stream, len(files), markers, queries)
     if stream.compare_batch:
@@ -316,17 +337,12 @@ def _run_query(
         .option("maxFilesPerTrigger", stream.files_per_trigger)
         .parquet(os.path.join(root, "input"))
     )
-    last = [time.perf_counter(), True]  # the previous sink's end, first micro-batch of this run
+    on_batch = _batch_clock(stats, metrics)
 
     def sink(batch_df: DataFrame, batch_id: int) -> None:
         _write_batch(os.path.join(options.out, op.name), batch_id, batch_df)
         _write_batch(os.path.join(options.out, op.side), batch_id, side_output(batch_df, op.side))
-        metrics.append(partition_metrics(batch_df).toPandas())
-        now = time.perf_counter()
-        if not last[1]:  # the first micro-batch of a query also pays its start
-            stats.batch_s.append(now - last[0])
-        last[0], last[1] = now, False
-        stats.batches += 1
+        on_batch(partition_metrics(batch_df).toPandas())
 
     started = time.perf_counter()
     query = process_keyed_stream(
@@ -348,6 +364,43 @@ def _run_query(
     query.awaitTermination()
     stats.wall_s += time.perf_counter() - started
     stats.partitions.append(partitions)
+
+
+def _run_join_query(
+    spark: SparkSession,
+    options: batch_job.FlightsOptions,
+    stream: StreamOptions,
+    stats: QueryStats,
+    metrics: list[pd.DataFrame],
+    partitions: int,
+    state_dir: str,
+) -> None:
+    """Run the weather join over everything in both input directories (``availableNow``)."""
+    on_batch = _batch_clock(stats, metrics)
+    started = time.perf_counter()
+    stream_weather.run_query(
+        spark, os.path.join(options.out, STREAM_DIR), options.out, options, stream, partitions,
+        _backend(options, state_dir, stats.name), _write_batch, on_batch,
+    )  # fmt: skip
+    stats.wall_s += time.perf_counter() - started
+    stats.partitions.append(partitions)
+
+
+def _batch_clock(stats: QueryStats, metrics: list[pd.DataFrame]) -> Callable[[pd.DataFrame], None]:
+    """``on_batch(partition metrics)`` for a query's sink: keeps the metrics and the time
+    from the previous sink's end (the first micro-batch of a run, which pays the query's
+    start, is not timed)."""
+    last = [time.perf_counter(), True]
+
+    def on_batch(batch_metrics: pd.DataFrame) -> None:
+        metrics.append(batch_metrics)
+        now = time.perf_counter()
+        if not last[1]:
+            stats.batch_s.append(now - last[0])
+        last[0], last[1] = now, False
+        stats.batches += 1
+
+    return on_batch
 
 
 def _write_batch(directory: str, batch_id: int, frame: DataFrame) -> None:
