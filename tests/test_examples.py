@@ -45,6 +45,8 @@ def test_every_example_is_tested():
         "spark_streaming.py",
         "windows_late_data.py",
         "external_call.py",
+        "interval_join.py",
+        "spark_join.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -72,6 +74,16 @@ def test_windows_with_late_firing_and_late_side_output():
     ]
 
 
+def test_interval_join_pairs_clicks_with_earlier_impressions():
+    out = _run_script("interval_join.py").splitlines()
+    assert out == [
+        "pair: ('ann', 'click-1', 'ad-shoes', 4.0)",
+        "pair: ('ann', 'click-3', 'ad-hats', 7.0)",
+        "watermarks: [110.0, inf]",
+        "late: {'late impressions': ['ad-late']}",
+    ]
+
+
 def test_external_call_against_a_local_aiohttp_service():
     out = _run_script("external_call.py").splitlines()
     assert out == [
@@ -90,6 +102,12 @@ def test_spark_batch(spark, capsys):
         "s2 3600.0 1.0",
         "late: s1 100.0",
     ]
+
+
+@pytest.mark.spark
+def test_spark_join_of_two_dataframes(spark, capsys):
+    out = _run_in_process("spark_join.py", spark, capsys)
+    assert out == ["ann 1 10 30.0", "ann 3 13 30.0", "late: ann 12"]
 
 
 @pytest.mark.spark
