@@ -605,7 +605,9 @@ def test_cli_compare_sync_on_remote_latency(spark, rocksdb_run, tmp_path, capsys
     assert "a modelled 1 ms round trip per state batch" in summary
     assert "identical rows in every dataset" in summary and "DIFFER" not in summary
     rows = _comparison_rows(summary)
-    assert sorted(rows) == ["aircraft_sessions", "rotations", "route_hourly", "whole job"]
+    assert sorted(rows) == [
+        "aircraft_sessions", "flights_weather", "rotations", "route_hourly", "whole job"
+    ]  # fmt: skip
     for stage, cells in rows.items():
         backend, _, async_s, sync_s, speedup, async_rate, sync_rate = cells
         assert backend == "remote-latency, 1 ms", stage
@@ -616,7 +618,7 @@ def test_cli_compare_sync_on_remote_latency(spark, rocksdb_run, tmp_path, capsys
         assert float(async_rate.replace(",", "")) > float(sync_rate.replace(",", "")), stage
 
     # both runs on fresh RocksDB state of their own; identical rows, equal to plain RocksDB
-    stages = ["aircraft_sessions", "rotations", "route_hourly"]
+    stages = ["aircraft_sessions", "flights_weather", "rotations", "route_hourly"]
     assert sorted(os.listdir(out / "state")) == stages
     assert sorted(os.listdir(out / "sync" / "state")) == stages
     assert_same_outputs(out / "sync", out, exact=True)
