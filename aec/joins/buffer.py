@@ -11,8 +11,8 @@ it reads those (point gets in one batch) and never the rest; its own bucket is
 usually one of them (whenever the interval contains 0), so a record costs two
 reads and one write.
 
-An entry is ``(timestamp, watermark, payload)``: ``watermark`` is the operator's
-watermark when the record arrived, ``payload`` the record's value pickled once
+An entry is ``(timestamp, cleanup time, watermark, payload)``: ``watermark`` is the
+operator's watermark when the record arrived, ``payload`` the record's value pickled once
 (``pack``): a bucket is rewritten whenever a record joins it or leaves it, and a
 backend that pickles state (RocksDB, SlateDB, Redis) would otherwise pickle every
 value of the bucket again each time (on the flights job that was most of a
@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import math
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from aec.state.future import StateFuture, combine_all
 from aec.state.handles import MapState
 
-Entry = tuple[float, float, Any]  # (timestamp, arrival watermark, payload: see ``pack``)
+Entry = tuple[float, float, float, Any]  # (timestamp, cleanup time, arrival watermark, payload)
 Bucket = tuple[list[Entry], list[Entry]]  # (left entries, right entries), arrival order
 LEFT, RIGHT = 0, 1
 _MARGIN = 1e-12  # relative: a bucket range widened by this much at each end
@@ -71,27 +71,25 @@ def unpack(payload: Any) -> Any:
     return pickle.loads(payload) if type(payload) is bytes else payload.value
 
 
+def live(entries: list[Entry], watermark: float) -> list[Entry]:
+    """The entries not dead for code seeing ``watermark`` (see the module doc: dead is
+    ``cleanup <= watermark`` and ``arrival watermark < watermark``), in order."""
+    return [e for e in entries if e[1] > watermark or e[2] >= watermark]
+
+
 class JoinBuffer:
     """Both sides' entries of the running record's key, in time buckets.
 
     Args:
         state: the ``MapState`` (bucket index -> ``Bucket``).
         width: bucket width in seconds (> 0, finite).
-        cleanup_times: per side (``LEFT``, ``RIGHT``), ``fn(timestamp) -> seconds``:
-            when an entry of that side is removed (Flink's cleanup time of its side).
     """
 
-    __slots__ = ("state", "width", "cleanup_times")
+    __slots__ = ("state", "width")
 
-    def __init__(
-        self,
-        state: MapState,
-        width: float,
-        cleanup_times: tuple[Callable[[float], float], Callable[[float], float]],
-    ) -> None:
+    def __init__(self, state: MapState, width: float) -> None:
         self.state = state
         self.width = width
-        self.cleanup_times = cleanup_times
 
     def bucket(self, timestamp: float) -> int:
         """The bucket holding entries of ``timestamp``."""
@@ -103,25 +101,20 @@ class JoinBuffer:
         margin = _MARGIN * max(abs(low), abs(high), self.width)
         return range(self.bucket(low - margin), self.bucket(high + margin) + 1)
 
-    def dead(self, side: int, entry: Entry, watermark: float) -> bool:
-        """Whether ``entry`` of ``side`` is cleaned up for code seeing ``watermark``."""
-        return entry[1] < watermark and self.cleanup_times[side](entry[0]) <= watermark
-
     def read(self, buckets: Iterable[int]) -> StateFuture:
-        """A future of ``{bucket: Bucket or None}`` for ``buckets`` (one batch of gets)."""
-        wanted = list(buckets)
+        """A future of the ``Bucket``s (None: empty) of ``buckets``, in order (one batch
+        of gets)."""
         get = self.state.async_get
-        return combine_all([get(b) for b in wanted]).then_apply(
-            lambda stored: dict(zip(wanted, stored, strict=True))
-        )
+        return combine_all([get(b) for b in buckets])
 
-    def live(self, side: int, stored: Iterable[Bucket | None], watermark: float) -> list[Entry]:
+    @staticmethod
+    def side(stored: Iterable[Bucket | None], side: int, watermark: float) -> list[Entry]:
         """The live entries of ``side`` in ``stored`` buckets, in bucket order, each
         bucket's in arrival order."""
         entries: list[Entry] = []
         for bucket in stored:
             if bucket is not None and bucket[side]:
-                entries += [e for e in bucket[side] if not self.dead(side, e, watermark)]
+                entries += live(bucket[side], watermark)
         return entries
 
     def write(
@@ -140,15 +133,10 @@ class JoinBuffer:
             sides: list[list[Entry]] = [[], []]
             sides[add[0]].append(add[1])
             return self.state.async_put(bucket, (sides[0], sides[1]))
-        changed = add is not None
-        kept: list[list[Entry]] = []
-        for side in (LEFT, RIGHT):
-            entries = stored[side]
-            live = [e for e in entries if not self.dead(side, e, watermark)]
-            changed = changed or len(live) != len(entries)
-            kept.append(live)
-        if not changed:
+        left, right = live(stored[LEFT], watermark), live(stored[RIGHT], watermark)
+        if add is None and len(left) == len(stored[LEFT]) and len(right) == len(stored[RIGHT]):
             return None
+        kept = [left, right]
         if add is not None:
             kept[add[0]].append(add[1])
         if not kept[0] and not kept[1]:

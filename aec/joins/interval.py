@@ -171,8 +171,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
     def open(self, ctx: RuntimeContext) -> None:
         ctx.get_state(ValueStateDescriptor(self.layout_marker()))  # a name, never written
         state = ctx.get_state(MapStateDescriptor(BUFFER))
-        cleanup = (self.left_cleanup, self.right_cleanup)
-        self.buffer = JoinBuffer(state, self.bucket_width, cleanup)
+        self.buffer = JoinBuffer(state, self.bucket_width)
         self.late_records_dropped = 0
         self.joined = self._pair_function()
         if isinstance(self.process, ProcessJoinFunction):
@@ -226,23 +225,27 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         if is_left:
             side, other = LEFT, RIGHT
             low, high = timestamp + self.lower, timestamp + self.upper
+            cleanup = self.left_cleanup(timestamp)
         else:
             side, other = RIGHT, LEFT
             low, high = timestamp - self.upper, timestamp - self.lower
+            cleanup = self.right_cleanup(timestamp)
         buffer = self.buffer
-        ctx.timer_service.register_event_time_timer(buffer.cleanup_times[side](timestamp))
+        ctx.timer_service.register_event_time_timer(cleanup)
         own = buffer.bucket(timestamp)
         candidates = buffer.buckets(low, high)
+        # the other side's buckets first, then its own bucket unless it is one of them
+        mine = candidates.index(own) if own in candidates else len(candidates)
+        wanted = candidates if mine < len(candidates) else [*candidates, own]
         joined = self.joined
 
-        def pair(stored: dict[int, Any]) -> StateFuture | None:
-            matches = buffer.live(other, [stored[b] for b in candidates], watermark)
+        def pair(stored: list[Any]) -> StateFuture | None:
+            matches = buffer.side(stored[: len(candidates)], other, watermark)
             if matches:
                 joined(ctx, value, timestamp, matches, is_left)
-            entry = (timestamp, watermark, pack(value))
-            return buffer.write(own, stored[own], watermark, (side, entry))
+            entry = (timestamp, cleanup, watermark, pack(value))
+            return buffer.write(own, stored[mine], watermark, (side, entry))
 
-        wanted = candidates if own in candidates else [own, *candidates]
         return buffer.read(wanted).then_compose(pair)
 
     def _pair_function(self) -> Callable[[Context, Any, float, list[Entry], bool], None]:
@@ -268,7 +271,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                 matches = [e for e in candidates if inside(e[0], timestamp)]
             matches.sort(key=_BY_TIMESTAMP)  # stable: ties keep the other side's arrival order
             output = ctx.output
-            for other_timestamp, _, payload in matches:
+            for other_timestamp, _, _, payload in matches:
                 other = unpack(payload)
                 left, right = (value, other) if is_left else (other, value)
                 if plain:
@@ -293,8 +296,8 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         buffer = self.buffer
         wanted = sorted({*buffer.buckets(left_at, left_at), *buffer.buckets(right_at, right_at)})
 
-        def clean(stored: dict[int, Any]) -> StateFuture | None:
-            writes = [buffer.write(b, stored[b], watermark) for b in wanted]
+        def clean(stored: list[Any]) -> StateFuture | None:
+            writes = [buffer.write(b, s, watermark) for b, s in zip(wanted, stored, strict=True)]
             done = [w for w in writes if w is not None]
             return combine_all(done) if done else None
 
