@@ -353,16 +353,19 @@ def test_a_point_interval_and_real_valued_bounds():
     assert values(run_keyed_co(source, open_below).outputs) == ["r1"]  # 1.25 + 0.25 is out
 
 
-def test_a_checkpoint_of_another_bucket_width_is_refused(tmp_path):
+def test_a_checkpoint_of_a_join_with_other_bounds_is_refused(tmp_path):
     operator = KeyedCoProcessOperator(joined(-1, 1), MemoryBackend())
     operator.process1(Record("k", 1, 1))
     handle = operator.snapshot(1, tmp_path)
-    other = KeyedCoProcessOperator(joined(-5, 5), MemoryBackend())
-    with pytest.raises(ValueError, match="buckets of 2.0 s"):
-        other.restore(handle)
-    same_width = KeyedCoProcessOperator(joined(0, 2), MemoryBackend())
-    same_width.restore(handle)  # other bounds of the same width restore
-    same_width.close()
+    for lower, upper in ((-5, 5), (0, 2)):
+        other = KeyedCoProcessOperator(joined(lower, upper), MemoryBackend())
+        with pytest.raises(ValueError, match=r"has bounds \[-1.0, 1.0\]"):
+            other.restore(handle)
+    exclusive = KeyedCoProcessOperator(joined(-1, 1, False, False), MemoryBackend())
+    exclusive.restore(handle)  # inclusiveness does not place records: it restores
+    exclusive.process2(Record("k", "r", 1.5))
+    exclusive.finish()
+    assert values(exclusive.drain_outputs()) == [pair(1, "r")]
 
 
 # -- the property: the join equals a brute-force model of Flink's semantics --------------------

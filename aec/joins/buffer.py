@@ -3,13 +3,15 @@
 Flink's interval join keeps a ``MapState<timestamp, List<entry>>`` per side and
 reads the whole other buffer for every record (``otherBuffer.asyncEntries()``,
 then a bounds check per timestamp), so a record's cost grows with the buffer.
-Here one MapState maps a *bucket* (``floor(timestamp / width)``, ``width`` the
-interval's length) to the entries of both sides whose timestamps fall in it
-(``(left entries, right entries)``, each list in arrival order). The records that
-can pair with a new record lie in the one or two buckets its interval covers, so
-it reads those (point gets in one batch) and never the rest; its own bucket is
-usually one of them (whenever the interval contains 0), so a record costs two
-reads and one write.
+Here one MapState maps a *bucket* (``floor(cleanup time / width)``, ``width`` the
+interval's length) to the entries of both sides whose cleanup times fall in it
+(``(left entries, right entries)``, each list in arrival order). A side's cleanup
+time is its timestamp plus a constant, so the records that can pair with a new
+record (an interval of timestamps) lie in the one or two buckets of their cleanup
+times: the record reads those (point gets in one batch) and never the rest, and its
+own bucket is always one of them, so a record costs at most two reads and one
+write. A cleanup timer fires at the cleanup time of the records it removes, which
+all lie in one bucket: one read and at most one write.
 
 An entry is ``(timestamp, cleanup time, watermark, payload)``: ``watermark`` is the
 operator's watermark when the record arrived, ``payload`` the record's value pickled once

@@ -30,11 +30,12 @@ from typing import Any
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
 from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, pack, unpack
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
-from aec.state.future import StateFuture, combine_all
+from aec.state.future import StateFuture
 
 BUFFER = "interval-join.buffer"  # MapState: bucket -> (left entries, right entries)
-_LAYOUT = "interval-join.bucket-width="  # + the width: a state name marking the layout
+_LAYOUT = "interval-join.bounds="  # + [lower, upper]: a state name marking the layout
 _BY_TIMESTAMP = itemgetter(0)
+_CLEANED_KEYS = 65_536  # keys whose last cleaned bucket is remembered (a hint; cleared when full)
 
 
 class ProcessJoinFunction:
@@ -164,9 +165,10 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         return timestamp - self.lower if self.lower < 0 else timestamp
 
     def layout_marker(self) -> str:
-        """A state name naming the bucket width, so a restore into a join whose
-        buckets differ is refused (``check_restore``)."""
-        return f"{_LAYOUT}{self.bucket_width!r}"
+        """A state name naming the bounds, which place the entries in their buckets (the
+        width and the cleanup times), so a restore into a join with other bounds is
+        refused (``check_restore``)."""
+        return f"{_LAYOUT}[{self.lower!r}, {self.upper!r}]"
 
     def open(self, ctx: RuntimeContext) -> None:
         ctx.get_state(ValueStateDescriptor(self.layout_marker()))  # a name, never written
@@ -174,6 +176,9 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         self.buffer = JoinBuffer(state, self.bucket_width)
         self.late_records_dropped = 0
         self.joined = self._pair_function()
+        # key -> (bucket, watermark) its cleanup timers last cleaned: later timers of the
+        # same bucket and firing skip the read (a hint only: a miss reads, as after a restore)
+        self._cleaned: dict[Any, tuple[int, float]] = {}
         if isinstance(self.process, ProcessJoinFunction):
             self.process.open(ctx)
 
@@ -184,14 +189,14 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
     def check_restore(self, state_names: list[str]) -> None:
         """Called by the operator's ``restore`` with the checkpoint's state names.
 
-        Raises ValueError: the checkpoint's buffers use another bucket width.
+        Raises ValueError: the checkpoint's join had other bounds.
         """
         theirs = [n for n in state_names if n.startswith(_LAYOUT)]
         if theirs and theirs != [self.layout_marker()]:
             raise ValueError(
-                f"the checkpoint's interval-join buffers have buckets of "
-                f"{theirs[0][len(_LAYOUT) :]} s, this join {self.bucket_width!r} s "
-                "(upper - lower): its buffered records would not be found"
+                f"the checkpoint's interval join has bounds {theirs[0][len(_LAYOUT) :]}, this "
+                f"one [{self.lower!r}, {self.upper!r}]: the bounds place the buffered records in "
+                "their buckets, so they would not be found"
             )
 
     def metric_counters(self) -> dict[str, int]:
@@ -222,17 +227,22 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             else:
                 ctx.side_output(tag, value)
             return None
+        # entries sit in the bucket of their cleanup time (aec.joins.buffer): the partners'
+        # timestamps lie in [low, high], so their cleanup times in [low, high] + shift
+        lower, upper = self.lower, self.upper
         if is_left:
             side, other = LEFT, RIGHT
-            low, high = timestamp + self.lower, timestamp + self.upper
             cleanup = self.left_cleanup(timestamp)
+            shift = -lower if lower < 0 else 0.0  # a right entry's cleanup - its timestamp
+            low, high = timestamp + lower + shift, timestamp + upper + shift
         else:
             side, other = RIGHT, LEFT
-            low, high = timestamp - self.upper, timestamp - self.lower
             cleanup = self.right_cleanup(timestamp)
+            shift = upper if upper > 0 else 0.0  # a left entry's cleanup - its timestamp
+            low, high = timestamp - upper + shift, timestamp - lower + shift
         buffer = self.buffer
         ctx.timer_service.register_event_time_timer(cleanup)
-        own = buffer.bucket(timestamp)
+        own = buffer.bucket(cleanup)
         candidates = buffer.buckets(low, high)
         # the other side's buckets first, then its own bucket unless it is one of them
         mine = candidates.index(own) if own in candidates else len(candidates)
@@ -286,19 +296,25 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         return joined
 
     # -- cleanup -----------------------------------------------------------------------------
-    def on_timer(self, timestamp: float, ctx: Context) -> StateFuture:
-        """A cleanup time: drop the entries dead at the firing watermark from the buckets
-        of the records (of either side) whose cleanup time this is."""
+    def on_timer(self, timestamp: float, ctx: Context) -> StateFuture | None:
+        """A cleanup time: the records (of either side) whose cleanup time this is are in
+        one bucket (the timer's timestamp is their cleanup time, computed alike): drop
+        its entries dead at the firing watermark."""
         watermark = ctx.timer_service.current_watermark()
-        upper, lower = self.upper, self.lower
-        left_at = timestamp - upper if upper > 0 else timestamp
-        right_at = timestamp + lower if lower < 0 else timestamp
         buffer = self.buffer
-        wanted = sorted({*buffer.buckets(left_at, left_at), *buffer.buckets(right_at, right_at)})
+        bucket = buffer.bucket(timestamp)
+        key = ctx.current_key
+        cleaned = self._cleaned
+        if cleaned.get(key) == (bucket, watermark):
+            # this firing already cleaned this bucket: nothing in it is dead at this
+            # watermark, and no record can add a dead entry before the next one (records
+            # that arrived before it finished before its timers fired)
+            return None
+        if len(cleaned) >= _CLEANED_KEYS:
+            cleaned.clear()
 
-        def clean(stored: list[Any]) -> StateFuture | None:
-            writes = [buffer.write(b, s, watermark) for b, s in zip(wanted, stored, strict=True)]
-            done = [w for w in writes if w is not None]
-            return combine_all(done) if done else None
+        def clean(stored: Any) -> StateFuture | None:
+            cleaned[key] = (bucket, watermark)
+            return buffer.write(bucket, stored, watermark)
 
-        return buffer.read(wanted).then_compose(clean)
+        return buffer.state.async_get(bucket).then_compose(clean)
