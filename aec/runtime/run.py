@@ -86,12 +86,7 @@ def run_keyed(
         operator.finish()
     finally:
         operator.close()
-    return RunResult(
-        operator.drain_outputs(),
-        operator.drain_side_outputs(),
-        operator.metrics,
-        operator.state_names,
-    )
+    return _result(operator)
 
 
 def run_keyed_co(
@@ -129,6 +124,11 @@ def run_keyed_co(
         operator.finish()
     finally:
         operator.close()
+    return _result(operator)
+
+
+def _result(operator: KeyedProcessOperator) -> RunResult:
+    """What a finished (and closed) operator produced."""
     return RunResult(
         operator.drain_outputs(),
         operator.drain_side_outputs(),

@@ -72,16 +72,7 @@ def keyed_streams(
         ValueError: for an empty ``keys``, negative sizes or values, or
             ``min_size > max_size``.
     """
-    keys = tuple(keys)
-    if not keys:
-        raise ValueError("keyed_streams needs at least one key")
-    if min_size < 0 or max_size < min_size:
-        raise ValueError(f"need 0 <= min_size <= max_size, got {min_size}, {max_size}")
-    if max_value < 0:
-        raise ValueError(f"max_value must be >= 0, got {max_value}")
-    step = max(1, max_value // 3 + 2) if max_watermark_step is None else max_watermark_step
-    if step < 0:
-        raise ValueError(f"max_watermark_step must be >= 0, got {step}")
+    keys, step = _checked("keyed_streams", keys, min_size, max_size, max_value, max_watermark_step)
     # (kind, key, value, watermark step): kind 0..4 is a record, 5 a watermark, so
     # shrinking turns watermarks into records before removing elements.
     element = st.tuples(
@@ -91,6 +82,24 @@ def keyed_streams(
         st.integers(0, step),
     )
     return _streams(st.lists(element, min_size=min_size, max_size=max_size))
+
+
+def _checked(
+    name: str, keys: Sequence[Any], min_size: int, max_size: int, max_value: int,
+    max_watermark_step: int | None,
+) -> tuple[tuple[Any, ...], int]:  # fmt: skip
+    """The keys as a tuple and the watermark step, after the checks both strategies make."""
+    keys = tuple(keys)
+    if not keys:
+        raise ValueError(f"{name} needs at least one key")
+    if min_size < 0 or max_size < min_size:
+        raise ValueError(f"need 0 <= min_size <= max_size, got {min_size}, {max_size}")
+    if max_value < 0:
+        raise ValueError(f"max_value must be >= 0, got {max_value}")
+    step = max(1, max_value // 3 + 2) if max_watermark_step is None else max_watermark_step
+    if step < 0:
+        raise ValueError(f"max_watermark_step must be >= 0, got {step}")
+    return keys, step
 
 
 @st.composite
@@ -124,16 +133,9 @@ def co_keyed_streams(
 
     Raises ValueError as ``keyed_streams``.
     """
-    keys = tuple(keys)
-    if not keys:
-        raise ValueError("co_keyed_streams needs at least one key")
-    if min_size < 0 or max_size < min_size:
-        raise ValueError(f"need 0 <= min_size <= max_size, got {min_size}, {max_size}")
-    if max_value < 0:
-        raise ValueError(f"max_value must be >= 0, got {max_value}")
-    step = max(1, max_value // 3 + 2) if max_watermark_step is None else max_watermark_step
-    if step < 0:
-        raise ValueError(f"max_watermark_step must be >= 0, got {step}")
+    keys, step = _checked(
+        "co_keyed_streams", keys, min_size, max_size, max_value, max_watermark_step
+    )
     element = st.tuples(
         st.integers(0, 5 if watermarks else 0),
         st.sampled_from((1, 2)),
