@@ -141,6 +141,10 @@ class JoinBuffer:
         kept = [left, right]
         if add is not None:
             kept[add[0]].append(add[1])
-        if not kept[0] and not kept[1]:
+        return self.store(bucket, kept[0], kept[1])
+
+    def store(self, bucket: int, left: list[Entry], right: list[Entry]) -> StateFuture:
+        """Write ``bucket`` as ``(left, right)`` (a remove when both are empty)."""
+        if not left and not right:
             return self.state.async_remove(bucket)
-        return self.state.async_put(bucket, (kept[0], kept[1]))
+        return self.state.async_put(bucket, (left, right))

@@ -29,6 +29,7 @@ from typing import Any
 
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
 from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, pack, unpack
+from aec.joins.bundle import JoinBundle
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aec.state.future import StateFuture
 
@@ -140,6 +141,19 @@ def _check_bound(name: str, bound: Any) -> None:
         raise ValueError(f"interval bound {name} must be finite, got {bound!r}")
 
 
+class Plan:
+    """A record's place (``IntervalJoinFunction.plan``): its side, cleanup time, own
+    bucket and the buckets its partners may be in."""
+
+    __slots__ = ("is_left", "cleanup", "own", "candidates")
+
+    def __init__(self, is_left: bool, cleanup: float, own: int, candidates: range) -> None:
+        self.is_left = is_left
+        self.cleanup = cleanup
+        self.own = own
+        self.candidates = candidates
+
+
 class IntervalJoinFunction(KeyedCoProcessFunction):
     """The function ``interval_join`` returns (arguments as there, checked there)."""
 
@@ -227,23 +241,11 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             else:
                 ctx.side_output(tag, value)
             return None
-        # entries sit in the bucket of their cleanup time (aec.joins.buffer): the partners'
-        # timestamps lie in [low, high], so their cleanup times in [low, high] + shift
-        lower, upper = self.lower, self.upper
-        if is_left:
-            side, other = LEFT, RIGHT
-            cleanup = self.left_cleanup(timestamp)
-            shift = -lower if lower < 0 else 0.0  # a right entry's cleanup - its timestamp
-            low, high = timestamp + lower + shift, timestamp + upper + shift
-        else:
-            side, other = RIGHT, LEFT
-            cleanup = self.right_cleanup(timestamp)
-            shift = upper if upper > 0 else 0.0  # a left entry's cleanup - its timestamp
-            low, high = timestamp - upper + shift, timestamp - lower + shift
-        buffer = self.buffer
-        ctx.timer_service.register_event_time_timer(cleanup)
-        own = buffer.bucket(cleanup)
-        candidates = buffer.buckets(low, high)
+        plan = self.plan(is_left, timestamp)
+        ctx.timer_service.register_event_time_timer(plan.cleanup)
+        buffer, own, candidates = self.buffer, plan.own, plan.candidates
+        side, other = (LEFT, RIGHT) if is_left else (RIGHT, LEFT)
+        cleanup = plan.cleanup
         # the other side's buckets first, then its own bucket unless it is one of them
         mine = candidates.index(own) if own in candidates else len(candidates)
         wanted = candidates if mine < len(candidates) else [*candidates, own]
@@ -257,6 +259,27 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             return buffer.write(own, stored[mine], watermark, (side, entry))
 
         return buffer.read(wanted).then_compose(pair)
+
+    def plan(self, is_left: bool, timestamp: float) -> Plan:
+        """Where a record of timestamp ``timestamp`` goes and what it reads: entries sit
+        in the bucket of their cleanup time (``aec.joins.buffer``); its partners'
+        timestamps lie in its interval, so their cleanup times in the interval shifted
+        by their side's ``cleanup - timestamp``."""
+        lower, upper = self.lower, self.upper
+        if is_left:
+            cleanup = self.left_cleanup(timestamp)
+            shift = -lower if lower < 0 else 0.0  # a right entry's cleanup - its timestamp
+            low, high = timestamp + lower + shift, timestamp + upper + shift
+        else:
+            cleanup = self.right_cleanup(timestamp)
+            shift = upper if upper > 0 else 0.0  # a left entry's cleanup - its timestamp
+            low, high = timestamp - upper + shift, timestamp - lower + shift
+        buffer = self.buffer
+        return Plan(is_left, cleanup, buffer.bucket(cleanup), buffer.buckets(low, high))
+
+    def open_co_bundle(self) -> JoinBundle:
+        """The mini-batch of on-time records (``aec.joins.bundle``), for the operator."""
+        return JoinBundle(self)
 
     def _pair_function(self) -> Callable[[Context, Any, float, list[Entry], bool], None]:
         """``fn(ctx, value, timestamp, candidates, is_left)``: emit the record's pairs with

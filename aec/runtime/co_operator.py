@@ -13,7 +13,10 @@ is its own:
   ``AbstractStreamOperator.processWatermark1/2`` with ``combinedWatermark``;
 - checkpoints carry both inputs' watermarks (``OperatorState.input_watermarks``);
   a restore from several checkpoints takes, per input, the minimum
-  (``aec.runtime.operator_rescale``).
+  (``aec.runtime.operator_rescale``);
+- a function's mini-batch (``open_co_bundle()``: ``aec.runtime.bundle``, with
+  ``offer_input(input, key, value, timestamp, watermark)`` in place of ``offer``) is
+  offered each record with its input; the operator's bundling does the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from aec.elements import Record, Watermark, check_timestamp
 from aec.errors import describe
 from aec.functions import KeyedCoProcessFunction
 from aec.keygroups import KeyGroupRange
+from aec.runtime.bundle import BundleContext, bundles
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
 from aec.runtime.record_context import RecordContext
@@ -72,6 +76,16 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         super().__init__(base, backend, config, executor, clock, key_group_range=key_group_range)
         self._entries = (function.process_element1, function.process_element2)
         self._input_watermarks = [-math.inf, -math.inf]  # last watermark of each input
+        self.offering = 0  # the input of the record being offered to the bundle
+
+    def open(self) -> None:
+        """``KeyedProcessOperator.open``; then the function's two-input bundle, if any."""
+        fresh = self._state == "new"
+        super().open()
+        make_bundle = getattr(self.function, "open_co_bundle", None)
+        if fresh and make_bundle is not None and bundles(self.config):
+            bundle: Any = _InputBundle(make_bundle(), self)  # a Bundle, its size a property
+            self._bundle = bundle
 
     # -- input ---------------------------------------------------------------------------------
     def process1(self, record: Record) -> None:
@@ -109,6 +123,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         Spark glue's per-row call). Raises ValueError for another input number."""
         if input != 1 and input != 2:
             raise ValueError(f"a KeyedCoProcessOperator has inputs 1 and 2, got {input!r}")
+        self.offering = input
         super().process_fields(key, value, timestamp, input)
 
     def process(self, record: Record) -> None:
@@ -180,7 +195,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
 
     # -- engine hooks --------------------------------------------------------------------------
     def _run_entry(self, context: RecordContext) -> None:
-        if context.timer is not None:
+        if context.timer is not None or type(context) is not RecordContext:  # a bundle's fold
             super()._run_entry(context)
             return
         result = self._entries[context.input - 1](context.value, self.context)
@@ -195,6 +210,35 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
     def _apply_restored(self, state: OperatorState) -> None:
         super()._apply_restored(state)
         self._input_watermarks = list(state.input_watermarks or (-math.inf, -math.inf))
+
+
+class _InputBundle:
+    """The function's two-input bundle seen as an ``aec.runtime.bundle.Bundle``: the
+    operator's ``offer`` passes on the input of the record it offers."""
+
+    __slots__ = ("inner", "operator")
+
+    def __init__(self, inner: Any, operator: KeyedCoProcessOperator) -> None:
+        self.inner = inner
+        self.operator = operator
+
+    @property
+    def size(self) -> int:
+        size: int = self.inner.size
+        return size
+
+    def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
+        offered: bool = self.inner.offer_input(
+            self.operator.offering, key, value, timestamp, watermark
+        )
+        return offered
+
+    def take(self, watermark: float) -> list[tuple[Any, Any, int]]:
+        taken: list[tuple[Any, Any, int]] = self.inner.take(watermark)
+        return taken
+
+    def fold(self, share: Any, context: BundleContext, ctx: Any) -> None:
+        self.inner.fold(share, context, ctx)
 
 
 def co_element(item: Any, position: int) -> tuple[int, Record | Watermark]:
