@@ -455,3 +455,38 @@ def test_the_join_equals_a_brute_force_model(case, name):
     assert got == pairs
     assert sorted(result.side_outputs.get("left", [])) == sorted(late[1])
     assert sorted(result.side_outputs.get("right", [])) == sorted(late[2])
+
+
+# -- mini-batches (aec.joins.bundle) ------------------------------------------------------------
+def _busy_source(keys=5, seconds=40):
+    source = []
+    for t in range(seconds):
+        for key in range(keys):
+            source += [(1, Record(key, ("l", t), float(t))), (2, Record(key, ("r", t), t + 0.5))]
+        if t % 10 == 9:
+            source += [(1, Watermark(t - 3.0)), (2, Watermark(t - 3.0))]
+    return source
+
+
+def test_bundled_records_give_the_per_record_answer_with_fewer_requests():
+    source = _busy_source()
+    function = lambda: interval_join(-2, 1, lambda left, right: (left, right))  # noqa: E731
+    bundled = run_keyed_co(source, function(), config=AecConfig())  # async, serial: bundles
+    alone = run_keyed_co(source, function(), config=AecConfig(async_state=False))
+    per_key = lambda result: sorted(map(repr, values(result.outputs)))  # noqa: E731
+    assert per_key(bundled) == per_key(alone) and len(values(bundled.outputs)) > 400
+    records = len([e for _, e in source if isinstance(e, Record)])
+    assert bundled.metrics["requests"] < alone.metrics["requests"] / 2
+    assert alone.metrics["requests"] > 2 * records  # record by record: reads and a write each
+
+
+def test_a_failure_inside_a_mini_batch_names_the_record():
+    def process(left, right):
+        if left == ("l", 7):
+            raise RuntimeError("bad pair")
+        return (left, right)
+
+    with pytest.raises(JobFailure, match="bad pair") as failure:
+        run_keyed_co(_busy_source(keys=2, seconds=12), interval_join(-2, 1, process))
+    assert failure.value.record == ("l", 7) and failure.value.key in (0, 1)
+    assert isinstance(failure.value.__cause__, RuntimeError)
