@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
-from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, pack, unpack
+from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, live, pack, unpack
 from aec.joins.bundle import JoinBundle
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aec.state.future import StateFuture
@@ -36,7 +36,6 @@ from aec.state.future import StateFuture
 BUFFER = "interval-join.buffer"  # MapState: bucket -> (left entries, right entries)
 _LAYOUT = "interval-join.bounds="  # + [lower, upper]: a state name marking the layout
 _BY_TIMESTAMP = itemgetter(0)
-_CLEANED_KEYS = 65_536  # keys whose last cleaned bucket is remembered (a hint; cleared when full)
 
 
 class ProcessJoinFunction:
@@ -190,9 +189,6 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         self.buffer = JoinBuffer(state, self.bucket_width)
         self.late_records_dropped = 0
         self.joined = self._pair_function()
-        # key -> (bucket, watermark) its cleanup timers last cleaned: later timers of the
-        # same bucket and firing skip the read (a hint only: a miss reads, as after a restore)
-        self._cleaned: dict[Any, tuple[int, float]] = {}
         if isinstance(self.process, ProcessJoinFunction):
             self.process.open(ctx)
 
@@ -319,25 +315,28 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         return joined
 
     # -- cleanup -----------------------------------------------------------------------------
-    def on_timer(self, timestamp: float, ctx: Context) -> StateFuture | None:
+    def on_timer(self, timestamp: float, ctx: Context) -> StateFuture:
         """A cleanup time: the records (of either side) whose cleanup time this is are in
         one bucket (the timer's timestamp is their cleanup time, computed alike): drop
-        its entries dead at the firing watermark."""
+        its entries dead at the firing watermark. They include every entry of the bucket
+        whose cleanup timer is due in this firing (its cleanup time is at or below the
+        watermark, it arrived before it), so those later timers are deleted: a bucket is
+        cleaned once per firing, its records removed at the advance their own timers
+        would have removed them."""
         watermark = ctx.timer_service.current_watermark()
         buffer = self.buffer
         bucket = buffer.bucket(timestamp)
-        key = ctx.current_key
-        cleaned = self._cleaned
-        if cleaned.get(key) == (bucket, watermark):
-            # this firing already cleaned this bucket: nothing in it is dead at this
-            # watermark, and no record can add a dead entry before the next one (records
-            # that arrived before it finished before its timers fired)
-            return None
-        if len(cleaned) >= _CLEANED_KEYS:
-            cleaned.clear()
+        timers = ctx.timer_service
 
         def clean(stored: Any) -> StateFuture | None:
-            cleaned[key] = (bucket, watermark)
-            return buffer.write(bucket, stored, watermark)
+            if stored is None:
+                return None
+            write = buffer.write(bucket, stored, watermark)
+            if write is not None:
+                kept = {e[1] for side in stored for e in live(side, watermark)}
+                gone = {e[1] for side in stored for e in side} - kept - {timestamp}
+                for due in sorted(gone):  # a time a kept entry shares keeps its timer
+                    timers.delete_event_time_timer(due)
+            return write
 
         return buffer.state.async_get(bucket).then_compose(clean)
