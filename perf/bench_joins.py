@@ -5,9 +5,9 @@ Each figure is a ratio of two variants timed side by side in interleaved rounds
 
 * ``buffer``: the interval join's cost per record with ``--buffered`` (1,000) entries
   buffered per key vs 10: every key gets a left and a right record per second
-  (``joins_data.steady_rows``), interval [-1, 1] s, and the watermark trails the newest
-  time by ``buffered / 2`` seconds, so each key's buffer holds that many entries of
-  each side that no new record can pair with. Flink's operator reads the whole other
+  (``joins_data.steady_rows``), interval [-5, 5] s, and the watermark trails the newest
+  time by ``buffered / 2`` seconds, so each key's buffer holds about that many entries
+  (both sides), most of which no new record can pair with. Flink's operator reads the whole other
   buffer per record (linear); aec reads the buckets of the interval. CPU seconds, async
   on Memory. Goal: <= 1.3x.
 * ``latency``: async / sync records/s on ``LatencyBackend(MemoryBackend(), 1 ms)`` for the
