@@ -490,3 +490,12 @@ def test_a_failure_inside_a_mini_batch_names_the_record():
         run_keyed_co(_busy_source(keys=2, seconds=12), interval_join(-2, 1, process))
     assert failure.value.record == ("l", 7) and failure.value.key in (0, 1)
     assert isinstance(failure.value.__cause__, RuntimeError)
+
+
+def test_values_that_cannot_be_pickled_join_on_memory_state(config):
+    import threading
+
+    lock = threading.Lock()  # no pickle for it: kept as it is in the buffers
+    source = [(1, Record("k", lock, 1.0)), (2, Record("k", "r", 1.5)), (2, Record("k", lock, 0.5))]
+    result = run_keyed_co(source, joined(-1, 1), config=config)
+    assert values(result.outputs) == [pair(lock, "r"), pair(lock, lock)]

@@ -13,14 +13,17 @@ own bucket is always one of them, so a record costs at most two reads and one
 write. A cleanup timer fires at the cleanup time of the records it removes, which
 all lie in one bucket: one read and at most one write.
 
-An entry is ``(timestamp, cleanup time, watermark, payload)``: ``watermark`` is the
-operator's watermark when the record arrived, ``payload`` the record's value pickled once
-(``pack``): a bucket is rewritten whenever a record joins it or leaves it, and a
-backend that pickles state (RocksDB, SlateDB, Redis) would otherwise pickle every
-value of the bucket again each time (on the flights job that was most of a
-record's cost); only the values of matched pairs are unpickled. A value that
-cannot be pickled is held as it is (``Held``), which only an in-memory backend can
-store.
+An entry is ``(timestamp, cleanup time, watermark, value)``: ``watermark`` is the
+operator's watermark when the record arrived. Record by record (``entry(...,
+packed=True)``) the value is pickled once, a fifth element marking it: each record
+rewrites its bucket, and a backend that pickles state (RocksDB, SlateDB, Redis) would
+otherwise pickle every value of the bucket again each time (on the flights join that
+was most of a RocksDB record's cost); only matched values are unpickled
+(``value_of``). In mini-batches (``aec.joins.bundle``) a bucket is written once per
+fold, and the value is kept as it is: pickling it too cost more than it saved, on
+RocksDB and on MemoryBackend. A value that cannot be pickled is kept as it is either
+way (only an in-memory backend can store it). Both forms read alike, so a checkpoint
+of either mode restores into the other.
 
 An entry is *dead* for code that sees watermark ``w`` when its cleanup time is
 ``<= w`` and ``w`` is above the watermark it arrived with: then a watermark advance
@@ -41,36 +44,32 @@ from typing import Any
 from aec.state.future import StateFuture, combine_all
 from aec.state.handles import MapState
 
-Entry = tuple[float, float, float, Any]  # (timestamp, cleanup time, arrival watermark, payload)
+# (timestamp, cleanup time, arrival watermark, value) or, pickled, (..., pickled value, True)
+Entry = tuple[Any, ...]
 Bucket = tuple[list[Entry], list[Entry]]  # (left entries, right entries), arrival order
 LEFT, RIGHT = 0, 1
 _MARGIN = 1e-12  # relative: a bucket range widened by this much at each end
 
 
-class Held:
-    """A value that could not be pickled, stored as it is (an in-memory backend keeps
-    it; a serializing backend fails on it as it would on any such state)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __reduce__(self) -> Any:  # the backend's own error then names the value's type
-        raise TypeError(f"cannot pickle {type(self.value).__name__!r} object: {self.value!r}")
-
-
-def pack(value: Any) -> Any:
-    """A record's value as stored in an entry: pickled once, or ``Held``."""
-    try:
-        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # pickle raises many types (TypeError, PicklingError, AttributeError)
-        return Held(value)
+def entry(timestamp: float, cleanup: float, watermark: float, value: Any, packed: bool) -> Entry:
+    """A record's entry; ``packed``: its value pickled (unless it cannot be)."""
+    if packed:
+        try:
+            return (
+                timestamp,
+                cleanup,
+                watermark,
+                pickle.dumps(value, pickle.HIGHEST_PROTOCOL),
+                True,
+            )
+        except Exception:  # pickle raises many types (TypeError, PicklingError, AttributeError)
+            pass
+    return (timestamp, cleanup, watermark, value)
 
 
-def unpack(payload: Any) -> Any:
-    """The value ``pack`` stored."""
-    return pickle.loads(payload) if type(payload) is bytes else payload.value
+def value_of(stored: Entry) -> Any:
+    """The record's value of an entry (unpickled if ``entry`` pickled it)."""
+    return pickle.loads(stored[3]) if len(stored) > 4 else stored[3]
 
 
 def live(entries: list[Entry], watermark: float) -> list[Entry]:

@@ -32,10 +32,10 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, live, pack
+from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, entry, live
 from aec.runtime.bundle import BundleContext
 
-Held = tuple[int, Any, float, float]  # (input, value, timestamp, arrival watermark)
+Record = tuple[int, Any, float, float]  # (input, value, timestamp, arrival watermark)
 
 
 class _Join(Protocol):
@@ -54,7 +54,7 @@ class JoinBundle:
     def __init__(self, join: _Join) -> None:
         self.join = join
         self.size = 0
-        self._held: dict[Any, list[Held]] = {}
+        self._held: dict[Any, list[Record]] = {}
 
     def offer_input(
         self, input: int, key: Any, value: Any, timestamp: Any, watermark: float
@@ -77,7 +77,7 @@ class JoinBundle:
         held, self._held, self.size = self._held, {}, 0
         return [(key, records, len(records)) for key, records in held.items()]
 
-    def fold(self, share: list[Held], context: BundleContext, ctx: Any) -> None:
+    def fold(self, share: list[Record], context: BundleContext, ctx: Any) -> None:
         """Join one key's held records (``share``) as the entry of ``context``."""
         join = self.join
         buffer = join.buffer
@@ -116,11 +116,11 @@ class JoinBundle:
                 try:
                     if matches:
                         pairs(ctx, value, timestamp, matches, plan.is_left)
-                    entry = (timestamp, plan.cleanup, watermark, pack(value))
                 except BaseException:
                     context.value = value  # the failure names this record
                     raise
-                buckets[plan.own][LEFT if plan.is_left else RIGHT].append(entry)
+                added = entry(timestamp, plan.cleanup, watermark, value, False)
+                buckets[plan.own][LEFT if plan.is_left else RIGHT].append(added)
                 written.add(plan.own)
             for bucket in sorted(written):
                 buffer.store(bucket, *buckets[bucket])

@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
-from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, live, pack, unpack
+from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, entry, live, value_of
 from aec.joins.bundle import JoinBundle
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aec.state.future import StateFuture
@@ -251,8 +251,8 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             matches = buffer.side(stored[: len(candidates)], other, watermark)
             if matches:
                 joined(ctx, value, timestamp, matches, is_left)
-            entry = (timestamp, cleanup, watermark, pack(value))
-            return buffer.write(own, stored[mine], watermark, (side, entry))
+            added = entry(timestamp, cleanup, watermark, value, True)
+            return buffer.write(own, stored[mine], watermark, (side, added))
 
         return buffer.read(wanted).then_compose(pair)
 
@@ -300,8 +300,8 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
                 matches = [e for e in candidates if inside(e[0], timestamp)]
             matches.sort(key=_BY_TIMESTAMP)  # stable: ties keep the other side's arrival order
             output = ctx.output
-            for other_timestamp, _, _, payload in matches:
-                other = unpack(payload)
+            for stored in matches:
+                other_timestamp, other = stored[0], value_of(stored)
                 left, right = (value, other) if is_left else (other, value)
                 if plain:
                     output(process(left, right))
