@@ -334,7 +334,7 @@ def test_processing_time_timers_survive_restore(config, tmp_path):
     clock = ManualClock(clock.now())
     second = KeyedProcessOperator(Reminders(), MemoryBackend(), config, clock=clock)
     second.restore(handle)
-    assert len(second.processing_timers) > 0
+    assert len(second.timers.processing) > 0
     run(after, clock, second)
     second.finish()
     got += second.drain_outputs()
@@ -446,8 +446,8 @@ def live_backend() -> MemoryBackend:
 
 def assert_untouched(operator: KeyedProcessOperator, backend: MemoryBackend) -> None:
     assert backend.state_items("count") == {"z": 1}
-    assert operator._state == "new" and len(operator.event_timers) == 0
-    assert operator._watermark == float("-inf")
+    assert operator.status == "new" and len(operator.timers.event) == 0
+    assert operator.watermark == float("-inf")
 
 
 @pytest.mark.parametrize("name", ["backend/memory-state.pickle", "timers.pickle", "operator.json"])
@@ -496,7 +496,7 @@ def test_missing_truncated_and_unlisted_files_are_named(tmp_path):
         operator.restore(handle)
     os.remove(os.path.join(handle.path, "backend", "extra"))
     operator.restore(handle)  # intact again
-    assert len(operator.event_timers) == 3
+    assert len(operator.timers.event) == 3
 
 
 def test_restore_rejects_bad_handles_and_late_calls(tmp_path):

@@ -57,6 +57,18 @@ class TaskHandle:
         if self._task is not None:
             self._task.cancel()
 
+    def start(self, coro: Coroutine[Any, Any, Any], future: Any) -> None:
+        """On the loop thread: run ``coro`` as a task delivering to ``future``, unless
+        it was cancelled before it started (then it never runs)."""
+        if self._cancelled:
+            coro.close()
+            future.complete_exceptionally(asyncio.CancelledError())
+            return
+        task = asyncio.get_running_loop().create_task(_deliver(coro, future))
+        # a task cancelled before its first step never awaits coro: close it quietly
+        task.add_done_callback(lambda _: coro.close())
+        self._task = task
+
 
 class EventLoopThread:
     """One event loop on one daemon thread, owned by one operator.
@@ -138,18 +150,8 @@ class EventLoopThread:
         self._wake_pending = False
         inbox = self._inbox
         while inbox:
-            self._start_task(*inbox.popleft())
-
-    @staticmethod
-    def _start_task(handle: TaskHandle, coro: Coroutine[Any, Any, Any], future: Any) -> None:
-        if handle._cancelled:  # cancelled before it started: never run it
-            coro.close()
-            future.complete_exceptionally(asyncio.CancelledError())
-            return
-        task = asyncio.get_running_loop().create_task(_deliver(coro, future))
-        # a task cancelled before its first step never awaits coro: close it quietly
-        task.add_done_callback(lambda _: coro.close())
-        handle._task = task
+            handle, coro, future = inbox.popleft()
+            handle.start(coro, future)
 
     async def _shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
         current = asyncio.current_task()

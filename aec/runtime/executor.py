@@ -55,6 +55,10 @@ class StateExecutor:
     def submit(self, batch: Sequence[Any]) -> None:
         raise NotImplementedError
 
+    def completed(self) -> None:
+        """The AEC took the completion mail of a submitted batch."""
+        self.pending -= 1
+
     def run_now(self, batch: Sequence[Any]) -> bool:
         """Run a one-request ``batch`` on the mailbox thread at once, if this executor's
         policy allows it; True if it ran (no mail is posted: the AEC completes it).

@@ -29,6 +29,7 @@ from typing import Any
 from aec.errors import describe
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from aec.runtime.event_loop import EventLoopThread
+from aec.runtime.record_context import RecordContext
 from aec.state.future import _PENDING, StateFuture
 
 __all__ = ["CallCompletion", "CallFuture", "ExternalCalls"]
@@ -55,6 +56,16 @@ class CallFuture(StateFuture):
         """Complete with ``error`` (engine use; mailbox thread)."""
         self._error = error
         self.complete(None)
+
+    def settle(self, outcome: Callable[[], Any]) -> None:
+        """Complete with what ``outcome()`` returns, or fail with what it raises
+        (engine use: the synchronous mode runs the call to completion here)."""
+        try:
+            result = outcome()
+        except Exception as exc:
+            self.fail(exc)
+        else:
+            self.complete(result)
 
     def get(self) -> Any:
         if self._error is not None:
@@ -90,10 +101,11 @@ class CallCompletion:
     """The mail that hands a call's outcome to the mailbox thread; any thread may
     ``complete`` it (the loop thread does), the first outcome wins."""
 
-    __slots__ = ("future", "result", "error", "_mailbox", "_posted")
+    __slots__ = ("future", "record", "result", "error", "_mailbox", "_posted")
 
-    def __init__(self, future: CallFuture, mailbox: Any) -> None:
+    def __init__(self, future: CallFuture, record: RecordContext, mailbox: Any) -> None:
         self.future = future
+        self.record = record  # the calling record, which the call holds
         self.result: Any = None
         self.error: BaseException | None = None
         self._mailbox = mailbox
@@ -114,17 +126,13 @@ class CallCompletion:
     def run(self, controller: Any) -> None:
         """On the mailbox thread: complete the future, drop the call's reference."""
         controller.calls_in_flight -= 1
-        future = self.future
-        context = future._context
+        future, context = self.future, self.record
         controller.current = context
         if self.error is not None:
             future.fail(self.error)
         else:
             future.complete(self.result)
-        count = context.ref_count - 1
-        context.ref_count = count
-        if count == 0:
-            controller.on_context_finished(context)
+        context.release()
         controller.current = None
 
 
@@ -170,17 +178,12 @@ class ExternalCalls:
         future = CallFuture(context)
         coroutine = _call(fn, args, seconds, retry)
         if controller.synchronous:
-            try:
-                result = self._loop.run(coroutine)
-            except Exception as exc:
-                future._error = exc
-                future._result = None
-            else:
-                future._result = result
+            loop = self._loop
+            future.settle(lambda: loop.run(coroutine))
             return future
-        context.ref_count += 1  # the pending call, like a pending state request
+        context.retain()  # the pending call, like a pending state request
         controller.calls_in_flight += 1
-        self._loop.submit(coroutine, CallCompletion(future, controller.mailbox))
+        self._loop.submit(coroutine, CallCompletion(future, context, controller.mailbox))
         return future
 
     def close(self) -> None:

@@ -4,19 +4,34 @@ Invariants (all on the mailbox thread):
 - A future completes once. Callbacks registered while it is pending run when it
   completes, in registration order; registered on a completed future they run
   inline, at once.
-- Reference counting (DESIGN rule 3): a pending callback holds one reference on
-  the future's ``RecordContext`` from registration until it has run. The state
-  request behind a future holds its own reference (taken by the controller).
+- Reference counting (docs/semantics.md, rule 3): a pending callback holds one
+  reference on the future's ``context`` (a ``RecordContext``: +1 when it is
+  registered, ``release()`` after it ran). The state request behind a future
+  holds its own reference (taken by the controller).
 - An exception raised by a callback propagates to whoever completed the future:
   the engine's loop, which fails the job (rule 10). Futures never carry errors.
+
+The engine side of a future is ``complete``, ``subscribe`` and the ``context``
+attribute; the runtime reads nothing else of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 _PENDING = object()
+
+
+class Owner(Protocol):
+    """The record a future belongs to (the runtime's ``RecordContext``): a pending
+    callback keeps it unfinished (``ref_count`` + 1 when it is registered,
+    ``release()`` after it ran)."""
+
+    ref_count: int
+
+    def release(self) -> None:
+        """One thing less; at zero the record is finished."""
 
 
 class StateFuture:
@@ -27,12 +42,14 @@ class StateFuture:
     a new ``StateFuture`` bound to the same record context.
     """
 
-    __slots__ = ("_result", "_callbacks", "_context")
+    __slots__ = ("_result", "_callbacks", "context")
 
-    def __init__(self, context: Any = None) -> None:
-        self._result: Any = _PENDING
+    def __init__(self, context: Owner | None = None, result: Any = _PENDING) -> None:
+        self._result: Any = result  # _PENDING until completed
         self._callbacks: Any = None  # None, one callable, or a list of them
-        self._context = context  # the RecordContext whose reference count callbacks hold
+        # engine side: the record whose reference count pending callbacks hold (None
+        # for a future made outside a record until a coroutine awaits it: subscribe)
+        self.context = context
 
     # -- state -------------------------------------------------------------------------
     def is_done(self) -> bool:
@@ -64,22 +81,24 @@ class StateFuture:
         if callbacks is None:
             return
         self._callbacks = None
-        context = self._context
+        context = self.context
         if type(callbacks) is not list:  # one callback is stored bare: the common case
             callbacks(result)
             if context is not None:
-                count = context.ref_count - 1
-                context.ref_count = count
-                if count == 0:
-                    context.on_finished(context)
+                context.release()
             return
         for callback in callbacks:
             callback(result)
             if context is not None:
-                count = context.ref_count - 1
-                context.ref_count = count
-                if count == 0:
-                    context.on_finished(context)
+                context.release()
+
+    def subscribe(self, callback: Callable[[Any], None], context: Owner | None) -> None:
+        """Engine side (the coroutine driver): run ``callback(result)`` on completion,
+        holding a reference on the future's record; a future made outside a record
+        becomes ``context``'s (the record now waits for it). The future is pending."""
+        if self.context is None:
+            self.context = context
+        self._register(callback)
 
     def on_complete(self, callback: Callable[[Any], None]) -> None:
         """Run ``callback(result)`` on completion, inline if already complete."""
@@ -90,9 +109,9 @@ class StateFuture:
 
     def _register(self, callback: Callable[[Any], None]) -> None:
         """Add ``callback`` to this pending future, holding a context reference."""
-        context = self._context
+        context = self.context
         if context is not None:
-            context.ref_count += 1
+            context.ref_count += 1  # released after the callback ran (see _run)
         callbacks = self._callbacks
         if callbacks is None:
             self._callbacks = callback
@@ -105,8 +124,8 @@ class StateFuture:
     def then_apply(self, fn: Callable[[Any], Any]) -> StateFuture:
         """A future of ``fn(result)``."""
         if self._result is not _PENDING:
-            return _done(fn(self._result), self._context)
-        out = StateFuture(self._context)
+            return _done(fn(self._result), self.context)
+        out = StateFuture(self.context)
 
         def apply(r: Any) -> None:
             out.complete(fn(r))
@@ -118,8 +137,8 @@ class StateFuture:
         """Run ``fn(result)``; a future of None once it ran."""
         if self._result is not _PENDING:
             fn(self._result)
-            return _done(None, self._context)
-        out = StateFuture(self._context)
+            return _done(None, self.context)
+        out = StateFuture(self.context)
 
         def run(r: Any) -> None:
             fn(r)
@@ -134,17 +153,14 @@ class StateFuture:
         A plain (non-future) return value is taken as an already-complete result.
         """
         if self._result is not _PENDING:
-            return _as_future(fn(self._result), self._context)
-        out = StateFuture(self._context)
+            return _as_future(fn(self._result), self.context)
+        out = StateFuture(self.context)
 
         def forward(r: Any) -> None:
             value = fn(r)
             if type(value) is StateFuture or isinstance(value, StateFuture):
-                result = value._result
-                if result is _PENDING:
-                    value._register(out.complete)
-                    return
-                value = result
+                value.on_complete(out.complete)
+                return
             out.complete(value)
 
         self._register(forward)
@@ -198,10 +214,10 @@ class StateFuture:
 
         def branch(r: Any) -> StateFuture:
             if condition(r):
-                return _as_future(if_true(r), self._context).then_apply(lambda v: (True, v))
+                return _as_future(if_true(r), self.context).then_apply(lambda v: (True, v))
             if if_false is None:
-                return _done((False, None), self._context)
-            return _as_future(if_false(r), self._context).then_apply(lambda v: (False, v))
+                return _done((False, None), self.context)
+            return _as_future(if_false(r), self.context).then_apply(lambda v: (False, v))
 
         return self.then_compose(branch)
 
@@ -212,14 +228,12 @@ class StateFuture:
         return self._result
 
 
-def _done(value: Any, context: Any) -> StateFuture:
-    future = StateFuture(context)
-    future._result = value
-    return future
+def _done(value: Any, context: Owner | None) -> StateFuture:
+    return StateFuture(context, value)
 
 
-def _as_future(value: Any, context: Any) -> StateFuture:
-    return value if isinstance(value, StateFuture) else _done(value, context)
+def _as_future(value: Any, context: Owner | None) -> StateFuture:
+    return value if isinstance(value, StateFuture) else StateFuture(context, value)
 
 
 def completed_future(value: Any = None) -> StateFuture:
@@ -238,9 +252,9 @@ def combine_all(futures: Iterable[StateFuture]) -> StateFuture:
     for future in futures:
         if not isinstance(future, StateFuture):
             raise TypeError(f"combine_all takes StateFutures, got {type(future).__name__}")
-        if future._result is _PENDING:
+        if not future.is_done():
             pending += 1
-            context = context or future._context
+            context = context or future.context
     if not pending:
         return _done([f.get() for f in futures], None)
     out = StateFuture(context)
@@ -252,6 +266,6 @@ def combine_all(futures: Iterable[StateFuture]) -> StateFuture:
             out.complete([f.get() for f in futures])
 
     for future in futures:
-        if future._result is _PENDING:
+        if not future.is_done():
             future.on_complete(one_done)
     return out

@@ -64,9 +64,14 @@ class StateIterator:
         self._wait: Wait = wait or _no_further_chunk
         self._project = project
 
-    def _view(self, items: list[Any]) -> list[Any]:
+    def view(self, items: list[Any]) -> list[Any]:
+        """A chunk's elements as iterated (stored items, projected to keys or values)."""
         project = self._project
         return items if project is None else [project(i) for i in items]
+
+    def load(self, cursor: Any) -> StateFuture:
+        """A future of ``(items, next cursor)``: the chunk at ``cursor`` (one request)."""
+        return self._load(cursor)
 
     def on_next(self, fn: Callable[[Any], Any]) -> StateFuture:
         """A future of ``[fn(e) for e in elements]`` in order; results that are
@@ -80,14 +85,14 @@ class StateIterator:
     def __iter__(self) -> Iterator[Any]:
         items, cursor = self._items, self._cursor
         while True:
-            yield from self._view(items)
+            yield from self.view(items)
             if cursor is None:
                 return
             items, cursor = self._wait(self._load(cursor))
 
     def __repr__(self) -> str:
         more = ", ..." if self._cursor is not None else ""
-        return f"StateIterator({self._view(self._items)!r}{more})"
+        return f"StateIterator({self.view(self._items)!r}{more})"
 
 
 class _Consumer:
@@ -105,12 +110,12 @@ class _Consumer:
 
     def consume(self, items: list[Any], cursor: Any) -> Any:
         results = self.results
-        results.extend(map(self.fn, self.iterator._view(items)))
+        results.extend(map(self.fn, self.iterator.view(items)))
         if cursor is None:
             if any(isinstance(r, StateFuture) for r in results):
                 return combine_all([_as_future(r, None) for r in results])
             return results
-        return self.iterator._load(cursor).then_compose(self)
+        return self.iterator.load(cursor).then_compose(self)
 
     def __call__(self, chunk: tuple[list[Any], Any]) -> Any:
         return self.consume(*chunk)
@@ -402,8 +407,15 @@ def make_handle(
     release: Callable[[str], None] | None = None,
 ) -> _Handle[Any]:
     """The handle for ``descriptor``. Raises TypeError for an unknown descriptor type."""
+    return handle_class(descriptor)(descriptor, submit, wait, release)
+
+
+def handle_class(descriptor: StateDescriptor) -> type[_Handle[Any]]:
+    """The handle class for ``descriptor``'s type (the nearest registered base).
+
+    Raises TypeError for an unknown descriptor type."""
     for kind in type(descriptor).__mro__:
         handle = _HANDLES.get(kind)
         if handle is not None:
-            return handle(descriptor, submit, wait, release)
+            return handle
     raise TypeError(f"get_state takes a state descriptor, got {type(descriptor).__name__}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from aec.state.future import _PENDING, StateFuture
+from aec.state.future import _PENDING, Owner, StateFuture
 
 
 class Op:
@@ -93,6 +93,9 @@ class StateRequest(StateFuture):
         value: the payload for writes, else None.
         result: filled by the backend for reads.
         context: the engine's ``RecordContext`` (backends must not touch it).
+
+    The engine completes the request's future with ``resolve()`` once the backend
+    has run it (on the mailbox thread).
     """
 
     __slots__ = ("op", "state", "key", "key_group", "user_key", "value", "result")
@@ -106,11 +109,11 @@ class StateRequest(StateFuture):
         key_group: int,
         user_key: Any = None,
         value: Any = None,
-        context: Any = None,
+        context: Owner | None = None,
     ) -> None:
         self._result = _PENDING
         self._callbacks = None
-        self._context = context
+        self.context = context
         self.op = op
         self.state = state
         self.key = key
@@ -119,9 +122,13 @@ class StateRequest(StateFuture):
         self.value = value
         self.result: Any = None
 
-    @property
-    def context(self) -> Any:
-        return self._context
+    def resolve(self) -> None:
+        """Engine side: complete this future with the ``result`` the backend stored
+        (the pending callbacks run now, on the mailbox thread)."""
+        if self._callbacks is None:  # nothing waits (an unawaited write, a fresh request)
+            self._result = self.result
+        else:
+            self.complete(self.result)
 
     @property
     def future(self) -> StateFuture:
@@ -156,5 +163,6 @@ class DefaultedGet(StateRequest):
 
     __slots__ = ()
 
-    def complete(self, result: Any) -> None:
-        StateFuture.complete(self, self.value if result is None else result)
+    def resolve(self) -> None:
+        result = self.result
+        self.complete(self.value if result is None else result)

@@ -22,8 +22,11 @@ from aec.state.handles import (
     MapState,
     ReducingState,
     StateIterator,
+    Submit,
     ValueState,
+    Wait,
     _Handle,
+    handle_class,
 )
 from aec.state.requests import Op, RmwRead, RmwWrite, StateRequest
 
@@ -44,9 +47,19 @@ class _Ttl:
         return pair is not None and pair[1] > self.now()
 
 
-class TtlValueState(ValueState):
-    __slots__ = ("_ttl",)
+class _Expiring:
+    """What every TTL handle adds: its ``_Ttl`` (a slot of the concrete class)."""
+
+    __slots__ = ()
     _ttl: _Ttl
+
+    def bind_ttl(self, ttl: _Ttl) -> None:
+        """Set the expiry rule (once, right after construction by ``with_ttl``)."""
+        self._ttl = ttl  # type: ignore[misc]  # the slot is the concrete class's
+
+
+class TtlValueState(_Expiring, ValueState):
+    __slots__ = ("_ttl",)
 
     def async_value(self) -> StateFuture:
         default, ttl, submit, name = self.descriptor.default, self._ttl, self._submit, self._name
@@ -64,9 +77,8 @@ class TtlValueState(ValueState):
         return self._submit(Op.VALUE_PUT, self._name, None, stored)
 
 
-class TtlListState(ListState):
+class TtlListState(_Expiring, ListState):
     __slots__ = ("_ttl",)
-    _ttl: _Ttl
 
     def async_get(self) -> StateFuture:
         ttl, submit, name = self._ttl, self._submit, self._name
@@ -93,9 +105,8 @@ class TtlListState(ListState):
         return self._submit(Op.LIST_PUT, self._name, None, stamped)
 
 
-class TtlMapState(MapState):
+class TtlMapState(_Expiring, MapState):
     __slots__ = ("_ttl",)
-    _ttl: _Ttl
 
     def async_get(self, user_key: Any) -> StateFuture:
         ttl, submit, name = self._ttl, self._submit, self._name
@@ -167,7 +178,7 @@ class _TtlFolding(_Handle[Any]):
         return self._submit(Op.VALUE_PUT, self._name, None, self._ttl.stamp(value), RmwWrite)
 
 
-class TtlReducingState(_TtlFolding, ReducingState):
+class TtlReducingState(_Expiring, _TtlFolding, ReducingState):
     __slots__ = ("_ttl",)
 
     def async_get(self) -> StateFuture:
@@ -180,7 +191,7 @@ class TtlReducingState(_TtlFolding, ReducingState):
         )
 
 
-class TtlAggregatingState(_TtlFolding, AggregatingState):
+class TtlAggregatingState(_Expiring, _TtlFolding, AggregatingState):
     __slots__ = ("_ttl",)
 
     def async_get(self) -> StateFuture:
@@ -209,16 +220,20 @@ TTL_HANDLES: dict[type[_Handle[Any]], Callable[..., TtlHandle]] = {
 
 
 def with_ttl(
-    handle: _Handle[Any], descriptor: StateDescriptor, now: Callable[[], float]
+    descriptor: StateDescriptor,
+    submit: Submit,
+    wait: Wait,
+    release: Callable[[str], None] | None,
+    now: Callable[[], float],
 ) -> TtlHandle:
-    """The TTL variant of ``handle`` (same descriptor, submit and wait).
+    """The TTL handle for ``descriptor`` (``make_handle``'s arguments, plus ``now``:
+    the running record's processing time, seconds).
 
-    Raises ValueError if ``descriptor`` has no ``ttl``.
+    Raises ValueError if ``descriptor`` has no ``ttl``, TypeError for an unknown
+    descriptor type.
     """
     if descriptor.ttl is None:
         raise ValueError(f"state {descriptor.name!r} has no ttl")
-    ttl_handle = TTL_HANDLES[type(handle)](
-        descriptor, handle._submit, handle._wait, handle._release
-    )
-    ttl_handle._ttl = _Ttl(descriptor.ttl, now)
-    return ttl_handle
+    handle = TTL_HANDLES[handle_class(descriptor)](descriptor, submit, wait, release)
+    handle.bind_ttl(_Ttl(descriptor.ttl, now))
+    return handle

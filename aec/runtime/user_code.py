@@ -1,0 +1,118 @@
+"""Running the user function's entries: the AEC's ``start``.
+
+A context the AEC starts is a record (``process_element``), a timer firing
+(``on_timer``) or the fold of a function's bundle. An entry may return None, a
+``StateFuture`` (its callbacks hold the record), or a coroutine (``async def``),
+which this module drives: each ``await`` of a pending future suspends it until
+that future completes on the mailbox thread (no asyncio on the state path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from functools import partial
+from types import CoroutineType
+from typing import Any
+
+from aec.errors import describe
+from aec.functions import Context, KeyedProcessFunction
+from aec.runtime.bundle import Bundle, BundleContext
+from aec.runtime.record_context import RecordContext
+from aec.state.future import StateFuture
+
+_AWAITABLES = (
+    "async user code awaited {what}; process_element and on_timer may await only aec "
+    "StateFutures: state access (async_value(), ...), combine_all(...), and "
+    "ctx.call_async(fn, ...) / ctx.call_batched(...) for asyncio code such as "
+    "asyncio.sleep or an HTTP call (it runs on the operator's event loop)"
+)
+
+
+def _ignore(_: object) -> None:
+    """A callback that only keeps its record waiting until the future completes."""
+
+
+class EntryRunner:
+    """Calls a ``KeyedProcessFunction``'s entries for the AEC (mailbox thread only).
+
+    Args:
+        function: the user function.
+        context: the ``aec.Context`` user code gets.
+        current: the running record's context (a coroutine's awaits bind to it).
+
+    Attributes:
+        timers_fired: ``on_timer`` calls so far (metric ``timers_fired``).
+        bundle: the function's ``Bundle`` when it folds mini-batches (set at open).
+    """
+
+    __slots__ = ("function", "context", "_current", "timers_fired", "bundle")
+
+    def __init__(
+        self,
+        function: KeyedProcessFunction,
+        context: Context,
+        current: Callable[[], RecordContext | None],
+    ) -> None:
+        self.function = function
+        self.context = context
+        self._current = current
+        self.timers_fired = 0
+        self.bundle: Bundle | None = None
+
+    def run(self, record: RecordContext) -> None:
+        """Run the entry of ``record`` and follow what it returned.
+
+        Raises TypeError for a return value that is none of None, a StateFuture, a
+        coroutine; whatever the user code raises propagates (the job fails)."""
+        timer = record.timer
+        if timer is None:
+            if type(record) is BundleContext:
+                self._fold(record)
+                return
+            result = self.function.process_element(record.value, self.context)
+        else:
+            self.timers_fired += 1
+            result = self.function.on_timer(timer[1], self.context)
+        if type(result) is StateFuture:
+            if result.context is None and not result.is_done():
+                # a future made outside any record: the record waits for it (and a
+                # future nobody completes leaves it stuck, named, not lost)
+                result.subscribe(_ignore, record)
+        elif result is not None:
+            self.follow(result, "process_element" if timer is None else "on_timer")
+
+    def follow(self, result: object, entry: str) -> None:
+        """Drive what ``entry`` returned: a coroutine, or any StateFuture (its
+        callbacks hold the record); anything else is a TypeError naming ``entry``."""
+        if type(result) is CoroutineType or hasattr(result, "send"):
+            self.drive(result, None)  # type: ignore[arg-type]  # a generator-based coroutine
+        elif not isinstance(result, StateFuture):
+            raise TypeError(
+                f"{entry} returned {describe(result)}; return None, a StateFuture, or use async def"
+            )
+
+    def drive(self, coroutine: Coroutine[Any, Any, Any], value: Any) -> None:
+        """Advance an ``async def`` entry until it awaits a pending future."""
+        try:
+            awaited = coroutine.send(value)
+        except StopIteration:
+            return
+        except RuntimeError as exc:
+            if "no running event loop" not in str(exc):
+                raise
+            # an asyncio awaitable (asyncio.sleep, an aiohttp call) looked for its loop
+            raise TypeError(_AWAITABLES.format(what="an asyncio awaitable")) from exc
+        if not isinstance(awaited, StateFuture):
+            coroutine.close()
+            raise TypeError(_AWAITABLES.format(what=describe(awaited)))
+        if awaited.is_done():  # a custom awaitable yielded a done future
+            self.drive(coroutine, awaited.get())
+            return
+        # a partial, not a lambda: its call adds no Python frame (once per await)
+        awaited.subscribe(partial(self.drive, coroutine), self._current())
+
+    def _fold(self, record: BundleContext) -> None:
+        bundle = self.bundle
+        if bundle is None:
+            raise RuntimeError(f"{record.describe()} runs without a bundle")
+        bundle.fold(record.share, record, self.context)
