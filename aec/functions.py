@@ -8,7 +8,7 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any, Protocol, overload
 
 from aec.config import AecConfig
@@ -35,12 +35,22 @@ class _RunningRecord(Protocol):
     timer: tuple[str, float] | None  # (domain, timestamp) while a timer fires
 
 
+class _Records(Protocol):
+    """Where the running record is (the AEC: ``current`` is None between records)."""
+
+    @property
+    def current(self) -> Any: ...
+
+
 class OperatorHooks(Protocol):
     """What the contexts need from the operator running the function (implemented by
     ``aec.runtime.operator.KeyedProcessOperator``; a protocol so this module, below
     the runtime, does not import it)."""
 
     config: AecConfig
+
+    @property
+    def controller(self) -> _Records: ...
 
     def state_handle(self, descriptor: StateDescriptor) -> Any: ...
     def register_timer(self, domain: str, timestamp: float) -> None: ...
@@ -175,36 +185,52 @@ def _checked(timestamp: Any, domain: str) -> float:
 
 class Context:
     """Given to ``process_element`` and ``on_timer``; reflects the record whose code
-    is running (also inside callbacks and after ``await``)."""
+    is running (also inside callbacks and after ``await``).
 
-    __slots__ = ("_operator", "timer_service")
+    Attributes:
+        output: ``output(value)`` emits ``value`` downstream.
+        side_output: ``side_output(tag, value)`` emits ``value`` to the side output
+            ``tag``.
+        timer_service: the running key's ``TimerService``.
+    """
+
+    # output and side_output are the operator's collector methods, bound once: user
+    # code calls them per record
+    __slots__ = ("_operator", "_records", "timer_service", "output", "side_output")
 
     def __init__(self, operator: OperatorHooks) -> None:
         self._operator = operator
+        self._records = operator.controller
         self.timer_service = TimerService(operator)
+        self.output: Callable[[Any], None] = operator.emit
+        self.side_output: Callable[[Any, Any], None] = operator.emit_side
+
+    def _running(self) -> _RunningRecord:
+        current: _RunningRecord | None = self._records.current
+        if current is None:
+            raise RuntimeError(
+                "no current record: called outside process_element, on_timer or callbacks"
+            )
+        return current
 
     @property
     def current_key(self) -> Any:
-        return self._operator.current_context().key
+        """The key of the running record or timer."""
+        current = self._records.current
+        if current is None:
+            return self._running().key  # raises
+        return current.key
 
     @property
     def timestamp(self) -> float | None:
         """The record's event time, or the firing timer's timestamp (seconds)."""
-        return self._operator.current_context().timestamp
+        return self._running().timestamp
 
     @property
     def timer_domain(self) -> str | None:
         """In ``on_timer``: ``"event-time"`` or ``"processing-time"``; None for a record."""
-        timer = self._operator.current_context().timer
+        timer = self._running().timer
         return None if timer is None else timer[0]
-
-    def output(self, value: Any) -> None:
-        """Emit ``value`` downstream."""
-        self._operator.emit(value)
-
-    def side_output(self, tag: str, value: Any) -> None:
-        """Emit ``value`` to the side output ``tag``."""
-        self._operator.emit_side(tag, value)
 
     def call_async(
         self, fn: Any, *args: Any, timeout: float | None = None, retry: Any = _NO_RETRY

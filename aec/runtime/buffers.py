@@ -72,50 +72,56 @@ class ActiveBuffer:
 
 
 class BlockingBuffer:
-    """Per-key FIFO queues of contexts waiting for their key."""
+    """Per-key FIFO queues of contexts waiting for their key.
 
-    __slots__ = ("_queues", "size")
+    Attributes:
+        queues: key -> its FIFO of waiting contexts; only keys with waiters (read
+            it, e.g. ``key in queues``; change it only through the methods).
+        size: contexts waiting, all keys.
+    """
+
+    __slots__ = ("queues", "size")
 
     def __init__(self) -> None:
-        self._queues: dict[Hashable, deque[RecordContext]] = {}
-        self.size = 0  # contexts waiting, all keys
+        self.queues: dict[Hashable, deque[RecordContext]] = {}
+        self.size = 0
 
     def add(self, context: RecordContext) -> None:
         """Queue ``context`` behind the records of its key. O(1)."""
-        queue = self._queues.get(context.key)
+        queue = self.queues.get(context.key)
         if queue is None:
-            self._queues[context.key] = deque((context,))
+            self.queues[context.key] = deque((context,))
         else:
             queue.append(context)
         self.size += 1
 
     def pop_next(self, key: Hashable) -> RecordContext | None:
         """The oldest context waiting for ``key``, removed; None if none waits."""
-        queue = self._queues.get(key)
+        queue = self.queues.get(key)
         if queue is None:
             return None
         context = queue.popleft()
         if not queue:
-            del self._queues[key]
+            del self.queues[key]
         self.size -= 1
         return context
 
     def peek(self, key: Hashable) -> RecordContext | None:
         """The oldest context waiting for ``key`` (not removed), or None."""
-        queue = self._queues.get(key)
+        queue = self.queues.get(key)
         return None if queue is None else queue[0]
 
     def keys(self) -> list[Hashable]:
         """Keys with at least one waiting context, in the order they first waited."""
-        return list(self._queues)
+        return list(self.queues)
 
     def waiting(self, key: Hashable) -> list[RecordContext]:
         """The contexts waiting for ``key``, oldest first (a copy; for inspection)."""
-        return list(self._queues.get(key, ()))
+        return list(self.queues.get(key, ()))
 
     def key_count(self) -> int:
         """How many keys have waiting contexts (Flink's ``numBlockingKeys``). O(1)."""
-        return len(self._queues)
+        return len(self.queues)
 
     def __len__(self) -> int:
         return self.size

@@ -143,6 +143,7 @@ class AsyncExecutionController:
         self._start = start
         self._timer_successor = timer_successor
         self._enqueue = self.active.add  # where a request goes when it may not run at once
+        self._occupy = self.keys.try_occupy  # whether an admitted context may start
         # metrics
         self.max_in_flight = 0
         self.batches = 0
@@ -157,8 +158,11 @@ class AsyncExecutionController:
 
         1. count it in; 2. key free? occupy it and start (now or from ``ready``);
         3. else wait whole in the blocking buffer (Flink's sync point)."""
-        self._count_in(context)
-        if self.keys.try_occupy(context):
+        in_flight = self.in_flight = self.in_flight + 1
+        if in_flight > self.max_in_flight:
+            self.max_in_flight = in_flight
+        self.epochs.enter(context.epoch)
+        if self._occupy(context):
             if inline:
                 self.run_entry(context)
             else:
@@ -173,12 +177,6 @@ class AsyncExecutionController:
             else:
                 self._blocked_since_flush = blocked + 1
 
-    def _count_in(self, context: RecordContext) -> None:
-        in_flight = self.in_flight = self.in_flight + 1
-        if in_flight > self.max_in_flight:
-            self.max_in_flight = in_flight
-        self.epochs.enter(context.epoch)
-
     def run_entry(self, context: RecordContext) -> None:
         """Run the user entry of ``context`` holding one reference meanwhile."""
         self.current = context
@@ -192,7 +190,8 @@ class AsyncExecutionController:
         key on, count it out of its epoch."""
         self.in_flight -= 1
         if context.timer is None:
-            successor = self.blocking.pop_next(context.key) if self.blocking.size else None
+            blocking = self.blocking
+            successor = blocking.pop_next(context.key) if context.key in blocking.queues else None
             if successor is not None:
                 successor.waited = True
         else:
@@ -209,10 +208,12 @@ class AsyncExecutionController:
         self.epochs.complete_one(context.epoch)
 
     def _timer_chain(self, context: RecordContext) -> RecordContext | None:
-        """The next firing of a finished timer's key chain, counted in, or None."""
+        """The next firing of a finished timer's key chain, counted in (it replaces
+        the finished one: in flight stays below its maximum), or None."""
         successor = self._timer_successor(context)
         if successor is not None:
-            self._count_in(successor)
+            self.in_flight += 1
+            self.epochs.enter(successor.epoch)
         return successor
 
     # -- state requests ---------------------------------------------------------------------
@@ -256,7 +257,7 @@ class AsyncExecutionController:
                 request.resolve()
                 return request
             context.waited = False  # from now on its requests keep their order via the buffer
-        context.ref_count += 1  # the pending future's reference, released in complete_batch
+        context.ref_count += 1  # the pending request's reference, released in complete_batch
         context.queued += 1
         if context.lanes is None and (kind is StateRequest or not kind.read_modify_write):
             self._enqueue(request)
@@ -341,7 +342,7 @@ class AsyncExecutionController:
                     context.deferred = None
             context.queued -= 1
             request.resolve()
-            context.release()  # the request's own reference
+            context.release()  # the reference the pending request held
         self.completing = completing
         self.current = None
 
@@ -450,17 +451,8 @@ class StateOrderedController(AsyncExecutionController):
         super().__init__(config, backend, executor, epochs, start, timer_successor)
         self._complete_inline = False  # a callback's request may need to wait for its key
         self._enqueue = self._enqueue_in_key_order
+        self._occupy = self._occupy_for_timers
         self.waiting_requests: dict[Hashable, deque[StateRequest]] = {}
-
-    def admit(self, context: RecordContext, inline: bool) -> None:
-        if context.timer is not None:
-            super().admit(context, inline)
-            return
-        self._count_in(context)  # runs at once; its first state request takes the key
-        if inline:
-            self.run_entry(context)
-        else:
-            self.ready.append(context)
 
     def submit(
         self,
@@ -477,13 +469,18 @@ class StateOrderedController(AsyncExecutionController):
             )
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
-        context.ref_count += 1  # the pending future's reference, released in complete_batch
+        context.ref_count += 1  # the pending request's reference, released in complete_batch
         context.queued += 1
         if context.lanes is None and (kind is StateRequest or not kind.read_modify_write):
             self._enqueue(request)
         elif not lanes.hold(self._enqueue, context, request, kind):
             self._enqueue(request)
         return request
+
+    def _occupy_for_timers(self, context: RecordContext) -> bool:
+        """A record starts at once (its first state request takes the key); a timer
+        firing holds its key as in record order."""
+        return context.timer is None or self.keys.try_occupy(context)
 
     def _enqueue_in_key_order(self, request: StateRequest) -> None:
         """Into the active buffer if the request's record holds (or takes) its key,

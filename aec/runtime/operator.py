@@ -113,8 +113,7 @@ class KeyedProcessOperator:
                 executor = ThreadPoolStateExecutor(self.config.executor_threads)
         self.executor = executor
         self.epochs = EpochManager(self._fire_timers, self._emit_epoch)
-        self.context = Context(self)
-        self.entries = EntryRunner(function, self.context, self._running)
+        self.entries = EntryRunner(function)
         self.controller = new_controller(
             self.config, backend, executor, self.epochs, self.entries.run, self._next_timer
         )
@@ -128,6 +127,8 @@ class KeyedProcessOperator:
         self.output = OperatorOutput(self._running)
         self.emit = self.output.emit  # the Context's hooks, bound once
         self.emit_side = self.output.emit_side
+        self.context = self.entries.context = Context(self)
+        self.entries.records = self.controller
         self.external_calls = ExternalCalls(self.controller)  # Context.call_async
         self.clock = clock if clock is not None else SystemClock()
         # poll the clock per input element: always for deterministic clocks, else

@@ -9,10 +9,10 @@ that future completes on the mailbox thread (no asyncio on the state path).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from functools import partial
 from types import CoroutineType
-from typing import Any
+from typing import Any, Protocol
 
 from aec.errors import describe
 from aec.functions import Context, KeyedProcessFunction
@@ -32,30 +32,30 @@ def _ignore(_: object) -> None:
     """A callback that only keeps its record waiting until the future completes."""
 
 
+class _Records(Protocol):
+    current: RecordContext | None
+
+
 class EntryRunner:
     """Calls a ``KeyedProcessFunction``'s entries for the AEC (mailbox thread only).
 
     Args:
         function: the user function.
-        context: the ``aec.Context`` user code gets.
-        current: the running record's context (a coroutine's awaits bind to it).
 
     Attributes:
+        context: the ``aec.Context`` user code gets (set by the operator before use).
+        records: where the running record is (the AEC's ``current``; set by the
+            operator before use): a coroutine's awaits bind to it.
         timers_fired: ``on_timer`` calls so far (metric ``timers_fired``).
         bundle: the function's ``Bundle`` when it folds mini-batches (set at open).
     """
 
-    __slots__ = ("function", "context", "_current", "timers_fired", "bundle")
+    __slots__ = ("function", "context", "records", "timers_fired", "bundle")
 
-    def __init__(
-        self,
-        function: KeyedProcessFunction,
-        context: Context,
-        current: Callable[[], RecordContext | None],
-    ) -> None:
+    def __init__(self, function: KeyedProcessFunction) -> None:
         self.function = function
-        self.context = context
-        self._current = current
+        self.context: Context
+        self.records: _Records
         self.timers_fired = 0
         self.bundle: Bundle | None = None
 
@@ -74,7 +74,7 @@ class EntryRunner:
             self.timers_fired += 1
             result = self.function.on_timer(timer[1], self.context)
         if type(result) is StateFuture:
-            if result.context is None and not result.is_done():
+            if result.context is None:
                 # a future made outside any record: the record waits for it (and a
                 # future nobody completes leaves it stuck, named, not lost)
                 result.subscribe(_ignore, record)
@@ -105,11 +105,9 @@ class EntryRunner:
         if not isinstance(awaited, StateFuture):
             coroutine.close()
             raise TypeError(_AWAITABLES.format(what=describe(awaited)))
-        if awaited.is_done():  # a custom awaitable yielded a done future
-            self.drive(coroutine, awaited.get())
-            return
         # a partial, not a lambda: its call adds no Python frame (once per await)
-        awaited.subscribe(partial(self.drive, coroutine), self._current())
+        if not awaited.subscribe(partial(self.drive, coroutine), self.records.current):
+            self.drive(coroutine, awaited.get())  # a custom awaitable yielded a done future
 
     def _fold(self, record: BundleContext) -> None:
         bundle = self.bundle

@@ -92,13 +92,17 @@ class StateFuture:
             if context is not None:
                 context.release()
 
-    def subscribe(self, callback: Callable[[Any], None], context: Owner | None) -> None:
+    def subscribe(self, callback: Callable[[Any], None], context: Owner | None) -> bool:
         """Engine side (the coroutine driver): run ``callback(result)`` on completion,
         holding a reference on the future's record; a future made outside a record
-        becomes ``context``'s (the record now waits for it). The future is pending."""
+        becomes ``context``'s (the record now waits for it). False, registering
+        nothing, when the future is already complete."""
+        if self._result is not _PENDING:
+            return False
         if self.context is None:
             self.context = context
         self._register(callback)
+        return True
 
     def on_complete(self, callback: Callable[[Any], None]) -> None:
         """Run ``callback(result)`` on completion, inline if already complete."""
