@@ -12,6 +12,7 @@ checkpoint ``n`` under ``directory``::
     directory/chk-<n>/
         backend/        what ``backend.snapshot(dir)`` wrote (any files)
         timers.pickle   event-time and processing-time timer queues (pickled)
+        in-flight.pickle  the records a checkpoint that did not drain carries (only then)
         operator.json   watermark, clock reading, epoch, counters, config, ...
         MANIFEST.json   every other file: size and SHA-256; written last
 
@@ -56,6 +57,7 @@ FORMAT = "aec-checkpoint/1"
 MANIFEST = "MANIFEST.json"
 METADATA = "operator.json"
 TIMERS = "timers.pickle"
+IN_FLIGHT = "in-flight.pickle"  # records a checkpoint that did not drain carries (optional)
 BACKEND_DIR = "backend"
 
 
@@ -95,6 +97,8 @@ class OperatorState:
         key_group_range: ``(start, end)`` of the key groups the operator owned
             (inclusive, ``aec.keygroups.KeyGroupRange``); None: every key group
             (and what a checkpoint written before rescaling existed reads as).
+        in_flight: the records a checkpoint that did not drain carries, as the
+            runtime serialized them (``aec.runtime.in_flight``); empty otherwise.
     """
 
     watermark: float
@@ -110,6 +114,7 @@ class OperatorState:
     counts: dict[str, int] = field(default_factory=dict)
     backend: str = ""
     key_group_range: tuple[int, int] | None = None
+    in_flight: bytes = b""
 
 
 @dataclass
@@ -168,6 +173,8 @@ def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -
             "processing": state.processing_timers.export(),
         }
         _write_file(staging, TIMERS, pickle.dumps(timers, protocol=pickle.HIGHEST_PROTOCOL))
+        if state.in_flight:
+            _write_file(staging, IN_FLIGHT, state.in_flight)
         _write_file(staging, METADATA, _json_bytes(_metadata(checkpoint_id, state)))
 
     patterns = getattr(backend, "verified_by_backend", ())
@@ -288,7 +295,7 @@ def read(
             a manifest or metadata of another format, a handle whose id differs
             from the manifest's, or timers that do not load.
     """
-    handle, contents = read_files(handle, (METADATA, TIMERS))
+    handle, contents = read_files(handle, (METADATA, TIMERS), optional=(IN_FLIGHT,))
     path, checkpoint_id = handle.path, handle.checkpoint_id
     metadata = _parse(path, METADATA, contents[METADATA], json.loads)
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
@@ -309,6 +316,7 @@ def read(
             counts=dict(metadata["counts"]),
             backend=str(metadata["backend"]),
             key_group_range=_key_group_range(metadata.get("key_group_range")),
+            in_flight=contents.get(IN_FLIGHT, b""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: operator metadata or timers are malformed: {exc}") from exc
@@ -318,10 +326,13 @@ def read(
 
 
 def read_files(
-    handle: CheckpointHandle | str | os.PathLike[str], wanted: tuple[str, ...]
+    handle: CheckpointHandle | str | os.PathLike[str],
+    wanted: tuple[str, ...],
+    optional: tuple[str, ...] = (),
 ) -> tuple[CheckpointHandle, dict[str, bytes]]:
     """Verify a checkpoint (manifest, sizes, SHA-256, no unlisted file) and return its
-    handle and the contents of the ``wanted`` files, which it must list.
+    handle and the contents of the ``wanted`` files, which it must list, and of the
+    ``optional`` ones it lists.
 
     Raises TypeError, FileNotFoundError or ValueError as ``read`` does.
     """
@@ -342,7 +353,7 @@ def read_files(
             f"{os.path.join(path, MANIFEST)} is checkpoint {checkpoint_id}, "
             f"the handle says {expected_id}"
         )
-    contents = _verify_files(path, manifest["files"], wanted)
+    contents = _verify_files(path, manifest["files"], wanted + optional)
     return CheckpointHandle(checkpoint_id, path), contents
 
 

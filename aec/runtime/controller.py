@@ -144,6 +144,8 @@ class AsyncExecutionController:
         self._timer_successor = timer_successor
         self._enqueue = self.active.add  # where a request goes when it may not run at once
         self._occupy = self.keys.try_occupy  # whether an admitted context may start
+        # a checkpoint that does not drain holds buffered requests back (flush sends none)
+        self.holding = False
         # metrics
         self.max_in_flight = 0
         self.batches = 0
@@ -280,7 +282,7 @@ class AsyncExecutionController:
         requests never run in two batches at once.
         """
         active = self.active
-        if not active.requests:
+        if not active.requests or self.holding:
             return
         batch = active.take(self.buffer_size)
         if self._blocked_since_flush is not None:
@@ -388,15 +390,42 @@ class AsyncExecutionController:
             return True
         return False
 
+    def finish_handed_over(self) -> None:
+        """Run completion mails until no batch is at the executor and no external
+        call is out, sending no batch (``holding``) and starting no waiting record:
+        what a checkpoint that does not drain waits for (its pause is one round
+        trip, not the longest same-key chain)."""
+        mails, executor = self.mails, self.executor
+        while True:
+            while mails:
+                mail = mails.popleft()
+                if type(mail) is tuple:
+                    self.complete_batch(mail)
+                else:  # an external call's CallCompletion
+                    mail.run(self)
+            if executor.pending:
+                executor.wait(None)
+            elif self.calls_in_flight:
+                self.mailbox.wait(None)
+            else:
+                break
+        self.current = None
+
     def wait_for(self, future: StateFuture) -> Any:
         """Run the mailbox until ``future`` completes (the blocking state API); its result.
 
         Raises StuckError if it can never complete.
         """
-        current = self.current
-        while not future.is_done():
-            if not self.step():
-                raise StuckError("a blocking state call waits for a future nothing will complete")
+        current, holding = self.current, self.holding
+        self.holding = False  # a blocking call inside a checkpoint's wait needs its batch sent
+        try:
+            while not future.is_done():
+                if not self.step():
+                    raise StuckError(
+                        "a blocking state call waits for a future nothing will complete"
+                    )
+        finally:
+            self.holding = holding
         self.current = current
         return future.get()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pickle
 import time
 from collections.abc import Callable, Container, Hashable, Sequence
 from time import monotonic
@@ -29,6 +30,8 @@ from aec.checkpoint.files import CheckpointHandle, OperatorState
 from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore
 from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
+from aec.declare.function import DeclaringKeyedProcessFunction
+from aec.declare.program import DeclaredProgram
 from aec.elements import ClockTick, Record, Watermark, check_key, check_timestamp
 from aec.errors import JobFailure
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
@@ -45,12 +48,13 @@ from aec.runtime.controller import StuckError, new_controller
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
 from aec.runtime.external_calls import ExternalCalls
+from aec.runtime.in_flight import CarriedRecord, ResumedRecord, capture, check_steps
 from aec.runtime.operator_checkpoints import HandleLike, read_checkpoints, restore_backend
 from aec.runtime.operator_failures import cause_of, job_failure, stuck_error
 from aec.runtime.operator_timers import OperatorTimers
 from aec.runtime.output import OperatorOutput, Trace
 from aec.runtime.record_context import RecordContext
-from aec.runtime.user_code import EntryRunner
+from aec.runtime.user_code import DeclaredEntryRunner, EntryRunner
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
 from aec.state.handles import make_handle
@@ -113,7 +117,8 @@ class KeyedProcessOperator:
                 executor = ThreadPoolStateExecutor(self.config.executor_threads)
         self.executor = executor
         self.epochs = EpochManager(self._fire_timers, self._emit_epoch)
-        self.entries = EntryRunner(function)
+        self._declaring = isinstance(function, DeclaringKeyedProcessFunction)
+        self.entries = DeclaredEntryRunner(function) if self._declaring else EntryRunner(function)
         self.controller = new_controller(
             self.config, backend, executor, self.epochs, self.entries.run, self._next_timer
         )
@@ -129,6 +134,8 @@ class KeyedProcessOperator:
         self.emit_side = self.output.emit_side
         self.context = self.entries.context = Context(self)
         self.entries.records = self.controller
+        if isinstance(self.entries, DeclaredEntryRunner):
+            self.entries.submit = self.controller.submit
         self.external_calls = ExternalCalls(self.controller)  # Context.call_async
         self.clock = clock if clock is not None else SystemClock()
         # poll the clock per input element: always for deterministic clocks, else
@@ -157,6 +164,9 @@ class KeyedProcessOperator:
         # new -> open -> (ended: after Watermark(inf)) -> finished | failed -> closed
         self._restorable = True  # until the first input, snapshot or restore
         self._bundles: BundleFlusher | None = None  # the function's mini-batches, if any
+        self._program: DeclaredProgram | None = None  # a declaring function's, from open
+        self._checkpoint_pending = 0  # records the last checkpoint carried
+        self._checkpoint_pause = 0.0  # seconds the last checkpoint held the operator
 
     @staticmethod
     def _check_function(function: object) -> None:
@@ -189,6 +199,20 @@ class KeyedProcessOperator:
                     self.entries.bundle = bundle
         except BaseException as exc:
             self._raise_failure(exc)
+        if self._declaring:
+            self._declare()
+
+    def _declare(self) -> None:
+        """Build a declaring function's steps; a bad declaration (a name used twice)
+        raises its ValueError / TypeError as it is, the operator failed."""
+        assert isinstance(self.function, DeclaringKeyedProcessFunction)
+        assert isinstance(self.entries, DeclaredEntryRunner)
+        try:
+            self._program = self.entries.program = self.function.declarations()
+        except BaseException:
+            self._state = "failed"
+            self.executor.close()
+            raise
 
     def close(self) -> None:
         """Stop the executor threads and close the function. Idempotent."""
@@ -445,16 +469,48 @@ class KeyedProcessOperator:
                 )
             self.open()
         self._restorable = False
+        started = time.perf_counter()
         try:
-            self._drain()
+            carried = self._carry()
+            if carried is None:
+                self._drain()
+            state = self._checkpoint_state(carried or [])
             flush = getattr(self.backend, "flush", None)
             if flush is not None:
                 flush()
-            return store.write(checkpoint_id, self.backend, self._checkpoint_state())
-        except CheckpointStorageError:
-            raise  # the upload failed: nothing committed, the drained operator goes on
+            handle = store.write(checkpoint_id, self.backend, state)
+        except (CheckpointStorageError, _Unserializable):
+            raise  # nothing committed; the operator goes on as if no snapshot was asked
         except BaseException as exc:
             self._raise_failure(exc, f"checkpoint {checkpoint_id}")
+        finally:
+            self.controller.holding = False
+        self._checkpoint_pending = len(carried or ())
+        self._checkpoint_pause = time.perf_counter() - started
+        return handle
+
+    def _carry(self) -> list[CarriedRecord] | None:
+        """A declaring function's checkpoint does not drain: wait only for the work
+        handed out, then describe the records in flight and waiting (None when one
+        of them cannot be carried, or the run is not one that carries: the
+        checkpoint drains). See ``aec.runtime.in_flight``."""
+        program = self._program
+        if (
+            program is None
+            or self.synchronous
+            or self.config.state_ordered
+            or not self.epochs.all_closed_done()
+        ):
+            return None
+        controller = self.controller
+        controller.holding = True
+        controller.finish_handed_over()
+        if not self.epochs.all_closed_done():
+            return None
+        carried = capture(controller, program)
+        if carried is None:
+            controller.holding = False
+        return carried
 
     def restore(self, handle: HandleLike | Sequence[HandleLike]) -> None:
         """Replace state, timers, watermark and clock reading with a checkpoint's, or
@@ -500,7 +556,15 @@ class KeyedProcessOperator:
             plan,
             where,
         ):
+            carried = self._carried_in(plan.in_flight, where)
             self.open()
+            if carried:
+                if self._program is None:
+                    raise ValueError(
+                        f"checkpoint {where} carries records in flight of a declaring "
+                        f"function; {type(self.function).__name__} declares no steps"
+                    )
+                check_steps(carried, self._program)  # ValueError before any state changes
             try:
                 restore_backend(self.backend, plan, where, config.max_parallelism)
             except ValueError:
@@ -508,6 +572,36 @@ class KeyedProcessOperator:
             except BaseException as exc:
                 self._raise_failure(exc, f"restore of {where}")
         self._apply_restored(plan.state)
+        self._admit_carried(carried)
+
+    def _carried_in(self, blobs: list[bytes], where: str) -> list[CarriedRecord]:
+        """The carried records of the restored checkpoints that this operator's key
+        groups own, by key then arrival. Raises ValueError for unreadable data."""
+        records: list[CarriedRecord] = []
+        for blob in blobs:
+            try:
+                decoded = pickle.loads(blob)
+            except Exception as exc:
+                raise ValueError(f"the in-flight records of {where} cannot be read: {exc}") from exc
+            records.extend(r for r in decoded if self._first_group <= r.key_group <= self._last_group)
+        return records
+
+    def _admit_carried(self, carried: list[CarriedRecord]) -> None:
+        """Put carried records back before any input: a started one resumes its run,
+        holding its key; those that waited for their key start anew behind it."""
+        for record in carried:
+            if record.started:
+                context: RecordContext = ResumedRecord(
+                    record, self.epochs.active, self._on_finished
+                )
+            else:
+                context = RecordContext(
+                    record.value, record.key, record.key_group, record.timestamp,
+                    record.sequence, self.epochs.active, record.watermark,
+                    self._on_finished, None, record.processing_time,
+                )  # fmt: skip
+            self._key_groups[record.key] = record.key_group
+            self.controller.admit(context, False)
 
     def _apply_restored(self, state: OperatorState) -> None:
         """Take the restored operator state (the backend is restored already)."""
@@ -529,7 +623,7 @@ class KeyedProcessOperator:
                 raise self._stuck()
         controller.current = None  # nothing runs now: a failure from here on is the checkpoint's
 
-    def _checkpoint_state(self) -> OperatorState:
+    def _checkpoint_state(self, carried: list[CarriedRecord]) -> OperatorState:
         return OperatorState(
             watermark=self._watermark,
             processing_time=self._now,
@@ -549,6 +643,7 @@ class KeyedProcessOperator:
             },
             backend=type(self.backend).__name__,
             key_group_range=(self.key_group_range.start, self.key_group_range.end),
+            in_flight=_encode_carried(carried) if carried else b"",
         )
 
     # -- output --------------------------------------------------------------------------------
@@ -600,6 +695,8 @@ class KeyedProcessOperator:
             "watermarks_out": self.output.watermarks_out,
             "elapsed_s": elapsed,
             "records_per_s": (self._records_in / elapsed) if elapsed > 0 else 0.0,
+            "checkpoint_pending_records": self._checkpoint_pending,
+            "checkpoint_pause_s": self._checkpoint_pause,
             # counters the function keeps (windows: late_records_dropped)
             **(getattr(self.function, "metric_counters", dict)()),
         }
@@ -735,6 +832,31 @@ class KeyedProcessOperator:
         if isinstance(exc, (KeyboardInterrupt, SystemExit, JobFailure)):
             raise exc
         raise job_failure(exc, context, where) from cause_of(exc)
+
+
+class _Unserializable(ValueError):
+    """A carried record holds a value the checkpoint cannot store (named)."""
+
+
+def _encode_carried(records: list[CarriedRecord]) -> bytes:
+    """The carried records as checkpoint bytes; ``_Unserializable`` (a ValueError)
+    naming the declared variable, or the record, that cannot be pickled."""
+    try:
+        return pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        for record in records:
+            for name, value in (record.variables or {}).items():
+                try:
+                    pickle.dumps(value)
+                except Exception:
+                    raise _Unserializable(
+                        f"declared variable {name!r} of the record of key {record.key!r} "
+                        f"in flight cannot be pickled ({type(value).__name__}): no "
+                        "checkpoint was taken"
+                    ) from exc
+        raise _Unserializable(
+            f"a record in flight cannot be pickled for the checkpoint: {exc}"
+        ) from exc
 
 
 def _owned_range(key_groups: object, max_parallelism: int) -> KeyGroupRange:

@@ -45,11 +45,14 @@ class MergedCheckpoint:
         backend_dirs: the backend directories, in handle order.
         key_groups: the key-group range the backend must filter to, or None when
             every stored key belongs to the operator (no filtering needed).
+        in_flight: each checkpoint's carried records (``OperatorState.in_flight``),
+            for the operator to decode and keep its key groups' of.
     """
 
     state: OperatorState
     backend_dirs: list[str]
     key_groups: KeyGroupRange | None
+    in_flight: list[bytes] = dataclasses.field(default_factory=list)
 
 
 def stored_range(state: OperatorState) -> KeyGroupRange:
@@ -121,9 +124,13 @@ def merge(
         event_timers=event,
         processing_timers=processing,
         key_group_range=(own.start, own.end),
+        in_flight=b"",
     )
     return MergedCheckpoint(
-        merged, [item.backend_dir for item in restored], None if inside else own
+        merged,
+        [item.backend_dir for item in restored],
+        None if inside else own,
+        [s.in_flight for s in states if s.in_flight],
     )
 
 

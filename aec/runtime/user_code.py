@@ -9,14 +9,16 @@ that future completes on the mailbox thread (no asyncio on the state path).
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from functools import partial
 from types import CoroutineType
 from typing import Any, Protocol
 
+from aec.declare.program import DeclaredProgram
 from aec.errors import describe
 from aec.functions import Context, KeyedProcessFunction
 from aec.runtime.bundle import Bundle, BundleContext
+from aec.runtime.in_flight import ResumedRecord, resume
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
 
@@ -114,3 +116,36 @@ class EntryRunner:
         if bundle is None:
             raise RuntimeError(f"{record.describe()} runs without a bundle")
         bundle.fold(record.share, record, self.context)
+
+
+class DeclaredEntryRunner(EntryRunner):
+    """The entries of a ``DeclaringKeyedProcessFunction``: records (and timer firings,
+    when it declares ``declare_on_timer``) run through its declared chains; a record
+    a checkpoint carried resumes at its next step (``aec.runtime.in_flight``).
+
+    Attributes:
+        program: the function's ``DeclaredProgram`` (set at open).
+        submit: the AEC's ``submit`` (re-submits a carried record's requests).
+    """
+
+    __slots__ = ("program", "submit")
+
+    def __init__(self, function: KeyedProcessFunction) -> None:
+        super().__init__(function)
+        self.program: DeclaredProgram
+        self.submit: Callable[..., StateFuture]
+
+    def run(self, record: RecordContext) -> None:
+        timer = record.timer
+        program = self.program
+        if timer is None:
+            if type(record) is ResumedRecord:
+                resume(record, program, self.submit, self.context)
+            else:
+                assert program.process is not None
+                program.start(record, program.process, record.value, self.context)
+        elif program.on_timer is not None:
+            self.timers_fired += 1
+            program.start(record, program.on_timer, timer[1], self.context)
+        else:
+            super().run(record)
