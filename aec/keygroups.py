@@ -144,3 +144,23 @@ def operator_index_for(key_group: int, max_parallelism: int, parallelism: int) -
     """The operator index of ``parallelism`` that owns ``key_group`` (Flink's
     ``computeOperatorIndexForKeyGroup``): inverse of ``key_group_range_for``."""
     return key_group * parallelism // max_parallelism
+
+
+def owned_range(key_groups: object, max_parallelism: int) -> KeyGroupRange:
+    """An operator's key groups: ``key_groups``, or all of ``max_parallelism``.
+
+    Raises TypeError (not a KeyGroupRange) or ValueError (outside
+    ``range(max_parallelism)``, or empty).
+    """
+    if key_groups is None:
+        return KeyGroupRange.all(max_parallelism)
+    if not isinstance(key_groups, KeyGroupRange):
+        raise TypeError(
+            f"key_group_range must be an aec.keygroups.KeyGroupRange, got {key_groups!r}"
+        )
+    if not key_groups.within(max_parallelism) or not len(key_groups):
+        raise ValueError(
+            f"key_group_range {key_groups} must be a non-empty range inside "
+            f"range(max_parallelism={max_parallelism})"
+        )
+    return key_groups

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # A sanity bound, not a design rule: cohesion sizes a module (a class with one job
 # and its documentation stays in one file rather than halves sharing private fields).
-MAX_LINES = 800
+MAX_LINES = 900
 
 
 def _modules() -> dict[str, pathlib.Path]:

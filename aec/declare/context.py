@@ -25,10 +25,7 @@ Flink: ``DeclarationContext``, ``DeclarationChain``, ``NamedFunction``,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from aec.declare.program import DeclaredProgram
+from typing import Any, Protocol, TypeVar
 
 Step = Callable[[Any, Any], Any]  # (input, ctx) -> value | StateFuture | None
 
@@ -105,6 +102,18 @@ class DeclaredChain:
                     step.if_false.link(following)
 
 
+_S = TypeVar("_S", bound=DeclaredStep)
+
+
+class Declarations(Protocol):
+    """What declaring writes into and variables read from (``DeclaredProgram``)."""
+
+    def claim(self, name: str) -> str: ...
+    def register(self, step: _S) -> _S: ...
+    def add_variable(self, variable: DeclaredVariable) -> None: ...
+    def variables(self) -> dict[str, Any]: ...
+
+
 class DeclaredVariable:
     """A value per record in flight (``DeclarationContext.declare_variable``).
 
@@ -115,7 +124,7 @@ class DeclaredVariable:
 
     __slots__ = ("name", "default", "_program")
 
-    def __init__(self, name: str, default: Any, program: DeclaredProgram) -> None:
+    def __init__(self, name: str, default: Any, program: Declarations) -> None:
         self.name = name
         self.default = default
         self._program = program
@@ -138,7 +147,7 @@ class DeclarationContext:
     once). Raises ValueError for a name declared twice and for a step placed in
     two chains, TypeError for a step that is not callable or a bad argument."""
 
-    def __init__(self, program: DeclaredProgram) -> None:
+    def __init__(self, program: Declarations) -> None:
         self._program = program
 
     def declare(self, name: str, fn: Step) -> DeclaredStep:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Hashable
 from time import monotonic
 from typing import TYPE_CHECKING
 
+from aec.runtime.metrics import HOT_KEYS_KEPT, keep_hottest
+
 if TYPE_CHECKING:
     from aec.runtime.record_context import RecordContext
     from aec.state.requests import StateRequest
@@ -78,22 +80,35 @@ class BlockingBuffer:
         queues: key -> its FIFO of waiting contexts; only keys with waiters (read
             it, e.g. ``key in queues``; change it only through the methods).
         size: contexts waiting, all keys.
+        waits: key -> how many records waited for it so far (``hot_keys``; bounded:
+            past ``HOT_KEYS_KEPT`` keys only the hottest stay).
     """
 
-    __slots__ = ("queues", "size")
+    __slots__ = ("queues", "size", "waits")
 
     def __init__(self) -> None:
         self.queues: dict[Hashable, deque[RecordContext]] = {}
         self.size = 0
+        self.waits: dict[Hashable, int] = {}
 
     def add(self, context: RecordContext) -> None:
         """Queue ``context`` behind the records of its key. O(1)."""
-        queue = self.queues.get(context.key)
+        key = context.key
+        queue = self.queues.get(key)
         if queue is None:
-            self.queues[context.key] = deque((context,))
+            self.queues[key] = deque((context,))
         else:
             queue.append(context)
         self.size += 1
+        self.count_wait(key)
+
+    def count_wait(self, key: Hashable) -> None:
+        """A record of ``key`` waits for it (here, or for its requests' turn in
+        state-ordered mode)."""
+        waits = self.waits
+        waits[key] = waits.get(key, 0) + 1
+        if len(waits) > HOT_KEYS_KEPT:
+            keep_hottest(waits)
 
     def pop_next(self, key: Hashable) -> RecordContext | None:
         """The oldest context waiting for ``key``, removed; None if none waits."""

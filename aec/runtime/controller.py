@@ -57,6 +57,7 @@ from aec.runtime.epochs import EpochManager
 from aec.runtime.executor import StateExecutor
 from aec.runtime.key_accounting import KeyAccountingUnit
 from aec.runtime.mailbox import Mailbox
+from aec.runtime.metrics import RECORD_SAMPLE, hottest, latency_histogram, size_histogram
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
 from aec.state.requests import StateRequest
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from aec.state.backend import StateBackend
 
 BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
+_SAMPLED = RECORD_SAMPLE - 1  # a record whose sequence & _SAMPLED is 0 has its latency measured
 
 Completion = tuple[list[StateRequest], BaseException | None]  # an executor's mail
 
@@ -104,6 +106,16 @@ class AsyncExecutionController:
     """
 
     synchronous = False  # requests run at once (SynchronousController)
+
+    # slots: the mailbox thread reads these per request (fixed offsets, no dict)
+    __slots__ = (
+        "buffer_size", "buffer_timeout", "backend", "executor", "_concurrent",
+        "_join_batches", "_complete_inline", "_blocked_since_flush", "mailbox", "mails",
+        "keys", "active", "blocking", "ready", "current", "completing", "in_flight",
+        "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_occupy",
+        "holding", "max_in_flight", "batches", "requests", "max_batch_size", "blocked",
+        "batch_sizes", "request_latency", "record_latency", "_sent",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -152,6 +164,10 @@ class AsyncExecutionController:
         self.requests = 0
         self.max_batch_size = 0
         self.blocked = 0
+        self.batch_sizes = size_histogram()  # batches handed to the executor
+        self.request_latency = latency_histogram()  # hand-off to completion, per request
+        self.record_latency = latency_histogram()  # admission to finish, sampled records
+        self._sent: dict[int, float] = {}  # id(batch) -> monotonic seconds at hand-off
 
     # -- admission -------------------------------------------------------------------------
     def admit(self, context: RecordContext, inline: bool) -> None:
@@ -164,6 +180,8 @@ class AsyncExecutionController:
         if in_flight > self.max_in_flight:
             self.max_in_flight = in_flight
         self.epochs.enter(context.epoch)
+        if not context.sequence & _SAMPLED:
+            context.admitted = monotonic()
         if self._occupy(context):
             if inline:
                 self.run_entry(context)
@@ -191,6 +209,8 @@ class AsyncExecutionController:
         """Reference count of ``context`` reached 0 (its ``on_finished``): pass its
         key on, count it out of its epoch."""
         self.in_flight -= 1
+        if context.admitted:
+            self.record_latency.add(monotonic() - context.admitted)
         if context.timer is None:
             blocking = self.blocking
             successor = blocking.pop_next(context.key) if context.key in blocking.queues else None
@@ -291,8 +311,11 @@ class AsyncExecutionController:
             batch = self._hold_back_overlaps(batch)
         if batch:
             self.batches += 1
-            if len(batch) > self.max_batch_size:
-                self.max_batch_size = len(batch)
+            size = len(batch)
+            if size > self.max_batch_size:
+                self.max_batch_size = size
+            self.batch_sizes.add(size)
+            self._sent[id(batch)] = monotonic()
             self.executor.submit(batch)
 
     def _hold_back_overlaps(self, requests: list[StateRequest]) -> list[StateRequest]:
@@ -325,6 +348,9 @@ class AsyncExecutionController:
         record's reference."""
         batch, error = mail
         self.executor.completed()
+        sent = self._sent.pop(id(batch), None)
+        if sent is not None:
+            self.request_latency.add(monotonic() - sent, len(batch))
         if error is not None:
             self.current = _record_of(batch[0]) if batch else None
             raise BatchFailed(batch) from error
@@ -429,6 +455,20 @@ class AsyncExecutionController:
         self.current = current
         return future.get()
 
+    def gauges(self) -> dict[str, Any]:
+        """Flink's AEC gauges now, and the histograms and hot keys so far (the
+        operator's ``metrics`` adds them)."""
+        return {
+            "num_in_flight_records": self.in_flight,
+            "active_buffer_size": len(self.active.requests),
+            "blocking_buffer_size": self.blocking.size,
+            "num_blocking_keys": self.blocking.key_count(),
+            "batch_size": self.batch_sizes.summary(),
+            "state_request_latency_s": self.request_latency.summary(),
+            "record_latency_s": self.record_latency.summary(),
+            "hot_keys": hottest(self.blocking.waits),
+        }
+
     def stuck_keys(self) -> list[Hashable]:
         """Keys held by unfinished records (for the stuck-run error)."""
         return self.keys.held_keys()
@@ -440,6 +480,7 @@ class SynchronousController(AsyncExecutionController):
     (FLIP-425's "synchronous execution with async APIs"; the reference run)."""
 
     synchronous = True
+    __slots__ = ()
 
     def submit(
         self,
@@ -467,6 +508,8 @@ class StateOrderedController(AsyncExecutionController):
     records start at once; a record takes its key with its first state request, and
     requests of a record that does not hold the key wait in a per-key queue until
     the holder finishes. Timer firings hold their key as in record order."""
+
+    __slots__ = ("waiting_requests",)
 
     def __init__(
         self,
@@ -524,11 +567,14 @@ class StateOrderedController(AsyncExecutionController):
                 queue = self.waiting_requests[context.key] = deque()
             queue.append(request)
             self.blocked += 1
+            self.blocking.count_wait(context.key)
             return
         self.active.add(request)
 
     def on_context_finished(self, context: RecordContext) -> None:
         self.in_flight -= 1
+        if context.admitted:
+            self.record_latency.add(monotonic() - context.admitted)
         if self.keys.holder(context.key) is context:  # a record that made no request holds nothing
             successor = self._timer_chain(context) if context.timer is not None else None
             moved = False

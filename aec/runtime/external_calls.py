@@ -47,6 +47,9 @@ class CallFuture(StateFuture):
     """
 
     __slots__ = ("_error",)
+    # a pending call holds a reference on its record (released after completion):
+    # callbacks ride on it
+    callbacks_hold_record = False
 
     def __init__(self, context: Any = None) -> None:
         super().__init__(context)

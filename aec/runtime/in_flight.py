@@ -16,13 +16,15 @@ timer firing, a read-modify-write lane, a closed epoch still finishing.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aec.declare.program import DeclaredProgram
+from aec.keygroups import KeyGroupRange
 from aec.runtime.controller import AsyncExecutionController
-from aec.runtime.epochs import Epoch
+from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
 from aec.state.requests import DefaultedGet, StateRequest
@@ -90,6 +92,28 @@ class ResumedRecord(RecordContext):
         self.carried = carried
 
 
+class Unserializable(ValueError):
+    """A carried record holds a value the checkpoint cannot store (named)."""
+
+
+def carry(
+    controller: AsyncExecutionController, epochs: EpochManager, program: DeclaredProgram
+) -> list[CarriedRecord] | None:
+    """The checkpoint side of a declaring function's operator: wait only for the
+    work handed out (the AEC holds its buffered requests back meanwhile), then
+    ``capture``. None (the AEC no longer holding) when the checkpoint must drain:
+    a closed epoch is still finishing, or a record cannot be carried. The caller
+    sets ``controller.holding`` back to False once the checkpoint is written."""
+    if not epochs.all_closed_done():
+        return None
+    controller.holding = True
+    controller.finish_handed_over()
+    carried = capture(controller, program) if epochs.all_closed_done() else None
+    if carried is None:
+        controller.holding = False
+    return carried
+
+
 def capture(
     controller: AsyncExecutionController, program: DeclaredProgram
 ) -> list[CarriedRecord] | None:
@@ -140,10 +164,14 @@ def _started(
         awaited = next((i for i, r in enumerate(requests) if r is run.pending), None)
         if awaited is None:
             return None  # it waits for a future a callback derived, or a call
-    # every reference is accounted for: one per buffered request, one for the run's
-    # continuation; anything more is an undeclared callback or future
-    if context.ref_count != len(requests) + (awaited is not None):
+    # every reference is accounted for: one per buffered request (whose callbacks ride
+    # on it); anything more is an undeclared future; no callback but the run's
+    # continuation waits on a request
+    if context.ref_count != len(requests):
         return None
+    for index, request in enumerate(requests):
+        if request.pending_callbacks() != (1 if index == awaited else 0):
+            return None
     stored = []
     for request in requests:
         kind = _NAMES.get(type(request))
@@ -183,3 +211,49 @@ def check_steps(records: list[CarriedRecord], program: DeclaredProgram) -> None:
     for record in records:
         if record.next_step is not None:
             program.step_named(record.next_step)
+
+
+def encode(records: list[CarriedRecord]) -> bytes:
+    """The carried records as checkpoint bytes; ``Unserializable`` (a ValueError)
+    naming the declared variable, or the record, that cannot be pickled."""
+    try:
+        return pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        for record in records:
+            for name, value in (record.variables or {}).items():
+                try:
+                    pickle.dumps(value)
+                except Exception:
+                    raise Unserializable(
+                        f"declared variable {name!r} of the record of key {record.key!r} "
+                        f"in flight cannot be pickled ({type(value).__name__}): no "
+                        "checkpoint was taken"
+                    ) from exc
+        raise Unserializable(f"a record in flight cannot be pickled for the checkpoint: {exc}") from exc
+
+
+def decode(blobs: list[bytes], where: str, owned: KeyGroupRange) -> list[CarriedRecord]:
+    """The carried records of restored checkpoints (one blob each) whose key group
+    ``owned`` holds, each checkpoint's in their stored order. Raises ValueError for
+    data that does not read."""
+    records: list[CarriedRecord] = []
+    for blob in blobs:
+        try:
+            decoded = pickle.loads(blob)
+        except Exception as exc:
+            raise ValueError(f"the in-flight records of {where} cannot be read: {exc}") from exc
+        records.extend(r for r in decoded if r.key_group in owned)
+    return records
+
+
+def readmitted(
+    record: CarriedRecord, epoch: Epoch, on_finished: Callable[[RecordContext], None]
+) -> RecordContext:
+    """The context a restored operator admits for ``record``: a started one resumes
+    its run (``ResumedRecord``), one that waited for its key starts anew."""
+    if record.started:
+        return ResumedRecord(record, epoch, on_finished)
+    return RecordContext(
+        record.value, record.key, record.key_group, record.timestamp, record.sequence,
+        epoch, record.watermark, on_finished, None, record.processing_time,
+    )  # fmt: skip

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import pickle
 import time
 from collections.abc import Callable, Container, Hashable, Sequence
 from time import monotonic
@@ -35,7 +34,7 @@ from aec.declare.program import DeclaredProgram
 from aec.elements import ClockTick, Record, Watermark, check_key, check_timestamp
 from aec.errors import JobFailure
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
-from aec.keygroups import KeyGroupRange, key_group_for
+from aec.keygroups import KeyGroupRange, key_group_for, owned_range
 from aec.runtime import interpreter_tuning
 from aec.runtime.bundle import (
     BUNDLE_LIMIT,
@@ -48,7 +47,15 @@ from aec.runtime.controller import StuckError, new_controller
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
 from aec.runtime.external_calls import ExternalCalls
-from aec.runtime.in_flight import CarriedRecord, ResumedRecord, capture, check_steps
+from aec.runtime.in_flight import (
+    CarriedRecord,
+    Unserializable,
+    carry,
+    check_steps,
+    decode,
+    encode,
+    readmitted,
+)
 from aec.runtime.operator_checkpoints import HandleLike, read_checkpoints, restore_backend
 from aec.runtime.operator_failures import cause_of, job_failure, stuck_error
 from aec.runtime.operator_timers import OperatorTimers
@@ -90,6 +97,17 @@ class KeyedProcessOperator:
     operator is then unusable.
     """
 
+    # slots: the per-record path reads these (fixed offsets, no instance dict)
+    __slots__ = (
+        "function", "backend", "config", "key_group_range", "synchronous", "executor",
+        "epochs", "_declaring", "entries", "controller", "timers", "output", "emit",
+        "emit_side", "external_calls", "clock", "_poll", "_now", "context", "_handles",
+        "declared_states", "_key_groups", "_first_group", "_last_group", "_ticks", "_limit",
+        "_on_finished", "_waits_for_epochs", "_watermark", "_sequence", "_records_in",
+        "_started", "_elapsed", "_state", "_restorable", "_bundles", "_program",
+        "_checkpoint_pending", "_checkpoint_pause", "__weakref__",
+    )  # fmt: skip
+
     def __init__(
         self,
         function: KeyedProcessFunction,
@@ -108,7 +126,7 @@ class KeyedProcessOperator:
         self.config = config if config is not None else AecConfig()
         if not isinstance(self.config, AecConfig):
             raise TypeError(f"config must be an AecConfig, got {type(self.config).__name__}")
-        self.key_group_range = _owned_range(key_group_range, self.config.max_parallelism)
+        self.key_group_range = owned_range(key_group_range, self.config.max_parallelism)
         self.synchronous = not self.config.async_state
         if executor is None:
             if self.synchronous or not getattr(backend, "blocking", True):
@@ -479,7 +497,7 @@ class KeyedProcessOperator:
             if flush is not None:
                 flush()
             handle = store.write(checkpoint_id, self.backend, state)
-        except (CheckpointStorageError, _Unserializable):
+        except (CheckpointStorageError, Unserializable):
             raise  # nothing committed; the operator goes on as if no snapshot was asked
         except BaseException as exc:
             self._raise_failure(exc, f"checkpoint {checkpoint_id}")
@@ -490,27 +508,12 @@ class KeyedProcessOperator:
         return handle
 
     def _carry(self) -> list[CarriedRecord] | None:
-        """A declaring function's checkpoint does not drain: wait only for the work
-        handed out, then describe the records in flight and waiting (None when one
-        of them cannot be carried, or the run is not one that carries: the
-        checkpoint drains). See ``aec.runtime.in_flight``."""
+        """A declaring function's checkpoint does not drain (``in_flight.carry``);
+        None: it drains (not a declaring function, or a run that cannot carry)."""
         program = self._program
-        if (
-            program is None
-            or self.synchronous
-            or self.config.state_ordered
-            or not self.epochs.all_closed_done()
-        ):
+        if program is None or self.synchronous or self.config.state_ordered:
             return None
-        controller = self.controller
-        controller.holding = True
-        controller.finish_handed_over()
-        if not self.epochs.all_closed_done():
-            return None
-        carried = capture(controller, program)
-        if carried is None:
-            controller.holding = False
-        return carried
+        return carry(self.controller, self.epochs, program)
 
     def restore(self, handle: HandleLike | Sequence[HandleLike]) -> None:
         """Replace state, timers, watermark and clock reading with a checkpoint's, or
@@ -556,7 +559,7 @@ class KeyedProcessOperator:
             plan,
             where,
         ):
-            carried = self._carried_in(plan.in_flight, where)
+            carried = decode(plan.in_flight, where, self.key_group_range)
             self.open()
             if carried:
                 if self._program is None:
@@ -572,36 +575,9 @@ class KeyedProcessOperator:
             except BaseException as exc:
                 self._raise_failure(exc, f"restore of {where}")
         self._apply_restored(plan.state)
-        self._admit_carried(carried)
-
-    def _carried_in(self, blobs: list[bytes], where: str) -> list[CarriedRecord]:
-        """The carried records of the restored checkpoints that this operator's key
-        groups own, by key then arrival. Raises ValueError for unreadable data."""
-        records: list[CarriedRecord] = []
-        for blob in blobs:
-            try:
-                decoded = pickle.loads(blob)
-            except Exception as exc:
-                raise ValueError(f"the in-flight records of {where} cannot be read: {exc}") from exc
-            records.extend(r for r in decoded if self._first_group <= r.key_group <= self._last_group)
-        return records
-
-    def _admit_carried(self, carried: list[CarriedRecord]) -> None:
-        """Put carried records back before any input: a started one resumes its run,
-        holding its key; those that waited for their key start anew behind it."""
-        for record in carried:
-            if record.started:
-                context: RecordContext = ResumedRecord(
-                    record, self.epochs.active, self._on_finished
-                )
-            else:
-                context = RecordContext(
-                    record.value, record.key, record.key_group, record.timestamp,
-                    record.sequence, self.epochs.active, record.watermark,
-                    self._on_finished, None, record.processing_time,
-                )  # fmt: skip
+        for record in carried:  # before any input: they arrived before the checkpoint
             self._key_groups[record.key] = record.key_group
-            self.controller.admit(context, False)
+            self.controller.admit(readmitted(record, self.epochs.active, self._on_finished), False)
 
     def _apply_restored(self, state: OperatorState) -> None:
         """Take the restored operator state (the backend is restored already)."""
@@ -643,7 +619,7 @@ class KeyedProcessOperator:
             },
             backend=type(self.backend).__name__,
             key_group_range=(self.key_group_range.start, self.key_group_range.end),
-            in_flight=_encode_carried(carried) if carried else b"",
+            in_flight=encode(carried) if carried else b"",
         )
 
     # -- output --------------------------------------------------------------------------------
@@ -697,6 +673,7 @@ class KeyedProcessOperator:
             "records_per_s": (self._records_in / elapsed) if elapsed > 0 else 0.0,
             "checkpoint_pending_records": self._checkpoint_pending,
             "checkpoint_pause_s": self._checkpoint_pause,
+            **c.gauges(),
             # counters the function keeps (windows: late_records_dropped)
             **(getattr(self.function, "metric_counters", dict)()),
         }
@@ -832,48 +809,3 @@ class KeyedProcessOperator:
         if isinstance(exc, (KeyboardInterrupt, SystemExit, JobFailure)):
             raise exc
         raise job_failure(exc, context, where) from cause_of(exc)
-
-
-class _Unserializable(ValueError):
-    """A carried record holds a value the checkpoint cannot store (named)."""
-
-
-def _encode_carried(records: list[CarriedRecord]) -> bytes:
-    """The carried records as checkpoint bytes; ``_Unserializable`` (a ValueError)
-    naming the declared variable, or the record, that cannot be pickled."""
-    try:
-        return pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        for record in records:
-            for name, value in (record.variables or {}).items():
-                try:
-                    pickle.dumps(value)
-                except Exception:
-                    raise _Unserializable(
-                        f"declared variable {name!r} of the record of key {record.key!r} "
-                        f"in flight cannot be pickled ({type(value).__name__}): no "
-                        "checkpoint was taken"
-                    ) from exc
-        raise _Unserializable(
-            f"a record in flight cannot be pickled for the checkpoint: {exc}"
-        ) from exc
-
-
-def _owned_range(key_groups: object, max_parallelism: int) -> KeyGroupRange:
-    """The operator's key groups: ``key_groups``, or all of ``max_parallelism``.
-
-    Raises TypeError (not a KeyGroupRange) or ValueError (outside
-    ``range(max_parallelism)``, or empty).
-    """
-    if key_groups is None:
-        return KeyGroupRange.all(max_parallelism)
-    if not isinstance(key_groups, KeyGroupRange):
-        raise TypeError(
-            f"key_group_range must be an aec.keygroups.KeyGroupRange, got {key_groups!r}"
-        )
-    if not key_groups.within(max_parallelism) or not len(key_groups):
-        raise ValueError(
-            f"key_group_range {key_groups} must be a non-empty range inside "
-            f"range(max_parallelism={max_parallelism})"
-        )
-    return key_groups

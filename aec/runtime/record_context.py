@@ -43,7 +43,7 @@ class RecordContext:
     __slots__ = (
         "value", "key", "key_group", "timestamp", "sequence", "epoch", "timer",
         "watermark", "processing_time", "ref_count", "in_batches", "batch_id", "deferred",
-        "on_finished", "lanes", "waited", "queued",
+        "on_finished", "lanes", "waited", "queued", "admitted",
     )  # fmt: skip
 
     def __init__(
@@ -77,6 +77,7 @@ class RecordContext:
         self.lanes: dict[str, deque[StateRequest]] | None = None
         self.waited = False  # it waited for its key (see the AEC's invariants)
         self.queued = 0  # see the module invariants
+        self.admitted = 0.0  # monotonic seconds of admission, for sampled records only
 
     def retain(self) -> None:
         """One more thing this record waits for (the engine's hottest sites add to

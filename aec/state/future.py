@@ -6,8 +6,10 @@ Invariants (all on the mailbox thread):
   inline, at once.
 - Reference counting (docs/semantics.md, rule 3): a pending callback holds one
   reference on the future's ``context`` (a ``RecordContext``: +1 when it is
-  registered, ``release()`` after it ran). The state request behind a future
-  holds its own reference (taken by the controller).
+  registered, ``release()`` after it ran). A state request (or external call)
+  holds its own reference, taken by the controller and released only after its
+  callbacks ran, so callbacks registered on it ride on that one
+  (``callbacks_hold_record = False``).
 - An exception raised by a callback propagates to whoever completed the future:
   the engine's loop, which fails the job (rule 10). Futures never carry errors.
 
@@ -43,6 +45,10 @@ class StateFuture:
     """
 
     __slots__ = ("_result", "_callbacks", "context")
+    # whether a pending callback holds its own reference on the record: a future that
+    # itself holds one until its callbacks ran (a state request, an external call)
+    # lets them ride on it
+    callbacks_hold_record = True
 
     def __init__(self, context: Owner | None = None, result: Any = _PENDING) -> None:
         self._result: Any = result  # _PENDING until completed
@@ -81,7 +87,7 @@ class StateFuture:
         if callbacks is None:
             return
         self._callbacks = None
-        context = self.context
+        context = self.context if self.callbacks_hold_record else None
         if type(callbacks) is not list:  # one callback is stored bare: the common case
             callbacks(result)
             if context is not None:
@@ -91,6 +97,13 @@ class StateFuture:
             callback(result)
             if context is not None:
                 context.release()
+
+    def pending_callbacks(self) -> int:
+        """Engine side: how many callbacks wait for this future (0 once complete)."""
+        callbacks = self._callbacks
+        if callbacks is None:
+            return 0
+        return len(callbacks) if type(callbacks) is list else 1
 
     def subscribe(self, callback: Callable[[Any], None], context: Owner | None) -> bool:
         """Engine side (the coroutine driver): run ``callback(result)`` on completion,
@@ -114,8 +127,8 @@ class StateFuture:
     def _register(self, callback: Callable[[Any], None]) -> None:
         """Add ``callback`` to this pending future, holding a context reference."""
         context = self.context
-        if context is not None:
-            context.ref_count += 1  # released after the callback ran (see _run)
+        if context is not None and self.callbacks_hold_record:
+            context.ref_count += 1  # released in complete, after the callback ran
         callbacks = self._callbacks
         if callbacks is None:
             self._callbacks = callback
@@ -141,7 +154,7 @@ class StateFuture:
         """Run ``fn(result)``; a future of None once it ran."""
         if self._result is not _PENDING:
             fn(self._result)
-            return _done(None, self.context)
+            return _DONE_NONE
         out = StateFuture(self.context)
 
         def run(r: Any) -> None:
@@ -163,8 +176,11 @@ class StateFuture:
         def forward(r: Any) -> None:
             value = fn(r)
             if type(value) is StateFuture or isinstance(value, StateFuture):
-                value.on_complete(out.complete)
-                return
+                result = value._result  # noqa: SLF001 (a StateFuture's own field, this class)
+                if result is _PENDING:
+                    value._register(out.complete)  # noqa: SLF001 (this class)
+                    return
+                value = result
             out.complete(value)
 
         self._register(forward)
@@ -230,6 +246,11 @@ class StateFuture:
         if self._result is _PENDING:
             return (yield self)
         return self._result
+
+
+# what a callback chained on a completed future returns when it has no value: a done
+# future holds no reference and takes no callback, so one serves every record
+_DONE_NONE = StateFuture(None, None)
 
 
 def _done(value: Any, context: Owner | None) -> StateFuture:

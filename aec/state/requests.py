@@ -99,6 +99,9 @@ class StateRequest(StateFuture):
     """
 
     __slots__ = ("op", "state", "key", "key_group", "user_key", "value", "result")
+    # a pending request holds a reference on its record (the AEC's) until its
+    # callbacks ran: they need none of their own
+    callbacks_hold_record = False
     read_modify_write = False  # RmwRead and RmwWrite: the AEC's lanes hold requests behind it
 
     def __init__(
