@@ -29,6 +29,7 @@ from pyspark import TaskContext
 from aec.checkpoint import CheckpointHandle
 from aec.elements import Watermark
 from aec.keygroups import key_group_range_for
+from aec.timeouts import timeout_environment
 from spark_glue.partition import PartitionJob, PartitionRun
 from spark_glue.routing import partition_of, untagged
 from spark_glue.stream_state import StateStore, load_watermarks, save_watermarks
@@ -42,10 +43,12 @@ _AWS = (
 _KEPT: dict[tuple[str, int, int], tuple[PartitionRun, CheckpointHandle]] = {}
 
 
-def driver_aws_environment() -> dict[str, str]:
-    """The driver's AWS variables, applied on executors that lack them (a local
-    Spark's workers inherit the JVM's environment, not the driver's later one)."""
-    return {name: os.environ[name] for name in _AWS if name in os.environ}
+def store_environment() -> dict[str, str]:
+    """This process's AWS variables and store timeouts (``aec.timeouts``), applied on
+    executors that lack them (a local Spark's workers inherit the JVM's environment,
+    not the driver's later one)."""
+    found = {name: os.environ[name] for name in _AWS if name in os.environ}
+    return {**found, **timeout_environment()}
 
 
 @dataclass(frozen=True)
