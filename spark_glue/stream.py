@@ -49,7 +49,7 @@ from spark_glue.routing import ROUTE, tag
 from spark_glue.session_conf import conf_flag, conf_value, is_connect, runs_on_one_machine
 from spark_glue.stream_state import Layout, StateStore, relative_names, verify_history
 from spark_glue.stream_task import StreamTask, store_environment
-from spark_glue.workers import check_reachable
+from spark_glue.workers import carried, check_reachable
 
 
 def process_keyed_stream(
@@ -179,6 +179,7 @@ def process_keyed_stream(
         # the store variables it lacks come from the caller, as they do on executors.
         for name, value in caller_environment.items():
             os.environ.setdefault(name, value)
+        verify_history(state.location, layout, batch_id, None, spark_root)  # as stored
         if layout.enter(batch_id, partitions):
             layout.save(store)
         era = len(layout.history) - 1
@@ -205,7 +206,7 @@ def process_keyed_stream(
         finally:
             raw.unpersist()
 
-    writer = stream_df.writeStream.foreachBatch(foreach_batch).option(
+    writer = stream_df.writeStream.foreachBatch(carried(spark, foreach_batch)).option(
         "checkpointLocation", spark_root
     )
     if trigger is not None:

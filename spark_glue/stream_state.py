@@ -242,7 +242,8 @@ def verify_history(
     every earlier one): the layout exists once a micro-batch was committed, its
     record is of ``batch_id - 1`` (or of ``batch_id``, a replay), and the planned
     checkpoints (``planned``: partition -> names; None skips this part, at query
-    start) are those the record lists.
+    start) are those the record lists. ``layout`` is the stored one (None or a new,
+    empty one when none is stored).
 
     Raises:
         StateHistoryError: any of these fails (lost, replaced or older state), or
@@ -263,7 +264,7 @@ def verify_history(
 
     if committed < 0:
         return
-    if layout is None:
+    if layout is None or not layout.history:  # none stored, or a new one not saved yet
         raise lost("the state location holds no layout.json (emptied, deleted or replaced)")
     record = layout.last
     if record is None:

@@ -335,3 +335,47 @@ def _marker_function(marker: str) -> Callable[[Any], str]:
         return ("+" if os.path.exists(marker) else "-") + socket.gethostname()
 
     return seen
+
+
+def carried(spark: Any, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, made to run in a Python process that gets none of the session's
+    artifacts: on a Connect session that ``ship_package`` served, the server runs a
+    ``foreachBatch`` function in its own Python process, which imports only what its
+    interpreter has. The result travels by value with the shipped zip inside and puts
+    it on ``sys.path`` before it unpickles ``function``. Without shipping (aec
+    installed there, or a classic session) ``function`` is returned as it is."""
+    archive = _shipped.get(spark)
+    if archive is None or not is_connect(spark):
+        return function
+    from pyspark import cloudpickle
+
+    with open(archive, "rb") as handle:
+        data = handle.read()
+    return _carrier(os.path.basename(archive), data, cloudpickle.dumps(function))
+
+
+def _carrier(name: str, data: bytes, payload: bytes) -> Callable[..., Any]:
+    """The by-value wrapper of ``carried`` (made in a function: pickled whole)."""
+    loaded: dict[str, Any] = {}
+
+    def call(*args: Any) -> Any:
+        function = loaded.get("function")
+        if function is None:
+            import os
+            import sys
+            import tempfile
+
+            from pyspark import cloudpickle
+
+            path = os.path.join(tempfile.gettempdir(), name)
+            if not os.path.exists(path):
+                staging = f"{path}.{os.getpid()}.tmp"
+                with open(staging, "wb") as handle:
+                    handle.write(data)
+                os.replace(staging, path)
+            if path not in sys.path:
+                sys.path.insert(0, path)
+            function = loaded["function"] = cloudpickle.loads(payload)
+        return function(*args)
+
+    return call
