@@ -110,12 +110,19 @@ def ensure_workers(spark: Any, feature: str) -> WorkerPython:
         found = _ready.get(spark)
         if found is not None:
             return found
-        found = probe(spark)
-        if found.problems and not is_connect(spark):
+        try:
+            found = probe(spark)
+        except WorkerEnvironmentError:
+            if is_connect(spark):
+                raise
+            found = None  # the interpreter did not even start: adoption may still help
+        if (found is None or found.problems) and not is_connect(spark):
             found = _adopt_driver_python(spark, found)
-        if found.problems and conf_flag(spark, SHIP_PACKAGE):
+        if found is not None and found.problems and conf_flag(spark, SHIP_PACKAGE):
             ship_package(spark)
             found = probe(spark)
+        if found is None:
+            found = probe(spark)  # raises with Spark's reason
         if found.problems:
             raise WorkerEnvironmentError(_explain(spark, feature, found))
         _ready[spark] = found
@@ -209,25 +216,29 @@ def package_archive() -> str:
     return target
 
 
-def _adopt_driver_python(spark: Any, found: WorkerPython) -> WorkerPython:
+def _adopt_driver_python(spark: Any, found: WorkerPython | None) -> WorkerPython | None:
     """A classic session whose workers run PySpark's default interpreter, which
-    cannot run aec: start its workers with the driver's interpreter instead (a
-    setting of the session's ``SparkContext``, read when a Python function is
-    planned), if that one works there. An interpreter the user chose is kept."""
+    cannot run aec (``found``; None: it did not start): start its workers with the
+    driver's interpreter instead (a setting of the session's ``SparkContext``, read
+    when a Python function is planned), if that one works there. An interpreter the
+    user chose is kept."""
     context = spark.sparkContext
     if context.pythonExec != PYSPARK_DEFAULT_PYTHON or sys.executable in ("", context.pythonExec):
         return found
     context.pythonExec = sys.executable
-    adopted = probe(spark)
-    if adopted.problems:
+    try:
+        adopted = probe(spark)
+    except WorkerEnvironmentError:
+        adopted = None
+    if adopted is None or adopted.problems:
         context.pythonExec = PYSPARK_DEFAULT_PYTHON
         return found
     _log.warning(
         "spark_glue: this session's Python workers ran %s (PySpark's default, no "
-        "PYSPARK_PYTHON when the session started), which cannot import aec; they now run "
+        "PYSPARK_PYTHON when the session started), which cannot run aec; they now run "
         "the driver's interpreter %s. Set PYSPARK_PYTHON before creating the session to "
         "choose another.",
-        found.executable,
+        PYSPARK_DEFAULT_PYTHON if found is None else found.executable,
         sys.executable,
     )
     return adopted

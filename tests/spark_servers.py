@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -32,8 +33,14 @@ def free_port() -> int:
 
 
 def _environment(**extra: str) -> dict[str, str]:
+    """A server's environment: no Spark or PySpark settings of the test run, no
+    PYTHONPATH and not this virtualenv on the PATH (a cluster's machines were set up
+    without the user's environment: their workers see only what they are given)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
-    env.pop("PYTHONPATH", None)  # the servers' Python workers see only what they are given
+    env.pop("PYTHONPATH", None)
+    env.pop("VIRTUAL_ENV", None)
+    ours = os.path.dirname(os.path.abspath(sys.executable))
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != ours)
     env.update(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", **extra)
     return env
 

@@ -227,11 +227,11 @@ def test_aec_flights_remote_writes_what_the_classic_run_writes(
     from spark_glue.flights.job import FlightsOptions, run
 
     remote_out, local_out = tmp_path / "remote", tmp_path / "local"
-    common = ["--limit", "3000", "--backend", "memory", "--partitions", "2"]
+    common = ["--limit", "1000", "--backend", "memory", "--partitions", "2"]
     env = driver_env(SPARK_REMOTE=connect_server.url)  # SPARK_REMOTE names the server
     done = aec_command("flights", "--out", str(remote_out), "--ship-package", *common, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     # the classic reference on the test session (PySpark back in classic mode for it)
     monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)
-    run(spark, FlightsOptions(out=str(local_out), backend="memory", partitions=2, limit=3000))
+    run(spark, FlightsOptions(out=str(local_out), backend="memory", partitions=2, limit=1000))
     assert flights_differences(remote_out, local_out) == []
