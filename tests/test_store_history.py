@@ -60,9 +60,8 @@ def test_a_removed_state_directory_is_refused_at_restart(spark, tmp_path, backen
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_state_replaced_by_an_older_copy_is_refused(spark, tmp_path, backend):
-    stream = Stream(spark, tmp_path, num_partitions=2, backend=_backend(backend, tmp_path))
+def test_state_replaced_by_an_older_copy_is_refused(spark, tmp_path):
+    stream = Stream(spark, tmp_path, num_partitions=2)
     state = os.path.join(stream.location, "state")
     stream.start(RunningCount())
     try:
