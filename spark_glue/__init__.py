@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
     from spark_glue.keyed_parquet import KeyedOperator, write_keyed
     from spark_glue.stream import process_keyed_stream
+    from spark_glue.stream_state import StateHistoryError
     from spark_glue.workers import WorkerEnvironmentError, ensure_workers, ship_package
 
 SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "cloudpickle")  # the 'spark' extra
@@ -58,6 +59,7 @@ _EXPORTS = {
     "KeyedOperator": "spark_glue.keyed_parquet",
     "write_keyed": "spark_glue.keyed_parquet",
     "process_keyed_stream": "spark_glue.stream",
+    "StateHistoryError": "spark_glue.stream_state",
     "WorkerEnvironmentError": "spark_glue.workers",
     "ensure_workers": "spark_glue.workers",
     "ship_package": "spark_glue.workers",
@@ -75,6 +77,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "KeyedOperator",
+    "StateHistoryError",
     "WorkerEnvironmentError",
     "async_map",
     "async_udf",
