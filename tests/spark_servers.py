@@ -124,6 +124,9 @@ class ConnectServer:
             "spark.sql.shuffle.partitions": "4",
             "spark.sql.session.timeZone": "UTC",
             "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+            # foreachBatch's Python process must connect back within this (default 15 s,
+            # too short for a Python start on a busy 2-core machine)
+            "spark.python.authenticate.socketTimeout": "120s",
             **(conf or {}),
         }
         self.server: _Process | None = None
