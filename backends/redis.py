@@ -83,6 +83,7 @@ from redis.retry import Retry
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import Op, StateRequest
+from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, encode_key
 from backends.redis_connection import ConnectionErrors, delete_keys, redact, scan_keys
 from backends.redis_plan import PLAN_OPS, Plan
@@ -109,8 +110,11 @@ class RedisBackend(StateBackend):
             plain pipeline.
         max_connections: size of the (blocking, thread-safe) connection pool;
             at least ``AecConfig.executor_threads`` so every I/O thread has one.
-        socket_timeout: seconds a reply (and a free pooled connection) may take.
-        connect_timeout: seconds a connection attempt may take.
+        socket_timeout: seconds a reply (and a free pooled connection) may take;
+            None: ``aec.timeouts.store_timeouts().request`` (``AEC_STORE_REQUEST_TIMEOUT``,
+            default 10), read when the backend is made.
+        connect_timeout: seconds a connection attempt may take; None:
+            ``store_timeouts().connect`` (``AEC_STORE_CONNECT_TIMEOUT``, default 5).
         fresh: on ``open``, delete this partition's keys (``spec()`` builds
             fresh backends: a Spark task attempt starts from empty state).
 
@@ -132,10 +136,13 @@ class RedisBackend(StateBackend):
         partition: int = 0,
         transaction: bool = True,
         max_connections: int = 8,
-        socket_timeout: float = 5.0,
-        connect_timeout: float = 2.0,
+        socket_timeout: float | None = None,
+        connect_timeout: float | None = None,
         fresh: bool = False,
     ) -> None:
+        defaults = store_timeouts()
+        socket_timeout = defaults.request if socket_timeout is None else socket_timeout
+        connect_timeout = defaults.connect if connect_timeout is None else connect_timeout
         if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
             raise ValueError(f"prefix must match [A-Za-z0-9_.-]+, got {prefix!r}")
         if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
@@ -385,8 +392,8 @@ class RedisSpec(BackendSpec):
         fresh: bool = True,
         transaction: bool = True,
         max_connections: int = 8,
-        socket_timeout: float = 5.0,
-        connect_timeout: float = 2.0,
+        socket_timeout: float | None = None,  # None: the executor's store_timeouts()
+        connect_timeout: float | None = None,
     ) -> None:
         self.url = url
         self.prefix = prefix

@@ -53,6 +53,8 @@ Object stores, by URL:
   ``GOOGLE_SERVICE_ACCOUNT``...; Azure: ``AZURE_STORAGE_ACCOUNT_NAME``,
   ``AZURE_STORAGE_ACCOUNT_KEY``...) plus ``object_store_options`` (the crate's
   config keys: ``endpoint``, ``region``, ``access_key_id``, ``allow_http``...).
+  A cloud store's client gets ``connect_timeout`` and ``timeout`` (one request)
+  from ``aec.timeouts.store_timeouts()`` unless ``object_store_options`` set them.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from slatedb import uniffi as sdb
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
+from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
 from backends.slatedb_loop import LoopThread
@@ -100,7 +103,6 @@ from backends.snapshot_sets import checked_key_groups, snapshot_directories
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
 DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
-_PROBE_SECONDS = 5.0  # to connect to an S3 endpoint in open()
 
 
 # --- backend -----------------------------------------------------------------------------
@@ -208,7 +210,7 @@ class SlateDBBackend(StateBackend):
             if self._db is not None:
                 return
             self._store, prefix = object_store(self.url, self.object_store_options)
-            probe_endpoint(self.url, self.object_store_options, _PROBE_SECONDS)
+            probe_endpoint(self.url, self.object_store_options, store_timeouts().connect)
             self._db_path = join_path(prefix, self.path)
             self._start_loop()
             try:

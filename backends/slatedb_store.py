@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from slatedb import uniffi as sdb
 
+from aec.timeouts import store_timeouts
 from backends.keycodec import prefix_end
 
 FORMAT_KEY = b"\x00aec/format"
@@ -58,9 +59,17 @@ def object_store(url: str, options: Mapping[str, str]) -> tuple[Any, str]:
             _check_plain_http(options)
         builder = sdb.ObjectStoreBuilder.from_env(getattr(sdb.ObjectStoreType, _CLOUD[scheme]))
         builder.with_url(f"{scheme}://{root}")
-        for key, value in options.items():
+        for key, value in {**client_timeouts(), **options}.items():
             builder.with_config(key, str(value))
     return builder.build(), prefix
+
+
+def client_timeouts() -> dict[str, str]:
+    """The ``object_store`` crate's client timeouts from ``aec.timeouts.store_timeouts()``:
+    ``connect_timeout`` (connect) and ``timeout`` (one whole request, its body
+    included). ``object_store_options`` with the same keys win."""
+    timeouts = store_timeouts()
+    return {"connect_timeout": f"{timeouts.connect:g}s", "timeout": f"{timeouts.request:g}s"}
 
 
 def s3_endpoint(options: Mapping[str, str]) -> str:

@@ -12,7 +12,10 @@ shuffle and sort and writes their outputs as Parquet from the partitions
 (``spark_glue.keyed_parquet``; what the ``aec flights`` job uses).
 ``async_udf`` turns an ``async def`` into a pandas UDF and ``async_map`` maps rows
 through async calls, both with bounded calls in flight per task
-(``spark_glue.async_calls``).
+(``spark_glue.async_calls``). Each works on a classic and a Spark Connect session;
+before its first job on a session it checks that the session's Python workers
+can import aec (``ensure_workers``; ``ship_package`` sends aec's own packages to
+workers that lack them; ``spark_glue.workers``, docs/cluster.md).
 
 Needs the ``spark`` extra (``pip install 'aec[spark]'``: pyspark, pyarrow,
 pandas). The names above load on first use, so ``import spark_glue`` (and the
@@ -29,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from aec.errors import needs_extra
 
-# Spark starts Python workers with ``$PYSPARK_PYTHON`` (default: ``python3`` on
-# PATH). They must run this interpreter: it has aec installed and unpickles the
-# functions this one pickled. Only a default: an explicit setting wins, and it
-# must happen before the SparkContext starts (importing spark_glue first does).
+# A convenience, not a rule: a session (or a local Connect server) started after
+# this import runs its Python workers with this interpreter, which has aec. The
+# glue does not rely on it: before its first job on a session it probes the
+# workers (``spark_glue.workers``), adopts this interpreter for a classic session
+# left on PySpark's default, and otherwise fails naming the fixes.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 if TYPE_CHECKING:
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
     from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
     from spark_glue.keyed_parquet import KeyedOperator, write_keyed
     from spark_glue.stream import process_keyed_stream
+    from spark_glue.stream_state import StateHistoryError
+    from spark_glue.workers import WorkerEnvironmentError, ensure_workers, ship_package
 
 SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "cloudpickle")  # the 'spark' extra
 
@@ -53,6 +59,10 @@ _EXPORTS = {
     "KeyedOperator": "spark_glue.keyed_parquet",
     "write_keyed": "spark_glue.keyed_parquet",
     "process_keyed_stream": "spark_glue.stream",
+    "StateHistoryError": "spark_glue.stream_state",
+    "WorkerEnvironmentError": "spark_glue.workers",
+    "ensure_workers": "spark_glue.workers",
+    "ship_package": "spark_glue.workers",
 }
 
 
@@ -67,11 +77,15 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "KeyedOperator",
+    "StateHistoryError",
+    "WorkerEnvironmentError",
     "async_map",
     "async_udf",
+    "ensure_workers",
     "partition_metrics",
     "process_keyed",
     "process_keyed_stream",
+    "ship_package",
     "side_output",
     "unpersist",
     "write_keyed",

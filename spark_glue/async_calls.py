@@ -30,7 +30,7 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.util import PythonEvalType
@@ -39,6 +39,7 @@ from aec.async_io import AsyncFunction, ordered_wait, unordered_wait
 from aec.async_io.operator import check_capacity
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from spark_glue.convert import arrow_schema, encode_columns, rows_as_dicts, struct_type
+from spark_glue.workers import ensure_workers
 
 DEFAULT_CAPACITY = 100  # calls in flight per Spark task
 DEFAULT_TIMEOUT = 60.0  # seconds per input, spanning retries
@@ -150,6 +151,9 @@ def async_udf(
                 f"async_udf decorates an `async def`, got {getattr(fn, '__name__', fn)!r}"
             )
         body = _UdfBody(fn, capacity, timeout, strategy, ordered)
+        session = SparkSession.getActiveSession()  # the UDF may be made before any session
+        if session is not None:
+            ensure_workers(session, "async_udf")
         # the iterator form: one wait call (and one event loop) per task, not per batch;
         # named by eval type, since type hints cannot say "any number of columns"
         with warnings.catch_warnings():
@@ -319,6 +323,7 @@ def async_map(
         function = _RowFunction(function)
     schema = struct_type(output_schema)
     job = _MapJob(function, schema, mode, capacity, timeout, retry or NoRetry())
+    ensure_workers(df.sparkSession, "async_map")
     return df.mapInArrow(job.run, schema)
 
 

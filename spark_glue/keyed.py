@@ -59,6 +59,7 @@ from spark_glue.convert import (
 from spark_glue.partition import PartitionJob
 from spark_glue.raw_frame import _METRICS, _RESERVED, _STREAM, RawLayout, side_column
 from spark_glue.watermarks import BoundedOutOfOrderness, delay_seconds
+from spark_glue.workers import ensure_workers
 
 _POSITION = "__aec_position"
 _TIME_TYPES = (T.TimestampType, T.TimestampNTZType, T.DateType, T.NumericType)
@@ -133,6 +134,9 @@ def process_keyed(
     Raises:
         TypeError, ValueError: on the driver, for bad arguments (unknown column,
             non-time timestamp column, unpicklable function, reserved column name).
+        spark_glue.WorkerEnvironmentError: before any job, when the session's Python
+            workers cannot import aec (``spark_glue.workers``: the message names the
+            interpreter, the missing modules and the fixes).
             At run time a failing partition fails the Spark job; the error Spark
             raises on the driver carries the ``aec.JobFailure`` message (key and record).
     """
@@ -214,6 +218,7 @@ def plan_job(
         function_bytes = cloudpickle.dumps(function)
     except Exception as exc:
         raise TypeError(f"the function cannot be pickled for the executors: {exc}") from exc
+    ensure_workers(df.sparkSession, name)  # before any job: the workers can run aec
     return PartitionJob(
         function_bytes=function_bytes,
         spec=spec,

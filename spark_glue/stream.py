@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import os
 import tempfile
 import uuid
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from aec.checkpoint import CheckpointStore
@@ -42,9 +44,12 @@ from spark_glue.keyed import (
     persisted_result,
     plan_job,
 )
+from spark_glue.raw_frame import _METRICS, _STREAM
 from spark_glue.routing import ROUTE, tag
-from spark_glue.stream_state import Layout, StateStore
-from spark_glue.stream_task import StreamTask, driver_aws_environment
+from spark_glue.session_conf import conf_flag, conf_value, is_connect, runs_on_one_machine
+from spark_glue.stream_state import Layout, StateStore, relative_names, verify_history
+from spark_glue.stream_task import StreamTask, store_environment
+from spark_glue.workers import carried, check_reachable
 
 
 def process_keyed_stream(
@@ -140,18 +145,25 @@ def process_keyed_stream(
         name="process_keyed_stream",
     )
     spark = stream_df.sparkSession
-    if spark.sparkContext.getConf().get("spark.speculation", "false").lower() == "true":
+    if conf_flag(spark, "spark.speculation"):
         raise ValueError(
             "process_keyed_stream needs spark.speculation=false: two attempts of one "
             "partition would write the same checkpoint"
         )
     max_parallelism = job.config.max_parallelism
     state = StateStore(state_location, max_parallelism)
-    layout = _open_layout(state, job.keys, spark_root)
+    if not is_uri(state_location) and (is_connect(spark) or not runs_on_one_machine(spark)):
+        check_reachable(spark, state_location, "process_keyed_stream's checkpoint_location")
+    stored = Layout.load(state.store())
+    if not is_connect(spark):  # a Connect server's Spark checkpoint is on its own machine
+        next_batch = _next_batch(spark_root)
+        if next_batch is not None:
+            verify_history(state_location, stored, next_batch, None, spark_root)
+    layout = _open_layout(state, stored, job.keys, None if is_connect(spark) else spark_root)
     partitions = (
         num_partitions
         or layout.partitions
-        or int(cast(str, spark.conf.get("spark.sql.shuffle.partitions")))
+        or int(cast(str, conf_value(spark, "spark.sql.shuffle.partitions", "200")))
     )
     if partitions > max_parallelism:
         raise ValueError(
@@ -160,8 +172,14 @@ def process_keyed_stream(
         )
     task = StreamTask(job, state, uuid.uuid4().hex, keep=isinstance(job.spec, MemorySpec))
     keys, store = job.keys, state.store()
+    caller_environment = store_environment()  # this process's, for the micro-batches'
 
     def foreach_batch(batch_df: DataFrame, batch_id: int) -> None:
+        # On Spark Connect this runs in a Python process of the server, not the caller's:
+        # the store variables it lacks come from the caller, as they do on executors.
+        for name, value in caller_environment.items():
+            os.environ.setdefault(name, value)
+        verify_history(state.location, layout, batch_id, None, spark_root)  # as stored
         if layout.enter(batch_id, partitions):
             layout.save(store)
         era = len(layout.history) - 1
@@ -169,20 +187,26 @@ def process_keyed_stream(
         for partition in range(partitions):  # clear a failed attempt's checkpoints first
             state.clear_attempt(partition, partitions, batch_id)
             sources[partition] = state.sources(layout.history, era, partition, batch_id)
+        planned = {p: relative_names(state, handles) for p, handles in sources.items()}
+        verify_history(state.location, layout, batch_id, planned, spark_root)
         routed = tag(batch_df, keys, max_parallelism, partitions)
         arranged = arrange(routed, [ROUTE], order_by, partitions)
         run = task.for_batch(
-            batch_id, partitions, layout.history[-1][0], sources, driver_aws_environment()
+            batch_id, partitions, layout.history[-1][0], sources, store_environment()
         )
         result = persisted_result(arranged.mapInArrow(run, job.layout.raw), job.layout)
         raw = output_of(result).raw
         try:
-            raw.count()  # every partition runs (and snapshots) once, whatever the sink reads
+            # every partition runs (and snapshots) once, whatever the sink reads; the
+            # metrics rows say which partitions took chk-<batch_id>
+            metrics = raw.filter(F.col(_STREAM) == "metrics").select(_METRICS).collect()
+            snapshotted = [json.loads(row[0])["partition"] for row in metrics]
+            layout.finish(store, batch_id, planned, snapshotted)
             sink(result, batch_id)
         finally:
             raw.unpersist()
 
-    writer = stream_df.writeStream.foreachBatch(foreach_batch).option(
+    writer = stream_df.writeStream.foreachBatch(carried(spark, foreach_batch)).option(
         "checkpointLocation", spark_root
     )
     if trigger is not None:
@@ -212,11 +236,13 @@ def _locations(location: Any, spark_location: Any) -> tuple[str, str]:
     return state, os.path.join(tempfile.gettempdir(), "aec-spark-checkpoints", digest)
 
 
-def _open_layout(state: StateStore, keys: list[str], spark_root: str) -> Layout:
+def _open_layout(
+    state: StateStore, layout: Layout | None, keys: list[str], spark_root: str | None
+) -> Layout:
     """The stored layout, checked against this query, or a new one (saved at the
-    first micro-batch)."""
+    first micro-batch). ``spark_root``: Spark's checkpoint when this process can read
+    it (None: a Connect server's)."""
     store = state.store()
-    layout = Layout.load(store)
     if layout is None:
         return Layout(keys, state.max_parallelism)
     if layout.keys != keys:
@@ -230,7 +256,8 @@ def _open_layout(state: StateStore, keys: list[str], spark_root: str) -> Layout:
             "of a checkpoint, as in Flink)"
         )
     if (
-        not is_uri(spark_root)
+        spark_root is not None
+        and not is_uri(spark_root)
         and not _has_entries(os.path.join(spark_root, "offsets"))
         and _has_checkpoints(store)
     ):
@@ -239,6 +266,26 @@ def _open_layout(state: StateStore, keys: list[str], spark_root: str) -> Layout:
             "micro-batch: it was deleted or moved; restore it or use a new checkpoint_location"
         )
     return layout
+
+
+def _next_batch(spark_root: str) -> int | None:
+    """The micro-batch Spark will run next on a local checkpoint (the newest
+    uncommitted one in ``offsets/``, else the one after the newest in ``commits/``),
+    or None when that cannot be read here (a URI) or nothing ran yet."""
+    if is_uri(spark_root):
+        return None
+    offsets = _batch_ids(os.path.join(spark_root, "offsets"))
+    commits = _batch_ids(os.path.join(spark_root, "commits"))
+    if offsets and (not commits or offsets[-1] > commits[-1]):
+        return offsets[-1]
+    return commits[-1] + 1 if commits else None
+
+
+def _batch_ids(directory: str) -> list[int]:
+    try:
+        return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    except FileNotFoundError:
+        return []
 
 
 def _has_entries(directory: str) -> bool:

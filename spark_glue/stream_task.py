@@ -18,6 +18,7 @@ leaves an operator behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from pyspark import TaskContext
 from aec.checkpoint import CheckpointHandle
 from aec.elements import Watermark
 from aec.keygroups import key_group_range_for
+from aec.timeouts import timeout_environment
 from spark_glue.partition import PartitionJob, PartitionRun
 from spark_glue.routing import partition_of, untagged
 from spark_glue.stream_state import StateStore, load_watermarks, save_watermarks
@@ -42,10 +44,27 @@ _AWS = (
 _KEPT: dict[tuple[str, int, int], tuple[PartitionRun, CheckpointHandle]] = {}
 
 
-def driver_aws_environment() -> dict[str, str]:
-    """The driver's AWS variables, applied on executors that lack them (a local
-    Spark's workers inherit the JVM's environment, not the driver's later one)."""
-    return {name: os.environ[name] for name in _AWS if name in os.environ}
+def store_environment() -> dict[str, str]:
+    """This process's AWS variables and store timeouts (``aec.timeouts``), applied on
+    executors that lack them (a local Spark's workers inherit the JVM's environment,
+    not the driver's later one)."""
+    found = {name: os.environ[name] for name in _AWS if name in os.environ}
+    return {**found, **timeout_environment()}
+
+
+@contextlib.contextmanager
+def caller_environment(variables: dict[str, str]) -> Iterator[None]:
+    """Set, for one task, the caller's ``variables`` this process lacks; remove them
+    after it. A Python worker runs tasks of many queries and tests: values a task
+    brought must not outlive it (they would shadow the next caller's)."""
+    added = [name for name in variables if name not in os.environ]
+    for name in added:
+        os.environ[name] = variables[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 @dataclass(frozen=True)
@@ -96,8 +115,12 @@ class BatchTask:
                 return
         else:
             partition = partition_of(first)
-        for name, value in self.environment.items():
-            os.environ.setdefault(name, value)
+        with caller_environment(self.environment):
+            yield from self._run(partition, first, batches)
+
+    def _run(
+        self, partition: int, first: pa.RecordBatch | None, batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
         state = self.task.state
         directory = state.partition(partition, self.partitions)
         state.clear_attempt(partition, self.partitions, self.batch_id)  # again: a retried task

@@ -45,6 +45,7 @@ def test_every_example_is_tested():
         "spark_streaming.py",
         "windows_late_data.py",
         "external_call.py",
+        "spark_connect.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -98,4 +99,19 @@ def test_spark_streaming_continues_from_its_checkpoint(spark, capsys):
     assert out == [
         "first run:  [('ann', 1, 1), ('bob', 2, 1), ('ann', 3, 2)]",
         "second run: [('bob', 4, 2), ('ann', 5, 3)]",
+    ]
+
+
+@pytest.mark.spark
+@pytest.mark.connect
+def test_spark_connect_runs_on_a_local_connect_server():
+    # a child process: a Connect client turns the whole process to Connect mode
+    out = _run_script("spark_connect.py").splitlines()
+    assert out == [
+        "session: pyspark.sql.connect.session",
+        "ann 1 10",
+        "bob 2 5",
+        "ann 3 17",
+        "bob 4 6",
+        "ann 5 20",
     ]

@@ -19,7 +19,10 @@ PACKAGES = ("aec", "backends", "spark_glue")
 
 # Lowest first. A module belongs to the first (longest) prefix that matches it.
 LAYERS: list[tuple[str, ...]] = [
-    ("aec.errors", "aec.config", "aec.elements", "aec.keygroups", "aec.clock", "aec.retry"),
+    (
+        "aec.errors", "aec.config", "aec.elements", "aec.keygroups", "aec.clock", "aec.retry",
+        "aec.timeouts",
+    ),
     ("aec.state",),
     ("aec.functions", "aec.declare"),  # the user function APIs
     ("aec.checkpoint",),

@@ -207,8 +207,8 @@ def test_a_store_failing_on_the_kth_write_commits_nothing_and_keeps_state(s3, mo
     real = storage.resolve_filesystem
     handler: list[FailingWrites] = []
 
-    def failing(uri):
-        fs, path = real(uri)
+    def failing(uri, timeouts=None):
+        fs, path = real(uri, timeouts)
         handler.append(FailingWrites(fs, fail_at))
         return pafs.PyFileSystem(handler[-1]), path
 

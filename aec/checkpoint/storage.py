@@ -17,28 +17,44 @@ is inert anyway).
 
 A location string with a scheme (``name://``) is never taken as a local path:
 a scheme ``pyarrow.fs`` cannot resolve raises ``ValueError`` naming it.
+
+Bounded waits. Every object-store call goes through ``CheckpointStore._call``:
+an S3 file system gets the connect and request timeouts and the attempts of
+``aec.timeouts.store_timeouts()`` (pyarrow's ``S3FileSystem`` options), so a
+stalled store fails the call after about ``request * attempts`` seconds with a
+``CheckpointStorageError`` naming the store, the operation and the path; a call
+slower than ``slow_request`` seconds is logged (logger ``aec.checkpoint.storage``,
+WARNING). Other schemes keep their library's own timeouts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
 
 from aec.checkpoint import files
 from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
 from aec.errors import needs_extra
+from aec.timeouts import StoreTimeouts, store_timeouts
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs  # type: ignore[import-untyped]  # pyarrow ships no type hints
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CHUNK = 1 << 20  # bytes per upload/download write
+# how pyarrow's S3 client (curl under the AWS SDK) reports a request that timed out
+_TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out", re.IGNORECASE)
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class CheckpointStorageError(OSError):
@@ -54,10 +70,14 @@ def is_uri(location: str | os.PathLike[str]) -> bool:
     return isinstance(location, str) and _SCHEME.match(location) is not None
 
 
-def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+def resolve_filesystem(
+    uri: str, timeouts: StoreTimeouts | None = None
+) -> tuple[pafs.FileSystem, str]:
     """``pyarrow.fs.FileSystem.from_uri(uri)``: the file system and the path in it.
 
-    Read on every call, so the AWS variables of the moment apply. Tests replace
+    Read on every call, so the AWS variables of the moment apply. An S3 file
+    system gets ``timeouts`` (default ``store_timeouts()``): connect and request
+    timeouts and a standard retry strategy of ``attempts`` tries. Tests replace
     it to wrap the file system (fault injection).
 
     Raises:
@@ -69,14 +89,41 @@ def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     with needs_extra("s3", f"checkpoints at {name}:// URIs", "pyarrow"):
         import pyarrow.fs as pafs
     try:
-        resolved: tuple[pafs.FileSystem, str] = pafs.FileSystem.from_uri(uri)
-        return resolved
+        fs, path = pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError, TypeError) as exc:  # ArrowInvalid is a ValueError
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(
             f"checkpoint location {uri!r}: the scheme {name!r} cannot be resolved by "
-            f"pyarrow.fs ({first_line}); use a local path, file://, s3://, gs://, ..."
+            f"pyarrow.fs ({_first_line(exc)}); use a local path, file://, s3://, gs://, ..."
         ) from exc
+    if isinstance(fs, pafs.S3FileSystem):
+        fs = _s3_with_timeouts(fs, timeouts or store_timeouts())
+    return fs, path
+
+
+def _s3_with_timeouts(fs: pafs.S3FileSystem, timeouts: StoreTimeouts) -> pafs.S3FileSystem:
+    """The same S3 file system (endpoint, region, credentials as ``from_uri`` found
+    them) with bounded waits. ``from_uri`` takes no timeouts, so the options it
+    resolved (its pickling arguments) are passed to a new ``S3FileSystem``."""
+    import pyarrow.fs as pafs
+
+    options = dict(fs.__reduce__()[1][0])
+    proxy = options.pop("proxy_options", None) or {}
+    if proxy.get("host"):
+        options["proxy_options"] = proxy
+    for name in ("region", "role_arn", "session_name", "external_id", "tls_ca_file_path"):
+        if not options.get(name):
+            options.pop(name, None)  # unset: the SDK's own resolution
+    options.update(
+        connect_timeout=timeouts.connect,
+        request_timeout=timeouts.request,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=timeouts.attempts),
+    )
+    return pafs.S3FileSystem(**options)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class CheckpointStore:
@@ -87,13 +134,21 @@ class CheckpointStore:
         local: True for a local directory (atomic-rename commits).
     """
 
-    def __init__(self, location: str, fs: pafs.FileSystem | None, root: str, local: bool) -> None:
+    def __init__(
+        self,
+        location: str,
+        fs: pafs.FileSystem | None,
+        root: str,
+        local: bool,
+        timeouts: StoreTimeouts | None = None,
+    ) -> None:
         # a local directory is read and written with os (no pyarrow: the engine-only
         # install checkpoints locally); ``fs`` is the object store's file system
         self.location = location
         self.fs = fs
         self.root = root
         self.local = local
+        self.timeouts = timeouts or StoreTimeouts()  # what ``fs`` was built with
 
     @property
     def _remote(self) -> pafs.FileSystem:
@@ -117,10 +172,11 @@ class CheckpointStore:
             if text.lower().startswith("file://"):
                 path = os.path.abspath(unquote(urlparse(text).path))
                 return cls(path, None, path, True)
-            fs, root = resolve_filesystem(text)
+            timeouts = store_timeouts()
+            fs, root = resolve_filesystem(text, timeouts)
             if type(fs).__name__ == "LocalFileSystem":
                 return cls(os.path.abspath(root), None, os.path.abspath(root), True)
-            return cls(text.rstrip("/"), fs, root.rstrip("/"), False)
+            return cls(text.rstrip("/"), fs, root.rstrip("/"), False, timeouts)
         path = os.path.abspath(text)
         return cls(path, None, path, True)
 
@@ -136,7 +192,9 @@ class CheckpointStore:
 
     def child(self, *parts: str) -> CheckpointStore:
         """The store at a sub-directory."""
-        return CheckpointStore(self.name_of(*parts), self.fs, self._path(*parts), self.local)
+        return CheckpointStore(
+            self.name_of(*parts), self.fs, self._path(*parts), self.local, self.timeouts
+        )
 
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint_ids(self, complete: bool = True) -> list[int]:
@@ -207,15 +265,19 @@ class CheckpointStore:
                 self._put(os.path.join(source, relative), self._path(name, relative))
         except Exception as exc:
             with contextlib.suppress(Exception):
-                self._remote.delete_dir(self._path(name))
+                path = self._path(name)
+                self._call("delete", path, functools.partial(self._remote.delete_dir, path))
             raise CheckpointStorageError(
                 f"uploading checkpoint {self.name_of(name)} failed, nothing committed: {exc}"
             ) from exc
 
     def _put(self, source: str, path: str) -> None:
-        with open(source, "rb") as src, self._remote.open_output_stream(path) as out:
-            while chunk := src.read(_CHUNK):
-                out.write(chunk)
+        def put() -> None:
+            with open(source, "rb") as src, self._remote.open_output_stream(path) as out:
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
+
+        self._call("upload", path, put)
 
     def delete(self, checkpoint_id: int) -> None:
         """Remove ``chk-<id>`` (complete or not) if it exists; the manifest first, so a
@@ -231,7 +293,8 @@ class CheckpointStore:
         if self.local:
             shutil.rmtree(self._path(*parts), ignore_errors=True)
         elif self.exists(*parts):
-            self._remote.delete_dir(self._path(*parts))
+            path = self._path(*parts)
+            self._call("delete", path, lambda: self._remote.delete_dir(path))
 
     # -- small files and listing --------------------------------------------------------------
     def list_names(self) -> list[str]:
@@ -241,7 +304,7 @@ class CheckpointStore:
         import pyarrow.fs as pafs
 
         selector = pafs.FileSelector(self.root, allow_not_found=True)
-        infos = self._guarded("list", lambda: self._remote.get_file_info(selector))
+        infos = self._call("list", self.root, lambda: self._remote.get_file_info(selector))
         return sorted(info.base_name for info in infos)
 
     def exists(self, *parts: str) -> bool:
@@ -249,7 +312,8 @@ class CheckpointStore:
             return os.path.exists(self._path(*parts))
         import pyarrow.fs as pafs
 
-        found = self._guarded("check", lambda: self._remote.get_file_info(self._path(*parts)).type)
+        path = self._path(*parts)
+        found = self._call("check", path, lambda: self._remote.get_file_info(path).type)
         return cast(bool, found != pafs.FileType.NotFound)
 
     def read_bytes(self, *parts: str) -> bytes:
@@ -259,9 +323,14 @@ class CheckpointStore:
         if self.local:
             with open(self._path(*parts), "rb") as local:
                 return local.read()
-        with self._remote.open_input_stream(self._path(*parts)) as src:
-            data: bytes = src.read()
-            return data
+        path = self._path(*parts)
+
+        def read() -> bytes:
+            with self._remote.open_input_stream(path) as src:
+                data: bytes = src.read()
+                return data
+
+        return self._call("read", path, read)
 
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """Write a whole file, replacing it atomically (a rename locally, one PUT on
@@ -274,8 +343,12 @@ class CheckpointStore:
                 out.write(data)
             os.replace(staging, path)
             return
-        with self._remote.open_output_stream(path) as out:
-            out.write(data)
+
+        def write() -> None:
+            with self._remote.open_output_stream(path) as out:
+                out.write(data)
+
+        self._call("write", path, write)
 
     def delete_file(self, *parts: str) -> None:
         """Remove a file if present."""
@@ -284,17 +357,58 @@ class CheckpointStore:
         if self.local:
             os.remove(self._path(*parts))
         else:
-            self._remote.delete_file(self._path(*parts))
+            path = self._path(*parts)
+            self._call("delete", path, lambda: self._remote.delete_file(path))
 
-    def _guarded(self, what: str, call: Any) -> Any:
-        if self.local:
-            return call()
+    def _call(self, operation: str, path: str, call: Callable[[], _T]) -> _T:
+        """One object-store request: timed (logged above ``timeouts.slow_request``),
+        its failure raised as ``CheckpointStorageError`` naming the store, the
+        operation and the path (a stalled store: "got no answer within ...").
+        ``FileNotFoundError`` passes through (absent is an answer)."""
+        started = time.monotonic()
         try:
             return call()
+        except FileNotFoundError:
+            raise
         except OSError as exc:
+            elapsed = time.monotonic() - started
+            if _TIMED_OUT.search(str(exc)):
+                raise CheckpointStorageError(
+                    f"checkpoint store {self.location} stalled: {operation} of {path} got no "
+                    f"answer within {self.timeouts.describe()} ({elapsed:.1f} s; "
+                    f"{_first_line(exc)})"
+                ) from exc
             raise CheckpointStorageError(
-                f"checkpoint store {self.location} is unreachable or refused access ({what}): {exc}"
+                f"checkpoint store {self.location} is unreachable or refused access "
+                f"({operation} {path}): {exc}"
             ) from exc
+        finally:
+            elapsed = time.monotonic() - started
+            if elapsed > self.timeouts.slow_request:
+                _log.warning(
+                    "slow checkpoint store request: %s of %s on %s took %.2f s (threshold %g s)",
+                    operation, path, self.location, elapsed, self.timeouts.slow_request,
+                )  # fmt: skip
+
+    def download(self, local: str) -> None:
+        """Copy every file under this location into the local directory ``local``."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.root, recursive=True)
+        for info in self._call("list", self.root, lambda: self._remote.get_file_info(selector)):
+            if info.type != pafs.FileType.File:
+                continue
+            relative = info.path[len(self.root) :].lstrip("/")
+            destination = os.path.join(local, *relative.split("/"))
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            self._call(
+                "download", info.path, functools.partial(self._fetch, info.path, destination)
+            )
+
+    def _fetch(self, path: str, destination: str) -> None:
+        with self._remote.open_input_stream(path) as src, open(destination, "wb") as out:
+            while chunk := src.read(_CHUNK):
+                out.write(chunk)
 
 
 @contextlib.contextmanager
@@ -334,25 +448,10 @@ def local_copy(handle: CheckpointHandle | str | os.PathLike[str]) -> Iterator[st
     target = tempfile.mkdtemp(prefix="aec-restore-")
     try:
         local = os.path.join(target, name)
-        store._guarded("download", lambda: _download(store, local))
+        store.download(local)
         yield local
     finally:
         shutil.rmtree(target, ignore_errors=True)
-
-
-def _download(store: CheckpointStore, local: str) -> None:
-    import pyarrow.fs as pafs
-
-    selector = pafs.FileSelector(store.root, recursive=True)
-    for info in store._remote.get_file_info(selector):
-        if info.type != pafs.FileType.File:
-            continue
-        relative = info.path[len(store.root) :].lstrip("/")
-        destination = os.path.join(local, *relative.split("/"))
-        os.makedirs(os.path.dirname(destination), exist_ok=True)
-        with store._remote.open_input_stream(info.path) as src, open(destination, "wb") as out:
-            while chunk := src.read(_CHUNK):
-                out.write(chunk)
 
 
 def latest_checkpoint(directory: str | os.PathLike[str]) -> CheckpointHandle | None:
