@@ -25,7 +25,8 @@ Invariants (loop thread unless said otherwise):
   wrong length, no awaitable) that no retry can mend.
 - ``_owner_idle`` is set by the owner's ``flush`` and cleared by its ``submit``:
   while the owner sleeps, an input that re-enters on the loop (a retry after its
-  backoff) leaves at once instead of waiting for ``max_wait``.
+  backoff) leaves in the next loop turn (with the other retries due in this one)
+  instead of waiting for ``max_wait``.
 """
 
 from __future__ import annotations
@@ -180,6 +181,7 @@ class BatchQueue:
         self._deliver = deliver
         self._pending: list[BatchItem] = []  # loop thread
         self._timer: asyncio.TimerHandle | None = None  # loop thread
+        self._send_soon = False  # loop thread: a send is due in the next loop turn
         self._owner_idle = False  # written by the owner, read on the loop
         self._unflushed = 0  # owner thread: hand-overs since its last flush
         # metrics, written on the loop thread
@@ -223,14 +225,17 @@ class BatchQueue:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait, self.send)
 
     def add_again(self, item: BatchItem) -> None:
-        """``add`` for an input re-entering on the loop (a retry): it leaves at once
-        while the owner sleeps, since nothing the owner does can fill its batch."""
+        """``add`` for an input re-entering on the loop (a retry): while the owner
+        sleeps, nothing it does can fill the batch, so it leaves in this loop turn,
+        with the inputs whose retries fall due in the same turn."""
         self.add(item)
-        if self._owner_idle and self._pending:
-            self.send()
+        if self._owner_idle and self._pending and not self._send_soon:
+            self._send_soon = True
+            asyncio.get_running_loop().call_soon(self.send)
 
     def send(self) -> None:
         """Send the pending batch (its inputs not dropped) as one call."""
+        self._send_soon = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

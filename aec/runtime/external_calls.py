@@ -224,8 +224,7 @@ class ExternalCalls:
         ``Context.call_batched``.
 
         Raises TypeError (not a ``Batcher``, a bad timeout or retry), ValueError (a
-        timeout <= 0), RuntimeError outside a record; in synchronous mode the
-        ``BatchResultError`` / ``TypeError`` of a misused batch function.
+        timeout <= 0), RuntimeError outside a record.
         """
         known = self._queues.get(id(batcher))
         if known is None:
@@ -248,9 +247,13 @@ class ExternalCalls:
             while not mailbox:
                 mailbox.wait(None)
             completion = cast(CallCompletion, mailbox.take())
-            if completion.fatal:
-                raise cast(BaseException, completion.error)
             future.settle(completion.result, completion.error)
+            if completion.fatal:
+                # a misused batch function fails the job even if the caller catches
+                # the error: its mail runs next on the operator's mailbox, as in async
+                # mode (run() raises it, naming this record)
+                controller.calls_in_flight += 1
+                controller.mailbox.post_local(completion)
             return future
         self._count_pending(context)
         completion = CallCompletion(future, controller.mailbox)
