@@ -328,7 +328,10 @@ def test_a_result_of_the_wrong_length_fails_at_once_even_if_caught(config):
         aec.run_keyed([Record(i, i) for i in range(4)],
                       Guarded(batcher, retry=FixedDelay(5, 0.001)), config=config)  # fmt: skip
     message = str(info.value)
-    assert "test_call_batched.test_a_result_of_the_wrong_length_fails_at_once_even_if_caught" in message
+    assert (
+        "test_call_batched.test_a_result_of_the_wrong_length_fails_at_once_even_if_caught"
+        in message
+    )
     size = len(calls[0])
     assert f"returned {size - 1} results for a batch of {size} inputs" in message
     assert len(calls) == 1  # not retried
@@ -362,7 +365,11 @@ def test_bad_use_is_refused():
             elif self.what == "timeout":
                 ctx.call_batched(Batcher(lookup, max_batch_size=2, max_wait=0.1), 1, timeout=0)
 
-    for what, error in [("open", RuntimeError), ("not a batcher", TypeError), ("timeout", ValueError)]:
+    for what, error in [
+        ("open", RuntimeError),
+        ("not a batcher", TypeError),
+        ("timeout", ValueError),
+    ]:
         with pytest.raises((error, JobFailure)) as info:
             aec.run_keyed([Record("k", 1)], Misuse(what))
         cause = info.value if isinstance(info.value, error) else info.value.__cause__
