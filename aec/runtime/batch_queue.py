@@ -11,6 +11,9 @@ the owner sleeps because nothing else can run). On the loop thread the queue kee
 the pending batch and sends it as one call when it holds ``max_batch_size`` inputs,
 when ``max_wait`` seconds passed since its first input (an asyncio timer, so a batch
 leaves on time even while the owner is busy elsewhere), or when the owner flushes.
+Inputs cross over in an outbox the loop takes from, and the owner wakes the loop
+about twice per batch, not per input: a wake-up is a self-pipe write, and one per
+input cost more than the inputs themselves (measured on ``perf/bench_batch_calls.py``).
 
 Invariants (loop thread unless said otherwise):
 - Each input is in at most one batch call, and a batch holds at most
@@ -23,6 +26,9 @@ Invariants (loop thread unless said otherwise):
   results, error, fatal)`` on the loop thread: ``results`` has exactly one entry per
   input, in order, or ``error`` is set; ``fatal`` marks a misuse (a result of the
   wrong length, no awaitable) that no retry can mend.
+- Every input the owner hands over is taken by the loop at the latest when its batch
+  is full, its batch's ``max_wait`` ends (the first input of a batch wakes the loop
+  to start that timer), or the owner flushes.
 - ``_owner_idle`` is set by the owner's ``flush`` and cleared by its ``submit``:
   while the owner sleeps, an input that re-enters on the loop (a retry after its
   backoff) leaves in the next loop turn (with the other retries due in this one)
@@ -34,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -173,17 +180,21 @@ class BatchQueue:
         max_batch_size: int,
         max_wait: float | None,
         deliver: Deliver,
+        entered: Callable[[BatchItem], None] | None = None,
     ) -> None:
         self.loop = loop
         self.fn = fn
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait
         self._deliver = deliver
+        self._entered = entered
+        # handed over by the owner, taken by the loop (a deque: atomic append/popleft)
+        self._outbox: deque[BatchItem] = deque()
+        self._handed = 0  # owner thread: inputs handed over since the loop was last asked
+        self._owner_idle = False  # written by the owner, read on the loop
         self._pending: list[BatchItem] = []  # loop thread
         self._timer: asyncio.TimerHandle | None = None  # loop thread
         self._send_soon = False  # loop thread: a send is due in the next loop turn
-        self._owner_idle = False  # written by the owner, read on the loop
-        self._unflushed = 0  # owner thread: hand-overs since its last flush
         # metrics, written on the loop thread
         self.calls = 0
         self.items = 0
@@ -191,38 +202,56 @@ class BatchQueue:
 
     # -- owner thread ------------------------------------------------------------------------
     def submit(self, item: BatchItem) -> None:
-        """Hand ``item`` over; it joins the pending batch on the loop thread."""
-        item.queue = self  # before the hand-over: the owner may cancel it at once
-        self.hand_over(self.add, item)
-
-    def hand_over(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop thread, in order with the other hand-overs;
-        ``fn`` adds an input (``add``). The owner is busy: no flush is implied."""
+        """Hand ``item`` over. The loop is woken once per batch, not per input: when
+        the first input of a batch arrives (to start its ``max_wait``) and when a
+        batch's worth has arrived."""
+        item.queue = self
+        self._outbox.append(item)
         self._owner_idle = False
-        self._unflushed += 1
-        self.loop.call_soon(fn, *args)
+        handed = self._handed + 1
+        if handed >= self.max_batch_size:
+            handed = 0
+            self.loop.call_soon(self.take)
+        elif handed == 1 and self.max_wait is not None:
+            self.loop.call_soon(self.take)  # starts the pending batch's max_wait
+        self._handed = handed
 
     def flush(self) -> None:
-        """Send what is held now (after every input handed over before), and send
-        inputs re-entering on the loop at once until the next ``submit``: the owner
+        """Send what is held now (every input handed over before), and send inputs
+        re-entering on the loop without waiting until the next ``submit``: the owner
         is about to sleep, or progress needs every input on its way."""
         self._owner_idle = True
-        if self._unflushed:
-            self._unflushed = 0
-            self.loop.call_soon(self.send)
+        if self._handed:
+            self._handed = 0
+            self.loop.call_soon(self.take_and_send)
 
     # -- loop thread -------------------------------------------------------------------------
+    def take(self) -> None:
+        """Move the inputs handed over into the pending batch (full batches leave)."""
+        outbox = self._outbox
+        while outbox:
+            self.add(outbox.popleft())
+
+    def take_and_send(self) -> None:
+        """``take``, then send the pending batch, full or not."""
+        self.take()
+        self.send()
+
     def add(self, item: BatchItem) -> None:
         """Put ``item`` in the pending batch; send it if that makes it full."""
         item.queue = self
         if item.dropped:
             return
+        if self._entered is not None:
+            self._entered(item)
         pending = self._pending
         pending.append(item)
         if len(pending) >= self.max_batch_size:
             self.send()
         elif len(pending) == 1 and self.max_wait is not None:
-            self._timer = asyncio.get_running_loop().call_later(self.max_wait, self.send)
+            self._timer = asyncio.get_running_loop().call_later(
+                self.max_wait, self.take_and_send
+            )
 
     def add_again(self, item: BatchItem) -> None:
         """``add`` for an input re-entering on the loop (a retry): while the owner

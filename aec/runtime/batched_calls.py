@@ -18,7 +18,7 @@ from aec.errors import describe, qualified_name
 from aec.retry import RetryStrategy
 from aec.runtime.batch_queue import BatchItem, BatchQueue, SentBatch
 
-__all__ = ["BatchedCall", "deliver_to_calls"]
+__all__ = ["BatchedCall", "call_entered", "deliver_to_calls"]
 
 
 class BatchedCall:
@@ -34,7 +34,7 @@ class BatchedCall:
 
     __slots__ = (
         "arg", "completion", "queue", "retry", "timeout", "deadline",
-        "attempts", "item", "timer", "backoff",
+        "attempts", "item", "first", "timer", "backoff",
     )  # fmt: skip
 
     def __init__(
@@ -52,25 +52,26 @@ class BatchedCall:
         self.retry = retry
         self.timeout = timeout
         self.deadline = deadline
-        self.attempts = 0
-        self.item: BatchItem | None = None  # the attempt in a batch (pending or sent)
+        self.attempts = 1
+        # the attempt in a batch (pending or sent); the first one is handed over by the
+        # owner (``first``), later ones are added on the loop
+        self.first: BatchItem | None = BatchItem(arg, self)
+        self.item: BatchItem | None = self.first
         self.timer: asyncio.TimerHandle | None = None  # the timeout
         self.backoff: asyncio.TimerHandle | None = None  # the next attempt
 
-    def start(self) -> None:
-        """The first attempt; the timeout starts counting (handed over by the owner)."""
-        if self.deadline is not None:
-            self.timer = asyncio.get_running_loop().call_at(self.deadline, self.time_out)
-        self._attempt(first=True)
+    def entered(self) -> None:
+        """An attempt joined the pending batch: at the first, the timeout starts."""
+        if self.first is not None:
+            self.first = None
+            if self.deadline is not None:
+                self.timer = asyncio.get_running_loop().call_at(self.deadline, self.time_out)
 
-    def _attempt(self, first: bool = False) -> None:
+    def _attempt(self) -> None:
         self.backoff = None
         self.attempts += 1
         item = self.item = BatchItem(self.arg, self)
-        if first:
-            self.queue.add(item)
-        else:
-            self.queue.add_again(item)
+        self.queue.add_again(item)
 
     def outcome(self, result: Any, error: BaseException | None, fatal: bool) -> None:
         """The batch call of the current attempt came back with this argument's
@@ -129,3 +130,8 @@ def deliver_to_calls(
         if not item.dropped:
             call = cast(BatchedCall, item.owner)
             call.outcome(None if results is None else results[index], error, fatal)
+
+
+def call_entered(item: BatchItem) -> None:
+    """An attempt of a batched call joined its pending batch (loop thread)."""
+    cast(BatchedCall, item.owner).entered()

@@ -40,8 +40,8 @@ from typing import Any, cast
 
 from aec.errors import describe, qualified_name
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
-from aec.runtime.batch_queue import BatchQueue
-from aec.runtime.batched_calls import BatchedCall, deliver_to_calls
+from aec.runtime.batch_queue import BatchItem, BatchQueue
+from aec.runtime.batched_calls import BatchedCall, call_entered, deliver_to_calls
 from aec.runtime.event_loop import EventLoopThread
 from aec.runtime.mailbox import Mailbox
 from aec.state.future import _PENDING, StateFuture
@@ -242,7 +242,7 @@ class ExternalCalls:
             call = BatchedCall(
                 arg, CallCompletion(future, mailbox), queue, retry, seconds, deadline
             )
-            queue.hand_over(call.start)
+            queue.submit(cast(BatchItem, call.first))
             queue.flush()  # a batch of one: the mailbox thread waits for nothing else
             while not mailbox:
                 mailbox.wait(None)
@@ -257,7 +257,8 @@ class ExternalCalls:
             return future
         self._count_pending(context)
         completion = CallCompletion(future, controller.mailbox)
-        queue.hand_over(BatchedCall(arg, completion, queue, retry, seconds, deadline).start)
+        call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
+        queue.submit(cast(BatchItem, call.first))
         return future
 
     @property
@@ -308,7 +309,7 @@ class ExternalCalls:
         """The batch queue of ``batcher`` in this operator, made at its first call."""
         queue = BatchQueue(
             self._event_loop(), batcher.fn, batcher.max_batch_size, batcher.max_wait,
-            deliver_to_calls,
+            deliver_to_calls, call_entered,
         )  # fmt: skip
         if not self._queues and not self._controller.synchronous:
             # nothing else can run once the mailbox thread sleeps: partial batches go
