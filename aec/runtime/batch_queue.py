@@ -28,7 +28,9 @@ Invariants (loop thread unless said otherwise):
   wrong length, no awaitable) that no retry can mend.
 - Every input the owner hands over is taken by the loop at the latest when its batch
   is full, its batch's ``max_wait`` ends (the first input of a batch wakes the loop
-  to start that timer), or the owner flushes.
+  to start that timer), or the owner flushes; after a flush nothing stays pending
+  until the owner hands over again (``flush`` also asks when inputs re-entered on
+  the loop are pending, and a ``take`` while the owner sleeps sends what is left).
 - ``_owner_idle`` is set by the owner's ``flush`` and cleared by its ``submit``:
   while the owner sleeps, an input that re-enters on the loop (a retry after its
   backoff) leaves in the next loop turn (with the other retries due in this one)
@@ -148,13 +150,12 @@ class BatchItem:
 class SentBatch:
     """One batch call: its inputs in order, how many are still wanted, its task."""
 
-    __slots__ = ("items", "live", "task", "cancelled")
+    __slots__ = ("items", "live", "task")
 
     def __init__(self, items: list[BatchItem]) -> None:
         self.items = items
-        self.live = len(items)
-        self.task: asyncio.Task[None] | None = None
-        self.cancelled = False
+        self.live = len(items)  # inputs still waited for (not dropped)
+        self.task: asyncio.Task[None] | None = None  # running the call, once sent
 
     def __repr__(self) -> str:
         return f"<SentBatch of {len(self.items)} ({self.live} wanted)>"
@@ -171,6 +172,8 @@ class BatchQueue:
         max_wait: seconds a partial batch waits for more inputs, or None.
         deliver: ``(batch, results, error, fatal) -> None``, called on the loop thread
             with each batch call's outcome (see the module's invariants).
+        entered: ``(item) -> None``, called on the loop thread when an input joins
+            the pending batch (a batched call starts its timeout there), or None.
     """
 
     def __init__(
@@ -220,17 +223,20 @@ class BatchQueue:
         """Send what is held now (every input handed over before), and send inputs
         re-entering on the loop without waiting until the next ``submit``: the owner
         is about to sleep, or progress needs every input on its way."""
-        self._owner_idle = True
-        if self._handed:
+        self._owner_idle = True  # first: the loop's checks of it follow its own writes
+        if self._handed or self._pending:  # a list's truth is one atomic read
             self._handed = 0
             self.loop.call_soon(self.take_and_send)
 
     # -- loop thread -------------------------------------------------------------------------
     def take(self) -> None:
-        """Move the inputs handed over into the pending batch (full batches leave)."""
+        """Move the inputs handed over into the pending batch (full batches leave; the
+        rest too if the owner sleeps, as nothing would join it)."""
         outbox = self._outbox
         while outbox:
             self.add(outbox.popleft())
+        if self._owner_idle and self._pending:
+            self.send()
 
     def take_and_send(self) -> None:
         """``take``, then send the pending batch, full or not."""
@@ -249,9 +255,7 @@ class BatchQueue:
         if len(pending) >= self.max_batch_size:
             self.send()
         elif len(pending) == 1 and self.max_wait is not None:
-            self._timer = asyncio.get_running_loop().call_later(
-                self.max_wait, self.take_and_send
-            )
+            self._timer = asyncio.get_running_loop().call_later(self.max_wait, self.take_and_send)
 
     def add_again(self, item: BatchItem) -> None:
         """``add`` for an input re-entering on the loop (a retry): while the owner
@@ -292,7 +296,6 @@ class BatchQueue:
             return
         batch.live -= 1
         if batch.live == 0 and batch.task is not None:
-            batch.cancelled = True
             batch.task.cancel()
 
     async def _call(self, batch: SentBatch) -> None:
