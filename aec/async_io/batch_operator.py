@@ -89,7 +89,6 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
         mode: str = "ordered",
         retry: RetryStrategy = _NO_RETRY,
     ) -> None:
-        check_batch_function(function)
         self.max_batch_size = check_max_batch_size(max_batch_size)
         self.batch_timeout = check_max_wait(batch_timeout, "batch_timeout")
         super().__init__(function, timeout, capacity, mode=mode, retry=retry)
@@ -99,6 +98,8 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
 
     @staticmethod
     def check_function(function: Any) -> bool:
+        """An ``AsyncBatchFunction`` with an ``async def async_invoke_batch(self,
+        values)`` (TypeError otherwise); batch calls are always asyncio style."""
         return check_batch_function(function)
 
     # -- calls ---------------------------------------------------------------------------
