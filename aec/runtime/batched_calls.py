@@ -2,8 +2,9 @@
 
 ``aec.runtime.external_calls`` hands each argument over as a ``BatchedCall``; its
 attempts travel as ``BatchItem``s in the batcher's ``BatchQueue`` and its outcome goes
-back through the call's completion (a ``CallCompletion``: ``complete``,
-``complete_exceptionally``, ``abort``), the same mail a single ``call_async`` posts.
+back through the call's completion (a ``CallCompletion``, the mail a single
+``call_async`` posts: ``settle`` then ``post_together``, so the calls a batch call
+finishes reach the mailbox as one mail).
 Retries follow ``aec.retry`` as for ``call_async``: ``retry_on_result`` gets the
 argument's own result, ``backoff(n)`` seconds pass before retry ``n``. Everything here
 runs on the loop thread.
@@ -73,9 +74,10 @@ class BatchedCall:
         item = self.item = BatchItem(self.arg, self)
         self.queue.add_again(item)
 
-    def outcome(self, result: Any, error: BaseException | None, fatal: bool) -> None:
+    def outcome(self, result: Any, error: BaseException | None, fatal: bool) -> Any:
         """The batch call of the current attempt came back with this argument's
-        ``result``, or ``error`` (``fatal``: no retry)."""
+        ``result``, or ``error`` (``fatal``: no retry). Returns the completion to post
+        if the call is finished (the caller posts a batch's together), else None."""
         self.item = None
         retry = self.retry
         if not fatal and self.attempts < retry.max_attempts:
@@ -86,15 +88,14 @@ class BatchedCall:
                     wanted = retry.should_retry_result(result)
                 delay = retry.backoff(self.attempts) if wanted else 0.0
             except Exception as exc:  # the strategy failed: so did the call
-                self._finish(None, exc, False)
-                return
+                return self._finish(None, exc, False)
             if wanted:
                 loop = asyncio.get_running_loop()
                 if self.deadline is not None and loop.time() + delay >= self.deadline:
-                    return  # the timeout will end the backoff
+                    return None  # the timeout will end the backoff
                 self.backoff = loop.call_later(delay, self._attempt)
-                return
-        self._finish(result, error, fatal)
+                return None
+        return self._finish(result, error, fatal)
 
     def time_out(self) -> None:
         self.timer = None
@@ -105,31 +106,36 @@ class BatchedCall:
             f"call_batched({describe(self.arg, 60)}) of {qualified_name(self.queue.fn)} "
             f"timed out after {self.timeout:g} s"
         )
-        self._finish(None, error, False)
+        completion = self._finish(None, error, False)
+        if completion is not None:
+            completion.post_together([])
 
-    def _finish(self, result: Any, error: BaseException | None, fatal: bool) -> None:
+    def _finish(self, result: Any, error: BaseException | None, fatal: bool) -> Any:
+        """Settle the call's completion (not posted yet); it, or None if it was
+        settled before."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         if self.backoff is not None:
             self.backoff.cancel()
             self.backoff = None
-        if error is None:
-            self.completion.complete(result)
-        elif fatal:
-            self.completion.abort(error)
-        else:
-            self.completion.complete_exceptionally(error)
+        return self.completion if self.completion.settle(result, error, fatal) else None
 
 
 def deliver_to_calls(
     batch: SentBatch, results: list[Any] | None, error: BaseException | None, fatal: bool
 ) -> None:
-    """A batch call's outcome, argument by argument (loop thread)."""
+    """A batch call's outcome, argument by argument (loop thread); the calls it
+    finished are posted as one mail."""
+    finished = []
     for index, item in enumerate(batch.items):
         if not item.dropped:
             call = cast(BatchedCall, item.owner)
-            call.outcome(None if results is None else results[index], error, fatal)
+            done = call.outcome(None if results is None else results[index], error, fatal)
+            if done is not None:
+                finished.append(done)
+    if finished:
+        finished[0].post_together(finished[1:])
 
 
 def call_entered(item: BatchItem) -> None:

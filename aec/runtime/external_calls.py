@@ -46,7 +46,7 @@ from aec.runtime.event_loop import EventLoopThread
 from aec.runtime.mailbox import Mailbox
 from aec.state.future import _PENDING, StateFuture
 
-__all__ = ["CallCompletion", "CallFuture", "ExternalCalls"]
+__all__ = ["CallCompletion", "CallCompletions", "CallFuture", "ExternalCalls"]
 
 _NO_RETRY = NoRetry()
 _CLOSE_GRACE = 0.5  # seconds close() gives cancelled calls to unwind
@@ -122,25 +122,34 @@ class CallCompletion:
         self._posted = False
 
     def complete(self, result: Any) -> None:
-        if not self._posted:
-            self._posted = True
-            self.result = result
+        if self.settle(result, None, False):
             self._mailbox.post(self)
 
     def complete_exceptionally(self, error: BaseException) -> None:
-        if not self._posted:
-            self._posted = True
-            self.error = error
+        if self.settle(None, error, False):
             self._mailbox.post(self)
 
     def abort(self, error: BaseException) -> None:
         """Complete with an ``error`` no coroutine may catch: running the mail fails
         the job naming the call's record (a misused batch function)."""
-        if not self._posted:
-            self._posted = True
-            self.error = error
-            self.fatal = True
+        if self.settle(None, error, True):
             self._mailbox.post(self)
+
+    def settle(self, result: Any, error: BaseException | None, fatal: bool) -> bool:
+        """Record the outcome without posting it; False if one was recorded before
+        (the first wins). The caller posts it (``post_together``)."""
+        if self._posted:
+            return False
+        self._posted = True
+        self.result = result
+        self.error = error
+        self.fatal = fatal
+        return True
+
+    def post_together(self, others: list[CallCompletion]) -> None:
+        """Post this settled completion and ``others`` (same mailbox) as one mail:
+        a batch call's results cost one hand-off, not one each."""
+        self._mailbox.post(CallCompletions([self, *others]) if others else self)
 
     def run(self, controller: Any) -> None:
         """On the mailbox thread: complete the future, drop the call's reference.
@@ -161,6 +170,16 @@ class CallCompletion:
         if count == 0:
             controller.on_context_finished(context)
         controller.current = None
+
+
+class CallCompletions(list):  # type: ignore[type-arg]
+    """Several settled ``CallCompletion``s handed over as one mail."""
+
+    __slots__ = ()
+
+    def run(self, controller: Any) -> None:
+        for completion in self:
+            completion.run(controller)
 
 
 class ExternalCalls:
@@ -246,7 +265,7 @@ class ExternalCalls:
             queue.flush()  # a batch of one: the mailbox thread waits for nothing else
             while not mailbox:
                 mailbox.wait(None)
-            completion = cast(CallCompletion, mailbox.take())
+            completion = call.completion  # the mail may hold it in a group of one
             future.settle(completion.result, completion.error)
             if completion.fatal:
                 # a misused batch function fails the job even if the caller catches
