@@ -34,6 +34,14 @@ def describe(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def qualified_name(fn: Any) -> str:
+    """``module.qualname`` of a function or method (for messages), else its short repr."""
+    qualname = getattr(fn, "__qualname__", None)
+    if isinstance(qualname, str):
+        return f"{getattr(fn, '__module__', '?')}.{qualname}"
+    return describe(fn, 80)
+
+
 class MissingExtraError(ImportError):
     """A feature needs an optional dependency group (an "extra") that is not installed.
 

@@ -42,6 +42,10 @@ class _Records(Protocol):
     def current(self) -> Any: ...
 
 
+class _ExternalCalls(Protocol):
+    def call_batched(self, batcher: Any, arg: Any, timeout: Any, retry: Any) -> Any: ...
+
+
 class OperatorHooks(Protocol):
     """What the contexts need from the operator running the function (implemented by
     ``aec.runtime.operator.KeyedProcessOperator``; a protocol so this module, below
@@ -51,6 +55,8 @@ class OperatorHooks(Protocol):
 
     @property
     def controller(self) -> _Records: ...
+    @property
+    def external_calls(self) -> _ExternalCalls: ...  # aec.runtime.external_calls.ExternalCalls
 
     def state_handle(self, descriptor: StateDescriptor) -> Any: ...
     def register_timer(self, domain: str, timestamp: float) -> None: ...
@@ -116,6 +122,13 @@ class RuntimeContext:
         (``Context.call_async`` in ``process_element`` / ``on_timer``), not to ``open``."""
         raise RuntimeError(
             "call_async() outside a record: call it on the Context of process_element or "
+            "on_timer, not in open()"
+        )
+
+    def call_batched(self, batcher: Any, arg: Any, **kwargs: Any) -> Any:
+        """Always raises RuntimeError, as ``call_async`` does here."""
+        raise RuntimeError(
+            "call_batched() outside a record: call it on the Context of process_element or "
             "on_timer, not in open()"
         )
 
@@ -263,3 +276,45 @@ class Context:
             RuntimeError: outside a record (``open()``, after ``finish()``).
         """
         return self._operator.call_async(fn, args, timeout, retry)
+
+    def call_batched(
+        self, batcher: Any, arg: Any, *, timeout: float | None = None, retry: Any = _NO_RETRY
+    ) -> Any:
+        """Hand ``arg`` to ``batcher`` (an ``aec.async_io.Batcher``) for the running
+        record; a ``StateFuture`` of its result (beyond Flink: the calls of every
+        in-flight record of every key share batch calls).
+
+        The argument joins the batcher's pending batch on the operator's asyncio loop
+        thread (the one ``call_async`` uses); a batch ``fn(args)`` is sent when it holds
+        ``max_batch_size`` arguments, when ``max_wait`` seconds passed since its first,
+        or when nothing else can run (the mailbox thread would sleep: a watermark, a
+        checkpoint's drain, the end of input, the in-flight limit). The argument's
+        result completes the future through the mailbox. The call counts toward its
+        record like ``call_async`` (same-key order, in-flight limit, drain before a
+        snapshot). With ``async_state=False`` a batch of one is sent and awaited
+        before this returns a completed future.
+
+        Args:
+            batcher: the ``Batcher`` (made once, e.g. in ``open()``; its batches are
+                per operator).
+            arg: this call's argument: one element of the list ``fn`` gets.
+            timeout: seconds from now spanning every attempt and backoff (None: none);
+                the call then fails with ``TimeoutError`` (its batch call is cancelled
+                once none of its arguments is waited for).
+            retry: an ``aec.retry`` strategy, per argument: a retried argument
+                travels in a later batch; ``retry_on_result`` gets its own result.
+
+        Returns:
+            A ``StateFuture`` as ``call_async``'s: ``await`` raises the call's exception
+            (catchable); uncaught, or on a chained future, the job fails.
+
+        Raises:
+            TypeError: ``batcher`` is not a ``Batcher``, a bad ``timeout`` or ``retry``.
+            ValueError: ``timeout`` <= 0 or NaN.
+            RuntimeError: outside a record.
+
+        A batch result of the wrong length (or not a list, or ``fn`` returning no
+        awaitable) fails the job at once, without retries, naming ``fn`` as
+        ``module.qualname`` and both lengths (``JobFailure``).
+        """
+        return self._operator.external_calls.call_batched(batcher, arg, timeout, retry)

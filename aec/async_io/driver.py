@@ -32,11 +32,11 @@ import inspect
 import itertools
 from collections.abc import Callable
 from time import monotonic
-from typing import Any
+from typing import Any, cast
 
 from sortedcontainers import SortedList
 
-from aec.async_io.function import AsyncFunction, ResultFuture
+from aec.async_io.function import AsyncFunction, AsyncFunctionBase, ResultFuture
 from aec.async_io.queue import (
     BACKOFF,
     DONE,
@@ -150,23 +150,27 @@ class CallDriver:
     moves it to DONE in its queue.
 
     Args (validated by ``aec.async_io.operator``):
-        function: an ``AsyncFunction`` (either style).
+        function: an ``AsyncFunction`` (either style), or an ``AsyncBatchFunction``
+            for a subclass that overrides ``_call``.
         timeout: seconds from an input's first call to its timeout, or None.
         retry: the ``RetryStrategy``.
         queue: ``OrderedQueue`` or ``UnorderedQueue`` (emission order).
         key_selector: for key-ordered mode, ``value -> key``; None otherwise.
+        asyncio_style: whether ``function.async_invoke`` is an ``async def``.
     """
 
     def __init__(
         self,
-        function: AsyncFunction,
+        function: AsyncFunctionBase,
         timeout: float | None,
         retry: RetryStrategy,
         queue: OrderedQueue | UnorderedQueue,
         key_selector: Callable[[Any], Any] | None = None,
+        *,
+        asyncio_style: bool,
     ) -> None:
         self._function = function
-        self._asyncio = is_asyncio_style(function)
+        self._asyncio = asyncio_style
         self._timeout = timeout
         self._retry = retry
         self._max_attempts = retry.max_attempts
@@ -229,13 +233,20 @@ class CallDriver:
         self._invoke(entry)
 
     def _invoke(self, entry: AsyncEntry) -> None:
+        """Attempt ``entry.attempts + 1``: a fresh ResultFuture, then the call."""
         entry.attempts += 1
         entry.state = RUNNING
         future = ResultFuture(self._mailbox, entry)
         entry.future = future
+        self._call(entry, future)
+
+    def _call(self, entry: AsyncEntry, future: ResultFuture) -> None:
+        """Start one call of ``async_invoke`` for ``entry``, completing ``future``;
+        ``entry.task`` is what a timeout cancels (``cancel()``), if anything."""
+        function = cast(AsyncFunction, self._function)
         if self._asyncio:
             try:
-                coroutine = self._function.async_invoke(entry.value)  # type: ignore[call-arg]
+                coroutine = function.async_invoke(entry.value)  # type: ignore[call-arg]
             except Exception as exc:  # raised before the coroutine existed
                 future.complete_exceptionally(exc)
                 return
@@ -244,7 +255,7 @@ class CallDriver:
             entry.task = self._loop.submit(coroutine, future)
         else:
             try:
-                returned = self._function.async_invoke(entry.value, future)
+                returned = function.async_invoke(entry.value, future)
             except Exception as exc:  # a raising call is a failed attempt
                 future.complete_exceptionally(exc)
                 return

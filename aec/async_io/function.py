@@ -23,7 +23,7 @@ from typing import Any
 from aec.errors import describe
 from aec.runtime.mailbox import Mailbox
 
-__all__ = ["AsyncFunction", "ResultFuture"]
+__all__ = ["AsyncFunction", "AsyncFunctionBase", "ResultFuture"]
 
 
 class ResultFuture:
@@ -109,7 +109,30 @@ def _bad_results(results: Any) -> TypeError:
     )
 
 
-class AsyncFunction:
+class AsyncFunctionBase:
+    """What every async I/O function has: ``open``, ``close`` and ``timeout`` (the base
+    of ``AsyncFunction`` and ``aec.async_io.AsyncBatchFunction``; Flink's
+    ``RichAsyncFunction`` without the call)."""
+
+    def open(self) -> None:
+        """Set up clients before the first call (mailbox thread)."""
+
+    def close(self) -> None:
+        """Release clients at the end of the wait call, also after a failure."""
+
+    def timeout(self, value: Any, result_future: ResultFuture) -> None:
+        """Called once when ``value``'s timeout (seconds since its first call started,
+        spanning retries) expires. The default completes ``result_future``
+        exceptionally with ``TimeoutError``, so the job fails with ``JobFailure``
+        whose ``__cause__`` is that ``TimeoutError``. Override to complete with a
+        fallback, e.g. ``result_future.complete([])``.
+        """
+        result_future.complete_exceptionally(
+            TimeoutError(f"async call for input {describe(value)} timed out")
+        )
+
+
+class AsyncFunction(AsyncFunctionBase):
     """A function that looks up or computes each input asynchronously.
 
     Override ``async_invoke`` in one of two styles:
@@ -131,23 +154,6 @@ class AsyncFunction:
     Follows Flink's ``RichAsyncFunction``.
     """
 
-    def open(self) -> None:
-        """Set up clients before the first ``async_invoke`` (mailbox thread)."""
-
-    def close(self) -> None:
-        """Release clients at the end of the wait call, also after a failure."""
-
     def async_invoke(self, value: Any, result_future: ResultFuture) -> Any:
         """Start the call for ``value``; see the class docstring for both styles."""
         raise NotImplementedError(f"{type(self).__name__} must override async_invoke")
-
-    def timeout(self, value: Any, result_future: ResultFuture) -> None:
-        """Called once when ``value``'s timeout (seconds since its first call started,
-        spanning retries) expires. The default completes ``result_future``
-        exceptionally with ``TimeoutError``, so the job fails with ``JobFailure``
-        whose ``__cause__`` is that ``TimeoutError``. Override to complete with a
-        fallback, e.g. ``result_future.complete([])``.
-        """
-        result_future.complete_exceptionally(
-            TimeoutError(f"async call for input {describe(value)} timed out")
-        )

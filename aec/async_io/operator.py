@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 
 from aec.async_io import snapshot as async_snapshot
 from aec.async_io.driver import CallDriver, is_asyncio_style
-from aec.async_io.function import AsyncFunction
+from aec.async_io.function import AsyncFunctionBase
 from aec.async_io.queue import AsyncEntry, OrderedQueue, UnorderedQueue
 from aec.checkpoint.files import CheckpointHandle
 from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore
@@ -65,9 +65,11 @@ class AsyncWaitOperator(CallDriver):
         TypeError / ValueError: bad arguments (named).
     """
 
+    modes: tuple[str, ...] = MODES  # the modes this operator class takes
+
     def __init__(
         self,
-        function: AsyncFunction,
+        function: AsyncFunctionBase,
         timeout: float | None,
         capacity: int,
         *,
@@ -75,9 +77,10 @@ class AsyncWaitOperator(CallDriver):
         retry: RetryStrategy = _NO_RETRY,
         key_selector: Callable[[Any], Any] | None = None,
     ) -> None:
-        timeout = check_arguments(function, timeout, capacity, retry)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        asyncio_style = self.check_function(function)
+        timeout = check_limits(timeout, capacity, retry)
+        if mode not in self.modes:
+            raise ValueError(f"mode must be one of {', '.join(self.modes)}, got {mode!r}")
         if mode == "key_ordered":
             if not callable(key_selector):
                 raise TypeError(
@@ -87,7 +90,7 @@ class AsyncWaitOperator(CallDriver):
         elif key_selector is not None:
             raise ValueError(f"key_selector is for mode='key_ordered' only, not {mode!r}")
         queue = OrderedQueue() if mode == "ordered" else UnorderedQueue()
-        super().__init__(function, timeout, retry, queue, key_selector)
+        super().__init__(function, timeout, retry, queue, key_selector, asyncio_style=asyncio_style)
         self.mode = mode
         self.capacity = capacity
         self._outputs: list[Any] = []
@@ -99,6 +102,12 @@ class AsyncWaitOperator(CallDriver):
         self._records_out = 0
         self._restored = 0
         self._closed = False  # function.close() ran
+
+    @staticmethod
+    def check_function(function: Any) -> bool:
+        """Check ``function`` for this operator; True if it is asyncio style.
+        Raises TypeError (see ``aec.async_io.driver.is_asyncio_style``)."""
+        return is_asyncio_style(function)
 
     # -- lifecycle -----------------------------------------------------------------------
     def open(self) -> None:
@@ -365,6 +374,14 @@ def check_arguments(function: Any, timeout: Any, capacity: Any, retry: Any) -> f
     Raises TypeError / ValueError naming the bad argument.
     """
     is_asyncio_style(function)  # raises TypeError for a function it cannot call
+    return check_limits(timeout, capacity, retry)
+
+
+def check_limits(timeout: Any, capacity: Any, retry: Any) -> float | None:
+    """Validate ``timeout``, ``capacity`` and ``retry``; returns the timeout (None: none).
+
+    Raises TypeError / ValueError naming the bad argument.
+    """
     seconds = check_timeout(timeout)
     check_capacity(capacity)
     check_strategy(retry)

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from aec.async_io.batch_function import AsyncBatchFunction
+from aec.async_io.batch_operator import AsyncBatchWaitOperator
 from aec.async_io.function import AsyncFunction, ResultFuture
 from aec.async_io.operator import AsyncWaitOperator, check_arguments
 from aec.retry import NoRetry, RetryStrategy
@@ -31,6 +33,7 @@ from aec.retry import NoRetry, RetryStrategy
 __all__ = [
     "AsyncFunction",
     "ResultFuture",
+    "batch_wait",
     "key_ordered_wait",
     "ordered_wait",
     "unordered_wait",
@@ -130,6 +133,63 @@ def key_ordered_wait(
         raise TypeError(f"key_selector must be a callable value -> key, got {key_selector!r}")
     operator = AsyncWaitOperator(
         function, timeout, capacity, mode="key_ordered", retry=retry, key_selector=key_selector
+    )
+    return _iterate(source, operator)
+
+
+def batch_wait(
+    source: Iterable[Any],
+    function: AsyncBatchFunction,
+    *,
+    max_batch_size: int,
+    batch_timeout: float | None,
+    timeout: float | None,
+    capacity: int,
+    mode: str = "ordered",
+    retry: RetryStrategy = _NO_RETRY,
+) -> Iterator[Any]:
+    """Call ``function.async_invoke_batch`` with batches of the values of ``source``.
+
+    FLINK-38825's batched async I/O over ``AsyncBatchWaitOperator``: like
+    ``ordered_wait`` (``mode="ordered"``) or ``unordered_wait`` (``"unordered"``),
+    but inputs travel up to ``max_batch_size`` per call. A batch is sent when full,
+    when ``batch_timeout`` seconds passed since its first input, at once when a
+    watermark arrives behind it, and when nothing else can run (``capacity``
+    reached, end of input). Watermarks stay boundaries.
+
+    Args:
+        source: iterable of input values and ``aec.Watermark``s, pulled lazily while
+            fewer than ``capacity`` elements are admitted and not yet emitted.
+        function: an ``AsyncBatchFunction`` (``async def async_invoke_batch(self,
+            values) -> list``: one iterable of outputs per input, in order).
+        max_batch_size: inputs per call, at most (int >= 1).
+        batch_timeout: seconds a partial batch waits (>= 0), or None for no limit.
+        timeout: seconds per input from its admission, spanning every attempt
+            (finite and > 0), or None.
+        capacity: max elements admitted and not yet emitted (int >= 1).
+        mode: ``"ordered"`` or ``"unordered"``.
+        retry: an ``aec.retry`` strategy, per input: a retried input travels in a
+            later batch, possibly with others.
+
+    Returns:
+        A lazy iterator of outputs and watermarks, as ``ordered_wait``'s.
+
+    Raises:
+        TypeError / ValueError: bad arguments (at once), or while iterating a
+            regressing or non-numeric watermark.
+        JobFailure: while iterating, when an input's final outcome is an exception
+            (as in ``ordered_wait``), and at once for a batch result whose length
+            differs from the batch (its message names the function as
+            ``module.qualname`` and both lengths).
+    """
+    operator = AsyncBatchWaitOperator(
+        function,
+        max_batch_size=max_batch_size,
+        batch_timeout=batch_timeout,
+        timeout=timeout,
+        capacity=capacity,
+        mode=mode,
+        retry=retry,
     )
     return _iterate(source, operator)
 

@@ -1,19 +1,21 @@
 """The one asyncio event loop of an operator, on one background thread.
 
-asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``) and the calls
-of ``Context.call_async`` run here, off the mailbox thread (DESIGN: no asyncio on
-the caller's thread, no per-record threads). Completions go back through the
-``future`` handed to ``submit`` (an object with ``complete`` and
-``complete_exceptionally``), which posts a mail to the owner's ``Mailbox``.
+asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``), the calls
+of ``Context.call_async`` and the batches of batched calls run here, off the
+mailbox thread (DESIGN: no asyncio on the caller's thread, no per-record threads).
+Completions go back through the ``future`` handed to ``submit`` (an object with
+``complete`` and ``complete_exceptionally``), which posts a mail to the owner's
+``Mailbox``; ``call_soon`` hands plain functions over (the batch queues' inputs).
 
 Invariants:
 - Started lazily by the first ``submit``; ``stop`` ends it within a bounded time.
 - Task objects are touched only on the loop thread: the owner (mailbox thread)
-  hands coroutines over through ``_inbox`` (a deque: atomic append/popleft) and
-  wakes the loop with ``call_soon_threadsafe`` only when no wake-up is pending, so
-  a burst of submissions costs one wake-up (one self-pipe write), not one each.
-  ``_wake_pending`` is cleared on the loop thread *before* it drains the inbox, so
-  a coroutine appended meanwhile is either drained now or gets its own wake-up.
+  hands coroutines over through ``_inbox`` and functions through ``_calls`` (deques:
+  atomic append/popleft) and wakes the loop with ``call_soon_threadsafe`` only when
+  no wake-up is pending, so a burst of submissions costs one wake-up (one self-pipe
+  write), not one each. ``_wake_pending`` is cleared on the loop thread *before* it
+  drains them, so an item appended meanwhile is either drained now or gets its own
+  wake-up. Functions run in the order they were handed over.
 - Every submitted coroutine completes its future exactly once (result, exception,
   or ``CancelledError`` when cancelled), unless the loop is stopped first.
 """
@@ -24,7 +26,7 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 __all__ = ["EventLoopThread", "TaskHandle"]
@@ -86,6 +88,7 @@ class EventLoopThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._inbox: deque[tuple[TaskHandle, Coroutine[Any, Any, Any], Any]] = deque()
+        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._wake_pending = False
 
     @property
@@ -101,10 +104,23 @@ class EventLoopThread:
         assert self._loop is not None
         handle = TaskHandle(self._loop)
         self._inbox.append((handle, coro, future))
+        self._wake()
+        return handle
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop thread soon, after every function handed over
+        before it (from any thread; returns at once). An exception it raises goes to
+        the loop's exception handler (logged) and does not stop the functions after it."""
+        if self._loop is None:
+            self._start()
+        self._calls.append((fn, args))
+        self._wake()
+
+    def _wake(self) -> None:
         if not self._wake_pending:
             self._wake_pending = True
+            assert self._loop is not None
             self._loop.call_soon_threadsafe(self._start_tasks)
-        return handle
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the loop and block the calling thread until it finished;
@@ -127,6 +143,7 @@ class EventLoopThread:
         thread.join(self._grace * 2)
         while self._inbox:  # handed over after the loop stopped: never started
             self._inbox.popleft()[1].close()
+        self._calls.clear()
         self._wake_pending = False
 
     # -- loop thread --------------------------------------------------------------------
@@ -148,6 +165,15 @@ class EventLoopThread:
 
     def _start_tasks(self) -> None:
         self._wake_pending = False
+        calls = self._calls
+        while calls:
+            fn, args = calls.popleft()
+            try:
+                fn(*args)
+            except Exception as exc:  # reported like any callback's; the rest still run
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": f"exception in {fn!r} handed to the loop", "exception": exc}
+                )
         inbox = self._inbox
         while inbox:
             handle, coro, future = inbox.popleft()

@@ -674,6 +674,7 @@ class KeyedProcessOperator:
             "checkpoint_pending_records": self._checkpoint_pending,
             "checkpoint_pause_s": self._checkpoint_pause,
             **c.gauges(),
+            **self.external_calls.metrics,
             # counters the function keeps (windows: late_records_dropped)
             **(getattr(self.function, "metric_counters", dict)()),
         }
