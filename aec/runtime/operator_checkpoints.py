@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from aec.checkpoint import files as checkpoint
+from aec.checkpoint import state_meta
 from aec.checkpoint.files import CheckpointHandle, OperatorState
 from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore, local_copy
 from aec.keygroups import KeyGroupRange
@@ -53,6 +54,7 @@ class OperatorCheckpoints:
     function: KeyedProcessFunction
     declared_states: list[str]
     key_group_range: KeyGroupRange
+    _handles: dict[str, Any]  # state name -> handle (its ``descriptor``)
 
     if TYPE_CHECKING:  # the operator's methods (KeyedProcessOperator, OperatorFailures)
 
@@ -142,10 +144,13 @@ class OperatorCheckpoints:
             TypeError: a handle that is none of the above.
             FileNotFoundError: no checkpoint directory at a handle's location.
             ValueError: an empty list; a missing manifest (incomplete checkpoint),
-                a corrupt, missing or unlisted file (named); a ``max_parallelism``
-                other than this operator's; checkpoints of different state names
-                or overlapping key-group ranges; an unresolvable URI scheme; a
-                backend snapshot this backend cannot read; nothing changed.
+                a corrupt, missing or unlisted file (named); an unsigned or
+                wrongly signed checkpoint with ``AEC_CHECKPOINT_KEY`` set; a
+                ``max_parallelism`` other than this operator's; checkpoints of
+                different state names or overlapping key-group ranges; a state
+                name reused for another type, serializer or TTL (named); an
+                unresolvable URI scheme; a backend snapshot this backend cannot
+                read; nothing changed.
             CheckpointStorageError: an object store could not be read.
             JobFailure: the backend failed otherwise while restoring.
         """
@@ -166,6 +171,7 @@ class OperatorCheckpoints:
             if check is not None:
                 check(plan.state.state_names)  # raises ValueError before anything live changes
             self.open()
+            self._check_states(restored)  # raises ValueError before anything live changes
             where = ", ".join(item.handle.path for item in restored)
             try:
                 if len(plan.backend_dirs) == 1 and plan.key_groups is None:
@@ -191,6 +197,19 @@ class OperatorCheckpoints:
         self.epochs.active = Epoch(state.epoch)
         self._sequence = state.record_sequence
 
+    def _check_states(self, restored: Sequence[checkpoint.RestoredCheckpoint]) -> None:
+        """Refuse checkpoints whose states the function now makes differently; tell the
+        backend the serializer of recorded states the function makes later."""
+        live = state_meta.describe(self._descriptors(), self.config)
+        later: dict[str, Any] = {}
+        for item in restored:
+            later.update(state_meta.check(item.state.states, live, self.config, item.handle.path))
+        for name, serializer in later.items():
+            self.backend.register_state(name, serializer)
+
+    def _descriptors(self) -> list[Any]:
+        return [handle.descriptor for handle in self._handles.values()]
+
     def _drain(self) -> None:
         """Run the mailbox until nothing is in flight and every closed epoch has left."""
         controller = self.controller
@@ -210,6 +229,7 @@ class OperatorCheckpoints:
             event_timers=self.event_timers,
             processing_timers=self.processing_timers,
             state_names=self.declared_states,
+            states=state_meta.describe(self._descriptors(), self.config),
             config=dataclasses.asdict(self.config),
             counts={
                 "records_in": self._records_in,
