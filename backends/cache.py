@@ -57,6 +57,7 @@ from typing import Any
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import Op, StateRequest
+from aec.state.serialization import Serializer
 from backends.cache_entries import (
     APPLY,
     KIND,
@@ -123,7 +124,6 @@ class CachedBackend(StateBackend):
         self.policy = policy
         self.remote = remote
         self.blocking = remote.blocking
-        self.verified_by_backend = remote.verified_by_backend  # snapshots are the remote's
         self._lock = threading.Lock()
         self._landed = threading.Condition(self._lock)  # in-flight write-backs finished
         self._remote_lock = None if remote.blocking else threading.Lock()
@@ -154,6 +154,11 @@ class CachedBackend(StateBackend):
         return self.hits / total if total else 0.0
 
     # lifecycle
+
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        """Registered here and on the remote, which stores the values."""
+        super().register_state(name, serializer)
+        self.remote.register_state(name, serializer)
 
     def open(self) -> None:
         self.remote.open()

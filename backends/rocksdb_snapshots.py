@@ -26,6 +26,27 @@ _IMMUTABLE = (".sst", ".blob")
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}
 
 
+def sweep_leftovers(path: str) -> list[str]:
+    """Remove what a restore killed midway left beside the live directory ``path``:
+    staging directories (``<path>.restore-*``, never live state) and, when ``path``
+    holds a database again, the previous live directory set aside
+    (``<path>.previous-*``). The removed paths."""
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        siblings = os.listdir(parent)
+    except OSError:
+        return []
+    live = holds_database(path)
+    removed = []
+    for sibling in siblings:
+        if sibling.startswith(f"{name}.restore-") or (
+            live and sibling.startswith(f"{name}.previous-")
+        ):
+            shutil.rmtree(os.path.join(parent, sibling), ignore_errors=True)
+            removed.append(os.path.join(parent, sibling))
+    return removed
+
+
 def holds_database(path: str) -> bool:
     """Whether ``path`` holds a RocksDB database (every one has a CURRENT file)."""
     return os.path.isfile(os.path.join(path, "CURRENT"))
