@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 _pack_double = struct.Struct(">d").pack
-_UTC = datetime.timezone.utc
+_UTC = datetime.UTC
 
 KEY_TYPES = (
     "str, int, bool, float (not NaN), bytes, datetime.date, datetime.datetime, "
@@ -71,7 +71,9 @@ def _other_bytes(key: Any) -> bytes:
     if isinstance(key, datetime.datetime):  # before date: a datetime is a date
         if key.utcoffset() is None:
             return b"D" + key.isoformat().encode()
-        return b"Z" + key.astimezone(_UTC).replace(tzinfo=None).isoformat().encode()
+        # fold=0, as datetime's hash: equal wall times in one zone are one key
+        instant = key.replace(fold=0).astimezone(_UTC).replace(tzinfo=None)
+        return b"Z" + instant.isoformat().encode()
     if isinstance(key, datetime.date):
         return b"a" + key.isoformat().encode()
     if isinstance(key, decimal.Decimal):
@@ -97,7 +99,7 @@ def _other_bytes(key: Any) -> bytes:
 def _why(key: Any) -> str:
     if isinstance(key, (set, frozenset)):
         return "a set's order depends on PYTHONHASHSEED"
-    if type(key).__eq__ is object.__eq__:
+    if getattr(type(key), "__eq__", None) is getattr(object, "__eq__"):  # noqa: B009
         return "it compares by identity"
     return "its bytes are not defined by its value"
 

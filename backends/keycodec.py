@@ -96,7 +96,7 @@ def decode_key(data: bytes) -> Any:
             return datetime.datetime.fromisoformat(body.decode("ascii"))
         if tag == b"Z":
             naive = datetime.datetime.fromisoformat(body.decode("ascii"))
-            return naive.replace(tzinfo=datetime.timezone.utc)
+            return naive.replace(tzinfo=datetime.UTC)
         if tag == b"d":
             return decimal.Decimal(body.decode("ascii"))
     except (ValueError, ArithmeticError) as exc:

@@ -25,7 +25,6 @@ import contextlib
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlparse
@@ -33,6 +32,7 @@ from urllib.parse import unquote, urlparse
 from aec.checkpoint import files
 from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
 from aec.errors import needs_extra
+from aec.state import scratch
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs  # type: ignore[import-untyped]  # pyarrow ships no type hints
@@ -195,9 +195,12 @@ class CheckpointStore:
         if self.local:
             return write(files.checkpoint_path(self.location, checkpoint_id))
         name = f"chk-{checkpoint_id}"
-        with tempfile.TemporaryDirectory(prefix="aec-stage-") as staging:
+        staging = scratch.make("aec-stage-")  # swept after a kill (aec.state.scratch)
+        try:
             local = write(os.path.join(staging, name))
             self._upload(local.path, name)
+        finally:
+            scratch.remove(staging)
         return CheckpointHandle(checkpoint_id, self.name_of(name))
 
     def _upload(self, source: str, name: str) -> None:
@@ -331,13 +334,13 @@ def local_copy(handle: CheckpointHandle | str | os.PathLike[str]) -> Iterator[st
             f"{store.name_of(MANIFEST)} is missing: {store.location} is an incomplete "
             "checkpoint (not committed)"
         )
-    target = tempfile.mkdtemp(prefix="aec-restore-")
+    target = scratch.make("aec-restore-")  # swept after a kill (aec.state.scratch)
     try:
         local = os.path.join(target, name)
         store._guarded("download", lambda: _download(store, local))
         yield local
     finally:
-        shutil.rmtree(target, ignore_errors=True)
+        scratch.remove(target)
 
 
 def _download(store: CheckpointStore, local: str) -> None:

@@ -49,7 +49,7 @@ def sweep(prefix: str, parent: str) -> list[str]:
     """Remove ``prefix`` directories under ``parent`` left by dead processes of this
     host and user; the removed paths."""
     host = f"{prefix}{_host()}-"
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(parent)
     except OSError:
