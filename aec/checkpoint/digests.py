@@ -20,6 +20,10 @@ before the backend reads a byte and before a new checkpoint could link it
 while this process runs changes its mtime, so it is hashed again; bytes that
 change without an mtime update (failing media) are caught when the backend reads
 them (RocksDB's block checksums, MemoryBackend's per-segment SHA-256), not here.
+File systems keep mtimes with a coarse clock (a few milliseconds), so a file
+changed right after it was hashed may keep its mtime: as git does with "racily
+clean" files, a digest is trusted only if it was taken ``_RACY_NS`` after the
+file's mtime; a younger one is hashed again (each file at most twice).
 ``forget()`` empties the memory (what a new process sees).
 """
 
@@ -27,22 +31,35 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from typing import Any
 
 _CHUNK = 1 << 20  # bytes hashed per read
 _CACHE = 8192  # remembered files; cleared when full
-_KNOWN: dict[tuple[int, int, int, int], str] = {}  # identity -> SHA-256 hex
+_RACY_NS = 100_000_000  # a digest taken sooner after the file's mtime is not trusted
+# identity -> (SHA-256 hex, when the hashing started, in time.time_ns())
+_KNOWN: dict[tuple[int, int, int, int], tuple[str, int]] = {}
 
 
 def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-def _remember(info: os.stat_result, sha256: str) -> None:
+def _remember(info: os.stat_result, sha256: str, hashed_at: int) -> None:
     if info.st_nlink > 1:
         if len(_KNOWN) >= _CACHE:
             _KNOWN.clear()
-        _KNOWN[_identity(info)] = sha256
+        _KNOWN[_identity(info)] = (sha256, hashed_at)
+
+
+def _trusted(info: os.stat_result) -> str | None:
+    """The remembered digest of an unchanged multi-link file, if it is not racy."""
+    if info.st_nlink < 2:
+        return None
+    known = _KNOWN.get(_identity(info))
+    if known is None or known[1] - info.st_mtime_ns < _RACY_NS:
+        return None
+    return known[0]
 
 
 def forget() -> None:
@@ -56,11 +73,12 @@ def describe(path: str) -> dict[str, Any]:
     wrote it). A file this process described or verified before, unchanged, is not
     read again."""
     info = os.stat(path)
-    known = _KNOWN.get(_identity(info)) if info.st_nlink > 1 else None
+    known = _trusted(info)
     if known is not None:
         return {"size": info.st_size, "sha256": known}
+    hashed_at = time.time_ns()
     digest, size = _hash(path, fsync=True)
-    _remember(info, digest.hexdigest())
+    _remember(info, digest.hexdigest(), hashed_at)
     return {"size": size, "sha256": digest.hexdigest()}
 
 
@@ -82,15 +100,16 @@ def verify(path: str, expected: dict[str, Any], keep: bool) -> bytes | None:
     info = os.stat(path)
     if info.st_size != expected.get("size"):
         raise ValueError(f"{path} has {info.st_size} bytes, the manifest says {expected.get('size')}")
-    if not keep and info.st_nlink > 1 and _KNOWN.get(_identity(info)) == sha256:
+    if not keep and _trusted(info) == sha256:
         return None
     parts: list[bytes] | None = [] if keep else None
+    hashed_at = time.time_ns()
     digest, size = _hash(path, parts=parts)
     if size != expected.get("size"):  # changed while being read
         raise ValueError(f"{path} has {size} bytes, the manifest says {expected.get('size')}")
     if digest.hexdigest() != sha256:
         raise ValueError(f"{path} does not match its SHA-256 checksum in the manifest")
-    _remember(info, sha256)
+    _remember(info, sha256, hashed_at)
     return b"".join(parts) if parts is not None else None
 
 
