@@ -53,7 +53,9 @@ from aec import (
     Watermark,
     run_keyed,
 )
+from aec.errors import StateReadError
 from aec.runtime.executor import ThreadPoolStateExecutor
+from aec.runtime.operator import KeyedProcessOperator
 from aec.state.memory import MemoryBackend
 from aec.state.requests import Op
 from aec.testing import assert_equivalent
@@ -411,6 +413,91 @@ def test_killing_the_server_mid_run_fails_the_job(redis_server):
     assert "state backend failed" in message and "connection" in message.lower(), message
     assert isinstance(failure.value.__cause__, redis.ConnectionError)
     assert _io_threads() == []
+
+
+# --- fencing: a store that lost this backend's state fails the job ---------------------------
+
+
+def _count(operator, records) -> None:
+    for key, value in records:
+        operator.process(Record(key, value))
+
+
+@pytest.mark.parametrize("how", ["restart", "flush", "another backend"])
+def test_a_store_that_lost_the_state_fails_the_next_batch(redis_server, how):
+    server = LocalRedisServer().start()  # killed and restarted by PID below
+    prefix = _prefix()
+    backend = RedisBackend(server.url, prefix=prefix, connect_timeout=2.0)
+    operator = KeyedProcessOperator(Counter(), backend, AecConfig(async_state=False))
+    try:
+        _count(operator, [(i % 3, i) for i in range(9)])
+        if how == "restart":
+            server.restart()  # empty again, on the same port: clients reconnect silently
+        elif how == "flush":
+            redis.Redis.from_url(server.url).flushdb()
+        else:
+            newer = RedisBackend(server.url, prefix=prefix)  # a newer attempt of the task
+            newer.open()
+            newer.close()
+        with pytest.raises(JobFailure) as failure:
+            _count(operator, [(i % 3, i) for i in range(9)])
+        cause = failure.value.__cause__
+        assert isinstance(cause, StateReadError), cause
+        assert "lost its state" in str(cause) and f"127.0.0.1:{server.port}" in str(cause)
+    finally:
+        backend.close()
+        server.stop()
+
+
+def test_run_keyed_fails_when_the_server_restarts_empty_between_records(redis_server):
+    server = LocalRedisServer().start()
+
+    def source():
+        for i in range(600):
+            if i == 300:
+                server.restart()
+            yield Record(i % 7, i)
+
+    backend = RedisBackend(server.url, prefix=_prefix(), connect_timeout=2.0)
+    try:
+        with pytest.raises(JobFailure) as failure:
+            run_keyed(source(), Counter(), backend, AecConfig(buffer_size=20))
+        # a batch in flight at the restart may see the connection drop instead
+        assert isinstance(failure.value.__cause__, (StateReadError, redis.ConnectionError))
+    finally:
+        backend.close()
+        server.stop()
+
+
+def test_no_checkpoint_is_taken_of_a_store_that_lost_the_state(redis_server, tmp_path):
+    server = LocalRedisServer().start()
+    backend = RedisBackend(server.url, prefix=_prefix(), connect_timeout=2.0)
+    operator = KeyedProcessOperator(Counter(), backend, AecConfig(async_state=False))
+    try:
+        _count(operator, [("a", 1), ("b", 2)])
+        server.restart()
+        with pytest.raises(JobFailure, match="at checkpoint 1") as failure:
+            operator.snapshot(1, tmp_path)
+        assert isinstance(failure.value.__cause__, StateReadError)
+        assert os.listdir(tmp_path) == []  # nothing committed: no empty state checkpointed
+    finally:
+        backend.close()
+        server.stop()
+
+
+def test_a_value_planted_in_redis_decodes_as_data_or_fails_and_never_runs(backend, client, tmp_path):
+    run(backend, req(Op.VALUE_PUT, "v", "a", value=1))
+    planted = tmp_path / "ran"
+
+    class Plant:
+        def __reduce__(self):
+            return (open, (str(planted), "w"))
+
+    (key,) = client.keys(f"{backend.prefix}:0:*")
+    client.set(key, pickle.dumps(Plant()))
+    with pytest.raises(ValueError, match="not msgpack state bytes"):
+        run(backend, req(Op.VALUE_GET, "v", "a"))
+    assert not planted.exists()
 
 
 def test_a_dead_server_fails_fast(redis_server):
