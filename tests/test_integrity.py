@@ -67,7 +67,7 @@ class Everything(KeyedProcessFunction):
         await self.seen.async_add(value)
         seen = list(await self.seen.async_get())
         await self.last.async_put(value % 3, value)
-        last = sorted((await self.last.async_entries()))
+        last = sorted(await self.last.async_entries())
         ctx.timer_service.register_event_time_timer(float(value))
         ctx.output((ctx.current_key, count, seen, last))
 
@@ -179,11 +179,12 @@ def test_a_database_that_fails_to_open_is_closed_again(tmp_path):
         data = open(os.path.join(path, name), "rb").read() if name.endswith(".sst") else b""
         if b"aec/format" in data:
             flip(os.path.join(path, name), data.index(b"aec/format"))
-    errors = []
+    failures = []  # kept: a live exception keeps its frames (and a DB left open) alive
     for _ in range(2):
         with pytest.raises(Exception) as failure:  # rocksdict raises a bare Exception
             RocksDBBackend(path).open()
-        errors.append(str(failure.value))
+        failures.append(failure)
+    errors = [str(failure.value) for failure in failures]
     assert all("Corruption" in e for e in errors), errors
     assert not any("lock hold" in e or "lock file" in e for e in errors), errors  # LOCK released
 

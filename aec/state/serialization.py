@@ -12,8 +12,11 @@ or per job (``AecConfig(state_serializer=...)``):
   tuples (an extension type), dict keys may be any of these types, integers of any
   size round-trip; a ``datetime`` keeps its UTC offset (a ``zoneinfo`` zone comes
   back as a fixed offset, ``fold`` is not kept); a named tuple comes back as a plain
-  tuple. Anything else raises ``TypeError`` naming the type, when it is written
-  (RocksDB, Redis, SlateDB: the batch; MemoryBackend: the snapshot).
+  tuple. Types registered with ``register_type`` (a class, an extension code, and
+  functions to and from plain data: the engine's ``TimeWindow``/``GlobalWindow``)
+  are stored as their plain data and rebuilt by their function. Anything else
+  raises ``TypeError`` naming the type, when it is written (RocksDB, Redis,
+  SlateDB: the batch; MemoryBackend: the snapshot).
 * ``"pickle"``: any picklable object. Unpickling runs code named by the bytes, so
   choose it only for states whose every byte comes from this job (a checkpoint
   location and a store only the job can write, or signed checkpoints:
@@ -35,6 +38,7 @@ import decimal
 import pickle
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -47,6 +51,7 @@ __all__ = [
     "PickleSerializer",
     "Serializer",
     "StateSerializers",
+    "register_type",
     "resolve",
 ]
 
@@ -55,6 +60,31 @@ _TUPLE, _SET, _FROZENSET, _DATE, _DATETIME, _TIME, _TIMEDELTA, _DECIMAL, _BIGINT
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 _new_ext = tuple.__new__  # ExtType(code, data) without its Python-level checks (hot path)
 _ExtType = msgpack.ExtType
+_FIRST_REGISTERED = 32  # extension codes below are the built-in types
+# registered types: class -> (code, to plain data); code -> from plain data
+_REGISTERED: dict[type, tuple[int, Callable[[Any], Any]]] = {}
+_REBUILD: dict[int, Callable[[Any], Any]] = {}
+
+
+def register_type(
+    cls: type, code: int, to_plain: Callable[[Any], Any], from_plain: Callable[[Any], Any]
+) -> None:
+    """Let the safe serializer store instances of exactly ``cls``: as the plain data
+    ``to_plain(value)`` returns, under msgpack extension code ``code``; decoding
+    calls ``from_plain(data)``, which must build nothing but a ``cls`` from plain
+    data (it sees whatever bytes a store holds: validate, raise ValueError or
+    TypeError on bad data). Register at import of ``cls``'s module, so every
+    process that decodes has it. Codes 32..63 are the engine's, 64..127 free.
+
+    Raises ValueError: a code out of 32..127, or taken by another class.
+    """
+    if not _FIRST_REGISTERED <= code <= 127:
+        raise ValueError(f"extension code {code} is not in {_FIRST_REGISTERED}..127")
+    owner = next((c for c, (known, _) in _REGISTERED.items() if known == code), None)
+    if owner is not None and owner is not cls:
+        raise ValueError(f"extension code {code} is taken by {owner.__qualname__}")
+    _REGISTERED[cls] = (code, to_plain)
+    _REBUILD[code] = from_plain
 
 
 class Serializer(ABC):
@@ -145,6 +175,9 @@ def _default(value: Any) -> Any:
         return _new_ext(_ExtType, (_TIMEDELTA, _pack_nested(parts)))
     if kind is decimal.Decimal:
         return _new_ext(_ExtType, (_DECIMAL, str(value).encode()))
+    registered = _REGISTERED.get(kind)
+    if registered is not None:
+        return _new_ext(_ExtType, (registered[0], _pack_nested(registered[1](value))))
     if isinstance(value, tuple):  # a named tuple: its fields, as a plain tuple
         return _new_ext(_ExtType, (_TUPLE, _pack_nested(list(value))))
     raise TypeError(
@@ -186,6 +219,9 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return datetime.timedelta(days, seconds, microseconds)
     if code == _DECIMAL:
         return decimal.Decimal(data.decode("ascii"))
+    rebuild = _REBUILD.get(code)
+    if rebuild is not None:
+        return rebuild(_unpack(data))
     raise ValueError(f"unknown msgpack extension type {code}")
 
 
