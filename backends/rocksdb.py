@@ -56,6 +56,7 @@ from backends.rocksdb_snapshots import (
     holds_database,
     linked_copy,
     snapshot_source,
+    stamps,
     sweep_leftovers,
     write_checkpoint,
 )
@@ -131,6 +132,7 @@ class RocksDBBackend(StateBackend):
         self._pending_fresh = False  # ``fresh``: destroy and create on first use
         self._db: Rdict | None = None
         self._tables: dict[str, Table] = {}
+        self._stamps: dict[str, tuple[int, int]] = {}  # live tables' (size, mtime) when linked
         self._closed = False
 
     def __repr__(self) -> str:
@@ -319,7 +321,7 @@ class RocksDBBackend(StateBackend):
     def snapshot(self, directory: str) -> None:
         """Checkpoint all state into ``directory/rocksdb`` (hard links where possible)."""
         with self._lock:
-            write_checkpoint(self._live_db(), directory)
+            self._stamps = write_checkpoint(self._live_db(), directory, self._stamps)
 
     def restore(
         self,
@@ -360,6 +362,9 @@ class RocksDBBackend(StateBackend):
                     linked_copy(source, scratches[-1])
                     others.append(_opened(scratches[-1], self._options_hook))
                 self._switch_to(staging, key_groups, others)
+                # the live links (or copies) of the first snapshot's tables; not a
+                # compaction's output, which may still be being written
+                self._stamps = stamps(self.path, set(stamps(sources[0])))
             finally:
                 for other in others:
                     other.close()

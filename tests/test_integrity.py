@@ -101,12 +101,18 @@ def largest(directory: str, suffix: str) -> str:
 # --- RocksDB: a corrupt block is an error, never the end of the data -------------------------
 
 
-def test_a_corrupt_block_fails_the_map_scan_naming_state_and_key_group(tmp_path):
+def maps_checkpoint(tmp_path, keys: int):
+    """A RocksDB checkpoint of ``Maps`` over ``keys`` keys (one entry each)."""
     writer = KeyedProcessOperator(Maps(), RocksDBBackend(tmp_path / "db"))
-    for key in range(3000):
+    for key in range(keys):
         writer.process(Record(key, key))
     handle = writer.snapshot(1, tmp_path / "ckpt")
     writer.backend.close()
+    return handle
+
+
+def test_a_corrupt_block_fails_the_map_scan_naming_state_and_key_group(tmp_path):
+    handle = maps_checkpoint(tmp_path, 3000)
     backend = RocksDBBackend(tmp_path / "restored")
     operator = KeyedProcessOperator(Maps(), backend)
     operator.restore(handle)  # every file verified
@@ -236,11 +242,7 @@ def test_a_corrupt_segment_is_refused_before_a_later_checkpoint_can_link_it(tmp_
 
 
 def test_a_corrupt_sst_is_refused_before_a_later_checkpoint_can_link_it(tmp_path):
-    operator = KeyedProcessOperator(Maps(), RocksDBBackend(tmp_path / "db"))
-    for key in range(2000):
-        operator.process(Record(key, key))
-    handle = operator.snapshot(1, tmp_path / "ckpt")
-    operator.backend.close()
+    handle = maps_checkpoint(tmp_path, 2000)
     sst = largest(os.path.join(handle.path, "backend", "rocksdb"), ".sst")
     replace_flipped(sst, os.path.getsize(sst) // 2)
     digests.forget()
@@ -249,6 +251,35 @@ def test_a_corrupt_sst_is_refused_before_a_later_checkpoint_can_link_it(tmp_path
         KeyedProcessOperator(Maps(), backend).restore(handle)
     assert os.listdir(tmp_path / "ckpt") == ["chk-1"]  # nothing new, nothing pruned
     backend.close()
+
+
+def test_a_live_file_changed_in_place_is_never_linked_into_the_next_checkpoint(tmp_path):
+    # a kept operator (the streaming glue keeps MemoryBackend operators between
+    # micro-batches): its base is linked into each checkpoint, one inode
+    operator = KeyedProcessOperator(Writes(), MemoryBackend())
+    for key in range(3000):
+        operator.process(Record(f"k{key}", key))
+    first = operator.snapshot(1, tmp_path)
+    flip(os.path.join(first.path, "backend", memory_changelog.BASE), 40)
+    operator.process(Record("k1", -1))
+    with pytest.raises(JobFailure, match="at checkpoint 2") as failure:
+        operator.snapshot(2, tmp_path)
+    assert "changed since it was written" in str(failure.value.__cause__)
+    assert sorted(os.listdir(tmp_path)) == ["chk-1"]
+
+
+def test_a_live_table_changed_in_place_is_never_linked_into_the_next_checkpoint(tmp_path):
+    handle = maps_checkpoint(tmp_path, 2000)
+    operator = KeyedProcessOperator(Maps(), RocksDBBackend(tmp_path / "restored"))
+    operator.restore(handle)
+    sst = largest(str(tmp_path / "restored"), ".sst")
+    flip(sst, os.path.getsize(sst) // 2)  # not read by any batch before the snapshot
+    operator.process(Record("new key", 1))
+    with pytest.raises(JobFailure, match="at checkpoint 2") as failure:
+        operator.snapshot(2, tmp_path / "ckpt")
+    assert "changed since it was written or restored" in str(failure.value.__cause__)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["chk-1"]
+    operator.backend.close()
 
 
 # --- the property: a flipped bit is refused, or fails a batch; never another state ------------

@@ -22,6 +22,10 @@ changes since the last one, against a periodically materialized base. Here:
 - Files hold each state's values encoded by the serializer the state is
   registered with (``aec.state.memory_format``); ``load`` decodes a state only
   with its registered serializer.
+- The chain's files are immutable: each one's size and mtime are noted when it is
+  written or adopted, and a snapshot refuses to link one that changed since
+  (``ValueError``: changed in place, so corrupt): corruption of a live file never
+  reaches a later checkpoint.
 - ``load(directory)`` = base + every delta in order. After an unfiltered restore
   of one snapshot the backend ``adopt``s its chain (links it), so the first
   snapshot after a restore is a delta, not a new base.
@@ -68,6 +72,7 @@ class Changelog:
         self._private: str | None = None
         self._base: str | None = None  # private path of the base; None: next snapshot is a base
         self._deltas: list[str] = []
+        self._stamps: dict[str, tuple[int, int]] = {}  # chain file -> (size, mtime) when made
         self._written = 0
 
     def reset(self) -> None:
@@ -94,6 +99,7 @@ class Changelog:
             suffix = os.path.splitext(name)[1]  # .msgpack or .segments: the base's format
             paths.append(os.path.join(self._private, f"{self._written}{suffix}"))
             _link(os.path.join(directory, name), paths[-1])
+            self._stamp(paths[-1])
         self._base, self._deltas, self._since_base = paths[0], paths[1:], set(touched)
 
     def snapshot(
@@ -125,6 +131,7 @@ class Changelog:
             delta = memory_format.encode_delta(_delta(tables, self.dirty), serializers)
             self._deltas.append(self._write(delta))
         self.dirty = set()
+        self._check_unchanged()
         for name in os.listdir(directory):  # a snapshot into the same directory replaces it
             if name in (BASE, SEGMENTED_BASE, CHAIN) or name.startswith(DELTA_PREFIX):
                 os.remove(os.path.join(directory, name))  # a name only: links survive
@@ -149,13 +156,31 @@ class Changelog:
         path = self._next_path(".msgpack")
         with open(path, "wb") as out:
             out.write(data)
+        return self._stamp(path)
+
+    def _stamp(self, path: str) -> str:
+        info = os.stat(path)
+        self._stamps[path] = (info.st_size, info.st_mtime_ns)
         return path
+
+    def _check_unchanged(self) -> None:
+        """Raise ValueError naming a chain file changed since it was made (it would
+        carry corruption into the checkpoint about to link it)."""
+        chain = [self._base, *self._deltas] if self._base is not None else []
+        for path in chain:
+            info = os.stat(path)
+            if (info.st_size, info.st_mtime_ns) != self._stamps.get(path):
+                raise ValueError(
+                    f"{path} changed since it was written (MemoryBackend snapshot files "
+                    "never change): refusing to link it into a new checkpoint"
+                )
+        self._stamps = {path: self._stamps[path] for path in chain}
 
     def _write_base(self, tables: dict[str, dict[Any, Any]], serializers: StateSerializers) -> str:
         if segments.is_large(tables):
             path = self._next_path(".segments")
             segments.write(tables, path, serializers)
-            return path
+            return self._stamp(path)
         return self._write(memory_format.encode_tables(tables, serializers))
 
     def close(self) -> None:
