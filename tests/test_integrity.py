@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aec import (
@@ -322,15 +322,14 @@ def written(tmp_path_factory):
     return made
 
 
-@settings(max_examples=60)
 @given(data=st.data())
 def test_a_flipped_bit_is_refused_at_restore_or_fails_a_batch_never_another_state(
     written, tmp_path_factory, data
 ):
     name = data.draw(st.sampled_from(sorted(written)), label="backend")
     source, expected = written[name]
-    files = list_files(source)
-    file = data.draw(st.sampled_from(files), label="file")
+    files = [f for f in list_files(source) if os.path.getsize(os.path.join(source, f))]
+    file = data.draw(st.sampled_from(files), label="file")  # an empty file has no bit to flip
     size = os.path.getsize(os.path.join(source, file))
     offset = data.draw(st.integers(0, size - 1), label="offset")
     bit = data.draw(st.integers(0, 7), label="bit")
