@@ -1,4 +1,5 @@
-"""The one error a failed run raises, and the one a missing optional dependency raises."""
+"""The one error a failed run raises, the one a missing optional dependency raises, and
+the one a backend raises when its store cannot give back what it holds."""
 
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ class JobFailure(Exception):
         super().__init__(message)
         self.key = key
         self.record = record
+
+
+class StateReadError(RuntimeError):
+    """A backend's store could not give back state it holds: a corrupt block or
+    file, a store that lost its data or was replaced. Never an empty result
+    instead: the batch fails (``JobFailure`` with this as ``__cause__``).
+
+    The message names the store, the state and, where known, the key group; the
+    store's own error is ``__cause__``.
+    """
 
 
 def describe(value: Any, limit: int = 200) -> str:

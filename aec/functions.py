@@ -23,6 +23,7 @@ from aec.state.descriptors import (
     ValueStateDescriptor,
 )
 from aec.state.handles import AggregatingState, ListState, MapState, ReducingState, ValueState
+from aec.state.serialization import Serializer, resolve
 
 _NO_RETRY = NoRetry()
 
@@ -52,6 +53,7 @@ class OperatorHooks(Protocol):
     the runtime, does not import it)."""
 
     config: AecConfig
+    backend: Any  # an aec.state.backend.StateBackend
 
     @property
     def controller(self) -> _Records: ...
@@ -109,9 +111,14 @@ class RuntimeContext:
     def get_state(self, descriptor: StateDescriptor) -> Any:
         """The handle for ``descriptor`` (ValueState, ListState, MapState,
         ReducingState or AggregatingState). The same name twice returns the same
-        handle. Raises TypeError for a non-descriptor, ValueError when the name
-        is already used by a different descriptor."""
-        return self._operator.state_handle(descriptor)
+        handle. The backend is told how the state's values are stored (the
+        descriptor's serializer, else ``AecConfig.state_serializer``) before any
+        request of it. Raises TypeError for a non-descriptor, ValueError when the
+        name is already used by a different descriptor."""
+        operator = self._operator
+        handle = operator.state_handle(descriptor)
+        operator.backend.register_state(descriptor.name, state_serializer(descriptor, operator.config))
+        return handle
 
     @property
     def max_parallelism(self) -> int:
@@ -131,6 +138,11 @@ class RuntimeContext:
             "call_batched() outside a record: call it on the Context of process_element or "
             "on_timer, not in open()"
         )
+
+
+def state_serializer(descriptor: StateDescriptor, config: AecConfig) -> Serializer:
+    """How ``descriptor``'s values are stored: its own serializer, else the job's."""
+    return resolve(descriptor.serializer, resolve(config.state_serializer))
 
 
 class TimerService:

@@ -10,10 +10,13 @@ and ``SCAN MATCH {prefix}:{partition}:*`` finds exactly one partition's keys.
 Keys (and map user keys) are encoded with ``backends.keycodec.encode_key``:
 canonical (``1``, ``1.0`` and ``True`` are one key, as in a dict) and decodable
 (``state_items`` and map iteration give them back, in canonical form). Values are
-pickled (highest protocol). One Redis key per (state, key):
+encoded by their state's serializer (``StateBackend.register_state``: msgpack
+unless the state opted in to pickle), so a value planted in Redis by anyone else
+decodes as data or fails the batch, and never runs code. One Redis key per
+(state, key):
 
 * value state: a string (``GET``/``SET``/``DEL``; None clears);
-* list state: a list of pickled elements (``LRANGE``/``RPUSH``/``DEL``); storing
+* list state: a list of encoded elements (``LRANGE``/``RPUSH``/``DEL``); storing
   ``[]`` deletes the key, so absent and empty are the same, as in MemoryBackend;
 * map state: a hash, field = encoded user key (``HGET``/``HSET``/``HDEL``/
   ``HEXISTS``/``HLEN``/``HGETALL``/``HSCAN``); Redis drops a hash with its last
@@ -48,8 +51,19 @@ entry may be returned twice only if Redis shrinks (rehashes) the hash during the
 iteration. Map order is Redis's (insertion order for small hashes); ``MAP_ITER``
 (``HGETALL``) and chunked iteration agree for small (listpack) hashes only.
 
+Fencing. ``open`` (and ``restore``) write a random token under
+``{prefix}:{partition}~fence`` (outside the partition's key space); every batch's
+pipeline reads it back first, in the same transaction, and so do ``snapshot``
+and ``state_items``. A server that restarted empty, a flushed database, or
+another backend that opened the same prefix and partition since (a newer task
+attempt) changes or removes it: the batch fails with ``StateReadError`` naming the
+server, instead of counting from nothing. Redis cannot make a transaction's
+writes depend on a read, so the batch that finds the token gone has been applied
+(to a store that is no longer this backend's); it is the last one. A server
+restarted from its own persistence files with the token is not detected.
+
 Snapshots (``backends.redis_snapshots``). ``snapshot(dir)`` ``SCAN``s this partition's keys and ``DUMP``s them
-into ``redis-state-<id>.pickle`` (keys relative to ``{prefix}:{partition}:``, so
+into ``redis-state-<id>.msgpack`` (keys relative to ``{prefix}:{partition}:``, so
 a snapshot restores into any prefix/partition), then atomically replaces
 ``redis-manifest.json`` (format, key count, size, SHA-256), then deletes older
 data files. ``restore(dirs, key_groups)`` validates every manifest and checksum,
@@ -69,7 +83,6 @@ transactions assume a single Redis server, not Redis Cluster.
 
 from __future__ import annotations
 
-import pickle
 import re
 import threading
 import uuid
@@ -80,6 +93,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from aec.errors import StateReadError
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import Op, StateRequest
@@ -94,8 +108,6 @@ __all__ = ["DEFAULT_URL", "RedisBackend", "RedisSpec"]
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
-
-_loads = pickle.loads
 
 
 class RedisBackend(StateBackend):
@@ -164,6 +176,8 @@ class RedisBackend(StateBackend):
         self.connect_timeout = float(connect_timeout)
         self.fresh = fresh
         self._base = f"{prefix}:{partition}:".encode()
+        self._fence = f"{prefix}:{partition}~fence".encode()  # outside the key space
+        self._token = uuid.uuid4().hex.encode()  # this backend's identity in the store
         self._headers: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._pool: redis.ConnectionPool | None = None
@@ -198,6 +212,7 @@ class RedisBackend(StateBackend):
                     client.ping()
                     if self.fresh:
                         delete_keys(client, scan_keys(client, self._base))
+                    client.set(self._fence, self._token)
             except BaseException:
                 pool.disconnect()
                 raise
@@ -224,6 +239,16 @@ class RedisBackend(StateBackend):
     def _errors(self, doing: str) -> ConnectionErrors:
         return ConnectionErrors(self, doing)
 
+    def _check_fence(self, found: Any, doing: str) -> None:
+        """``found``: the fence key's value read back; StateReadError unless it is ours."""
+        if found != self._token:
+            what = "is gone" if found is None else f"is {found!r}, another backend's"
+            raise StateReadError(
+                f"{self!r} lost its state while {doing}: the fence {self._fence!r} it wrote "
+                f"({self._token!r}) {what}: the server restarted empty, the database was "
+                "flushed, or another backend opened this prefix and partition since"
+            )
+
     def _header(self, state: str) -> bytes:
         header = self._headers.get(state)
         if header is None:
@@ -236,7 +261,7 @@ class RedisBackend(StateBackend):
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         client = self._live()
-        plan = Plan()
+        plan = Plan(self.serializers.of)
         keys = plan.keys
         cache: dict[tuple[str, Any], bytes] = {}  # a record's requests share its key
         for request in requests:
@@ -257,15 +282,19 @@ class RedisBackend(StateBackend):
             return
         pipe = client.pipeline(transaction=self.transaction)
         queue = pipe.execute_command
+        queue("GET", self._fence)  # first, in the same transaction
         for command in commands:
             queue(*command)
         with self._errors("executing a batch"):
             replies = pipe.execute()
+        self._check_fence(replies[0], "executing a batch")
+        replies = replies[1:]
         if plan.mget_keys:
             plan.mget_reply = replies[0]
             replies = replies[1:]
+        loads_of = self.serializers.of
         for fill, request, a, b in plan.fills:
-            request.result = fill(plan, replies, a, b)
+            request.result = fill(plan, replies, a, b, loads_of(request.state).loads)
         for request in plan.rescans:
             self._skip_empty_chunks(request)
 
@@ -287,9 +316,11 @@ class RedisBackend(StateBackend):
         """DUMP this partition's keys into ``directory`` (see the module docstring)."""
         client = self._live()
         with self._errors("taking a snapshot"):
+            self._check_fence(client.get(self._fence), "taking a snapshot")
             write_snapshot(
                 client, self._base, directory, {"prefix": self.prefix, "partition": self.partition}
             )
+            self._check_fence(client.get(self._fence), "taking a snapshot")
 
     def restore(
         self,
@@ -322,6 +353,7 @@ class RedisBackend(StateBackend):
                     f"the Redis snapshot in {', '.join(directories)} does not restore on "
                     f"this server: {exc}"
                 ) from exc
+            client.set(self._fence, self._token)
 
     def clear(self) -> None:
         """Delete every key of this backend's partition (all its states)."""
@@ -346,6 +378,7 @@ class RedisBackend(StateBackend):
         client = self._live()
         header = self._header(state)
         with self._errors("listing state"):
+            self._check_fence(client.get(self._fence), "listing state")
             found = sorted(set(scan_keys(client, header)))
             pipe = client.pipeline(transaction=False)
             for key in found:
@@ -361,6 +394,7 @@ class RedisBackend(StateBackend):
                     pipe.execute_command("GET", key)
             replies = pipe.execute()
         items: dict[Any, Any] = {}
+        _loads = self.serializers.of(state).loads
         for key, reply in zip(found, replies, strict=True):
             if reply is None:  # deleted meanwhile
                 continue

@@ -6,12 +6,13 @@ Layout (Flink's RocksDB state backend, simplified):
   the default column family holds only a format marker;
 * DB keys are ``backends.keycodec`` keys: ``key group | len(key bytes) | key bytes``
   for value and list state, followed by the encoded user key for map state, so one
-  key's map is one prefix range; values are pickled (highest protocol);
+  key's map is one prefix range; values are encoded by the state's serializer
+  (``StateBackend.register_state``: msgpack unless the state opted in to pickle);
 * a batch's requests run over ``backends.overlay``'s op functions (shared with
   SlateDB), against ``backends.rocksdb_batch.RocksBatchView``: one multi-get per
   column family, one ``WriteBatch`` at the end.
 
-Value state is one entry per key; list state is one entry holding the pickled list
+Value state is one entry per key; list state is one entry holding the encoded list
 (``LIST_ADD`` reads, appends and rewrites it); map state is one entry per
 ``(key, user key)``. Map iteration (``MAP_ITER``) yields entries in the byte order
 of the encoded user keys, not in insertion order as ``MemoryBackend`` does (ints
@@ -24,6 +25,9 @@ flushes, so reopening a closed directory sees its state. The memtable updates va
 in place (``inplace_update_support``): state overwrites the same keys, and a version
 per write made reads and writes slower as the memtable filled.
 
+Reads check RocksDB's status (``backends.rocksdb_batch``): a corrupt block fails the
+batch with ``StateReadError`` naming the state and key group, never reads as absent.
+
 Snapshots (``backends.rocksdb_snapshots``) are RocksDB checkpoints (hard links); a
 restore hard-links the first snapshot into a new live directory, range-deletes keys
 outside the key groups kept and range-scans the key groups of any further snapshot:
@@ -33,7 +37,6 @@ never a copy of a whole database.
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import threading
 import uuid
@@ -45,14 +48,16 @@ from rocksdict import DBCompactionStyle, Options, Rdict, WriteBatch, WriteOption
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
+from aec.state.serialization import Serializer
 from backends.keycodec import decode_key, encode_key, key_group_bounds, key_prefix, split_db_key
 from backends.overlay import APPLY_OPS, POINT_READS, USER_KEY_OPS
-from backends.rocksdb_batch import RocksBatchView, Table, run_value_batch, scan_range
+from backends.rocksdb_batch import RocksBatchView, Table, rows, run_value_batch, scan_range
 from backends.rocksdb_snapshots import (
-    SNAPSHOT_SUBDIR,
     holds_database,
     linked_copy,
     snapshot_source,
+    stamps,
+    sweep_leftovers,
     write_checkpoint,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
@@ -102,9 +107,6 @@ class RocksDBBackend(StateBackend):
 
     blocking = False  # rocksdict never releases the GIL: see the class doc
     prefers_batches = True
-    # RocksDB checks each block's checksum when it reads it (and a table's footer when
-    # it opens it): a restore need not read every SST file to verify it.
-    verified_by_backend = (f"{SNAPSHOT_SUBDIR}/*.sst", f"{SNAPSHOT_SUBDIR}/*.blob")
 
     def __init__(
         self,
@@ -130,6 +132,7 @@ class RocksDBBackend(StateBackend):
         self._pending_fresh = False  # ``fresh``: destroy and create on first use
         self._db: Rdict | None = None
         self._tables: dict[str, Table] = {}
+        self._stamps: dict[str, tuple[int, int]] = {}  # live tables' (size, mtime) when linked
         self._closed = False
 
     def __repr__(self) -> str:
@@ -145,6 +148,8 @@ class RocksDBBackend(StateBackend):
         task) replaces the directory once instead of creating a DB to throw away."""
         with self._lock:
             self._check_not_closed()
+            if not self._opened:
+                sweep_leftovers(self.path)  # what a restore killed midway left beside it
             if self._db is None and not self._pending_fresh:
                 if self._fresh and not self._opened:
                     self._pending_fresh = True
@@ -203,21 +208,28 @@ class RocksDBBackend(StateBackend):
         # RocksDB refuses to open a DB without naming all its column families.
         names = [n for n in Rdict.list_cf(self.path, options) if n != "default"] if existed else []
         db = Rdict(self.path, options, column_families={n: self._make_options() for n in names})
-        if not existed:
-            db.put(_FORMAT_KEY, _FORMAT)
-        elif db.get(_FORMAT_KEY) != _FORMAT:
+        tables: dict[str, Table] = {}
+        try:  # a failure past here closes the DB: it holds the directory's LOCK
+            if not existed:
+                db.put(_FORMAT_KEY, _FORMAT)
+            elif db.get(_FORMAT_KEY) != _FORMAT:
+                raise ValueError(f"{self.path} holds a RocksDB database that aec did not write")
+            for name in names:
+                if name.startswith(_CF_PREFIX):
+                    state = name[len(_CF_PREFIX) :]
+                    tables[state] = Table(
+                        state,
+                        db.get_column_family(name),
+                        db.get_column_family_handle(name),
+                        self.serializers.of(state),
+                    )
+        except BaseException:
+            for table in tables.values():
+                table.rdict.close()
             db.close()
-            raise ValueError(f"{self.path} holds a RocksDB database that aec did not write")
+            raise
         self._db = db
-        self._tables = {
-            name[len(_CF_PREFIX) :]: Table(
-                name[len(_CF_PREFIX) :],
-                db.get_column_family(name),
-                db.get_column_family_handle(name),
-            )
-            for name in names
-            if name.startswith(_CF_PREFIX)
-        }
+        self._tables = tables
 
     def _close_db(self) -> None:
         # Column-family objects keep the DB (and its LOCK file) alive until closed or freed.
@@ -237,7 +249,8 @@ class RocksDBBackend(StateBackend):
                     name = _CF_PREFIX + state
                     db = self._live_db()
                     rdict = db.create_column_family(name, self._make_options())
-                    table = Table(state, rdict, db.get_column_family_handle(name))
+                    handle = db.get_column_family_handle(name)
+                    table = Table(state, rdict, handle, self.serializers.of(state))
                     self._tables = {**self._tables, state: table}  # readers see old or new
         return table
 
@@ -255,6 +268,12 @@ class RocksDBBackend(StateBackend):
                 self._check_not_closed()
                 raise RuntimeError(f"{self!r} is not open: call open() first")
         return db
+
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        super().register_state(name, serializer)
+        table = self._tables.get(name)
+        if table is not None:
+            table.use(serializer)
 
     # batches
 
@@ -302,7 +321,7 @@ class RocksDBBackend(StateBackend):
     def snapshot(self, directory: str) -> None:
         """Checkpoint all state into ``directory/rocksdb`` (hard links where possible)."""
         with self._lock:
-            write_checkpoint(self._live_db(), directory)
+            self._stamps = write_checkpoint(self._live_db(), directory, self._stamps)
 
     def restore(
         self,
@@ -343,6 +362,9 @@ class RocksDBBackend(StateBackend):
                     linked_copy(source, scratches[-1])
                     others.append(_opened(scratches[-1], self._options_hook))
                 self._switch_to(staging, key_groups, others)
+                # the live links (or copies) of the first snapshot's tables; not a
+                # compaction's output, which may still be being written
+                self._stamps = stamps(self.path, set(stamps(sources[0])))
             finally:
                 for other in others:
                     other.close()
@@ -427,12 +449,13 @@ class RocksDBBackend(StateBackend):
         if table is None:
             return {}
         items: dict[Any, Any] = {}
-        for db_key, raw in cast("Iterator[tuple[bytes, bytes]]", table.rdict.items()):
+        loads = table.loads
+        for db_key, raw in cast("Iterator[tuple[bytes, bytes]]", rows(table, b"", None, True)):
             key, user_key = split_db_key(db_key)
             if user_key:
-                items.setdefault(key, {})[decode_key(user_key)] = pickle.loads(raw)
+                items.setdefault(key, {})[decode_key(user_key)] = loads(raw)
             else:
-                items[key] = pickle.loads(raw)
+                items[key] = loads(raw)
         return items
 
 

@@ -8,8 +8,9 @@ Layout: one keyspace of byte-ordered keys. A state key is
 ``b"s" | len(state name) (2 bytes, big-endian) | state name (UTF-8) |``
 ``backends.keycodec.key_prefix(key group, key)``, followed by the encoded user key
 for map entries, so one key's map is one prefix range and one state is one prefix
-range. Value and list state are one entry per key (a list is one pickled list);
-map state is one entry per ``(key, user key)``; values are pickled. ``MAP_ITER``
+range. Value and list state are one entry per key (a list is one encoded list);
+map state is one entry per ``(key, user key)``; values are encoded by their state's
+serializer (``StateBackend.register_state``; msgpack unless a state opted in). ``MAP_ITER``
 yields entries in the byte order of the encoded user keys, as ``RocksDBBackend``
 does. The key ``b"\\x00aec/format"`` marks a database aec wrote.
 
@@ -60,7 +61,6 @@ Object stores, by URL:
 from __future__ import annotations
 
 import os
-import pickle
 import threading
 import uuid
 import zlib
@@ -333,7 +333,7 @@ class SlateDBBackend(StateBackend):
         return prefix
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        self._call(execute(self._ready_db(), requests, self._state_prefix))
+        self._call(execute(self._ready_db(), requests, self._state_prefix, self.serializers.of))
 
     # snapshots
 
@@ -436,12 +436,13 @@ class SlateDBBackend(StateBackend):
         rows = self._call(scan(self._ready_db(), prefix))
         items: dict[Any, Any] = {}
         skip = len(prefix)
+        loads = self.serializers.of(state).loads
         for db_key, raw in rows:
             key, user_key = split_db_key(db_key[skip:])
             if user_key:
-                items.setdefault(key, {})[decode_key(user_key)] = pickle.loads(raw)
+                items.setdefault(key, {})[decode_key(user_key)] = loads(raw)
             else:
-                items[key] = pickle.loads(raw)
+                items[key] = loads(raw)
         return items
 
 

@@ -384,7 +384,7 @@ def test_layout_manifest_and_metadata(tmp_path):
     manifest = json.loads((tmp_path / "chk-12" / "MANIFEST.json").read_text())
     assert manifest["checkpoint_id"] == 12 and manifest["format"] == ckpt.FORMAT
     assert set(manifest["files"]) == {
-        "backend/memory-state.pickle", "operator.json", "timers.pickle",
+        "backend/memory-base.msgpack", "operator.json", "timers.msgpack",
     }  # fmt: skip
     for name, entry in manifest["files"].items():
         assert entry["size"] == os.path.getsize(tmp_path / "chk-12" / name)
@@ -450,7 +450,7 @@ def assert_untouched(operator: KeyedProcessOperator, backend: MemoryBackend) -> 
     assert operator.watermark == float("-inf")
 
 
-@pytest.mark.parametrize("name", ["backend/memory-state.pickle", "timers.pickle", "operator.json"])
+@pytest.mark.parametrize("name", ["backend/memory-base.msgpack", "timers.msgpack", "operator.json"])
 def test_a_flipped_byte_is_detected_and_named(tmp_path, name):
     handle = snapshot_of_a_small_run(tmp_path)
     path = os.path.join(handle.path, name)
@@ -478,15 +478,15 @@ def test_a_missing_manifest_is_an_incomplete_checkpoint(tmp_path):
 
 def test_missing_truncated_and_unlisted_files_are_named(tmp_path):
     handle = snapshot_of_a_small_run(tmp_path)
-    timers = os.path.join(handle.path, "timers.pickle")
+    timers = os.path.join(handle.path, "timers.msgpack")
     content = open(timers, "rb").read()
     operator = KeyedProcessOperator(Windows(), MemoryBackend(), AecConfig())
     with open(timers, "wb") as out:
         out.write(content[:-1])
-    with pytest.raises(ValueError, match="timers.pickle has .* bytes"):
+    with pytest.raises(ValueError, match="timers.msgpack has .* bytes"):
         operator.restore(handle)
     os.remove(timers)
-    with pytest.raises(ValueError, match="timers.pickle is missing"):
+    with pytest.raises(ValueError, match="timers.msgpack is missing"):
         operator.restore(handle)
     with open(timers, "wb") as out:
         out.write(content)

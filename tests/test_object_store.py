@@ -56,7 +56,7 @@ def test_snapshot_restore_round_trip_on_s3(s3):
     assert handle == CheckpointHandle(4, f"{uri}/chk-4")
     keys = server.list_keys(bucket, "jobs/one/")
     assert "jobs/one/chk-4/MANIFEST.json" in keys
-    assert {"jobs/one/chk-4/operator.json", "jobs/one/chk-4/timers.pickle"} <= set(keys)
+    assert {"jobs/one/chk-4/operator.json", "jobs/one/chk-4/timers.msgpack"} <= set(keys)
     assert any(k.startswith("jobs/one/chk-4/backend/") for k in keys)
     assert not os.path.exists("s3:")  # never a local directory named after the scheme
     assert latest_checkpoint(uri) == handle

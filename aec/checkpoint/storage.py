@@ -35,7 +35,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -44,6 +43,7 @@ from urllib.parse import unquote, urlparse
 from aec.checkpoint import files
 from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
 from aec.errors import needs_extra
+from aec.state import scratch
 from aec.timeouts import StoreTimeouts, store_timeouts
 
 if TYPE_CHECKING:
@@ -253,9 +253,12 @@ class CheckpointStore:
         if self.local:
             return write(files.checkpoint_path(self.location, checkpoint_id))
         name = f"chk-{checkpoint_id}"
-        with tempfile.TemporaryDirectory(prefix="aec-stage-") as staging:
+        staging = scratch.make("aec-stage-")  # swept after a kill (aec.state.scratch)
+        try:
             local = write(os.path.join(staging, name))
             self._upload(local.path, name)
+        finally:
+            scratch.remove(staging)
         return CheckpointHandle(checkpoint_id, self.name_of(name))
 
     def _upload(self, source: str, name: str) -> None:
@@ -445,13 +448,13 @@ def local_copy(handle: CheckpointHandle | str | os.PathLike[str]) -> Iterator[st
             f"{store.name_of(MANIFEST)} is missing: {store.location} is an incomplete "
             "checkpoint (not committed)"
         )
-    target = tempfile.mkdtemp(prefix="aec-restore-")
+    target = scratch.make("aec-restore-")  # swept after a kill (aec.state.scratch)
     try:
         local = os.path.join(target, name)
         store.download(local)
         yield local
     finally:
-        shutil.rmtree(target, ignore_errors=True)
+        scratch.remove(target)
 
 
 def latest_checkpoint(directory: str | os.PathLike[str]) -> CheckpointHandle | None:

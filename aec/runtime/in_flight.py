@@ -16,7 +16,6 @@ timer firing, a read-modify-write lane, a closed epoch still finishing.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
 from aec.state.requests import DefaultedGet, StateRequest
+from aec.state.serialization import SAFE, Serializer
 
 # request classes a stored request may have (by name in the checkpoint)
 _KINDS: dict[str, type[StateRequest]] = {"get": DefaultedGet, "": StateRequest}
@@ -213,36 +213,79 @@ def check_steps(records: list[CarriedRecord], program: DeclaredProgram) -> None:
             program.step_named(record.next_step)
 
 
-def encode(records: list[CarriedRecord]) -> bytes:
-    """The carried records as checkpoint bytes; ``Unserializable`` (a ValueError)
-    naming the declared variable, or the record, that cannot be pickled."""
-    try:
-        return pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        for record in records:
-            for name, value in (record.variables or {}).items():
-                try:
-                    pickle.dumps(value)
-                except Exception:
-                    raise Unserializable(
-                        f"declared variable {name!r} of the record of key {record.key!r} "
-                        f"in flight cannot be pickled ({type(value).__name__}): no "
-                        "checkpoint was taken"
-                    ) from exc
-        raise Unserializable(f"a record in flight cannot be pickled for the checkpoint: {exc}") from exc
+_FORMAT = "aec-in-flight/1"
 
 
-def decode(blobs: list[bytes], where: str, owned: KeyGroupRange) -> list[CarriedRecord]:
+def encode(records: list[CarriedRecord], serializer: Serializer) -> bytes:
+    """The carried records as checkpoint bytes: the envelope in msgpack (``SAFE``),
+    what user code made (values, declared variables, request payloads) by the
+    job's ``serializer``. ``Unserializable`` (a ValueError) names the declared
+    variable, or the record, it cannot encode."""
+    dumps = serializer.dumps
+    rows = []
+    for r in records:
+        try:
+            variables = None
+            if r.variables is not None:
+                variables = {}
+                for name, value in r.variables.items():
+                    try:
+                        variables[name] = dumps(value)
+                    except Exception as exc:
+                        raise Unserializable(
+                            f"declared variable {name!r} of the record of key {r.key!r} in "
+                            f"flight cannot be serialized ({type(value).__name__}, "
+                            f"{serializer.name}): no checkpoint was taken"
+                        ) from exc
+            rows.append([
+                r.key, r.key_group, dumps(r.value), r.timestamp, r.sequence, r.watermark,
+                r.processing_time, r.started, r.next_step, variables,
+                [[q.op, q.state, dumps(q.user_key), dumps(q.value), q.kind] for q in r.requests],
+                r.awaited,
+            ])  # fmt: skip
+        except Unserializable:
+            raise
+        except Exception as exc:
+            raise Unserializable(
+                f"the record of key {r.key!r} in flight cannot be serialized for the "
+                f"checkpoint ({serializer.name}): {exc}"
+            ) from exc
+    return SAFE.dumps({"format": _FORMAT, "records": rows})
+
+
+def decode(
+    blobs: list[bytes], where: str, owned: KeyGroupRange, serializer: Serializer
+) -> list[CarriedRecord]:
     """The carried records of restored checkpoints (one blob each) whose key group
     ``owned`` holds, each checkpoint's in their stored order. Raises ValueError for
     data that does not read."""
+    loads = serializer.loads
     records: list[CarriedRecord] = []
     for blob in blobs:
         try:
-            decoded = pickle.loads(blob)
-        except Exception as exc:
+            data = SAFE.loads(blob)
+            if not isinstance(data, dict) or data.get("format") != _FORMAT:
+                raise ValueError(f"not {_FORMAT} data")
+            for row in data["records"]:
+                (key, key_group, value, timestamp, sequence, watermark, processing_time,
+                 started, next_step, variables, requests, awaited) = row  # fmt: skip
+                if key_group not in owned:
+                    continue
+                records.append(CarriedRecord(
+                    key, int(key_group), loads(value), timestamp, int(sequence),
+                    float(watermark), float(processing_time), bool(started), next_step,
+                    None if variables is None else {n: loads(v) for n, v in variables.items()},
+                    [StoredRequest(int(op), str(state), loads(uk), loads(v), str(kind))
+                     for op, state, uk, v, kind in requests],
+                    awaited,
+                ))  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"the in-flight records of {where} cannot be read: {exc}") from exc
-        records.extend(r for r in decoded if r.key_group in owned)
+    for record in records:
+        for request in record.requests:
+            if request.kind not in _KINDS:
+                raise ValueError(f"the in-flight records of {where} hold a request of kind "
+                                 f"{request.kind!r}")
     return records
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Container, Hashable, Sequence
 from time import monotonic
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from aec.checkpoint import state_meta
 from aec.checkpoint.files import CheckpointHandle, OperatorState
 from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore
 from aec.clock import Clock, SystemClock
@@ -56,7 +57,12 @@ from aec.runtime.in_flight import (
     encode,
     readmitted,
 )
-from aec.runtime.operator_checkpoints import HandleLike, read_checkpoints, restore_backend
+from aec.runtime.operator_checkpoints import (
+    HandleLike,
+    check_states,
+    read_checkpoints,
+    restore_backend,
+)
 from aec.runtime.operator_failures import cause_of, job_failure, stuck_error
 from aec.runtime.operator_timers import OperatorTimers
 from aec.runtime.output import OperatorOutput, Trace
@@ -65,6 +71,7 @@ from aec.runtime.user_code import DeclaredEntryRunner, EntryRunner
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
 from aec.state.handles import make_handle
+from aec.state.serialization import Serializer, resolve
 from aec.state.ttl import with_ttl
 
 if TYPE_CHECKING:
@@ -558,9 +565,11 @@ class KeyedProcessOperator:
         with read_checkpoints(handle, config.max_parallelism, self.key_group_range, check) as (
             plan,
             where,
+            restored,
         ):
-            carried = decode(plan.in_flight, where, self.key_group_range)
+            carried = decode(plan.in_flight, where, self.key_group_range, self._serializer())
             self.open()
+            check_states(restored, self._descriptors(), config, self.backend)
             if carried:
                 if self._program is None:
                     raise ValueError(
@@ -589,6 +598,14 @@ class KeyedProcessOperator:
         self.epochs.restart_at(state.epoch)
         self._sequence = state.record_sequence
 
+    def _serializer(self) -> Serializer:
+        """The job's serializer (``AecConfig.state_serializer``): carried records."""
+        return resolve(self.config.state_serializer)
+
+    def _descriptors(self) -> list[StateDescriptor]:
+        """The descriptors of the states the function made (in ``open`` and since)."""
+        return [handle.descriptor for handle in self._handles.values()]
+
     def _drain(self) -> None:
         """Run the mailbox until nothing is in flight and every closed epoch has left
         (a bundle's records first: a checkpoint holds every record before its barrier)."""
@@ -610,6 +627,7 @@ class KeyedProcessOperator:
             event_timers=self.timers.event,
             processing_timers=self.timers.processing,
             state_names=self.declared_states,
+            states=state_meta.describe(self._descriptors(), self.config),
             config=dataclasses.asdict(self.config),
             counts={
                 "records_in": self._records_in,
@@ -619,7 +637,7 @@ class KeyedProcessOperator:
             },
             backend=type(self.backend).__name__,
             key_group_range=(self.key_group_range.start, self.key_group_range.end),
-            in_flight=encode(carried) if carried else b"",
+            in_flight=encode(carried, self._serializer()) if carried else b"",
         )
 
     # -- output --------------------------------------------------------------------------------

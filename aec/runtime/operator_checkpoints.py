@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aec.checkpoint import files as checkpoint
+from aec.checkpoint import state_meta
 from aec.checkpoint.files import CheckpointHandle
 from aec.checkpoint.storage import local_copy
 from aec.keygroups import KeyGroupRange
@@ -32,11 +33,12 @@ def read_checkpoints(
     max_parallelism: int,
     key_group_range: KeyGroupRange,
     check_state_names: Callable[[list[str]], None] | None = None,
-) -> Iterator[tuple[MergedCheckpoint, str]]:
+) -> Iterator[tuple[MergedCheckpoint, str, list[checkpoint.RestoredCheckpoint]]]:
     """Verify every checkpoint ``handle`` names (manifest, sizes, SHA-256), check
     that they fit together and into an operator owning ``key_group_range``, and
-    yield ``(merged, where)`` while their local copies exist (``where`` names them
-    for messages). Nothing live changes here.
+    yield ``(merged, where, restored)`` while their local copies exist (``where``
+    names them for messages, ``restored`` are the checkpoints one by one). Nothing
+    live changes here.
 
     ``check_state_names`` (the function's ``check_restore``) may refuse the stored
     state names with ValueError.
@@ -60,7 +62,25 @@ def read_checkpoints(
         plan = merge(restored, max_parallelism, key_group_range)
         if check_state_names is not None:
             check_state_names(plan.state.state_names)
-        yield plan, ", ".join(item.handle.path for item in restored)
+        yield plan, ", ".join(item.handle.path for item in restored), restored
+
+
+def check_states(
+    restored: Sequence[checkpoint.RestoredCheckpoint],
+    descriptors: Sequence[Any],
+    config: Any,
+    backend: StateBackend,
+) -> None:
+    """Refuse checkpoints whose states the function (``descriptors``, made in
+    ``open``) now makes differently: another type, serializer or TTL under a stored
+    name (ValueError naming it, before anything live changes); tell ``backend`` the
+    serializer of stored states the function makes later, on demand."""
+    live = state_meta.describe(descriptors, config)
+    later: dict[str, Any] = {}
+    for item in restored:
+        later.update(state_meta.check(item.state.states, live, config, item.handle.path))
+    for name, serializer in later.items():
+        backend.register_state(name, serializer)
 
 
 def restore_backend(

@@ -28,6 +28,7 @@ from typing import Any
 from sortedcontainers import SortedList
 
 _NONE: frozenset[float] = frozenset()
+_TIMES = (int, float)  # a restored timestamp's types (bool excluded)
 
 
 class TimerQueue:
@@ -190,7 +191,9 @@ class TimerQueue:
 
     # -- checkpoints (aec.checkpoint.files) ------------------------------------------------------------
     def export(self) -> dict[str, Any]:
-        """The full queue as plain data for a checkpoint (pickled with the keys).
+        """The full queue as plain data for a checkpoint (msgpack, with the keys: plain
+        data only, ``aec.state.serialization.SAFE``; a key is one of the stable key
+        types, ``aec.keygroups``).
 
         Shape: ``{"timers": [(timestamp, sequence, key, epoch), ...]`` in firing
         order, ``"sequence"``: the registration counter, ``"rearmed"``:
@@ -208,7 +211,8 @@ class TimerQueue:
 
     @classmethod
     def from_export(cls, data: dict[str, Any]) -> TimerQueue:
-        """A new queue holding an ``export()``ed queue's timers (ValueError when malformed)."""
+        """A new queue holding an ``export()``ed queue's timers (ValueError when malformed:
+        ``data`` comes from a checkpoint file, so its shape is checked, not trusted)."""
         queue = cls()
         queue.load(data)
         return queue
@@ -223,6 +227,10 @@ class TimerQueue:
         by_key: dict[Any, dict[float, tuple[int, int]]] = {}
         try:
             for timestamp, sequence, key, epoch in data["timers"]:
+                if type(timestamp) not in _TIMES or type(sequence) is not int or (
+                    type(epoch) is not int
+                ):
+                    raise ValueError(f"timer {(timestamp, sequence, key, epoch)!r}")
                 by_key.setdefault(key, {})[timestamp] = (sequence, epoch)
                 order.add((timestamp, sequence, key))
             rearmed = {(key, t): list(epochs) for key, t, epochs in data["rearmed"]}

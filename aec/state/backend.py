@@ -13,6 +13,7 @@ from typing import Any
 
 from aec.keygroups import KeyGroupRange
 from aec.state.requests import StateRequest
+from aec.state.serialization import Serializer, StateSerializers
 
 
 class BackendSpec(ABC):
@@ -41,20 +42,37 @@ class StateBackend(ABC):
             run at once (a hot key's next record) joins the records' batch when
             other records have requests waiting; False (a dict in memory) runs
             such requests at once. Default True.
-        verified_by_backend: ``fnmatch`` patterns (relative to the snapshot
-            directory) of snapshot files whose content the backend verifies itself
-            whenever it reads them (RocksDB's block checksums, a per-file digest).
-            A checkpoint restore checks only their size, so it does not read state
-            bytes it may never need; corruption in them fails the run when read
-            (``JobFailure``) instead of failing the restore. Default: none.
+
+    Values are stored with the serializer each state is registered with
+    (``register_state``; ``aec.state.serialization``); a state never registered
+    uses the safe default. A backend decodes stored bytes only with the registered
+    serializer, never with one the bytes (or a snapshot file) name.
     """
 
     blocking: bool = True
     prefers_batches: bool = True
-    verified_by_backend: tuple[str, ...] = ()
 
     def open(self) -> None:
         """Acquire resources; called once before the first batch."""
+
+    @property
+    def serializers(self) -> StateSerializers:
+        """The serializer of every registered state (made on first use)."""
+        found: StateSerializers | None = self.__dict__.get("_state_serializers")
+        if found is None:
+            found = self.__dict__["_state_serializers"] = StateSerializers()
+        return found
+
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        """Store state ``name``'s values with ``serializer`` from now on.
+
+        The engine calls it when a state's handle is made (before any request of
+        that state) and, on restore, for every state the checkpoint records, before
+        ``restore``. Wrapping backends pass it on to the backend they wrap.
+
+        Raises ValueError when ``name`` is registered with another serializer.
+        """
+        self.serializers.register(name, serializer)
 
     @abstractmethod
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aec.state.serialization import Serializer, resolve
+
 
 class AggregateFunction:
     """Incremental aggregation for ``AggregatingState`` (Flink's ``AggregateFunction``).
@@ -29,15 +31,28 @@ class AggregateFunction:
 
 @dataclass(frozen=True)
 class StateDescriptor:
-    """Base of all descriptors: a state ``name`` unique within one function and an
-    optional ``ttl`` in seconds of processing time (see ``aec.state.ttl``)."""
+    """Base of all descriptors: a state ``name`` unique within one function, an
+    optional ``ttl`` in seconds of processing time (see ``aec.state.ttl``) and an
+    optional ``serializer`` (keyword-only): how the state's values are stored, a
+    name (``"msgpack"``, the safe default for plain data, or ``"pickle"``, an
+    explicit opt-in for any object) or an ``aec.state.serialization.Serializer``;
+    None takes the job's ``AecConfig.state_serializer``. A name is kept as its
+    ``Serializer``.
+
+    Raises ValueError / TypeError (a bad name, ttl or serializer)."""
 
     name: str
     ttl: float | None = None
+    serializer: Serializer | str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"state name must be a non-empty str, got {self.name!r}")
+        if self.serializer is not None:
+            try:
+                object.__setattr__(self, "serializer", resolve(self.serializer))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"state {self.name!r}: {exc}") from None
         ttl = self.ttl
         if ttl is not None and (
             isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0
@@ -53,10 +68,18 @@ class ValueStateDescriptor(StateDescriptor):
 
     default: Any = None
 
-    def __init__(self, name: str, default: Any = None, ttl: float | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        default: Any = None,
+        ttl: float | None = None,
+        *,
+        serializer: str | Serializer | None = None,
+    ) -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "ttl", ttl)
         object.__setattr__(self, "default", default)
+        object.__setattr__(self, "serializer", serializer)
         self.__post_init__()
 
 
@@ -77,13 +100,19 @@ class ReducingStateDescriptor(StateDescriptor):
     reduce_function: Callable[[Any, Any], Any] = field(kw_only=True)  # set by __init__
 
     def __init__(
-        self, name: str, reduce_function: Callable[[Any, Any], Any], ttl: float | None = None
+        self,
+        name: str,
+        reduce_function: Callable[[Any, Any], Any],
+        ttl: float | None = None,
+        *,
+        serializer: str | Serializer | None = None,
     ) -> None:
         if not callable(reduce_function):
             raise TypeError(f"state {name!r}: reduce_function must be callable")
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "ttl", ttl)
         object.__setattr__(self, "reduce_function", reduce_function)
+        object.__setattr__(self, "serializer", serializer)
         self.__post_init__()
 
 
@@ -94,7 +123,12 @@ class AggregatingStateDescriptor(StateDescriptor):
     aggregate_function: AggregateFunction = field(kw_only=True)  # set by __init__
 
     def __init__(
-        self, name: str, aggregate_function: AggregateFunction, ttl: float | None = None
+        self,
+        name: str,
+        aggregate_function: AggregateFunction,
+        ttl: float | None = None,
+        *,
+        serializer: str | Serializer | None = None,
     ) -> None:
         for method in ("create_accumulator", "add", "get_result"):
             if not callable(getattr(aggregate_function, method, None)):
@@ -102,4 +136,5 @@ class AggregatingStateDescriptor(StateDescriptor):
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "ttl", ttl)
         object.__setattr__(self, "aggregate_function", aggregate_function)
+        object.__setattr__(self, "serializer", serializer)
         self.__post_init__()

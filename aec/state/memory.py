@@ -10,9 +10,10 @@ from typing import Any
 from aec.keygroups import KeyGroupRange, key_group_for
 from aec.state import memory_changelog as changelog
 from aec.state.backend import BackendSpec, StateBackend
-from aec.state.memory_changelog import SEGMENTED_BASE, Changelog
+from aec.state.memory_changelog import Changelog
 from aec.state.memory_segments import LazyBase
 from aec.state.requests import Op, StateRequest, op_table
+from aec.state.serialization import StateSerializers
 
 _WRITES = Op.WRITES
 
@@ -26,7 +27,11 @@ class MemoryBackend(StateBackend):
     changelog after ``max_deltas`` snapshots (``aec.state.memory_changelog``).
     Values are stored by reference, as in Flink's heap backend: mutate a value
     read from state only through the state API. Reads of list and map state
-    return fresh containers.
+    return fresh containers. Serialization happens at snapshots only, each
+    state's values by its registered serializer (``register_state``; the safe
+    msgpack one by default: a value it cannot store fails the snapshot with a
+    ``TypeError`` naming the state, and restoring decodes nothing with pickle
+    unless the state opted in).
 
     A large base is written segmented (``aec.state.memory_segments``); restoring
     one snapshot without key-group filtering then reads only the segment index
@@ -37,7 +42,6 @@ class MemoryBackend(StateBackend):
 
     blocking = False
     prefers_batches = False  # a call costs what its requests cost: nothing to share
-    verified_by_backend = (SEGMENTED_BASE,)  # its header and each segment carry a SHA-256
 
     def __init__(self, *, incremental: bool = True, max_deltas: int = 16) -> None:
         self._tables: dict[str, dict[Any, Any]] = {}
@@ -66,7 +70,7 @@ class MemoryBackend(StateBackend):
         ``incremental=False``, as one full pickle."""
         if not self.incremental:
             self._changelog.reset()
-        self._changelog.snapshot(self._tables, directory, self._lazy)
+        self._changelog.snapshot(self._tables, directory, self.serializers, self._lazy)
         self._settle()
         if not self.incremental:
             self._changelog.close()
@@ -102,7 +106,8 @@ class MemoryBackend(StateBackend):
 
         Raises:
             FileNotFoundError: a directory without a snapshot.
-            ValueError: a file that is not a MemoryBackend snapshot, ``key_groups``
+            ValueError: a file that is not a MemoryBackend snapshot, a state stored
+                with a serializer other than its registered one, ``key_groups``
                 without ``max_parallelism``, or a key stored in two snapshots.
         """
         directories = [directory] if isinstance(directory, (str, os.PathLike)) else list(directory)
@@ -111,9 +116,12 @@ class MemoryBackend(StateBackend):
         touched: set[tuple[str, Any]] = set()
         whole = len(directories) == 1 and key_groups is None
         if whole:  # a segmented base is merged on first access
-            merged, lazy = changelog.load(os.fspath(directories[0]), touched, lazy=True)
+            merged, lazy = changelog.load(
+                os.fspath(directories[0]), self.serializers, touched, lazy=True
+            )
         else:
-            merged, lazy = _merged(directories, key_groups, max_parallelism, touched), None
+            merged = _merged(directories, key_groups, max_parallelism, touched, self.serializers)
+            lazy = None
         try:
             if self.incremental and whole:
                 self._changelog.adopt(os.fspath(directories[0]), touched)
@@ -139,13 +147,14 @@ def _merged(
     key_groups: KeyGroupRange | None,
     max_parallelism: int | None,
     touched: set[tuple[str, Any]],
+    serializers: StateSerializers,
 ) -> dict[str, dict[Any, Any]]:
     """The union of the snapshots in ``directories``, filtered to ``key_groups``.
 
     Raises ValueError: a key stored in two of the snapshots."""
     merged: dict[str, dict[Any, Any]] = {}
     for source in directories:
-        tables, _ = changelog.load(os.fspath(source), touched)
+        tables, _ = changelog.load(os.fspath(source), serializers, touched)
         if key_groups is not None:
             tables = _only(tables, key_groups, max_parallelism)
         if len(directories) == 1:
