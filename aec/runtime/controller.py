@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from aec.config import AecConfig
 from aec.runtime import lanes
@@ -132,10 +132,6 @@ class AsyncExecutionController:
         self.executor = executor
         self._concurrent = executor.concurrent
         self._join_batches = executor.prefers_batches
-        # whether requests made in callbacks of a completed batch may run at once:
-        # thread pools keep them batched (run at once, they would take the mailbox
-        # thread off its overlap with the I/O threads: measured on RocksDB sessions)
-        self._complete_inline = not executor.concurrent
         # records blocked since the last flush (None: batches wait for buffer_size)
         self._blocked_since_flush: int | None = (
             None if executor.concurrent or executor.prefers_batches else 0
@@ -154,8 +150,7 @@ class AsyncExecutionController:
         self.epochs = epochs
         self._start = start
         self._timer_successor = timer_successor
-        self._enqueue = self.active.add  # where a request goes when it may not run at once
-        self._occupy = self.keys.try_occupy  # whether an admitted context may start
+        self._bind_mode()
         # a checkpoint that does not drain holds buffered requests back (flush sends none)
         self.holding = False
         # metrics
@@ -168,6 +163,15 @@ class AsyncExecutionController:
         self.request_latency = latency_histogram()  # hand-off to completion, per request
         self.record_latency = latency_histogram()  # admission to finish, sampled records
         self._sent: dict[int, float] = {}  # id(batch) -> monotonic seconds at hand-off
+
+    def _bind_mode(self) -> None:
+        """The mode's rules, bound once (``StateOrderedController`` binds its own)."""
+        # whether requests made in callbacks of a completed batch may run at once:
+        # thread pools keep them batched (run at once, they would take the mailbox
+        # thread off its overlap with the I/O threads: measured on RocksDB sessions)
+        self._complete_inline = not self._concurrent
+        self._enqueue = self.active.add  # where a request goes when it may not run at once
+        self._occupy = self.keys.try_occupy  # whether an admitted context may start
 
     # -- admission -------------------------------------------------------------------------
     def admit(self, context: RecordContext, inline: bool) -> None:
@@ -257,9 +261,7 @@ class AsyncExecutionController:
         """
         context = self.current
         if context is None:
-            raise RuntimeError(
-                "state accessed outside process_element, on_timer or their callbacks"
-            )
+            _outside_a_record()
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
         if (
@@ -492,9 +494,7 @@ class SynchronousController(AsyncExecutionController):
     ) -> StateFuture:
         context = self.current
         if context is None:
-            raise RuntimeError(
-                "state accessed outside process_element, on_timer or their callbacks"
-            )
+            _outside_a_record()
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
         self.batches += 1
@@ -507,47 +507,18 @@ class StateOrderedController(AsyncExecutionController):
     """FLIP-425's state-ordered mode (``AecConfig(state_ordered=True)``, advanced):
     records start at once; a record takes its key with its first state request, and
     requests of a record that does not hold the key wait in a per-key queue until
-    the holder finishes. Timer firings hold their key as in record order."""
+    the holder finishes. Timer firings hold their key as in record order. Its
+    records never run a request at once (none waits for its key in the blocking
+    buffer, and ``completing`` stays off), so ``submit`` is the record-ordered one
+    with ``_enqueue`` bound to the per-key queues."""
 
     __slots__ = ("waiting_requests",)
 
-    def __init__(
-        self,
-        config: AecConfig,
-        backend: StateBackend,
-        executor: StateExecutor,
-        epochs: EpochManager,
-        start: Callable[[RecordContext], None],
-        timer_successor: Callable[[RecordContext], RecordContext | None],
-    ) -> None:
-        super().__init__(config, backend, executor, epochs, start, timer_successor)
+    def _bind_mode(self) -> None:
         self._complete_inline = False  # a callback's request may need to wait for its key
         self._enqueue = self._enqueue_in_key_order
         self._occupy = self._occupy_for_timers
         self.waiting_requests: dict[Hashable, deque[StateRequest]] = {}
-
-    def submit(
-        self,
-        op: int,
-        state: str,
-        user_key: Any = None,
-        value: Any = None,
-        kind: type[StateRequest] = StateRequest,
-    ) -> StateFuture:
-        context = self.current
-        if context is None:
-            raise RuntimeError(
-                "state accessed outside process_element, on_timer or their callbacks"
-            )
-        request = kind(op, state, context.key, context.key_group, user_key, value, context)
-        self.requests += 1
-        context.ref_count += 1  # the pending request's reference, released in complete_batch
-        context.queued += 1
-        if context.lanes is None and (kind is StateRequest or not kind.read_modify_write):
-            self._enqueue(request)
-        elif not lanes.hold(self._enqueue, context, request, kind):
-            self._enqueue(request)
-        return request
 
     def _occupy_for_timers(self, context: RecordContext) -> bool:
         """A record starts at once (its first state request takes the key); a timer
@@ -629,6 +600,10 @@ def new_controller(
     else:
         kind = AsyncExecutionController
     return kind(config, backend, executor, epochs, start, timer_successor)
+
+
+def _outside_a_record() -> NoReturn:
+    raise RuntimeError("state accessed outside process_element, on_timer or their callbacks")
 
 
 def _record_of(request: StateRequest) -> RecordContext:
