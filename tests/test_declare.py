@@ -393,3 +393,25 @@ def test_crash_restore_and_replay_equals_an_uninterrupted_run_slatedb(source, da
 def test_run_sync_and_run_keyed_agree_on_the_contract_example():
     source = [Record("a", 1), Record("b", 1), Record("a", 2)]
     assert run_keyed(source, Counter()).outputs == run_sync(source, Counter()).outputs
+
+
+class Opaque:
+    """A record value the safe serializer cannot store."""
+
+    def __init__(self, n):
+        self.n = n
+
+
+def test_records_the_serializer_cannot_store_make_the_checkpoint_drain(tmp_path):
+    operator = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig(), ScriptedExecutor(2))
+    operator.open()
+    for i in range(30):
+        operator.process(Record("k", Opaque(i)))
+    handle = operator.snapshot(1, tmp_path)
+    assert operator.controller.in_flight == 0  # drained instead of failing
+    assert operator.metrics["checkpoint_pending_records"] == 0
+    restored = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig())
+    restored.restore(handle)
+    restored.process(Record("k", Opaque(30)))
+    restored.finish()
+    assert restored.drain_outputs()[:-1] == [("k", 31)]

@@ -93,7 +93,16 @@ class ResumedRecord(RecordContext):
 
 
 class Unserializable(ValueError):
-    """A carried record holds a value the checkpoint cannot store (named)."""
+    """A carried record holds a value the checkpoint cannot store (named).
+
+    Attributes:
+        variable: the declared variable's name, or None for the record's own
+            value or request payload.
+    """
+
+    def __init__(self, message: str, variable: str | None = None) -> None:
+        super().__init__(message)
+        self.variable = variable
 
 
 def carry(
@@ -235,7 +244,8 @@ def encode(records: list[CarriedRecord], serializer: Serializer) -> bytes:
                         raise Unserializable(
                             f"declared variable {name!r} of the record of key {r.key!r} in "
                             f"flight cannot be serialized ({type(value).__name__}, "
-                            f"{serializer.name}): no checkpoint was taken"
+                            f"{serializer.name}): no checkpoint was taken",
+                            name,
                         ) from exc
             rows.append([
                 r.key, r.key_group, dumps(r.value), r.timestamp, r.sequence, r.watermark,

@@ -496,10 +496,10 @@ class KeyedProcessOperator:
         self._restorable = False
         started = time.perf_counter()
         try:
-            carried = self._carry()
+            carried, in_flight = self._carry()
             if carried is None:
                 self._drain()
-            state = self._checkpoint_state(carried or [])
+            state = self._checkpoint_state(in_flight)
             flush = getattr(self.backend, "flush", None)
             if flush is not None:
                 flush()
@@ -514,13 +514,24 @@ class KeyedProcessOperator:
         self._checkpoint_pause = time.perf_counter() - started
         return handle
 
-    def _carry(self) -> list[CarriedRecord] | None:
-        """A declaring function's checkpoint does not drain (``in_flight.carry``);
-        None: it drains (not a declaring function, or a run that cannot carry)."""
+    def _carry(self) -> tuple[list[CarriedRecord] | None, bytes]:
+        """A declaring function's checkpoint does not drain (``in_flight.carry``): the
+        carried records and their bytes; None: it drains (not a declaring function,
+        a run that cannot carry, or records holding values the job's serializer
+        cannot store). A declared variable it cannot store is ``Unserializable``."""
         program = self._program
         if program is None or self.synchronous or self.config.state_ordered:
-            return None
-        return carry(self.controller, self.epochs, program)
+            return None, b""
+        carried = carry(self.controller, self.epochs, program)
+        if not carried:
+            return carried, b""
+        try:
+            return carried, encode(carried, self._serializer())
+        except Unserializable as exc:
+            if exc.variable is not None:
+                raise  # the contract: a declared variable must be storable
+            self.controller.holding = False  # a record's own value: drain instead
+            return None, b""
 
     def restore(self, handle: HandleLike | Sequence[HandleLike]) -> None:
         """Replace state, timers, watermark and clock reading with a checkpoint's, or
@@ -616,7 +627,7 @@ class KeyedProcessOperator:
                 raise self._stuck()
         controller.current = None  # nothing runs now: a failure from here on is the checkpoint's
 
-    def _checkpoint_state(self, carried: list[CarriedRecord]) -> OperatorState:
+    def _checkpoint_state(self, in_flight: bytes = b"") -> OperatorState:
         return OperatorState(
             watermark=self._watermark,
             processing_time=self._now,
@@ -637,7 +648,7 @@ class KeyedProcessOperator:
             },
             backend=type(self.backend).__name__,
             key_group_range=(self.key_group_range.start, self.key_group_range.end),
-            in_flight=encode(carried, self._serializer()) if carried else b"",
+            in_flight=in_flight,
         )
 
     # -- output --------------------------------------------------------------------------------
