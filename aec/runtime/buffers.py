@@ -100,11 +100,14 @@ class BlockingBuffer:
         else:
             queue.append(context)
         self.size += 1
-        self.count_wait(key)
+        waits = self.waits  # count_wait, inline: most records of a skewed run wait here
+        waits[key] = waits.get(key, 0) + 1
+        if len(waits) > HOT_KEYS_KEPT:
+            keep_hottest(waits)
 
     def count_wait(self, key: Hashable) -> None:
-        """A record of ``key`` waits for it (here, or for its requests' turn in
-        state-ordered mode)."""
+        """A record of ``key`` waits for it outside this buffer (a request's turn in
+        state-ordered mode): counted like a context ``add`` queues."""
         waits = self.waits
         waits[key] = waits.get(key, 0) + 1
         if len(waits) > HOT_KEYS_KEPT:
