@@ -106,3 +106,14 @@ def test_awaiting_asyncio_names_what_may_be_awaited(function, config):
     message = str(failure.value.__cause__)
     assert isinstance(failure.value.__cause__, TypeError)
     assert "may await only aec StateFutures" in message and "ctx.call_async" in message
+
+
+def test_awaiting_asyncio_with_no_current_loop_names_what_may_be_awaited():
+    """After asyncio.run, the main thread has no current loop: an asyncio.Future()
+    made in user code raises there, and the engine still names what may be awaited."""
+    asyncio.run(asyncio.sleep(0))
+    asyncio.set_event_loop(None)
+    with pytest.raises(JobFailure) as failure:
+        run_keyed([Record("a", 1)], AwaitsAnAsyncioFuture())
+    assert isinstance(failure.value.__cause__, TypeError)
+    assert "ctx.call_async" in str(failure.value.__cause__)

@@ -100,7 +100,7 @@ class EntryRunner:
         except StopIteration:
             return
         except RuntimeError as exc:
-            if "no running event loop" not in str(exc):
+            if "event loop" not in str(exc):  # no running, or no current, one
                 raise
             # an asyncio awaitable (asyncio.sleep, an aiohttp call) looked for its loop
             raise TypeError(_AWAITABLES.format(what="an asyncio awaitable")) from exc
