@@ -280,7 +280,7 @@ class CallDriver:
         error: BaseException | None,
         fatal: bool,
     ) -> None:
-        entry: AsyncEntry = future._entry
+        entry = future.entry
         if entry.future is not future:
             return  # a repeated completion, or one of an attempt that no longer counts
         entry.future = None

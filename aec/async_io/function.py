@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from aec.async_io.queue import AsyncEntry
 from aec.errors import describe
 from aec.runtime.mailbox import Mailbox
 
@@ -36,10 +37,16 @@ class ResultFuture:
 
     __slots__ = ("_mailbox", "_entry", "_done")
 
-    def __init__(self, mailbox: Mailbox, entry: Any) -> None:
+    def __init__(self, mailbox: Mailbox, entry: AsyncEntry) -> None:
         self._mailbox = mailbox
-        self._entry = entry  # the driver's AsyncEntry; read back on the mailbox thread
+        self._entry = entry
         self._done = False
+
+    @property
+    def entry(self) -> AsyncEntry:
+        """The queue entry whose attempt this future completes (the wait call reads it
+        back on the mailbox thread; users need not)."""
+        return self._entry
 
     @property
     def done(self) -> bool:

@@ -130,10 +130,10 @@ class AsyncWaitOperator(CallDriver):
         self._restorable = False
         try:
             while True:
-                self._advance()
+                self.advance()
                 if not self._queued:
                     break
-                self._wait()
+                self.wait()
         except BaseException as exc:
             self._fail(exc)
         self._state = "finished"
@@ -197,15 +197,15 @@ class AsyncWaitOperator(CallDriver):
         self._require_open()
         self._restorable = False
         try:
-            self._advance()
+            self.advance()
             while len(self._queue) >= self.capacity:
-                self._wait()
-                self._advance()
+                self.wait()
+                self.advance()
         except BaseException as exc:
             self._fail(exc)
         self._enqueue(element)
         try:
-            self._advance()
+            self.advance()
         except BaseException as exc:
             self._fail(exc)
 
@@ -240,10 +240,12 @@ class AsyncWaitOperator(CallDriver):
             "restored_inputs": self._restored,
         }
 
-    # -- the loop (also used by the iterator front-ends) ----------------------------------
-    def _advance(self) -> None:
+    # -- the loop: steps for front-ends that drive the operator without blocking in
+    # ``process`` (the wait iterators of ``aec.async_io.waits``) -------------------------
+    def advance(self) -> None:
         """Run completion mails, then due timers, then emit what the queue releases;
-        never blocks."""
+        never blocks. Raises JobFailure as ``process`` (without failing the operator:
+        the front-end calls ``abandon``)."""
         if self._mailbox:
             self._run_mails()
         if self._timers:
@@ -262,14 +264,20 @@ class AsyncWaitOperator(CallDriver):
                 del queued[next(iter(queued))]
                 outputs.append(element)
 
-    def _wait(self) -> None:
+    def wait(self) -> None:
         """Sleep until a completion mail arrives or the next timer is due."""
         self._mailbox.wait(self._timers.next_delay(monotonic()))
 
-    def _has_room(self) -> bool:
+    def has_room(self) -> bool:
+        """Whether ``process`` would admit an input without waiting (fewer than
+        ``capacity`` elements queued)."""
         return len(self._queue) < self.capacity
 
-    def _idle(self) -> bool:
+    def has_completions(self) -> bool:
+        """Whether completion mails wait for ``advance`` (they run before new input)."""
+        return bool(self._mailbox)
+
+    def idle(self) -> bool:
         """Nothing queued."""
         return not self._queued
 

@@ -202,13 +202,13 @@ def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any
         elements = iter(source)
         exhausted = False
         while True:
-            operator._advance()
+            operator.advance()
             outputs = operator.drain_outputs()
             if outputs:
                 yield from outputs
                 continue  # mails may have arrived while the consumer ran
-            if not exhausted and operator._has_room():
-                if operator._mailbox:
+            if not exhausted and operator.has_room():
+                if operator.has_completions():
                     continue  # completions before new input
                 try:
                     element = next(elements)
@@ -217,9 +217,9 @@ def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any
                     continue
                 operator.process(element)
                 continue
-            if exhausted and operator._idle():
+            if exhausted and operator.idle():
                 break
-            operator._wait()
+            operator.wait()
         operator.finish()
     except BaseException as exc:  # GeneratorExit too: an abandoned iterator cleans up
         operator.abandon(exc)
