@@ -243,10 +243,10 @@ class AsyncExecutionController:
         self,
         op: int,
         state: str,
-        user_key: Any = None,
-        value: Any = None,
+        user_key: object = None,
+        value: object = None,
         kind: type[StateRequest] = StateRequest,
-    ) -> StateFuture:
+    ) -> StateRequest:
         """A state request of the current record; a future of its result.
 
         1. a request of the running record; 2. may it run at once (see the module
@@ -486,10 +486,10 @@ class SynchronousController(AsyncExecutionController):
         self,
         op: int,
         state: str,
-        user_key: Any = None,
-        value: Any = None,
+        user_key: object = None,
+        value: object = None,
         kind: type[StateRequest] = StateRequest,
-    ) -> StateFuture:
+    ) -> StateRequest:
         context = self.current
         if context is None:
             raise RuntimeError(
@@ -530,10 +530,10 @@ class StateOrderedController(AsyncExecutionController):
         self,
         op: int,
         state: str,
-        user_key: Any = None,
-        value: Any = None,
+        user_key: object = None,
+        value: object = None,
         kind: type[StateRequest] = StateRequest,
-    ) -> StateFuture:
+    ) -> StateRequest:
         context = self.current
         if context is None:
             raise RuntimeError(
