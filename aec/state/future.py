@@ -201,9 +201,7 @@ class StateFuture(Generic[T]):
         self._register(forward)
         return out
 
-    def then_combine(
-        self, other: StateFuture[S], fn: Callable[[T, S], R]
-    ) -> StateFuture[R]:
+    def then_combine(self, other: StateFuture[S], fn: Callable[[T, S], R]) -> StateFuture[R]:
         """A future of ``fn(self_result, other_result)`` once both are complete."""
         return self.then_compose(lambda a: other.then_apply(lambda b: fn(a, b)))
 

@@ -52,6 +52,7 @@ class Wait(Protocol):
 
     def __call__(self, future: StateFuture[R], /) -> R: ...
 
+
 # -- iterator ------------------------------------------------------------------------------
 
 
@@ -126,9 +127,7 @@ class _Consumer(Generic[R, E]):
 
     __slots__ = ("iterator", "fn", "results")
 
-    def __init__(
-        self, iterator: StateIterator[E], fn: Callable[[E], StateFuture[R] | R]
-    ) -> None:
+    def __init__(self, iterator: StateIterator[E], fn: Callable[[E], StateFuture[R] | R]) -> None:
         self.iterator = iterator
         self.fn = fn
         self.results: list[StateFuture[R] | R] = []
