@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import final
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,7 @@ class Record:
     timestamp: float | None = None
 
 
+@final  # the engine tells watermarks by ``type(element) is Watermark``
 @dataclass(frozen=True, slots=True, order=True)
 class Watermark:
     """Event-time progress: no record with timestamp <= ``timestamp`` follows.

@@ -57,11 +57,15 @@ class _Records(Protocol):
 
 class BatchCalls(Protocol[IN, OUT]):
     """What ``Context.call_batched`` needs of an ``aec.async_io.Batcher``: the batch
-    function, one result ``OUT`` per argument ``IN``, in order (a protocol so this
-    module, below ``aec.async_io``, does not import it)."""
+    function (one result ``OUT`` per argument ``IN``, in order) and when a batch
+    leaves (a protocol so this module, below ``aec.async_io``, does not import it)."""
 
     @property
     def fn(self) -> Callable[[list[IN]], Awaitable[list[OUT]]]: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def max_wait(self) -> float | None: ...
 
 
 class _ExternalCalls(Protocol):

@@ -302,7 +302,7 @@ class CallDriver:
             if error is not None:
                 wanted = self._retry.should_retry_exception(error)
             else:
-                wanted = self._retry.should_retry_result(results)  # type: ignore[arg-type]
+                wanted = self._retry.should_retry_result(results)
             if not wanted:
                 return False
             delay = self._retry.backoff(entry.attempts)
