@@ -204,7 +204,7 @@ class ExternalCalls:
         self._controller = controller
         self._loop: EventLoopThread | None = None
         # id(Batcher) -> (the Batcher, kept so its id stays its own; its queue)
-        self._queues: dict[int, tuple[BatchCalls[Any, Any], BatchQueue]] = {}
+        self._queues: dict[int, tuple[BatchCalls[Any, Any], BatchQueue[BatchedCall]]] = {}
         self.calls = 0  # call_async calls started (metrics)
         self.batched_calls = 0  # call_batched calls started (metrics)
 
@@ -268,15 +268,14 @@ class ExternalCalls:
         deadline = None if seconds is None else monotonic() + seconds
         if controller.synchronous:
             mailbox = Mailbox()
-            call = BatchedCall(
-                arg, CallCompletion(future, mailbox), queue, retry, seconds, deadline
-            )
-            queue.submit(cast(BatchItem, call.first))
+            # read below, not from the mail: the mail may hold it in a group of one
+            completion = CallCompletion(future, mailbox)
+            call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
+            queue.submit(cast("BatchItem[BatchedCall]", call.first))
             queue.flush()  # a batch of one: the mailbox thread waits for nothing else
             while not mailbox:
                 mailbox.wait(None)
-            completion = call.completion  # the mail may hold it in a group of one
-            future.settle(completion.result, completion.error)
+            future.settle(completion.result, completion.error)  # type: ignore[arg-type]
             if completion.fatal:
                 # a misused batch function fails the job even if the caller catches
                 # the error: its mail runs next on the operator's mailbox, as in async
@@ -287,7 +286,7 @@ class ExternalCalls:
         self._count_pending(context)
         completion = CallCompletion(future, controller.mailbox)
         call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
-        queue.submit(cast(BatchItem, call.first))
+        queue.submit(cast("BatchItem[BatchedCall]", call.first))
         return future
 
     @property
@@ -334,7 +333,7 @@ class ExternalCalls:
             self._loop = EventLoopThread(grace=_CLOSE_GRACE, name="aec-call-loop")
         return self._loop
 
-    def _queue(self, batcher: BatchCalls[Any, Any]) -> BatchQueue:
+    def _queue(self, batcher: BatchCalls[Any, Any]) -> BatchQueue[BatchedCall]:
         """The batch queue of ``batcher`` in this operator, made at its first call."""
         queue = BatchQueue(
             self._event_loop(), batcher.fn, batcher.max_batch_size, batcher.max_wait,

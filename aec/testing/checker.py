@@ -201,9 +201,7 @@ def assert_equivalent(
             smallest = source
             if data is None:  # hypothesis shrinks its own draws; shrink seeded runs here
 
-                def fails(
-                    e: list[Element], c: AecConfig = config, s: int | None = seed
-                ) -> bool:
+                def fails(e: list[Element], c: AecConfig = config, s: int | None = seed) -> bool:
                     return bool(problem_with(e, c, s)[0])
 
                 smallest = _shrink(source, fails)
