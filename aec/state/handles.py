@@ -148,8 +148,9 @@ class _Consumer(Generic[R, E]):
 # -- handles -------------------------------------------------------------------------------
 
 
-class _Handle(Generic[D]):
-    """Binds a state name to the controller's ``submit`` and ``wait_for``."""
+class StateHandle(Generic[D]):
+    """The base of every handle (Flink's ``State``): binds a state name to the
+    controller's ``submit`` and ``wait_for``; ``descriptor`` is its descriptor ``D``."""
 
     __slots__ = ("_name", "_submit", "_wait", "_release", "descriptor")
     _clear_op: ClassVar[int]  # the Op that clears this kind of state
@@ -190,7 +191,7 @@ class _Handle(Generic[D]):
         )
 
 
-class ValueState(_Handle[ValueStateDescriptor[V]]):
+class ValueState(StateHandle[ValueStateDescriptor[V]]):
     """``async_value()``, ``async_update(v)`` (None clears), ``async_clear()``."""
 
     __slots__ = ()
@@ -216,7 +217,7 @@ class ValueState(_Handle[ValueStateDescriptor[V]]):
         self._wait(self.async_update(value))
 
 
-class ListState(_Handle[ListStateDescriptor[V]]):
+class ListState(StateHandle[ListStateDescriptor[V]]):
     """``async_get()`` -> StateIterator, ``async_add``, ``async_add_all``, ``async_update``."""
 
     __slots__ = ()
@@ -255,7 +256,7 @@ class ListState(_Handle[ListStateDescriptor[V]]):
         self._wait(self.async_update(values))
 
 
-class MapState(_Handle[MapStateDescriptor[UK, UV]]):
+class MapState(StateHandle[MapStateDescriptor[UK, UV]]):
     """Map state; iteration order is the backend's (insertion order in memory)."""
 
     __slots__ = ()
@@ -334,7 +335,7 @@ class MapState(_Handle[MapStateDescriptor[UK, UV]]):
         return self._wait(self.async_values())
 
 
-class ReducingState(_Handle[ReducingStateDescriptor[V]]):
+class ReducingState(StateHandle[ReducingStateDescriptor[V]]):
     """``async_get()``, ``async_add(v)`` folds with the reduce function, ``async_clear()``."""
 
     __slots__ = ()
@@ -363,7 +364,7 @@ class ReducingState(_Handle[ReducingStateDescriptor[V]]):
         self._wait(self.async_add(value))
 
 
-class AggregatingState(_Handle[AggregatingStateDescriptor[IN, ACC, OUT]]):
+class AggregatingState(StateHandle[AggregatingStateDescriptor[IN, ACC, OUT]]):
     """``async_get()`` -> ``get_result(acc)`` (None if empty), ``async_add(v)``, ``async_clear()``."""
 
     __slots__ = ()
@@ -405,7 +406,9 @@ def _second(pair: tuple[object, UV]) -> UV:
     return pair[1]
 
 
-_HANDLES: dict[type[StateDescriptor], type[_Handle[Any]]] = {
+_Handle = StateHandle  # the name aec.state.ttl imports
+
+_HANDLES: dict[type[StateDescriptor], type[StateHandle[Any]]] = {
     ValueStateDescriptor: ValueState,
     ListStateDescriptor: ListState,
     MapStateDescriptor: MapState,
@@ -427,12 +430,12 @@ def make_handle(
     submit: Submit,
     wait: Wait,
     release: Callable[[str], None] | None = None,
-) -> _Handle[Any]:
+) -> StateHandle[Any]:
     """The handle for ``descriptor``. Raises TypeError for an unknown descriptor type."""
     return handle_class(descriptor)(descriptor, submit, wait, release)
 
 
-def handle_class(descriptor: StateDescriptor) -> type[_Handle[Any]]:
+def handle_class(descriptor: StateDescriptor) -> type[StateHandle[Any]]:
     """The handle class for ``descriptor``'s type (the nearest registered base).
 
     Raises TypeError for an unknown descriptor type."""
