@@ -9,7 +9,7 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Container, Hashable
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, Generic, NoReturn, Protocol, TypeVar, overload
 
 from aec.config import AecConfig
 from aec.elements import check_timestamp
@@ -162,7 +162,7 @@ class RuntimeContext:
     def max_parallelism(self) -> int:
         return self._operator.config.max_parallelism
 
-    def call_async(self, fn: object, *args: object, **kwargs: object) -> StateFuture[Any]:
+    def call_async(self, fn: object, *args: object, **kwargs: object) -> NoReturn:
         """Always raises RuntimeError: external calls belong to a record
         (``Context.call_async`` in ``process_element`` / ``on_timer``), not to ``open``."""
         raise RuntimeError(
@@ -170,7 +170,7 @@ class RuntimeContext:
             "on_timer, not in open()"
         )
 
-    def call_batched(self, batcher: object, arg: object, **kwargs: object) -> StateFuture[Any]:
+    def call_batched(self, batcher: object, arg: object, **kwargs: object) -> NoReturn:
         """Always raises RuntimeError, as ``call_async`` does here."""
         raise RuntimeError(
             "call_batched() outside a record: call it on the Context of process_element or "

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from aec.config import AecConfig
 from aec.runtime import lanes
@@ -65,6 +65,7 @@ from aec.state.requests import StateRequest
 if TYPE_CHECKING:
     from aec.state.backend import StateBackend
 
+R = TypeVar("R")  # a future's result (wait_for)
 BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
 _SAMPLED = RECORD_SAMPLE - 1  # a record whose sequence & _SAMPLED is 0 has its latency measured
 
@@ -437,7 +438,7 @@ class AsyncExecutionController:
                 break
         self.current = None
 
-    def wait_for(self, future: StateFuture) -> Any:
+    def wait_for(self, future: StateFuture[R]) -> R:
         """Run the mailbox until ``future`` completes (the blocking state API); its result.
 
         Raises StuckError if it can never complete.
@@ -455,7 +456,7 @@ class AsyncExecutionController:
         self.current = current
         return future.get()
 
-    def gauges(self) -> dict[str, Any]:
+    def gauges(self) -> dict[str, object]:
         """Flink's AEC gauges now, and the histograms and hot keys so far (the
         operator's ``metrics`` adds them)."""
         return {

@@ -4,7 +4,7 @@
 reduced value); ``UK``/``UV`` a map state's user keys and values; ``IN``/``ACC``/``OUT``
 an ``AggregateFunction``'s input, accumulator and result (Flink's names).
 
-Each defaults to ``Any``: a descriptor made without a typed default
+Each defaults to the untyped ``typing.Any``: a descriptor made without a typed default
 (``ValueStateDescriptor("seen")``) or a handle named without parameters
 (``ValueState``) is as untyped as it always was, while
 ``ValueStateDescriptor("count", default=0)`` gives a ``ValueState[int]`` whose
