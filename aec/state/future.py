@@ -171,7 +171,7 @@ class StateFuture(Generic[T]):
         self._register(run)
         return out
 
-    # a function returning a future (the usual case), or a plain value, or either
+    # fn returns a future (the usual case), a future or None, or a plain value
     @overload
     def then_compose(self, fn: Callable[[T], StateFuture[R]]) -> StateFuture[R]: ...
     @overload
@@ -273,9 +273,7 @@ def _done(value: R, context: Owner | None) -> StateFuture[R]:
 
 
 def _as_future(value: StateFuture[R] | R, context: Owner | None) -> StateFuture[R]:
-    if isinstance(value, StateFuture):
-        return value
-    return StateFuture(context, value)
+    return value if isinstance(value, StateFuture) else StateFuture(context, value)
 
 
 @overload
