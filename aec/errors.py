@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 
 class JobFailure(Exception):
@@ -20,7 +19,7 @@ class JobFailure(Exception):
         record: the record value or a ``"timer@<t>"`` description (None if none).
     """
 
-    def __init__(self, message: str, *, key: Any = None, record: Any = None) -> None:
+    def __init__(self, message: str, *, key: object = None, record: object = None) -> None:
         super().__init__(message)
         self.key = key
         self.record = record
@@ -36,7 +35,7 @@ class StateReadError(RuntimeError):
     """
 
 
-def describe(value: Any, limit: int = 200) -> str:
+def describe(value: object, limit: int = 200) -> str:
     """Short ``repr`` for error messages; long values are cut at ``limit`` characters."""
     try:
         text = repr(value)
@@ -45,7 +44,7 @@ def describe(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def qualified_name(fn: Any) -> str:
+def qualified_name(fn: object) -> str:
     """``module.qualname`` of a function or method (for messages), else its short repr."""
     qualname = getattr(fn, "__qualname__", None)
     if isinstance(qualname, str):

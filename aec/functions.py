@@ -8,12 +8,13 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
-from typing import Any, Protocol, overload
+from collections.abc import Awaitable, Callable, Container, Hashable
+from typing import Any, Generic, NoReturn, Protocol, TypeVar, overload
 
 from aec.config import AecConfig
 from aec.elements import check_timestamp
-from aec.retry import NoRetry
+from aec.retry import NoRetry, RetryStrategy
+from aec.state.backend import StateBackend
 from aec.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -22,29 +23,55 @@ from aec.state.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
+from aec.state.future import StateFuture
 from aec.state.handles import AggregatingState, ListState, MapState, ReducingState, ValueState
 from aec.state.serialization import Serializer, resolve
+from aec.state.typevars import ACC, IN, OUT, UK, UV, V
+
+R = TypeVar("R")  # an external call's result
 
 _NO_RETRY = NoRetry()
 
 
 class _RunningRecord(Protocol):
-    key: Any
-    timestamp: float | None
-    watermark: float
-    processing_time: float
-    timer: tuple[str, float] | None  # (domain, timestamp) while a timer fires
+    """The running record or timer firing (the runtime's ``RecordContext``)."""
+
+    @property
+    def key(self) -> Hashable: ...
+    @property
+    def timestamp(self) -> float | None: ...
+    @property
+    def watermark(self) -> float: ...
+    @property
+    def processing_time(self) -> float: ...
+    @property
+    def timer(self) -> tuple[str, float] | None: ...  # (domain, timestamp) while a timer fires
 
 
 class _Records(Protocol):
     """Where the running record is (the AEC: ``current`` is None between records)."""
 
     @property
-    def current(self) -> Any: ...
+    def current(self) -> _RunningRecord | None: ...
+
+
+class BatchCalls(Protocol[IN, OUT]):
+    """What ``Context.call_batched`` needs of an ``aec.async_io.Batcher``: the batch
+    function (one result ``OUT`` per argument ``IN``, in order) and when a batch
+    leaves (a protocol so this module, below ``aec.async_io``, does not import it)."""
+
+    @property
+    def fn(self) -> Callable[[list[IN]], Awaitable[list[OUT]]]: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def max_wait(self) -> float | None: ...
 
 
 class _ExternalCalls(Protocol):
-    def call_batched(self, batcher: Any, arg: Any, timeout: Any, retry: Any) -> Any: ...
+    def call_batched(
+        self, batcher: BatchCalls[IN, OUT], arg: IN, timeout: float | None, retry: RetryStrategy
+    ) -> StateFuture[OUT]: ...
 
 
 class OperatorHooks(Protocol):
@@ -53,35 +80,44 @@ class OperatorHooks(Protocol):
     the runtime, does not import it)."""
 
     config: AecConfig
-    backend: Any  # an aec.state.backend.StateBackend
+    backend: StateBackend
 
     @property
     def controller(self) -> _Records: ...
     @property
     def external_calls(self) -> _ExternalCalls: ...  # aec.runtime.external_calls.ExternalCalls
 
-    def state_handle(self, descriptor: StateDescriptor) -> Any: ...
+    def state_handle(self, descriptor: StateDescriptor) -> object: ...
     def register_timer(self, domain: str, timestamp: float) -> None: ...
     def delete_timer(self, domain: str, timestamp: float) -> None: ...
     def timer_times(self, domain: str) -> Container[float]: ...
     def due_timers(self, domain: str, until: float) -> list[float]: ...
     def current_context(self) -> _RunningRecord: ...
-    def emit(self, value: Any) -> None: ...
-    def emit_side(self, tag: Any, value: Any) -> None: ...
-    def call_async(self, fn: Any, args: tuple[Any, ...], timeout: Any, retry: Any) -> Any: ...
+    def emit(self, value: object) -> None: ...
+    def emit_side(self, tag: Hashable, value: object) -> None: ...
+    def call_async(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[object, ...],
+        timeout: float | None,
+        retry: RetryStrategy,
+    ) -> StateFuture[R]: ...
 
 
-class KeyedProcessFunction:
-    """Subclass and override ``process_element`` (and ``on_timer`` for timers)."""
+class KeyedProcessFunction(Generic[IN]):
+    """Subclass and override ``process_element`` (and ``on_timer`` for timers);
+    ``IN`` is the records' value type (``KeyedProcessFunction[dict]``; untyped when
+    not given)."""
 
     def open(self, ctx: RuntimeContext) -> None:
         """Create state handles here: ``self.s = ctx.get_state(descriptor)``."""
 
-    def process_element(self, value: Any, ctx: Context) -> Any:
-        """Handle one record of key ``ctx.current_key``."""
+    def process_element(self, value: IN, ctx: Context) -> object:
+        """Handle one record of key ``ctx.current_key``: return None, a ``StateFuture``,
+        or be ``async def``."""
         raise NotImplementedError(f"{type(self).__name__} must override process_element")
 
-    def on_timer(self, timestamp: float, ctx: Context) -> Any:
+    def on_timer(self, timestamp: float, ctx: Context) -> object:
         """A timer of key ``ctx.current_key`` at ``timestamp`` (seconds) fired."""
 
     def close(self) -> None:
@@ -96,19 +132,21 @@ class RuntimeContext:
 
     # one overload per descriptor type, so a type checker knows the handle's methods
     @overload
-    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+    def get_state(self, descriptor: ValueStateDescriptor[V]) -> ValueState[V]: ...
     @overload
-    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+    def get_state(self, descriptor: ListStateDescriptor[V]) -> ListState[V]: ...
     @overload
-    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+    def get_state(self, descriptor: MapStateDescriptor[UK, UV]) -> MapState[UK, UV]: ...
     @overload
-    def get_state(self, descriptor: ReducingStateDescriptor) -> ReducingState: ...
+    def get_state(self, descriptor: ReducingStateDescriptor[V]) -> ReducingState[V]: ...
     @overload
-    def get_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState: ...
+    def get_state(
+        self, descriptor: AggregatingStateDescriptor[IN, ACC, OUT]
+    ) -> AggregatingState[IN, ACC, OUT]: ...
     @overload
-    def get_state(self, descriptor: StateDescriptor) -> Any: ...
+    def get_state(self, descriptor: StateDescriptor) -> Any: ...  # a descriptor kind of its own
 
-    def get_state(self, descriptor: StateDescriptor) -> Any:
+    def get_state(self, descriptor: StateDescriptor) -> object:
         """The handle for ``descriptor`` (ValueState, ListState, MapState,
         ReducingState or AggregatingState). The same name twice returns the same
         handle. The backend is told how the state's values are stored (the
@@ -124,7 +162,7 @@ class RuntimeContext:
     def max_parallelism(self) -> int:
         return self._operator.config.max_parallelism
 
-    def call_async(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def call_async(self, fn: object, *args: object, **kwargs: object) -> NoReturn:
         """Always raises RuntimeError: external calls belong to a record
         (``Context.call_async`` in ``process_element`` / ``on_timer``), not to ``open``."""
         raise RuntimeError(
@@ -132,7 +170,7 @@ class RuntimeContext:
             "on_timer, not in open()"
         )
 
-    def call_batched(self, batcher: Any, arg: Any, **kwargs: Any) -> Any:
+    def call_batched(self, batcher: object, arg: object, **kwargs: object) -> NoReturn:
         """Always raises RuntimeError, as ``call_async`` does here."""
         raise RuntimeError(
             "call_batched() outside a record: call it on the Context of process_element or "
@@ -198,14 +236,13 @@ class TimerService:
         return self._operator.current_context().processing_time
 
 
-def _checked(timestamp: Any, domain: str) -> float:
+def _checked(timestamp: float | None, domain: str) -> float:  # None from untyped callers
     if type(timestamp) is float and timestamp == timestamp:  # the common case: not NaN
         return timestamp
     if timestamp is None:
         raise TypeError(f"{domain} timer timestamp must be a number, got None")
     check_timestamp(timestamp, f"{domain} timer timestamp")
-    checked: float = timestamp  # a real number now (int or float, kept as given)
-    return checked
+    return timestamp  # a real number (int or float, kept as given)
 
 
 class Context:
@@ -227,8 +264,8 @@ class Context:
         self._operator = operator
         self._records = operator.controller
         self.timer_service = TimerService(operator)
-        self.output: Callable[[Any], None] = operator.emit
-        self.side_output: Callable[[Any, Any], None] = operator.emit_side
+        self.output: Callable[[object], None] = operator.emit
+        self.side_output: Callable[[Hashable, object], None] = operator.emit_side
 
     def _running(self) -> _RunningRecord:
         current: _RunningRecord | None = self._records.current
@@ -239,7 +276,7 @@ class Context:
         return current
 
     @property
-    def current_key(self) -> Any:
+    def current_key(self) -> Any:  # Any: each function knows its own keys' type
         """The key of the running record or timer."""
         current = self._records.current
         if current is None:
@@ -258,8 +295,12 @@ class Context:
         return None if timer is None else timer[0]
 
     def call_async(
-        self, fn: Any, *args: Any, timeout: float | None = None, retry: Any = _NO_RETRY
-    ) -> Any:
+        self,
+        fn: Callable[..., Awaitable[R]],
+        *args: object,
+        timeout: float | None = None,
+        retry: RetryStrategy = _NO_RETRY,
+    ) -> StateFuture[R]:
         """Call an external service for the running record; a ``StateFuture`` of its
         result (beyond Flink: enrichment next to state, in one operator).
 
@@ -290,8 +331,13 @@ class Context:
         return self._operator.call_async(fn, args, timeout, retry)
 
     def call_batched(
-        self, batcher: Any, arg: Any, *, timeout: float | None = None, retry: Any = _NO_RETRY
-    ) -> Any:
+        self,
+        batcher: BatchCalls[IN, OUT],
+        arg: IN,
+        *,
+        timeout: float | None = None,
+        retry: RetryStrategy = _NO_RETRY,
+    ) -> StateFuture[OUT]:
         """Hand ``arg`` to ``batcher`` (an ``aec.async_io.Batcher``) for the running
         record; a ``StateFuture`` of its result (beyond Flink: the calls of every
         in-flight record of every key share batch calls).

@@ -24,7 +24,7 @@ KEY_TYPES = (
 )
 
 
-def stable_key_bytes(key: Any) -> bytes:
+def stable_key_bytes(key: Any) -> bytes:  # Any: typed by the ``type(key)`` tests
     """A canonical byte form of ``key``, equal for equal keys in every process.
 
     Keys are ``KEY_TYPES``: values whose equality Python defines the same way in
@@ -64,7 +64,7 @@ def _float_bytes(number: float) -> bytes:
     return b"f" + _pack_double(number)
 
 
-def _other_bytes(key: Any) -> bytes:
+def _other_bytes(key: object) -> bytes:
     """The forms of the less common key types (``stable_key_bytes``'s slow path)."""
     if key is None:  # inside a tuple, or a map's user key (a record key is never None)
         return b"n"
@@ -96,7 +96,7 @@ def _other_bytes(key: Any) -> bytes:
     )
 
 
-def _why(key: Any) -> str:
+def _why(key: object) -> str:
     if isinstance(key, (set, frozenset)):
         return "a set's order depends on PYTHONHASHSEED"
     if getattr(type(key), "__eq__", None) is getattr(object, "__eq__"):  # noqa: B009
@@ -116,7 +116,7 @@ def _decimal_bytes(number: decimal.Decimal) -> bytes:
     return b"d" + str(number.normalize()).encode()
 
 
-def key_group_for(key: Any, max_parallelism: int) -> int:
+def key_group_for(key: object, max_parallelism: int) -> int:
     """The key group of ``key``: an int in ``range(max_parallelism)``."""
     return zlib.crc32(stable_key_bytes(key)) % max_parallelism
 

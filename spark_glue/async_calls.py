@@ -246,8 +246,9 @@ class _UdfBody:
             else:
                 yield _struct_frame(values, self.struct_fields, index)
 
-    def _calls(self, rows: Iterator[_Row]) -> Iterator[tuple[int, Any]]:
-        """``(position, result)`` per row: one wait call over every row of the task."""
+    def _calls(self, rows: Iterator[_Row]) -> Iterator[Any]:
+        """``(position, result)`` per row: one wait call over every row of the task
+        (rows only: no watermark comes out)."""
         retry = _Untagged(self.retry)
         if self.batching is None:
             wait = ordered_wait if self.ordered else unordered_wait

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,11 @@ class _Output:
 
     raw: DataFrame
     layout: RawLayout
+
+
+# The results process_keyed returned, with their raw frames (Spark's DataFrame has no
+# place for them; a result's entry goes when the result does).
+_OUTPUTS: weakref.WeakKeyDictionary[DataFrame, _Output] = weakref.WeakKeyDictionary()
 
 
 def process_keyed(
@@ -265,8 +271,7 @@ def persisted_result(mapped: DataFrame, layout: RawLayout) -> DataFrame:
     raw = mapped.persist(StorageLevel.MEMORY_AND_DISK)
     main = layout.main
     result = raw.filter(F.col(_STREAM) == "main").select(*[F.col(n) for n in main.fieldNames()])
-    # read back by side_output / partition_metrics (an aec attribute on Spark's DataFrame)
-    result._aec_output = _Output(raw, layout)  # type: ignore[attr-defined]
+    _OUTPUTS[result] = _Output(raw, layout)  # read back by side_output / partition_metrics
     return result
 
 
@@ -319,8 +324,11 @@ def unpersist(result: DataFrame) -> None:
 
 
 def output_of(result: DataFrame) -> _Output:
-    output = getattr(result, "_aec_output", None)
-    if not isinstance(output, _Output):
+    try:
+        output = _OUTPUTS.get(result)
+    except TypeError:  # no weak reference to it: not a DataFrame at all
+        output = None
+    if output is None:
         raise ValueError(
             "not a process_keyed result: pass the DataFrame process_keyed returned "
             "(not one derived from it)"

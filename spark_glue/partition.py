@@ -70,9 +70,9 @@ class PartitionJob:
             yield from run.drain()
         yield run.metrics_batch()
 
-    def _feed(
-        self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch
-    ) -> None:
+    def feed(self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch) -> None:
+        """Feed ``batch``'s rows to ``operator`` as records of this job's key, values
+        and timestamp, with the watermarks ``watermarks`` emits between them."""
         # Columns are converted once per batch (pyarrow), records built with map();
         # watermarks are checked per interval over a slice of event times (the
         # interval's max by pyarrow), not per record: the same watermarks after
@@ -169,7 +169,7 @@ class PartitionRun:
     def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         """Process one input batch (records and periodic watermarks); its outputs."""
         self.rows_in += batch.num_rows
-        self.job._feed(self.operator, self.watermarks, batch)
+        self.job.feed(self.operator, self.watermarks, batch)
         yield from self.writer.drain(self.operator)
 
     def drain(self) -> Iterator[pa.RecordBatch]:

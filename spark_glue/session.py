@@ -161,7 +161,8 @@ def _classic_session(partitions: int, master: str | None, java_options: str | No
     )
     if options is not None:
         launch.set(JAVA_OPTIONS, options)
-    SparkContext._ensure_initialized(conf=launch)
+    # PySpark has no public call that starts the JVM without making a SparkContext
+    SparkContext._ensure_initialized(conf=launch)  # noqa: SLF001
     submitted = dict(SparkConf().getAll())
     settings = session_settings(partitions, master, submitted)
     builder = SparkSession.builder

@@ -10,14 +10,15 @@ an ``AsyncFunction``'s input does.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Iterable
 
 from aec.async_io.function import AsyncFunctionBase
+from aec.state.typevars import IN, OUT
 
 __all__ = ["AsyncBatchFunction", "check_batch_function"]
 
 
-class AsyncBatchFunction(AsyncFunctionBase):
+class AsyncBatchFunction(AsyncFunctionBase[IN, OUT]):
     """A function that looks up or computes a batch of inputs in one call.
 
     Override ``async def async_invoke_batch(self, values: list) -> list``: it runs on
@@ -33,12 +34,12 @@ class AsyncBatchFunction(AsyncFunctionBase):
     the mailbox thread.
     """
 
-    async def async_invoke_batch(self, values: list[Any]) -> list[Any]:
+    async def async_invoke_batch(self, values: list[IN]) -> list[Iterable[OUT]]:
         """Call the service for ``values``; see the class docstring."""
         raise NotImplementedError(f"{type(self).__name__} must override async_invoke_batch")
 
 
-def check_batch_function(function: Any) -> bool:
+def check_batch_function(function: object) -> bool:
     """Check that ``function`` has an ``async def async_invoke_batch(self, values)``;
     returns True (batch functions are always asyncio style).
 

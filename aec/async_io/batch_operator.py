@@ -21,7 +21,8 @@ whatever batch is pending then). A result of the wrong length fails the job at o
 from __future__ import annotations
 
 import os
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import cast
 
 from aec.async_io.batch_function import AsyncBatchFunction, check_batch_function
 from aec.async_io.function import ResultFuture
@@ -38,14 +39,16 @@ from aec.runtime.batch_queue import (
     check_max_wait,
 )
 from aec.runtime.event_loop import EventLoopThread
+from aec.state.typevars import IN, OUT
 
 __all__ = ["AsyncBatchWaitOperator", "BATCH_MODES"]
 
 BATCH_MODES = ("ordered", "unordered")
 _NO_RETRY = NoRetry()
+Attempt = tuple[AsyncEntry, ResultFuture]  # an input in a batch: its entry, its attempt
 
 
-class AsyncBatchWaitOperator(AsyncWaitOperator):
+class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
     """Calls ``function.async_invoke_batch`` with batches of up to ``max_batch_size``
     inputs, at most ``capacity`` inputs admitted and not yet emitted (FLINK-38825's
     ``AsyncBatchWaitOperator``, on ``AsyncWaitOperator``'s queue, retries and
@@ -80,7 +83,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
 
     def __init__(
         self,
-        function: AsyncBatchFunction,
+        function: AsyncBatchFunction[IN, OUT],
         *,
         max_batch_size: int,
         batch_timeout: float | None,
@@ -92,12 +95,12 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
         self.max_batch_size = check_max_batch_size(max_batch_size)
         self.batch_timeout = check_max_wait(batch_timeout, "batch_timeout")
         super().__init__(function, timeout, capacity, mode=mode, retry=retry)
-        self._batches: BatchQueue | None = None
+        self._batches: BatchQueue[Attempt] | None = None
         # nothing else can run when the operator sleeps: the partial batch goes
         self._mailbox.before_sleep = self._flush
 
     @staticmethod
-    def check_function(function: Any) -> bool:
+    def check_function(function: object) -> bool:
         """An ``AsyncBatchFunction`` with an ``async def async_invoke_batch(self,
         values)`` (TypeError otherwise); batch calls are always asyncio style."""
         return check_batch_function(function)
@@ -110,7 +113,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
         entry.task = item
         self._batch_queue().submit(item)
 
-    def _batch_queue(self) -> BatchQueue:
+    def _batch_queue(self) -> BatchQueue[Attempt]:
         queue = self._batches
         if queue is None:
             if self._loop is None:
@@ -126,15 +129,19 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
         return queue
 
     def _post_batch(
-        self, batch: SentBatch, results: list[Any] | None, error: BaseException | None, fatal: bool
+        self,
+        batch: SentBatch[Attempt],
+        results: list[object] | None,
+        error: BaseException | None,
+        fatal: bool,
     ) -> None:
         """A batch call's outcome, one mail for the whole batch (loop thread)."""
         self._mailbox.post((batch, results, error, fatal))
 
     def _on_completion(
         self,
-        future: Any,
-        results: list[Any] | None,
+        future: ResultFuture | SentBatch[Attempt],
+        results: list[object] | None,
         error: BaseException | None,
         fatal: bool,
     ) -> None:
@@ -143,7 +150,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
             return
         items = future.items
         if fatal:
-            entry = cast(AsyncEntry, items[0].owner[0])
+            entry = items[0].owner[0]
             raise self._failure(entry, error) from error
         # each input's outcome becomes its attempt's completion (a mail of its own,
         # run by the same _run_mails loop): the driver's rules then apply as for a
@@ -155,7 +162,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
             if error is not None:
                 attempt.complete_exceptionally(error)
             else:
-                attempt.complete(cast(list[Any], results)[index])
+                attempt.complete(cast("list[Iterable[object]]", results)[index])
 
     def _flush(self) -> None:
         """Send the pending partial batch (nothing once the loop thread stopped)."""
@@ -163,7 +170,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
             self._batches.flush()
 
     # -- boundaries: a partial batch leaves at once --------------------------------------
-    def _admit(self, element: Any, attempts: int = 0) -> AsyncEntry | Watermark:
+    def _admit(self, element: object, attempts: int = 0) -> AsyncEntry | Watermark:
         if isinstance(element, Watermark):
             self._flush()
         return super()._admit(element, attempts)
@@ -174,7 +181,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator):
         return super().snapshot(checkpoint_id, directory)
 
     @property
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, float]:
         queue = self._batches
         calls, items, largest = (
             (0, 0, 0) if queue is None else (queue.calls, queue.items, queue.largest)

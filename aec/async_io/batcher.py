@@ -10,17 +10,19 @@ operator's event-loop thread, one queue per batcher and operator.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Generic
 
 from aec.errors import describe, qualified_name
 from aec.runtime.batch_queue import check_max_batch_size, check_max_wait
+from aec.state.typevars import IN, OUT
 
 __all__ = ["Batcher"]
 
 
-class Batcher:
-    """Calls ``fn`` with a list of arguments collected from ``ctx.call_batched`` calls.
+class Batcher(Generic[IN, OUT]):
+    """Calls ``fn`` with a list of arguments ``IN`` collected from ``ctx.call_batched``
+    calls; one result ``OUT`` each.
 
     Args:
         fn: ``async def fn(args: list) -> list`` (or a callable returning an
@@ -43,7 +45,11 @@ class Batcher:
     __slots__ = ("fn", "max_batch_size", "max_wait")
 
     def __init__(
-        self, fn: Callable[[list[Any]], Any], *, max_batch_size: int, max_wait: float | None
+        self,
+        fn: Callable[[list[IN]], Awaitable[list[OUT]]],
+        *,
+        max_batch_size: int,
+        max_wait: float | None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"Batcher takes an async function of a list, got {describe(fn, 80)}")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from time import monotonic
 from typing import Any, cast
 
@@ -50,7 +50,7 @@ from aec.async_io.queue import (
 from aec.elements import Watermark, check_key, check_timestamp
 from aec.errors import JobFailure, describe
 from aec.retry import RetryStrategy
-from aec.runtime.event_loop import EventLoopThread
+from aec.runtime.event_loop import Call, EventLoopThread
 from aec.runtime.mailbox import Mailbox
 
 __all__ = ["CallDriver", "Timers", "is_asyncio_style"]
@@ -109,7 +109,7 @@ class Timers:
         self._timers.clear()
 
 
-def is_asyncio_style(function: Any) -> bool:
+def is_asyncio_style(function: object) -> bool:
     """True if ``function.async_invoke`` is an ``async def`` (asyncio style).
 
     Raises:
@@ -165,7 +165,7 @@ class CallDriver:
         timeout: float | None,
         retry: RetryStrategy,
         queue: OrderedQueue | UnorderedQueue,
-        key_selector: Callable[[Any], Any] | None = None,
+        key_selector: Callable[[Any], Hashable] | None = None,  # takes the function's IN
         *,
         asyncio_style: bool,
     ) -> None:
@@ -183,7 +183,7 @@ class CallDriver:
         self._watermark = -float("inf")
 
     # -- admission -----------------------------------------------------------------------
-    def _admit(self, element: Any, attempts: int = 0) -> AsyncEntry | Watermark:
+    def _admit(self, element: object, attempts: int = 0) -> AsyncEntry | Watermark:
         """Queue ``element`` and start its call (if its key is free); ``attempts``
         are calls made before a restore (they count against ``max_attempts``, but
         at least one call is made)."""
@@ -246,7 +246,9 @@ class CallDriver:
         function = cast(AsyncFunction, self._function)
         if self._asyncio:
             try:
-                coroutine = function.async_invoke(entry.value)  # type: ignore[call-arg]
+                # the asyncio style: async def async_invoke(self, value) -> results
+                coroutine: Call[Iterable[object]]
+                coroutine = function.async_invoke(entry.value)  # type: ignore[call-arg, assignment]
             except Exception as exc:  # raised before the coroutine existed
                 future.complete_exceptionally(exc)
                 return
@@ -276,11 +278,11 @@ class CallDriver:
     def _on_completion(
         self,
         future: ResultFuture,
-        results: list[Any] | None,
+        results: list[object] | None,
         error: BaseException | None,
         fatal: bool,
     ) -> None:
-        entry: AsyncEntry = future._entry
+        entry = future.entry
         if entry.future is not future:
             return  # a repeated completion, or one of an attempt that no longer counts
         entry.future = None
@@ -292,7 +294,7 @@ class CallDriver:
         self._finish(entry, results, error)
 
     def _schedule_retry(
-        self, entry: AsyncEntry, results: list[Any] | None, error: BaseException | None
+        self, entry: AsyncEntry, results: list[object] | None, error: BaseException | None
     ) -> bool:
         """Start the backoff of a retry if the strategy, the attempt budget and the
         deadline all allow it; True if a retry is scheduled."""
@@ -302,7 +304,7 @@ class CallDriver:
             if error is not None:
                 wanted = self._retry.should_retry_exception(error)
             else:
-                wanted = self._retry.should_retry_result(results)  # type: ignore[arg-type]
+                wanted = self._retry.should_retry_result(results)
             if not wanted:
                 return False
             delay = self._retry.backoff(entry.attempts)
@@ -318,7 +320,7 @@ class CallDriver:
         return True
 
     def _finish(
-        self, entry: AsyncEntry, results: list[Any] | None, error: BaseException | None
+        self, entry: AsyncEntry, results: list[object] | None, error: BaseException | None
     ) -> None:
         if error is not None:
             raise self._failure(entry, error) from error

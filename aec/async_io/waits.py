@@ -21,14 +21,15 @@ they are emitted. Decisions where the contract is silent: docs/async_io.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from aec.async_io.batch_function import AsyncBatchFunction
 from aec.async_io.batch_operator import AsyncBatchWaitOperator
 from aec.async_io.function import AsyncFunction, ResultFuture
 from aec.async_io.operator import AsyncWaitOperator, check_arguments
+from aec.elements import Watermark
 from aec.retry import NoRetry, RetryStrategy
+from aec.state.typevars import IN, OUT
 
 __all__ = [
     "AsyncFunction",
@@ -43,12 +44,12 @@ _NO_RETRY = NoRetry()
 
 
 def ordered_wait(
-    source: Iterable[Any],
-    function: AsyncFunction,
+    source: Iterable[IN | Watermark],
+    function: AsyncFunction[IN, OUT],
     timeout: float | None,
     capacity: int,
     retry: RetryStrategy = _NO_RETRY,
-) -> Iterator[Any]:
+) -> Iterator[OUT | Watermark]:
     """Call ``function`` for every value of ``source``; emit results in input order.
 
     Flink's ``AsyncDataStream.orderedWait`` (``OrderedStreamElementQueue``), with
@@ -85,12 +86,12 @@ def ordered_wait(
 
 
 def unordered_wait(
-    source: Iterable[Any],
-    function: AsyncFunction,
+    source: Iterable[IN | Watermark],
+    function: AsyncFunction[IN, OUT],
     timeout: float | None,
     capacity: int,
     retry: RetryStrategy = _NO_RETRY,
-) -> Iterator[Any]:
+) -> Iterator[OUT | Watermark]:
     """Like ``ordered_wait``, but results leave as their inputs complete.
 
     Watermarks are barriers: the results of every input before a watermark leave
@@ -105,14 +106,14 @@ def unordered_wait(
 
 
 def key_ordered_wait(
-    source: Iterable[Any],
-    function: AsyncFunction,
+    source: Iterable[IN | Watermark],
+    function: AsyncFunction[IN, OUT],
     timeout: float | None,
     capacity: int,
     retry: RetryStrategy = _NO_RETRY,
     *,
-    key_selector: Callable[[Any], Any],
-) -> Iterator[Any]:
+    key_selector: Callable[[IN], Hashable],
+) -> Iterator[OUT | Watermark]:
     """Like ``unordered_wait``, but an input's first call starts only after the
     previous input with the same key completed (all its attempts, or its timeout);
     different keys run concurrently (FLIP-519).
@@ -138,8 +139,8 @@ def key_ordered_wait(
 
 
 def batch_wait(
-    source: Iterable[Any],
-    function: AsyncBatchFunction,
+    source: Iterable[IN | Watermark],
+    function: AsyncBatchFunction[IN, OUT],
     *,
     max_batch_size: int,
     batch_timeout: float | None,
@@ -147,7 +148,7 @@ def batch_wait(
     capacity: int,
     mode: str = "ordered",
     retry: RetryStrategy = _NO_RETRY,
-) -> Iterator[Any]:
+) -> Iterator[OUT | Watermark]:
     """Call ``function.async_invoke_batch`` with batches of the values of ``source``.
 
     FLINK-38825's batched async I/O over ``AsyncBatchWaitOperator``: like
@@ -194,7 +195,9 @@ def batch_wait(
     return _iterate(source, operator)
 
 
-def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any]:
+def _iterate(
+    source: Iterable[IN | Watermark], operator: AsyncWaitOperator[IN, OUT]
+) -> Iterator[OUT | Watermark]:
     """Drive ``operator`` over ``source``: completions first, then emission, then new
     input only while there is room (so ``source`` is never pulled ahead of capacity)."""
     try:
@@ -202,13 +205,13 @@ def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any
         elements = iter(source)
         exhausted = False
         while True:
-            operator._advance()
+            operator.advance()
             outputs = operator.drain_outputs()
             if outputs:
                 yield from outputs
                 continue  # mails may have arrived while the consumer ran
-            if not exhausted and operator._has_room():
-                if operator._mailbox:
+            if not exhausted and operator.has_room():
+                if operator.has_completions():
                     continue  # completions before new input
                 try:
                     element = next(elements)
@@ -217,9 +220,9 @@ def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any
                     continue
                 operator.process(element)
                 continue
-            if exhausted and operator._idle():
+            if exhausted and operator.idle():
                 break
-            operator._wait()
+            operator.wait()
         operator.finish()
     except BaseException as exc:  # GeneratorExit too: an abandoned iterator cleans up
         operator.abandon(exc)

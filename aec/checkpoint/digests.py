@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 _CHUNK = 1 << 20  # bytes hashed per read
@@ -68,7 +69,7 @@ def forget() -> None:
     _KNOWN.clear()
 
 
-def describe(path: str) -> dict[str, Any]:
+def describe(path: str) -> dict[str, object]:
     """The manifest entry of the file at ``path``, which is fsynced too (the backend
     wrote it). A file this process described or verified before, unchanged, is not
     read again."""
@@ -83,7 +84,7 @@ def describe(path: str) -> dict[str, Any]:
     return {"size": size, "sha256": digest.hexdigest()}
 
 
-def verify(path: str, expected: dict[str, Any], keep: bool) -> bytes | None:
+def verify(path: str, expected: Mapping[str, object], keep: bool) -> bytes | None:
     """Check the file at ``path`` against its manifest entry; its bytes if ``keep``
     (read once, so what was verified is what gets parsed). A file this process
     wrote or verified with that digest, unchanged since, is checked by ``stat``

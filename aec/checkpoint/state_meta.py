@@ -12,8 +12,7 @@ something else (Flink: the ``StateMetaInfoSnapshot`` compatibility check).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from aec.config import AecConfig
 from aec.functions import state_serializer
@@ -47,7 +46,7 @@ def state_type(descriptor: StateDescriptor) -> str:
 
 def describe(
     descriptors: Iterable[StateDescriptor], config: AecConfig
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, dict[str, object]]:
     """``{name: {"type", "serializer", "ttl"}}`` of ``descriptors`` (JSON-able)."""
     return {
         d.name: {
@@ -60,8 +59,8 @@ def describe(
 
 
 def check(
-    recorded: dict[str, dict[str, Any]],
-    live: dict[str, dict[str, Any]],
+    recorded: Mapping[str, Mapping[str, object]],
+    live: Mapping[str, Mapping[str, object]],
     config: AecConfig,
     where: str,
 ) -> list[tuple[str, Serializer]]:
@@ -100,6 +99,6 @@ def check(
     return later
 
 
-def _what(about: dict[str, Any]) -> str:
+def _what(about: Mapping[str, object]) -> str:
     ttl = " with TTL" if about.get("ttl") else ""
     return f"{about.get('type')} state{ttl} stored with {about.get('serializer')!r}"

@@ -25,9 +25,15 @@ Flink: ``DeclarationContext``, ``DeclarationChain``, ``NamedFunction``,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-Step = Callable[[Any, Any], Any]  # (input, ctx) -> value | StateFuture | None
+from aec.state.typevars import V
+
+if TYPE_CHECKING:
+    from aec.functions import Context
+
+# (input, ctx) -> value | StateFuture | None; each step takes what the one before gave
+Step = Callable[[Any, "Context"], object]
 
 
 class DeclaredStep:
@@ -70,7 +76,7 @@ class DeclaredBranch(DeclaredStep):
         self.if_true = if_true
         self.if_false = if_false
 
-    def choose(self, value: Any, ctx: Any) -> DeclaredStep | None:
+    def choose(self, value: object, ctx: Context) -> DeclaredStep | None:
         """The step that runs next for ``value`` (its input, passed on unchanged)."""
         if self.fn(value, ctx):
             return self.if_true.first
@@ -111,11 +117,11 @@ class Declarations(Protocol):
     def claim(self, name: str) -> str: ...
     def register(self, step: _S) -> _S: ...
     def add_variable(self, variable: DeclaredVariable) -> None: ...
-    def variables(self) -> dict[str, Any]: ...
+    def variables(self) -> dict[str, Any]: ...  # each variable's own type
 
 
-class DeclaredVariable:
-    """A value per record in flight (``DeclarationContext.declare_variable``).
+class DeclaredVariable(Generic[V]):
+    """A value ``V`` per record in flight (``DeclarationContext.declare_variable``).
 
     Each record starts from ``default``; ``get()`` / ``set(v)`` read and write the
     running record's value (inside a declared step only). A checkpoint stores it
@@ -124,16 +130,17 @@ class DeclaredVariable:
 
     __slots__ = ("name", "default", "_program")
 
-    def __init__(self, name: str, default: Any, program: Declarations) -> None:
+    def __init__(self, name: str, default: V | None, program: Declarations) -> None:
         self.name = name
         self.default = default
         self._program = program
 
-    def get(self) -> Any:
+    def get(self) -> V:
         """The running record's value. Raises RuntimeError outside a declared step."""
-        return self._program.variables()[self.name]
+        value: V = self._program.variables()[self.name]
+        return value
 
-    def set(self, value: Any) -> None:
+    def set(self, value: V) -> None:
         """Set the running record's value. Raises RuntimeError outside a declared step."""
         self._program.variables()[self.name] = value
 
@@ -187,7 +194,7 @@ class DeclarationContext:
         step = DeclaredBranch(self._program.claim(name), condition, if_true, if_false)
         return self._program.register(step)
 
-    def declare_variable(self, name: str, default: Any = None) -> DeclaredVariable:
+    def declare_variable(self, name: str, default: V | None = None) -> DeclaredVariable[V]:
         """A value per record in flight, starting from ``default`` for each record."""
         variable = DeclaredVariable(self._program.claim(name), default, self._program)
         self._program.add_variable(variable)

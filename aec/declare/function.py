@@ -11,8 +11,6 @@ instead of draining them (docs/checkpoints.md, "Checkpoints that do not drain").
 
 from __future__ import annotations
 
-from typing import Any
-
 from aec.declare.context import DeclarationContext, DeclaredChain
 from aec.declare.program import DeclaredProgram
 from aec.functions import Context, KeyedProcessFunction
@@ -63,7 +61,7 @@ class DeclaringKeyedProcessFunction(KeyedProcessFunction):
         program.finish(process, self.declare_on_timer(d))
         return program
 
-    def process_element(self, value: Any, ctx: Context) -> Any:
+    def process_element(self, value: object, ctx: Context) -> object:
         """Not called: the operator runs records through ``declare_process``'s chain."""
         raise TypeError(
             f"{type(self).__name__} is a DeclaringKeyedProcessFunction: records run "

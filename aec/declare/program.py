@@ -13,7 +13,7 @@ named step, a checkpoint can store the run instead of finishing it
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aec.declare.context import (
     DeclaredBranch,
@@ -22,6 +22,9 @@ from aec.declare.context import (
     DeclaredVariable,
 )
 from aec.state.future import Owner, StateFuture
+
+if TYPE_CHECKING:
+    from aec.functions import Context
 
 _S = TypeVar("_S", bound=DeclaredStep)
 
@@ -38,11 +41,11 @@ class DeclaredRun:
 
     __slots__ = ("record", "variables", "next", "pending")
 
-    def __init__(self, record: Owner, variables: dict[str, Any] | None) -> None:
+    def __init__(self, record: Owner, variables: dict[str, object] | None) -> None:
         self.record = record
         self.variables = variables
         self.next: DeclaredStep | None = None
-        self.pending: StateFuture | None = None
+        self.pending: StateFuture[object] | None = None
 
 
 class DeclaredProgram:
@@ -60,7 +63,7 @@ class DeclaredProgram:
     def __init__(self) -> None:
         self._names: set[str] = set()
         self._steps: dict[str, DeclaredStep] = {}
-        self._defaults: dict[str, Any] = {}
+        self._defaults: dict[str, object] = {}
         self._current: DeclaredRun | None = None
         self.process: DeclaredChain | None = None
         self.on_timer: DeclaredChain | None = None
@@ -114,7 +117,7 @@ class DeclaredProgram:
             )
         return step
 
-    def variables(self) -> dict[str, Any]:
+    def variables(self) -> dict[str, Any]:  # each variable's own type
         """The running record's declared variables (``DeclaredVariable.get``/``set``)."""
         run = self._current
         if run is None or run.variables is None:
@@ -122,7 +125,7 @@ class DeclaredProgram:
         return run.variables
 
     # -- running ------------------------------------------------------------------------------
-    def start(self, record: Owner, chain: DeclaredChain, value: Any, ctx: Any) -> None:
+    def start(self, record: Owner, chain: DeclaredChain, value: object, ctx: Context) -> None:
         """Run ``record`` through ``chain`` from its first step with ``value``."""
         defaults = self._defaults
         run = DeclaredRun(record, dict(defaults) if defaults else None)
@@ -133,9 +136,9 @@ class DeclaredProgram:
         self,
         record: Owner,
         next_step: str | None,
-        variables: dict[str, Any] | None,
-        pending: StateFuture | None,
-        ctx: Any,
+        variables: dict[str, object] | None,
+        pending: StateFuture[object] | None,
+        ctx: Context,
     ) -> None:
         """Put a stored run back: it goes on at ``next_step`` (None: it ends) with
         ``pending``'s result (or at once, with None, when nothing is pending).
@@ -150,7 +153,9 @@ class DeclaredProgram:
         else:
             self._wait(run, step, pending, ctx)
 
-    def _advance(self, run: DeclaredRun, step: DeclaredStep | None, value: Any, ctx: Any) -> None:
+    def _advance(
+        self, run: DeclaredRun, step: DeclaredStep | None, value: object, ctx: Context
+    ) -> None:
         """Run steps from ``step`` while their results are at hand; subscribe to the
         first pending one, or end the run."""
         previous, self._current = self._current, run
@@ -172,13 +177,13 @@ class DeclaredProgram:
             self._current = previous
 
     def _wait(
-        self, run: DeclaredRun, step: DeclaredStep | None, pending: StateFuture, ctx: Any
+        self, run: DeclaredRun, step: DeclaredStep | None, pending: StateFuture[object], ctx: Context
     ) -> None:
         run.next, run.pending = step, pending
         if not pending.subscribe(partial(self._continue, run, ctx), run.record):
             self._continue(run, ctx, None)
 
-    def _continue(self, run: DeclaredRun, ctx: Any, _: Any) -> None:
+    def _continue(self, run: DeclaredRun, ctx: Context, _: object) -> None:
         """The awaited future completed: the run goes on with its result."""
         pending, run.pending = run.pending, None
         assert pending is not None

@@ -44,7 +44,7 @@ import inspect
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, final
 
 from aec.errors import describe, qualified_name
 from aec.runtime.event_loop import EventLoopThread
@@ -59,7 +59,12 @@ __all__ = [
     "check_max_wait",
 ]
 
-Deliver = Callable[["SentBatch", "list[Any] | None", "BaseException | None", bool], None]
+OWNER = TypeVar("OWNER")  # an input's owner: what the queue's user needs back with its outcome
+# a batch function: an awaitable of one result per value, in order (checked when called;
+# the values are the caller's)
+BatchFn = Callable[[list[Any]], object]
+# (batch, results, error, fatal) -> None: a batch call's outcome
+Deliver = Callable[["SentBatch[OWNER]", "list[object] | None", "BaseException | None", bool], None]
 
 
 class BatchResultError(ValueError):
@@ -67,8 +72,9 @@ class BatchResultError(ValueError):
     not a list at all). Fails the job at once: retrying the same batch cannot mend it."""
 
 
-def batch_results(fn: Any, values: list[Any], results: Any) -> list[Any]:
-    """``results`` of ``fn(values)`` as a list, one entry per input in order.
+def batch_results(fn: object, values: list[object], results: Any) -> list[object]:
+    """``results`` of ``fn(values)`` (whatever it returned) as a list, one entry per
+    input in order.
 
     Raises:
         BatchResultError: ``results`` is not an iterable of ``len(values)`` entries
@@ -94,7 +100,7 @@ def batch_results(fn: Any, values: list[Any], results: Any) -> list[Any]:
     return collected
 
 
-def check_max_batch_size(size: Any, name: str = "max_batch_size") -> int:
+def check_max_batch_size(size: object, name: str = "max_batch_size") -> int:
     """Return ``size`` if it is an int >= 1; TypeError / ValueError naming ``name``."""
     if isinstance(size, bool) or not isinstance(size, int):
         raise TypeError(f"{name} must be an int >= 1 (inputs per batch call), got {size!r}")
@@ -103,7 +109,7 @@ def check_max_batch_size(size: Any, name: str = "max_batch_size") -> int:
     return size
 
 
-def check_max_wait(seconds: Any, name: str = "max_wait") -> float | None:
+def check_max_wait(seconds: object, name: str = "max_wait") -> float | None:
     """Seconds a partial batch may wait for more inputs: a number >= 0 (0: only inputs
     handed over together share a batch), or None / ``math.inf`` for no time limit
     (returned as None: batches then leave when full or when progress needs them).
@@ -119,22 +125,22 @@ def check_max_wait(seconds: Any, name: str = "max_wait") -> float | None:
     return None if math.isinf(seconds) else float(seconds)
 
 
-class BatchItem:
+class BatchItem(Generic[OWNER]):
     """One input waiting for, or travelling in, a batch call.
 
     ``value`` is what the batch function gets; ``owner`` is the caller's (the async
-    I/O entry and its attempt, or a batched call). ``batch`` and ``dropped`` are
+    I/OWNER entry and its attempt, or a batched call). ``batch`` and ``dropped`` are
     loop-thread fields.
     """
 
     __slots__ = ("value", "owner", "batch", "dropped", "queue")
 
-    def __init__(self, value: Any, owner: Any) -> None:
+    def __init__(self, value: object, owner: OWNER) -> None:
         self.value = value
         self.owner = owner
-        self.batch: SentBatch | None = None
+        self.batch: SentBatch[OWNER] | None = None
         self.dropped = False
-        self.queue: BatchQueue | None = None  # set when handed to a queue
+        self.queue: BatchQueue[OWNER] | None = None  # set when handed to a queue
 
     def cancel(self) -> None:
         """Stop waiting for this input (any thread; returns at once): see
@@ -147,12 +153,13 @@ class BatchItem:
         return f"<BatchItem {describe(self.value, 60)}{' dropped' if self.dropped else ''}>"
 
 
-class SentBatch:
+@final  # told apart from other mails by ``type(mail) is SentBatch``
+class SentBatch(Generic[OWNER]):
     """One batch call: its inputs in order, how many are still wanted, its task."""
 
     __slots__ = ("items", "live", "task")
 
-    def __init__(self, items: list[BatchItem]) -> None:
+    def __init__(self, items: list[BatchItem[OWNER]]) -> None:
         self.items = items
         self.live = len(items)  # inputs still waited for (not dropped)
         self.task: asyncio.Task[None] | None = None  # running the call, once sent
@@ -161,7 +168,7 @@ class SentBatch:
         return f"<SentBatch of {len(self.items)} ({self.live} wanted)>"
 
 
-class BatchQueue:
+class BatchQueue(Generic[OWNER]):
     """Inputs of one batch function waiting for their batch call, and the calls.
 
     Args:
@@ -179,11 +186,11 @@ class BatchQueue:
     def __init__(
         self,
         loop: EventLoopThread,
-        fn: Callable[[list[Any]], Any],
+        fn: BatchFn,
         max_batch_size: int,
         max_wait: float | None,
-        deliver: Deliver,
-        entered: Callable[[BatchItem], None] | None = None,
+        deliver: Deliver[OWNER],
+        entered: Callable[[BatchItem[OWNER]], None] | None = None,
     ) -> None:
         self.loop = loop
         self.fn = fn
@@ -192,10 +199,10 @@ class BatchQueue:
         self._deliver = deliver
         self._entered = entered
         # handed over by the owner, taken by the loop (a deque: atomic append/popleft)
-        self._outbox: deque[BatchItem] = deque()
+        self._outbox: deque[BatchItem[OWNER]] = deque()
         self._handed = 0  # owner thread: inputs handed over since the loop was last asked
         self._owner_idle = False  # written by the owner, read on the loop
-        self._pending: list[BatchItem] = []  # loop thread
+        self._pending: list[BatchItem[OWNER]] = []  # loop thread
         self._timer: asyncio.TimerHandle | None = None  # loop thread
         self._send_soon = False  # loop thread: a send is due in the next loop turn
         # metrics, written on the loop thread
@@ -204,7 +211,7 @@ class BatchQueue:
         self.largest = 0
 
     # -- owner thread ------------------------------------------------------------------------
-    def submit(self, item: BatchItem) -> None:
+    def submit(self, item: BatchItem[OWNER]) -> None:
         """Hand ``item`` over. The loop is woken once per batch, not per input: when
         the first input of a batch arrives (to start its ``max_wait``) and when a
         batch's worth has arrived."""
@@ -243,7 +250,7 @@ class BatchQueue:
         self.take()
         self.send()
 
-    def add(self, item: BatchItem) -> None:
+    def add(self, item: BatchItem[OWNER]) -> None:
         """Put ``item`` in the pending batch; send it if that makes it full."""
         item.queue = self
         if item.dropped:
@@ -257,7 +264,7 @@ class BatchQueue:
         elif len(pending) == 1 and self.max_wait is not None:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait, self.take_and_send)
 
-    def add_again(self, item: BatchItem) -> None:
+    def add_again(self, item: BatchItem[OWNER]) -> None:
         """``add`` for an input re-entering on the loop (a retry): while the owner
         sleeps, nothing it does can fill the batch, so it leaves in this loop turn,
         with the inputs whose retries fall due in the same turn."""
@@ -285,7 +292,7 @@ class BatchQueue:
             self.largest = len(items)
         batch.task = asyncio.get_running_loop().create_task(self._call(batch))
 
-    def drop(self, item: BatchItem) -> None:
+    def drop(self, item: BatchItem[OWNER]) -> None:
         """Nobody waits for ``item`` any more: it is left out of its batch if not sent
         yet; a sent batch none of whose inputs is wanted is cancelled."""
         if item.dropped:
@@ -298,7 +305,7 @@ class BatchQueue:
         if batch.live == 0 and batch.task is not None:
             batch.task.cancel()
 
-    async def _call(self, batch: SentBatch) -> None:
+    async def _call(self, batch: SentBatch[OWNER]) -> None:
         fn = self.fn
         values = [item.value for item in batch.items]
         try:

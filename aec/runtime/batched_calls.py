@@ -13,13 +13,21 @@ runs on the loop thread.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Protocol, Self
 
 from aec.errors import describe, qualified_name
 from aec.retry import RetryStrategy
 from aec.runtime.batch_queue import BatchItem, BatchQueue, SentBatch
 
-__all__ = ["BatchedCall", "call_entered", "deliver_to_calls"]
+__all__ = ["BatchedCall", "Settling", "call_entered", "deliver_to_calls"]
+
+
+class Settling(Protocol):
+    """A call's completion (``aec.runtime.external_calls.CallCompletion``): settled
+    once, then posted with the others a batch call finished."""
+
+    def settle(self, result: object, error: BaseException | None, fatal: bool) -> bool: ...
+    def post_together(self, others: list[Self]) -> None: ...
 
 
 class BatchedCall:
@@ -40,9 +48,9 @@ class BatchedCall:
 
     def __init__(
         self,
-        arg: Any,
-        completion: Any,
-        queue: BatchQueue,
+        arg: object,
+        completion: Settling,
+        queue: BatchQueue[BatchedCall],
         retry: RetryStrategy,
         timeout: float | None,
         deadline: float | None,
@@ -56,8 +64,8 @@ class BatchedCall:
         self.attempts = 1
         # the attempt in a batch (pending or sent); the first one is handed over by the
         # owner (``first``), later ones are added on the loop
-        self.first: BatchItem | None = BatchItem(arg, self)
-        self.item: BatchItem | None = self.first
+        self.first: BatchItem[BatchedCall] | None = BatchItem(arg, self)
+        self.item: BatchItem[BatchedCall] | None = self.first
         self.timer: asyncio.TimerHandle | None = None  # the timeout
         self.backoff: asyncio.TimerHandle | None = None  # the next attempt
 
@@ -74,7 +82,7 @@ class BatchedCall:
         item = self.item = BatchItem(self.arg, self)
         self.queue.add_again(item)
 
-    def outcome(self, result: Any, error: BaseException | None, fatal: bool) -> Any:
+    def outcome(self, result: object, error: BaseException | None, fatal: bool) -> Settling | None:
         """The batch call of the current attempt came back with this argument's
         ``result``, or ``error`` (``fatal``: no retry). Returns the completion to post
         if the call is finished (the caller posts a batch's together), else None."""
@@ -110,7 +118,7 @@ class BatchedCall:
         if completion is not None:
             completion.post_together([])
 
-    def _finish(self, result: Any, error: BaseException | None, fatal: bool) -> Any:
+    def _finish(self, result: object, error: BaseException | None, fatal: bool) -> Settling | None:
         """Settle the call's completion (not posted yet); it, or None if it was
         settled before."""
         if self.timer is not None:
@@ -123,14 +131,17 @@ class BatchedCall:
 
 
 def deliver_to_calls(
-    batch: SentBatch, results: list[Any] | None, error: BaseException | None, fatal: bool
+    batch: SentBatch[BatchedCall],
+    results: list[object] | None,
+    error: BaseException | None,
+    fatal: bool,
 ) -> None:
     """A batch call's outcome, argument by argument (loop thread); the calls it
     finished are posted as one mail."""
     finished = []
     for index, item in enumerate(batch.items):
         if not item.dropped:
-            call = cast(BatchedCall, item.owner)
+            call = item.owner
             done = call.outcome(None if results is None else results[index], error, fatal)
             if done is not None:
                 finished.append(done)
@@ -138,6 +149,6 @@ def deliver_to_calls(
         finished[0].post_together(finished[1:])
 
 
-def call_entered(item: BatchItem) -> None:
+def call_entered(item: BatchItem[BatchedCall]) -> None:
     """An attempt of a batched call joined its pending batch (loop thread)."""
-    cast(BatchedCall, item.owner).entered()
+    item.owner.entered()

@@ -20,14 +20,15 @@ synchronous run stays per record, the reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Protocol
 
 from aec.config import AecConfig
 from aec.errors import describe
 from aec.runtime.record_context import RecordContext
 
 if TYPE_CHECKING:
+    from aec.functions import Context
     from aec.runtime.controller import AsyncExecutionController
     from aec.runtime.epochs import Epoch
 
@@ -43,17 +44,19 @@ class Bundle(Protocol):
 
     size: int
 
-    def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
+    def offer(
+        self, key: Hashable, value: object, timestamp: float | None, watermark: float
+    ) -> bool:
         """Take a record (``watermark``: the operator's current one, seconds); False
         to let it run as a record of its own. Never raises."""
         ...
 
-    def take(self, watermark: float) -> list[tuple[Any, Any, int]]:
+    def take(self, watermark: float) -> list[tuple[Hashable, object, int]]:
         """Remove and return ``(key, share, records)`` for what must be in state
         before ``watermark`` leaves (``math.inf``: everything), one entry per key."""
         ...
 
-    def fold(self, share: Any, context: BundleContext, ctx: Any) -> None:
+    def fold(self, share: object, context: BundleContext, ctx: Context) -> None:
         """Fold one key's ``share`` into state as the entry of ``context`` (``ctx``:
         the operator's ``aec.Context``). On a user function's error it sets
         ``context.value`` to the record whose value raised, then raises."""
@@ -79,9 +82,9 @@ class BundleContext(RecordContext):
 
     def __init__(
         self,
-        share: Any,
+        share: object,
         records: int,
-        key: Any,
+        key: Hashable,
         key_group: int,
         sequence: int,
         epoch: Epoch,
@@ -126,7 +129,7 @@ class BundleFlusher:
         self,
         bundle: Bundle,
         controller: AsyncExecutionController,
-        new_context: Callable[[Any, Any, int], BundleContext],
+        new_context: Callable[[Hashable, object, int], BundleContext],
     ) -> None:
         self.bundle = bundle
         self._controller = controller

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable
 from time import monotonic
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from aec.config import AecConfig
 from aec.runtime import lanes
@@ -65,6 +65,7 @@ from aec.state.requests import StateRequest
 if TYPE_CHECKING:
     from aec.state.backend import StateBackend
 
+R = TypeVar("R")  # a future's result (wait_for)
 BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
 _SAMPLED = RECORD_SAMPLE - 1  # a record whose sequence & _SAMPLED is 0 has its latency measured
 
@@ -247,10 +248,10 @@ class AsyncExecutionController:
         self,
         op: int,
         state: str,
-        user_key: Any = None,
-        value: Any = None,
+        user_key: object = None,
+        value: object = None,
         kind: type[StateRequest] = StateRequest,
-    ) -> StateFuture:
+    ) -> StateRequest:
         """A state request of the current record; a future of its result.
 
         1. a request of the running record; 2. may it run at once (see the module
@@ -439,7 +440,7 @@ class AsyncExecutionController:
                 break
         self.current = None
 
-    def wait_for(self, future: StateFuture) -> Any:
+    def wait_for(self, future: StateFuture[R]) -> R:
         """Run the mailbox until ``future`` completes (the blocking state API); its result.
 
         Raises StuckError if it can never complete.
@@ -457,7 +458,7 @@ class AsyncExecutionController:
         self.current = current
         return future.get()
 
-    def gauges(self) -> dict[str, Any]:
+    def gauges(self) -> dict[str, object]:
         """Flink's AEC gauges now, and the histograms and hot keys so far (the
         operator's ``metrics`` adds them)."""
         return {
@@ -488,10 +489,10 @@ class SynchronousController(AsyncExecutionController):
         self,
         op: int,
         state: str,
-        user_key: Any = None,
-        value: Any = None,
+        user_key: object = None,
+        value: object = None,
         kind: type[StateRequest] = StateRequest,
-    ) -> StateFuture:
+    ) -> StateRequest:
         context = self.current
         if context is None:
             _outside_a_record()

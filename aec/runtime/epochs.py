@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aec.elements import ClockTick, Watermark
 
 OPEN, CLOSED, FIRING = 0, 1, 2
 
@@ -35,7 +38,8 @@ class Epoch:
 
     def __init__(self, sequence: int) -> None:
         self.sequence = sequence
-        self.watermark: Any = None
+        # the element that closed it (set by ``close``, before anything reads it)
+        self.watermark: Watermark | ClockTick = None  # type: ignore[assignment]
         self.processing_time = 0.0
         self.ongoing = 0
         self.status = OPEN
@@ -71,7 +75,7 @@ class EpochManager:
         self._on_epoch_done = on_epoch_done
         self._advancing = False
 
-    def close(self, watermark: Any, processing_time: float = 0.0) -> Epoch:
+    def close(self, watermark: Watermark | ClockTick, processing_time: float = 0.0) -> Epoch:
         """Close the open epoch with ``watermark``; open the next one."""
         epoch = self.active
         epoch.watermark = watermark

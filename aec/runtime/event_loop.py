@@ -27,11 +27,24 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["EventLoopThread", "TaskHandle"]
+__all__ = ["Completable", "EventLoopThread", "TaskHandle"]
+
+R = TypeVar("R")
+R_contra = TypeVar("R_contra", contravariant=True)
+# a coroutine returning R (its yield and send types are asyncio's business)
+Call = Coroutine[Any, Any, R]
 
 _names = itertools.count(1)
+
+
+class Completable(Protocol[R_contra]):
+    """Where a submitted coroutine's outcome goes: an async I/O ``ResultFuture`` or an
+    external call's ``CallCompletion`` (either completes from any thread)."""
+
+    def complete(self, result: R_contra, /) -> None: ...
+    def complete_exceptionally(self, error: BaseException, /) -> None: ...
 
 
 class TaskHandle:
@@ -59,7 +72,7 @@ class TaskHandle:
         if self._task is not None:
             self._task.cancel()
 
-    def start(self, coro: Coroutine[Any, Any, Any], future: Any) -> None:
+    def start(self, coro: Call[R], future: Completable[R]) -> None:
         """On the loop thread: run ``coro`` as a task delivering to ``future``, unless
         it was cancelled before it started (then it never runs)."""
         if self._cancelled:
@@ -87,8 +100,9 @@ class EventLoopThread:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._inbox: deque[tuple[TaskHandle, Coroutine[Any, Any, Any], Any]] = deque()
-        self._calls: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        # (handle, coroutine, its Completable): each pair agrees on the result type
+        self._inbox: deque[tuple[TaskHandle, Call[Any], Completable[Any]]] = deque()
+        self._calls: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
         self._wake_pending = False
 
     @property
@@ -96,7 +110,7 @@ class EventLoopThread:
         """The loop's thread, or None before the first ``submit``."""
         return self._thread
 
-    def submit(self, coro: Coroutine[Any, Any, Any], future: Any) -> TaskHandle:
+    def submit(self, coro: Call[R], future: Completable[R]) -> TaskHandle:
         """Run ``coro`` on the loop; complete ``future`` (a ``ResultFuture``) with its
         return value, or exceptionally with what it raised. Returns at once."""
         if self._loop is None:
@@ -107,7 +121,7 @@ class EventLoopThread:
         self._wake()
         return handle
 
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn(*args)`` on the loop thread soon, after every function handed over
         before it (from any thread; returns at once). An exception it raises goes to
         the loop's exception handler (logged) and does not stop the functions after it."""
@@ -122,7 +136,7 @@ class EventLoopThread:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._start_tasks)
 
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    def run(self, coro: Call[R]) -> R:
         """Run ``coro`` on the loop and block the calling thread until it finished;
         its return value, or raises what it raised (synchronous mode)."""
         if self._loop is None:
@@ -194,7 +208,7 @@ class EventLoopThread:
             loop.stop()
 
 
-async def _deliver(coro: Coroutine[Any, Any, Any], future: Any) -> None:
+async def _deliver(coro: Call[R], future: Completable[R]) -> None:
     """Await ``coro`` and hand its outcome to ``future`` (on the loop thread)."""
     try:
         results = await coro

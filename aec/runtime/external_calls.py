@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from time import monotonic
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from aec.errors import describe, qualified_name
+from aec.functions import BatchCalls
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from aec.runtime.batch_queue import BatchItem, BatchQueue
 from aec.runtime.batched_calls import BatchedCall, call_entered, deliver_to_calls
@@ -46,15 +47,22 @@ from aec.runtime.event_loop import EventLoopThread
 from aec.runtime.mailbox import Mailbox
 from aec.runtime.record_context import RecordContext
 from aec.state.future import _PENDING, StateFuture
+from aec.state.typevars import IN, OUT, T
+
+if TYPE_CHECKING:
+    from aec.runtime.controller import AsyncExecutionController
 
 __all__ = ["CallCompletion", "CallCompletions", "CallFuture", "ExternalCalls"]
+
+R = TypeVar("R")
 
 _NO_RETRY = NoRetry()
 _CLOSE_GRACE = 0.5  # seconds close() gives cancelled calls to unwind
 
 
-class CallFuture(StateFuture):
-    """The ``StateFuture`` of one external call: it may carry an exception.
+class CallFuture(StateFuture[T]):
+    """The ``StateFuture`` of one external call (of result ``T``): it may carry an
+    exception.
 
     ``await`` raises the call's exception inside the user's coroutine (which may
     catch it); a chained callback (``then_apply``, ...) or ``get()`` re-raises it,
@@ -66,44 +74,45 @@ class CallFuture(StateFuture):
     # callbacks ride on it
     callbacks_hold_record = False
 
-    def __init__(self, context: Any = None) -> None:
+    def __init__(self, context: RecordContext | None = None) -> None:
         super().__init__(context)
         self._error: BaseException | None = None
 
     def fail(self, error: BaseException) -> None:
         """Complete with ``error`` (engine use; mailbox thread)."""
         self._error = error
-        self.complete(None)
+        self.complete(None)  # type: ignore[arg-type]  # never read: get() raises the error
 
-    def settle(self, result: Any, error: BaseException | None) -> None:
+    def settle(self, result: T | None, error: BaseException | None) -> None:
         """Complete a future nothing is registered on yet with ``result`` or ``error``
-        (synchronous mode: the call ran before the future was returned)."""
+        (synchronous mode: the call ran before the future was returned; with an error,
+        ``result`` is None and never read)."""
         self._error = error
-        self._result = None if error is not None else result
+        self._result = None if error is not None else result  # type: ignore[assignment]
 
-    def get(self) -> Any:
+    def get(self) -> T:
         if self._error is not None:
             raise self._error
         return super().get()
 
-    def __await__(self) -> Generator[StateFuture, Any, Any]:
+    def __await__(self) -> Generator[StateFuture[T], T, T]:
         if self._result is _PENDING:
             yield self
         if self._error is not None:
             raise self._error
         return self._result
 
-    def then_apply(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_apply(self, fn: Callable[[T], R]) -> StateFuture[R]:
         return super().then_apply(self._checked(fn))
 
-    def then_accept(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_accept(self, fn: Callable[[T], object]) -> StateFuture[None]:
         return super().then_accept(self._checked(fn))
 
-    def then_compose(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_compose(self, fn: Callable[[T], object]) -> StateFuture[Any]:  # as StateFuture's
         return super().then_compose(self._checked(fn))
 
-    def _checked(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def run(result: Any) -> Any:
+    def _checked(self, fn: Callable[[T], R]) -> Callable[[T], R]:
+        def run(result: T) -> R:
             if self._error is not None:
                 raise self._error
             return fn(result)
@@ -117,15 +126,15 @@ class CallCompletion:
 
     __slots__ = ("future", "result", "error", "fatal", "_mailbox", "_posted")
 
-    def __init__(self, future: CallFuture, mailbox: Any) -> None:
-        self.future = future
-        self.result: Any = None
+    def __init__(self, future: CallFuture[Any], mailbox: Mailbox) -> None:
+        self.future = future  # of any result type: the call's outcome completes it
+        self.result: object = None
         self.error: BaseException | None = None
         self.fatal = False  # the error fails the job when the mail runs
         self._mailbox = mailbox
         self._posted = False
 
-    def complete(self, result: Any) -> None:
+    def complete(self, result: object) -> None:
         if self.settle(result, None, False):
             self._mailbox.post(self)
 
@@ -139,7 +148,7 @@ class CallCompletion:
         if self.settle(None, error, True):
             self._mailbox.post(self)
 
-    def settle(self, result: Any, error: BaseException | None, fatal: bool) -> bool:
+    def settle(self, result: object, error: BaseException | None, fatal: bool) -> bool:
         """Record the outcome without posting it; False if one was recorded before
         (the first wins). The caller posts it (``post_together``)."""
         if self._posted:
@@ -155,7 +164,7 @@ class CallCompletion:
         a batch call's results cost one hand-off, not one each."""
         self._mailbox.post(CallCompletions([self, *others]) if others else self)
 
-    def run(self, controller: Any) -> None:
+    def run(self, controller: AsyncExecutionController) -> None:
         """On the mailbox thread: complete the future, drop the call's reference.
 
         Raises the error of an ``abort``ed call (the job fails, rule 10)."""
@@ -173,12 +182,12 @@ class CallCompletion:
         controller.current = None
 
 
-class CallCompletions(list):  # type: ignore[type-arg]
+class CallCompletions(list[CallCompletion]):
     """Several settled ``CallCompletion``s handed over as one mail."""
 
     __slots__ = ()
 
-    def run(self, controller: Any) -> None:
+    def run(self, controller: AsyncExecutionController) -> None:
         for completion in self:
             completion.run(controller)
 
@@ -191,21 +200,21 @@ class ExternalCalls:
             current record, ``calls_in_flight``, ``synchronous``).
     """
 
-    def __init__(self, controller: Any) -> None:
+    def __init__(self, controller: AsyncExecutionController) -> None:
         self._controller = controller
         self._loop: EventLoopThread | None = None
         # id(Batcher) -> (the Batcher, kept so its id stays its own; its queue)
-        self._queues: dict[int, tuple[Any, BatchQueue]] = {}
+        self._queues: dict[int, tuple[BatchCalls[Any, Any], BatchQueue[BatchedCall]]] = {}
         self.calls = 0  # call_async calls started (metrics)
         self.batched_calls = 0  # call_batched calls started (metrics)
 
     def call(
         self,
-        fn: Any,
-        args: tuple[Any, ...],
-        timeout: Any = None,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[object, ...],
+        timeout: float | None = None,
         retry: RetryStrategy = _NO_RETRY,
-    ) -> CallFuture:
+    ) -> CallFuture[R]:
         """Start ``fn(*args)`` for the current record; see ``Context.call_async``.
 
         Raises TypeError (a non-callable ``fn``, a bad timeout or retry) or
@@ -219,7 +228,7 @@ class ExternalCalls:
         controller = self._controller
         loop = self._event_loop()
         self.calls += 1
-        future = CallFuture(context)
+        future: CallFuture[R] = CallFuture(context)
         coroutine = _call(fn, args, seconds, retry)
         if controller.synchronous:
             try:
@@ -235,11 +244,11 @@ class ExternalCalls:
 
     def call_batched(
         self,
-        batcher: Any,
-        arg: Any,
-        timeout: Any = None,
+        batcher: BatchCalls[IN, OUT],
+        arg: IN,
+        timeout: float | None = None,
         retry: RetryStrategy = _NO_RETRY,
-    ) -> CallFuture:
+    ) -> CallFuture[OUT]:
         """Hand ``arg`` to ``batcher``'s batch calls for the current record; see
         ``Context.call_batched``.
 
@@ -255,19 +264,18 @@ class ExternalCalls:
         controller = self._controller
         queue = self._queue(batcher) if known is None else known[1]
         self.batched_calls += 1
-        future = CallFuture(context)
+        future: CallFuture[OUT] = CallFuture(context)
         deadline = None if seconds is None else monotonic() + seconds
         if controller.synchronous:
             mailbox = Mailbox()
-            call = BatchedCall(
-                arg, CallCompletion(future, mailbox), queue, retry, seconds, deadline
-            )
-            queue.submit(cast(BatchItem, call.first))
+            # read below, not from the mail: the mail may hold it in a group of one
+            completion = CallCompletion(future, mailbox)
+            call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
+            queue.submit(cast("BatchItem[BatchedCall]", call.first))
             queue.flush()  # a batch of one: the mailbox thread waits for nothing else
             while not mailbox:
                 mailbox.wait(None)
-            completion = call.completion  # the mail may hold it in a group of one
-            future.settle(completion.result, completion.error)
+            future.settle(completion.result, completion.error)  # type: ignore[arg-type]
             if completion.fatal:
                 # a misused batch function fails the job even if the caller catches
                 # the error: its mail runs next on the operator's mailbox, as in async
@@ -278,11 +286,11 @@ class ExternalCalls:
         self._count_pending(context)
         completion = CallCompletion(future, controller.mailbox)
         call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
-        queue.submit(cast(BatchItem, call.first))
+        queue.submit(cast("BatchItem[BatchedCall]", call.first))
         return future
 
     @property
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, float]:
         """``call_async`` calls, ``call_batched`` calls, the batch calls they made, the
         arguments those carried and the largest batch (counters of this operator)."""
         queues = [queue for _, queue in self._queues.values()]
@@ -306,7 +314,7 @@ class ExternalCalls:
             loop.stop()
 
     # -- helpers ----------------------------------------------------------------------------
-    def _current_record(self, what: str) -> Any:
+    def _current_record(self, what: str) -> RecordContext:
         context = self._controller.current
         if context is None:
             raise RuntimeError(
@@ -325,7 +333,7 @@ class ExternalCalls:
             self._loop = EventLoopThread(grace=_CLOSE_GRACE, name="aec-call-loop")
         return self._loop
 
-    def _queue(self, batcher: Any) -> BatchQueue:
+    def _queue(self, batcher: BatchCalls[Any, Any]) -> BatchQueue[BatchedCall]:
         """The batch queue of ``batcher`` in this operator, made at its first call."""
         queue = BatchQueue(
             self._event_loop(), batcher.fn, batcher.max_batch_size, batcher.max_wait,
@@ -342,7 +350,7 @@ class ExternalCalls:
             queue.flush()
 
 
-def _check_batcher(batcher: Any) -> None:
+def _check_batcher(batcher: object) -> None:
     if not all(hasattr(batcher, name) for name in ("fn", "max_batch_size", "max_wait")):
         raise TypeError(
             f"call_batched takes an aec.async_io.Batcher(fn, max_batch_size=, max_wait=), "
@@ -351,8 +359,11 @@ def _check_batcher(batcher: Any) -> None:
 
 
 async def _call(
-    fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None, retry: RetryStrategy
-) -> Any:
+    fn: Callable[..., Awaitable[R]],
+    args: tuple[object, ...],
+    timeout: float | None,
+    retry: RetryStrategy,
+) -> R:
     """``fn(*args)`` with retries; ``timeout`` spans every attempt and backoff and
     cancels the running attempt (``TimeoutError``)."""
     if timeout is None:
@@ -361,7 +372,9 @@ async def _call(
         return await _attempts(fn, args, retry)
 
 
-async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], retry: RetryStrategy) -> Any:
+async def _attempts(
+    fn: Callable[..., Awaitable[R]], args: tuple[object, ...], retry: RetryStrategy
+) -> R:
     attempt = 0
     while True:
         attempt += 1

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aec.declare.program import DeclaredProgram
+from aec.functions import Context
 from aec.keygroups import KeyGroupRange
 from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.record_context import RecordContext
-from aec.state.future import StateFuture
+from aec.state.handles import Submit
 from aec.state.requests import DefaultedGet, StateRequest
 from aec.state.serialization import SAFE, Serializer
 
@@ -40,8 +40,8 @@ class StoredRequest:
 
     op: int
     state: str
-    user_key: Any
-    value: Any
+    user_key: object
+    value: object
     kind: str  # "" (a plain request) or "get" (a read with a default)
 
 
@@ -61,14 +61,14 @@ class CarriedRecord:
 
     key: Hashable
     key_group: int
-    value: Any
+    value: object
     timestamp: float | None
     sequence: int
     watermark: float
     processing_time: float
     started: bool = False
     next_step: str | None = None
-    variables: dict[str, Any] | None = None
+    variables: dict[str, object] | None = None
     requests: list[StoredRequest] = field(default_factory=list)
     awaited: int | None = None
 
@@ -199,8 +199,8 @@ def _started(
 def resume(
     record: ResumedRecord,
     program: DeclaredProgram,
-    submit: Callable[..., StateFuture],
-    ctx: Any,
+    submit: Submit,
+    ctx: Context,
 ) -> None:
     """The entry of a carried, started record: re-submit its requests in order (it
     is the running record), then let its run go on at its next step when the

@@ -21,9 +21,9 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable, Container, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Container, Hashable, Sequence
 from time import monotonic
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from aec.checkpoint import state_meta
 from aec.checkpoint.files import CheckpointHandle, OperatorState
@@ -70,7 +70,7 @@ from aec.runtime.record_context import RecordContext
 from aec.runtime.user_code import DeclaredEntryRunner, EntryRunner
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
-from aec.state.handles import make_handle
+from aec.state.handles import StateHandle, make_handle
 from aec.state.serialization import Serializer, resolve
 from aec.state.ttl import with_ttl
 
@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from aec.state.backend import StateBackend
 
 _KEY_GROUP_CACHE = 1 << 16  # keys whose group is remembered; cleared when full
+R = TypeVar("R")  # an external call's result
 
 
 class KeyedProcessOperator:
@@ -167,7 +168,7 @@ class KeyedProcessOperator:
         # once processing-time timers or TTL state are in use
         self._poll = self.clock.deterministic
         self._now = -math.inf  # last clock reading
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, StateHandle[Any]] = {}
         # states made in function.open(): what identifies the function in a checkpoint
         # (states made later on demand, e.g. a window trigger's, depend on the data seen)
         self.declared_states: list[str] = []
@@ -270,7 +271,7 @@ class KeyedProcessOperator:
         """
         self.process_fields(record.key, record.value, record.timestamp)
 
-    def process_fields(self, key: Hashable, value: Any, timestamp: float | None) -> None:
+    def process_fields(self, key: Hashable, value: object, timestamp: float | None) -> None:
         """``process(Record(key, value, timestamp))`` without building the Record (the
         Spark glue's per-row call); the same checks and errors.
 
@@ -328,7 +329,7 @@ class KeyedProcessOperator:
             )
         return key_group
 
-    def _offer(self, key: Hashable, value: Any, timestamp: float | None) -> bool:
+    def _offer(self, key: Hashable, value: object, timestamp: float | None) -> bool:
         """Offer a checked record to the function's bundle; True if it took it."""
         bundles = self._bundles
         assert bundles is not None
@@ -709,7 +710,7 @@ class KeyedProcessOperator:
         }
 
     # -- state and timers (called by handles and the timer service: OperatorHooks) --------------
-    def state_handle(self, descriptor: StateDescriptor) -> Any:
+    def state_handle(self, descriptor: StateDescriptor) -> StateHandle[Any]:
         if not isinstance(descriptor, StateDescriptor):
             raise TypeError(f"get_state takes a state descriptor, got {type(descriptor).__name__}")
         handle = self._handles.get(descriptor.name)
@@ -753,9 +754,9 @@ class KeyedProcessOperator:
         return self.timers.due(domain, until)
 
     def call_async(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None,
+        self, fn: Callable[..., Awaitable[R]], args: tuple[object, ...], timeout: float | None,
         retry: RetryStrategy,
-    ) -> StateFuture:  # fmt: skip
+    ) -> StateFuture[R]:  # fmt: skip
         """An external call of the running record (``Context.call_async``)."""
         return self.external_calls.call(fn, args, timeout, retry)
 
@@ -802,7 +803,7 @@ class KeyedProcessOperator:
             self._on_finished, (domain, timestamp), epoch.processing_time,
         )  # fmt: skip
 
-    def _bundle_context(self, key: Hashable, share: Any, records: int) -> BundleContext:
+    def _bundle_context(self, key: Hashable, share: object, records: int) -> BundleContext:
         """One key's fold of the bundle, in the open epoch."""
         self._sequence += 1
         return BundleContext(

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aec.checkpoint import files as checkpoint
 from aec.checkpoint import state_meta
@@ -22,7 +22,10 @@ from aec.runtime.operator_rescale import MergedCheckpoint, merge
 from aec.runtime.timers import TimerQueue
 
 if TYPE_CHECKING:
+    from aec.config import AecConfig
     from aec.state.backend import StateBackend
+    from aec.state.descriptors import StateDescriptor
+    from aec.state.serialization import Serializer
 
 HandleLike = CheckpointHandle | str | os.PathLike[str]
 
@@ -67,8 +70,8 @@ def read_checkpoints(
 
 def check_states(
     restored: Sequence[checkpoint.RestoredCheckpoint],
-    descriptors: Sequence[Any],
-    config: Any,
+    descriptors: Sequence[StateDescriptor],
+    config: AecConfig,
     backend: StateBackend,
 ) -> None:
     """Refuse checkpoints whose states the function (``descriptors``, made in
@@ -76,7 +79,7 @@ def check_states(
     name (ValueError naming it, before anything live changes); tell ``backend`` the
     serializer of stored states the function makes later, on demand."""
     live = state_meta.describe(descriptors, config)
-    later: dict[str, Any] = {}
+    later: dict[str, Serializer] = {}
     for item in restored:
         later.update(state_meta.check(item.state.states, live, config, item.handle.path))
     for name, serializer in later.items():
@@ -100,14 +103,14 @@ def restore_backend(
         ) from exc
 
 
-def _relocated(original: Any, local: str) -> Any:
+def _relocated(original: HandleLike, local: str) -> CheckpointHandle | str:
     """What ``files.read`` takes for ``original`` now at ``local`` (the id is kept)."""
     if isinstance(original, CheckpointHandle):
         return CheckpointHandle(original.checkpoint_id, local)
     return local
 
 
-def _named(original: Any, read: CheckpointHandle) -> CheckpointHandle:
+def _named(original: HandleLike, read: CheckpointHandle) -> CheckpointHandle:
     """The handle as the user knows it (its URI, not the download directory)."""
     if isinstance(original, CheckpointHandle):
         return original

@@ -28,8 +28,7 @@ Merge rules (``docs/checkpoints.md``):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
 
 from aec.checkpoint.files import OperatorState, RestoredCheckpoint
 from aec.keygroups import KeyGroupRange, key_group_for
@@ -134,10 +133,10 @@ def merge(
     )
 
 
-def _keeps(own: KeyGroupRange, max_parallelism: int) -> Any:
-    cache: dict[Any, bool] = {}
+def _keeps(own: KeyGroupRange, max_parallelism: int) -> Callable[[Hashable], bool]:
+    cache: dict[Hashable, bool] = {}
 
-    def keep(key: Any) -> bool:
+    def keep(key: Hashable) -> bool:
         kept = cache.get(key)
         if kept is None:
             kept = cache[key] = key_group_for(key, max_parallelism) in own

@@ -34,21 +34,21 @@ class OperatorOutput:
     __slots__ = ("_outputs", "_side", "_current", "records_out", "watermarks_out", "trace")
 
     def __init__(self, current: Callable[[], RecordContext | None]) -> None:
-        self._outputs: list[Any] = []
-        self._side: dict[Hashable, list[Any]] = {}
+        self._outputs: list[object] = []
+        self._side: dict[Hashable, list[object]] = {}
         self._current = current
         self.records_out = 0
         self.watermarks_out = 0
         self.trace: Trace | None = None
 
-    def emit(self, value: Any) -> None:
+    def emit(self, value: object) -> None:
         """``value`` downstream."""
         self.records_out += 1
         self._outputs.append(value)
         if self.trace is not None:
             self.trace.append(("out", self._current(), value))
 
-    def emit_side(self, tag: Hashable, value: Any) -> None:
+    def emit_side(self, tag: Hashable, value: object) -> None:
         """``value`` to the side output ``tag``."""
         if self.trace is not None:
             self.trace.append(("side", self._current(), (tag, value)))
@@ -70,12 +70,12 @@ class OperatorOutput:
         if self.trace is not None:
             self.trace.append(("watermark", None, element))
 
-    def drain(self) -> list[Any]:
+    def drain(self) -> list[object]:
         """Values and ``Watermark``s emitted since the last call, in emission order."""
         outputs, self._outputs = self._outputs, []
         return outputs
 
-    def drain_side(self) -> dict[Hashable, list[Any]]:
+    def drain_side(self) -> dict[Hashable, list[object]]:
         """Side outputs emitted since the last call: ``{tag: [value, ...]}``."""
         side, self._side = self._side, {}
         return side

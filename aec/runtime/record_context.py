@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from aec.runtime.epochs import Epoch
@@ -48,7 +48,7 @@ class RecordContext:
 
     def __init__(
         self,
-        value: Any,
+        value: object,
         key: Hashable,
         key_group: int,
         timestamp: float | None,

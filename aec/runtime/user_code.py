@@ -9,10 +9,10 @@ that future completes on the mailbox thread (no asyncio on the state path).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from functools import partial
 from types import CoroutineType
-from typing import Any, Protocol
+from typing import Protocol
 
 from aec.declare.program import DeclaredProgram
 from aec.errors import describe
@@ -21,6 +21,7 @@ from aec.runtime.bundle import Bundle, BundleContext
 from aec.runtime.in_flight import ResumedRecord, resume
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
+from aec.state.handles import Submit
 
 _AWAITABLES = (
     "async user code awaited {what}; process_element and on_timer may await only aec "
@@ -93,7 +94,7 @@ class EntryRunner:
                 f"{entry} returned {describe(result)}; return None, a StateFuture, or use async def"
             )
 
-    def drive(self, coroutine: Coroutine[Any, Any, Any], value: Any) -> None:
+    def drive(self, coroutine: Coroutine[object, object, object], value: object) -> None:
         """Advance an ``async def`` entry until it awaits a pending future."""
         try:
             awaited = coroutine.send(value)
@@ -133,7 +134,7 @@ class DeclaredEntryRunner(EntryRunner):
     def __init__(self, function: KeyedProcessFunction) -> None:
         super().__init__(function)
         self.program: DeclaredProgram
-        self.submit: Callable[..., StateFuture]
+        self.submit: Submit
 
     def run(self, record: RecordContext) -> None:
         timer = record.timer

@@ -4,28 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic
 
 from aec.state.serialization import Serializer, resolve
+from aec.state.typevars import ACC, IN, OUT, UK, UV, V
 
 
-class AggregateFunction:
-    """Incremental aggregation for ``AggregatingState`` (Flink's ``AggregateFunction``).
+class AggregateFunction(Generic[IN, ACC, OUT]):
+    """Incremental aggregation for ``AggregatingState`` (Flink's
+    ``AggregateFunction<IN, ACC, OUT>``): inputs ``IN`` fold into an accumulator
+    ``ACC`` whose result is ``OUT``.
 
     ``add`` and ``merge`` return the new accumulator (they may also mutate and
     return the given one).
     """
 
-    def create_accumulator(self) -> Any:
+    def create_accumulator(self) -> ACC:
         raise NotImplementedError
 
-    def add(self, value: Any, accumulator: Any) -> Any:
+    def add(self, value: IN, accumulator: ACC) -> ACC:
         raise NotImplementedError
 
-    def get_result(self, accumulator: Any) -> Any:
+    def get_result(self, accumulator: ACC) -> OUT:
         raise NotImplementedError
 
-    def merge(self, a: Any, b: Any) -> Any:
+    def merge(self, a: ACC, b: ACC) -> ACC:
         raise NotImplementedError
 
 
@@ -63,15 +66,17 @@ class StateDescriptor:
 
 
 @dataclass(frozen=True)
-class ValueStateDescriptor(StateDescriptor):
-    """A single value per key; ``default`` is what an absent value reads as."""
+class ValueStateDescriptor(StateDescriptor, Generic[V]):
+    """A single value ``V`` per key; ``default`` is what an absent value reads as
+    (None without one: declare ``ValueStateDescriptor[int | None]`` to have a type
+    checker see that)."""
 
-    default: Any = None
+    default: V | None = None
 
     def __init__(
         self,
         name: str,
-        default: Any = None,
+        default: V | None = None,
         ttl: float | None = None,
         *,
         serializer: str | Serializer | None = None,
@@ -84,25 +89,25 @@ class ValueStateDescriptor(StateDescriptor):
 
 
 @dataclass(frozen=True)
-class ListStateDescriptor(StateDescriptor):
-    """A list per key."""
+class ListStateDescriptor(StateDescriptor, Generic[V]):
+    """A list of ``V`` per key."""
 
 
 @dataclass(frozen=True)
-class MapStateDescriptor(StateDescriptor):
-    """A map (user key -> value) per key."""
+class MapStateDescriptor(StateDescriptor, Generic[UK, UV]):
+    """A map (user key ``UK`` -> value ``UV``) per key."""
 
 
 @dataclass(frozen=True)
-class ReducingStateDescriptor(StateDescriptor):
-    """A value per key folded with ``reduce_function(old, new) -> combined``."""
+class ReducingStateDescriptor(StateDescriptor, Generic[V]):
+    """A value ``V`` per key folded with ``reduce_function(old, new) -> combined``."""
 
-    reduce_function: Callable[[Any, Any], Any] = field(kw_only=True)  # set by __init__
+    reduce_function: Callable[[V, V], V] = field(kw_only=True)  # set by __init__
 
     def __init__(
         self,
         name: str,
-        reduce_function: Callable[[Any, Any], Any],
+        reduce_function: Callable[[V, V], V],
         ttl: float | None = None,
         *,
         serializer: str | Serializer | None = None,
@@ -117,15 +122,15 @@ class ReducingStateDescriptor(StateDescriptor):
 
 
 @dataclass(frozen=True)
-class AggregatingStateDescriptor(StateDescriptor):
-    """An accumulator per key driven by an ``AggregateFunction``."""
+class AggregatingStateDescriptor(StateDescriptor, Generic[IN, ACC, OUT]):
+    """An accumulator ``ACC`` per key driven by an ``AggregateFunction[IN, ACC, OUT]``."""
 
-    aggregate_function: AggregateFunction = field(kw_only=True)  # set by __init__
+    aggregate_function: AggregateFunction[IN, ACC, OUT] = field(kw_only=True)  # set by __init__
 
     def __init__(
         self,
         name: str,
-        aggregate_function: AggregateFunction,
+        aggregate_function: AggregateFunction[IN, ACC, OUT],
         ttl: float | None = None,
         *,
         serializer: str | Serializer | None = None,

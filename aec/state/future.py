@@ -20,9 +20,15 @@ attribute; the runtime reads nothing else of it.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import Any, Protocol
+from typing import Any, Final, Generic, Protocol, TypeVar, overload
 
-_PENDING = object()
+from aec.state.typevars import T
+
+R = TypeVar("R")  # what a chained function returns
+S = TypeVar("S")  # the other future's result (then_combine)
+
+# what ``_result`` holds until completion: typed as every T, compared by identity only
+_PENDING: Final[Any] = object()
 
 
 class Owner(Protocol):
@@ -36,8 +42,8 @@ class Owner(Protocol):
         """One thing less; at zero the record is finished."""
 
 
-class StateFuture:
-    """A value that a state access delivers later, on the mailbox thread.
+class StateFuture(Generic[T]):
+    """A value of type ``T`` that a state access delivers later, on the mailbox thread.
 
     Create futures through the state API or ``completed_future``; the engine
     completes them. Chaining methods follow Flink's ``StateFuture``; each returns
@@ -50,9 +56,10 @@ class StateFuture:
     # lets them ride on it
     callbacks_hold_record = True
 
-    def __init__(self, context: Owner | None = None, result: Any = _PENDING) -> None:
-        self._result: Any = result  # _PENDING until completed
-        self._callbacks: Any = None  # None, one callable, or a list of them
+    def __init__(self, context: Owner | None = None, result: T = _PENDING) -> None:
+        self._result: T = result  # _PENDING until completed
+        # None, one callable, or a list of them
+        self._callbacks: Callable[[T], object] | list[Callable[[T], object]] | None = None
         # engine side: the record whose reference count pending callbacks hold (None
         # for a future made outside a record until a coroutine awaits it: subscribe)
         self.context = context
@@ -62,7 +69,7 @@ class StateFuture:
         """True once completed."""
         return self._result is not _PENDING
 
-    def get(self) -> Any:
+    def get(self) -> T:
         """The result of a completed future. Raises RuntimeError while pending
         (use a callback, ``await``, or the blocking state API instead)."""
         if self._result is _PENDING:
@@ -75,7 +82,7 @@ class StateFuture:
         return f"<StateFuture done: {self._result!r}>"
 
     # -- engine side ---------------------------------------------------------------------
-    def complete(self, result: Any) -> None:
+    def complete(self, result: T) -> None:
         """Set the result and run the pending callbacks (engine use; mailbox thread).
 
         Raises RuntimeError if already complete; a callback's exception propagates.
@@ -89,7 +96,7 @@ class StateFuture:
         self._callbacks = None
         context = self.context if self.callbacks_hold_record else None
         if type(callbacks) is not list:  # one callback is stored bare: the common case
-            callbacks(result)
+            callbacks(result)  # type: ignore[operator]  # a callable: type() is no list
             if context is not None:
                 context.release()
             return
@@ -105,7 +112,7 @@ class StateFuture:
             return 0
         return len(callbacks) if type(callbacks) is list else 1
 
-    def subscribe(self, callback: Callable[[Any], None], context: Owner | None) -> bool:
+    def subscribe(self, callback: Callable[[T], object], context: Owner | None) -> bool:
         """Engine side (the coroutine driver): run ``callback(result)`` on completion,
         holding a reference on the future's record; a future made outside a record
         becomes ``context``'s (the record now waits for it). False, registering
@@ -117,14 +124,14 @@ class StateFuture:
         self._register(callback)
         return True
 
-    def on_complete(self, callback: Callable[[Any], None]) -> None:
+    def on_complete(self, callback: Callable[[T], object]) -> None:
         """Run ``callback(result)`` on completion, inline if already complete."""
         if self._result is not _PENDING:
             callback(self._result)
             return
         self._register(callback)
 
-    def _register(self, callback: Callable[[Any], None]) -> None:
+    def _register(self, callback: Callable[[T], object]) -> None:
         """Add ``callback`` to this pending future, holding a context reference."""
         context = self.context
         if context is not None and self.callbacks_hold_record:
@@ -135,45 +142,53 @@ class StateFuture:
         elif type(callbacks) is list:
             callbacks.append(callback)
         else:
-            self._callbacks = [callbacks, callback]
+            self._callbacks = [callbacks, callback]  # type: ignore[list-item]  # a callable
 
     # -- chaining (Flink's StateFuture API) ------------------------------------------------
-    def then_apply(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_apply(self, fn: Callable[[T], R]) -> StateFuture[R]:
         """A future of ``fn(result)``."""
         if self._result is not _PENDING:
             return _done(fn(self._result), self.context)
-        out = StateFuture(self.context)
+        out: StateFuture[R] = StateFuture(self.context)
 
-        def apply(r: Any) -> None:
+        def apply(r: T) -> None:
             out.complete(fn(r))
 
         self._register(apply)
         return out
 
-    def then_accept(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_accept(self, fn: Callable[[T], object]) -> StateFuture[None]:
         """Run ``fn(result)``; a future of None once it ran."""
         if self._result is not _PENDING:
             fn(self._result)
             return _DONE_NONE
-        out = StateFuture(self.context)
+        out: StateFuture[None] = StateFuture(self.context)
 
-        def run(r: Any) -> None:
+        def run(r: T) -> None:
             fn(r)
             out.complete(None)
 
         self._register(run)
         return out
 
-    def then_compose(self, fn: Callable[[Any], Any]) -> StateFuture:
+    # fn returns a future (the usual case), a future or None, or a plain value
+    @overload
+    def then_compose(self, fn: Callable[[T], StateFuture[R]]) -> StateFuture[R]: ...
+    @overload
+    def then_compose(self, fn: Callable[[T], StateFuture[R] | None]) -> StateFuture[R | None]: ...
+    @overload
+    def then_compose(self, fn: Callable[[T], StateFuture[R] | R]) -> StateFuture[R]: ...
+
+    def then_compose(self, fn: Callable[[T], object]) -> StateFuture[Any]:
         """A future of the result of the future ``fn(result)`` returns.
 
         A plain (non-future) return value is taken as an already-complete result.
         """
         if self._result is not _PENDING:
             return _as_future(fn(self._result), self.context)
-        out = StateFuture(self.context)
+        out: StateFuture[object] = StateFuture(self.context)
 
-        def forward(r: Any) -> None:
+        def forward(r: T) -> None:
             value = fn(r)
             if type(value) is StateFuture or isinstance(value, StateFuture):
                 result = value._result  # noqa: SLF001 (a StateFuture's own field, this class)
@@ -186,21 +201,21 @@ class StateFuture:
         self._register(forward)
         return out
 
-    def then_combine(self, other: StateFuture, fn: Callable[[Any, Any], Any]) -> StateFuture:
+    def then_combine(self, other: StateFuture[S], fn: Callable[[T, S], R]) -> StateFuture[R]:
         """A future of ``fn(self_result, other_result)`` once both are complete."""
         return self.then_compose(lambda a: other.then_apply(lambda b: fn(a, b)))
 
     def then_conditionally_apply(
         self,
-        condition: Callable[[Any], bool],
-        if_true: Callable[[Any], Any],
-        if_false: Callable[[Any], Any] | None = None,
-    ) -> StateFuture:
+        condition: Callable[[T], bool],
+        if_true: Callable[[T], R],
+        if_false: Callable[[T], R] | None = None,
+    ) -> StateFuture[tuple[bool, R | None]]:
         """A future of ``(flag, value)``: flag is ``condition(result)``; value is
         ``if_true(result)`` or ``if_false(result)`` (None without ``if_false``).
         As Flink's ``thenConditionallyApply`` (a ``Tuple2<Boolean, Object>``)."""
 
-        def branch(r: Any) -> tuple[bool, Any]:
+        def branch(r: T) -> tuple[bool, R | None]:
             if condition(r):
                 return True, if_true(r)
             return False, (if_false(r) if if_false is not None else None)
@@ -209,13 +224,13 @@ class StateFuture:
 
     def then_conditionally_accept(
         self,
-        condition: Callable[[Any], bool],
-        if_true: Callable[[Any], Any],
-        if_false: Callable[[Any], Any] | None = None,
-    ) -> StateFuture:
+        condition: Callable[[T], bool],
+        if_true: Callable[[T], object],
+        if_false: Callable[[T], object] | None = None,
+    ) -> StateFuture[None]:
         """Run ``if_true(result)`` or ``if_false(result)`` by ``condition``; a future of None."""
 
-        def branch(r: Any) -> None:
+        def branch(r: T) -> None:
             if condition(r):
                 if_true(r)
             elif if_false is not None:
@@ -225,14 +240,14 @@ class StateFuture:
 
     def then_conditionally_compose(
         self,
-        condition: Callable[[Any], bool],
-        if_true: Callable[[Any], Any],
-        if_false: Callable[[Any], Any] | None = None,
-    ) -> StateFuture:
+        condition: Callable[[T], bool],
+        if_true: Callable[[T], StateFuture[R] | R],
+        if_false: Callable[[T], StateFuture[R] | R] | None = None,
+    ) -> StateFuture[tuple[bool, R | None]]:
         """A future of ``(flag, value)`` where value is the result of the future
         the chosen branch returns (None without ``if_false``)."""
 
-        def branch(r: Any) -> StateFuture:
+        def branch(r: T) -> StateFuture[tuple[bool, R | None]]:
             if condition(r):
                 return _as_future(if_true(r), self.context).then_apply(lambda v: (True, v))
             if if_false is None:
@@ -241,7 +256,7 @@ class StateFuture:
 
         return self.then_compose(branch)
 
-    def __await__(self) -> Generator[StateFuture, Any, Any]:
+    def __await__(self) -> Generator[StateFuture[T], T, T]:
         """``await future`` inside ``async def`` user code; the engine drives the coroutine."""
         if self._result is _PENDING:
             return (yield self)
@@ -250,23 +265,29 @@ class StateFuture:
 
 # what a callback chained on a completed future returns when it has no value: a done
 # future holds no reference and takes no callback, so one serves every record
-_DONE_NONE = StateFuture(None, None)
+_DONE_NONE: StateFuture[None] = StateFuture(None, None)
 
 
-def _done(value: Any, context: Owner | None) -> StateFuture:
+def _done(value: R, context: Owner | None) -> StateFuture[R]:
     return StateFuture(context, value)
 
 
-def _as_future(value: Any, context: Owner | None) -> StateFuture:
+def _as_future(value: StateFuture[R] | R, context: Owner | None) -> StateFuture[R]:
     return value if isinstance(value, StateFuture) else StateFuture(context, value)
 
 
-def completed_future(value: Any = None) -> StateFuture:
+@overload
+def completed_future() -> StateFuture[None]: ...
+@overload
+def completed_future(value: R) -> StateFuture[R]: ...
+
+
+def completed_future(value: object = None) -> StateFuture[Any]:
     """A future already complete with ``value``."""
     return _done(value, None)
 
 
-def combine_all(futures: Iterable[StateFuture]) -> StateFuture:
+def combine_all(futures: Iterable[StateFuture[R]]) -> StateFuture[list[R]]:
     """A future of the list of results of ``futures``, in their order, once all are complete.
 
     Raises TypeError if an element is not a StateFuture.
@@ -282,10 +303,10 @@ def combine_all(futures: Iterable[StateFuture]) -> StateFuture:
             context = context or future.context
     if not pending:
         return _done([f.get() for f in futures], None)
-    out = StateFuture(context)
+    out: StateFuture[list[R]] = StateFuture(context)
     remaining = [pending]
 
-    def one_done(_: Any) -> None:
+    def one_done(_: object) -> None:
         remaining[0] -= 1
         if remaining[0] == 0:
             out.complete([f.get() for f in futures])

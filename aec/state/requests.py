@@ -10,7 +10,7 @@ backend that applies each batch in list order gives the sequential answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from aec.state.future import _PENDING, Owner, StateFuture
@@ -56,14 +56,14 @@ class Op:
     WRITES = frozenset({1, 2, 4, 5, 6, 7, 9, 10, 11, 15})
 
 
-def op_table(namespace: Mapping[str, Any]) -> tuple[Callable[..., Any], ...]:
+def op_table(namespace: Mapping[str, Any]) -> tuple[Callable[..., object], ...]:
     """A backend's handlers indexed by ``Op`` code, found by name in ``namespace``
     (the backend module's ``globals()``): ``_value_get`` for VALUE_GET and so on;
     VALUE_CLEAR, LIST_CLEAR and MAP_CLEAR fall back to ``_clear``.
 
     Raises LookupError naming every op without a handler.
     """
-    table: list[Callable[..., Any]] = []
+    table: list[Callable[..., object]] = []
     missing: list[str] = []
     for name in Op.NAMES:
         handler = namespace.get("_" + name.lower())
@@ -108,7 +108,7 @@ class StateRequest(StateFuture):
         self,
         op: int,
         state: str,
-        key: Any,
+        key: Hashable,
         key_group: int,
         user_key: Any = None,
         value: Any = None,

@@ -39,9 +39,11 @@ import pickle
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgpack
+
+from aec.state.typevars import V
 
 __all__ = [
     "PICKLE",
@@ -62,12 +64,13 @@ _new_ext = tuple.__new__  # ExtType(code, data) without its Python-level checks 
 _ExtType = msgpack.ExtType
 _FIRST_REGISTERED = 32  # extension codes below are the built-in types
 # registered types: class -> (code, to plain data); code -> from plain data
-_REGISTERED: dict[type, tuple[int, Callable[[Any], Any]]] = {}
-_REBUILD: dict[int, Callable[[Any], Any]] = {}
+_REGISTERED: dict[type, tuple[int, Callable[[Any], object]]] = {}
+_REBUILD: dict[int, Callable[[Any], object]] = {}
+C = TypeVar("C")
 
 
 def register_type(
-    cls: type, code: int, to_plain: Callable[[Any], Any], from_plain: Callable[[Any], Any]
+    cls: type[C], code: int, to_plain: Callable[[C], object], from_plain: Callable[[Any], C]
 ) -> None:
     """Let the safe serializer store instances of exactly ``cls``: as the plain data
     ``to_plain(value)`` returns, under msgpack extension code ``code``; decoding
@@ -87,8 +90,8 @@ def register_type(
     _REBUILD[code] = from_plain
 
 
-class Serializer(ABC):
-    """Turns state values into bytes and back.
+class Serializer(ABC, Generic[V]):
+    """Turns state values ``V`` into bytes and back.
 
     Attributes:
         name: recorded in checkpoints beside each state; a restore refuses a state
@@ -102,11 +105,11 @@ class Serializer(ABC):
     safe: bool = False
 
     @abstractmethod
-    def dumps(self, value: Any) -> bytes:
+    def dumps(self, value: V) -> bytes:
         """The bytes of ``value``. Raises TypeError for a value it cannot encode."""
 
     @abstractmethod
-    def loads(self, data: bytes) -> Any:
+    def loads(self, data: bytes) -> V:
         """The value of ``data``. Raises ValueError (or a subclass) for bytes ``dumps``
         cannot have produced."""
 
@@ -139,7 +142,7 @@ def _packer() -> msgpack.Packer:
     return msgpack.Packer(use_bin_type=True, strict_types=True, default=_default)
 
 
-def _pack_nested(value: Any) -> bytes:
+def _pack_nested(value: object) -> bytes:
     packers = _PACKERS
     depth = packers.depth
     nested = packers.nested
@@ -153,8 +156,9 @@ def _pack_nested(value: Any) -> bytes:
         packers.depth = depth
 
 
-def _default(value: Any) -> Any:
-    """Encodes what msgpack has no native type for, as an extension type."""
+def _default(value: Any) -> object:
+    """Encodes what msgpack has no native type for, as an extension type (``value``
+    is typed by the ``type()`` tests below)."""
     kind = type(value)
     if kind is tuple:
         return _new_ext(_ExtType, (_TUPLE, _pack_nested(list(value))))
@@ -196,7 +200,7 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
+def _ext_hook(code: int, data: bytes) -> object:
     if code == _TUPLE:
         return tuple(_unpack(data))
     if code == _BIGINT:
@@ -236,7 +240,7 @@ class MsgpackSerializer(Serializer):
     name = "msgpack"
     safe = True
 
-    def dumps(self, value: Any) -> bytes:
+    def dumps(self, value: object) -> bytes:
         packed: bytes = _PACKERS.top.pack(value)
         return packed
 
@@ -254,7 +258,7 @@ class PickleSerializer(Serializer):
     name = "pickle"
     safe = False
 
-    def dumps(self, value: Any) -> bytes:
+    def dumps(self, value: object) -> bytes:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
     def loads(self, data: bytes) -> Any:

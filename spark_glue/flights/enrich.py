@@ -43,7 +43,7 @@ from spark_glue.flights.functions import (
     ROTATIONS_SCHEMA,
     Rotations,
     _no_tailnum_row,
-    _rotation_row,
+    rotation_row,
 )
 from spark_glue.flights.service import (
     DEFAULT_ITEM_LATENCY,
@@ -97,7 +97,7 @@ class EnrichedRotations(Rotations):
             plane = await ctx.call_async(
                 self.client.plane, flight["tailnum"], timeout=CALL_TIMEOUT, retry=SERVICE_RETRY
             )
-        row = _rotation_row(flight, ctx.timestamp, previous)
+        row = rotation_row(flight, ctx.timestamp, previous)
         plane = plane or {}
         row.update(
             manufacturer=plane.get("manufacturer"),
