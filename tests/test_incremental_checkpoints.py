@@ -94,7 +94,7 @@ def stored(server, bucket: str, prefix: str) -> list[str]:
 def check_no_garbage(server, bucket: str, prefix: str) -> None:
     """Every stored file belongs to a committed checkpoint or is referenced by one, and
     every reference exists (pyarrow's empty directory markers, ``.../``, are no files)."""
-    keys = set(stored(server, bucket, prefix + "/"))
+    keys = {k for k in stored(server, bucket, prefix + "/") if "/chk-" in k}
     committed = {int(k.split("/")[-2][4:]) for k in keys if k.endswith("/MANIFEST.json")}
     used = set()
     for checkpoint_id in committed:
@@ -333,3 +333,49 @@ def test_micro_batches_restore_the_live_state_on_every_backend(s3, tmp_path, req
     if kind == "redis":
         live.clear()
     live.close()
+
+
+def test_a_stream_partition_keeps_the_configured_checkpoints_on_s3(s3, tmp_path):
+    """``process_keyed_stream``'s task (without Spark): RocksDB micro-batches restore
+    the previous checkpoint from S3, snapshot, and keep ``checkpoints_retained``."""
+    import uuid
+
+    import cloudpickle
+    from pyspark.sql import types as T
+    from test_stream import RunningCount, _expected_per_key, _rows, _run_task
+
+    from backends.rocksdb import RocksDBSpec
+    from spark_glue.partition import PartitionJob
+    from spark_glue.raw_frame import RawLayout
+    from spark_glue.stream_state import StateStore
+    from spark_glue.stream_task import StreamTask
+
+    server, bucket = s3
+    main = T.StructType(
+        [T.StructField("k", T.StringType())]
+        + [T.StructField(name, T.LongType()) for name in ("seq", "count", "total")]
+    )
+    config = AecConfig(checkpoints_retained=3)
+    job = PartitionJob(cloudpickle.dumps(RunningCount()), RocksDBSpec(str(tmp_path / "db")),
+                       config, ["k"], None, 0.0, 1000, RawLayout.build(main, {}), partitions=1)  # fmt: skip
+    state = StateStore(f"s3://{bucket}/stream", 128)
+    task = StreamTask(job, state, uuid.uuid4().hex, keep=False)
+    own = state.partition(0, 1)
+    steps = [_rows(20 * b, 20, 40 + b) for b in range(6)]
+    got: dict[str, list[tuple]] = {}
+    for batch_id, rows in enumerate(steps):
+        latest = own.latest()
+        out, _ = _run_task(task, batch_id, rows, [latest] if latest else [])
+        for k, seq, count, total in out:
+            got.setdefault(k, []).append((seq, count, total))
+        assert own.checkpoint_ids() == list(range(max(0, batch_id - 2), batch_id + 1))
+        check_no_garbage(server, bucket, "stream/partition-0-of-1")
+        marks = [k for k in server.list_keys(bucket, "stream/") if "watermarks-" in k]
+        assert len(marks) == min(batch_id + 1, 3)  # pruned with their checkpoints
+    assert got == _expected_per_key([r for step in steps for r in step])
+
+
+def test_retained_checkpoints_are_at_least_two():
+    with pytest.raises(ValueError, match="checkpoints_retained"):
+        AecConfig(checkpoints_retained=1)
+    assert AecConfig().checkpoints_retained == 2

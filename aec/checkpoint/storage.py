@@ -212,7 +212,16 @@ class CheckpointStore:
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint_ids(self, complete: bool = True) -> list[int]:
         """Ids of the ``chk-<id>`` directories, ascending; with ``complete`` only those
-        with a manifest (the committed ones)."""
+        with a manifest (the committed ones). An object store answers with one listing."""
+        if complete and not self.local:
+            found = {
+                int(path[4 : -len(MANIFEST) - 1])
+                for path in self.stored_files()
+                if path.startswith("chk-")
+                and path.endswith(f"/{MANIFEST}")
+                and path[4 : -len(MANIFEST) - 1].isdigit()
+            }
+            return sorted(found)
         ids = []
         for name in self.list_names():
             number = name[4:] if name.startswith("chk-") else ""
