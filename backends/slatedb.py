@@ -24,6 +24,12 @@ write of the same key in the batch see the write), and its writes go out as one
 SlateDB ``WriteBatch`` without waiting for durability. Batches of concurrent I/O
 threads interleave on the loop (they never share a key).
 
+TTL state (``aec.state.ttl_cleanup``): SlateDB's own TTL runs on the wall clock, not
+on the operator's processing time, so expired entries are removed by a sweep: a
+batch whose requests earned one first scans each TTL state on from a cursor key and
+deletes (or rewrites, a list) the expired rows in one ``WriteBatch``, alone
+(``backends.sweep_gate``: concurrent batches wait, and it waits for them).
+
 Durability: ``flush()`` (called by the engine at drain) flushes the WAL to the
 object store and raises if that fails, so every write acknowledged before it
 survives a crash; SlateDB also flushes its WAL on its own every
@@ -72,6 +78,7 @@ from slatedb import uniffi as sdb
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, prune
 from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
@@ -99,6 +106,7 @@ from backends.slatedb_store import (
     wipe_states,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
+from backends.sweep_gate import SweepGate
 
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
@@ -192,6 +200,7 @@ class SlateDBBackend(StateBackend):
         self._state_prefixes: dict[str, bytes] = {}
         self._wipe_pending = False  # ``fresh``: the wipe waits for the first use
         self._wipe_lock = threading.Lock()
+        self._gate = SweepGate()  # TTL sweeps never overlap a batch
 
     def __repr__(self) -> str:
         return f"SlateDBBackend({self.url!r}, {self.path!r})"
@@ -333,7 +342,45 @@ class SlateDBBackend(StateBackend):
         return prefix
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        self._call(execute(self._ready_db(), requests, self._state_prefix, self.serializers.of))
+        db = self._ready_db()
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if cleanup is None:
+            self._call(execute(db, requests, self._state_prefix, self.serializers.of))
+            return
+        budget = cleanup.charge(len(requests))
+        if budget:
+            with self._gate.sweep() as alone:
+                if alone:
+                    cleanup.sweep(budget, self._sweep_step)
+        with self._gate.batch():
+            self._call(execute(db, requests, self._state_prefix, self.serializers.of))
+
+    def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
+        """``TtlCleanup.sweep``'s step: scan ``state`` past the key ``cursor`` (None:
+        from its start), up to ``limit`` rows, and remove (or rewrite, a list) what
+        expired, in one ``WriteBatch``. A map entry is a row of its own."""
+        db = self._ready_db()
+        rows = self._call(scan(db, self._state_prefix(state.name), cursor, limit))
+        serializer = self.serializers.of(state.name)
+        kind = "list" if state.kind == "list" else "value"
+        batch, changed = sdb.WriteBatch(), False
+        for db_key, raw in rows:
+            stored = serializer.loads(raw)
+            alive = prune(kind, stored, now)
+            if alive is None:
+                batch.delete(db_key)
+            elif alive is not stored:
+                batch.put(db_key, serializer.dumps(alive))
+            else:
+                continue
+            changed = True
+        if changed:
+            self._call(_write(db, batch))
+        return len(rows), (rows[-1][0] if len(rows) == limit else None)
+
+    def stored_entries(self, state: str) -> int:
+        """Rows of ``state`` (a map entry is one), expired ones not removed yet included."""
+        return len(self._call(scan(self._ready_db(), self._state_prefix(state))))
 
     # snapshots
 
@@ -404,6 +451,7 @@ class SlateDBBackend(StateBackend):
                 return
             self._call(restore_union(db, sources, key_groups))
             self._wipe_pending = False
+            self.ttl_cleanup.restart()
 
     def _at_checkpoint(
         self, db: Any, manifests: list[dict[str, Any]], key_groups: KeyGroupRange | None
@@ -443,7 +491,11 @@ class SlateDBBackend(StateBackend):
                 items.setdefault(key, {})[decode_key(user_key)] = loads(raw)
             else:
                 items[key] = loads(raw)
-        return items
+        return self.ttl_cleanup.visible(state, items)
+
+
+async def _write(db: Any, batch: Any) -> None:
+    await db.write(batch)
 
 
 async def _shutdown(db: Any) -> None:
