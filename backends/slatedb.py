@@ -26,7 +26,7 @@ threads interleave on the loop (they never share a key).
 
 TTL state (``aec.state.ttl_cleanup``): SlateDB's own TTL runs on the wall clock, not
 on the operator's processing time, so expired entries are removed by a sweep: a
-batch whose requests earned one first scans each TTL state on from a cursor key and
+batch whose writes earned one first scans each TTL state on from a cursor key and
 deletes (or rewrites, a list) the expired rows in one ``WriteBatch``, alone
 (``backends.sweep_gate``: concurrent batches wait, and it waits for them).
 
@@ -78,7 +78,8 @@ from slatedb import uniffi as sdb
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
-from aec.state.ttl_cleanup import TtlCleanup, TtlState, prune
+from aec.state.serialization import Serializer
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, expired, prune, writes_in
 from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
@@ -107,6 +108,7 @@ from backends.slatedb_store import (
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
 from backends.sweep_gate import SweepGate
+from backends.ttl_codec import TtlPairs, stored_codec
 
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
@@ -345,15 +347,20 @@ class SlateDBBackend(StateBackend):
         db = self._ready_db()
         cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
         if cleanup is None:
-            self._call(execute(db, requests, self._state_prefix, self.serializers.of))
+            self._call(execute(db, requests, self._state_prefix, self._codec))
             return
-        budget = cleanup.charge(len(requests))
+        budget = cleanup.charge(writes_in(requests))
         if budget:
             with self._gate.sweep() as alone:
                 if alone:
                     cleanup.sweep(budget, self._sweep_step)
         with self._gate.batch():
-            self._call(execute(db, requests, self._state_prefix, self.serializers.of))
+            self._call(execute(db, requests, self._state_prefix, self._codec))
+
+    def _codec(self, state: str) -> Serializer:
+        """How ``state``'s values are stored: its serializer, or ``TtlPairs`` over it for
+        a TTL state's pairs (``backends.ttl_codec``)."""
+        return stored_codec(self.serializers.of(state), self.ttl_cleanup.kind(state))
 
     def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
         """``TtlCleanup.sweep``'s step: scan ``state`` past the key ``cursor`` (None:
@@ -361,10 +368,17 @@ class SlateDBBackend(StateBackend):
         expired, in one ``WriteBatch``. A map entry is a row of its own."""
         db = self._ready_db()
         rows = self._call(scan(db, self._state_prefix(state.name), cursor, limit))
-        serializer = self.serializers.of(state.name)
+        serializer = self._codec(state.name)
+        pairs = serializer if isinstance(serializer, TtlPairs) else None
         kind = "list" if state.kind == "list" else "value"
         batch, changed = sdb.WriteBatch(), False
         for db_key, raw in rows:
+            expiry = None if pairs is None else pairs.expiry(raw)
+            if expiry is not None:  # a pair: its expiry without decoding its value
+                if expired(expiry, now):
+                    batch.delete(db_key)
+                    changed = True
+                continue
             stored = serializer.loads(raw)
             alive = prune(kind, stored, now)
             if alive is None:
@@ -484,7 +498,7 @@ class SlateDBBackend(StateBackend):
         rows = self._call(scan(self._ready_db(), prefix))
         items: dict[Any, Any] = {}
         skip = len(prefix)
-        loads = self.serializers.of(state).loads
+        loads = self._codec(state).loads
         for db_key, raw in rows:
             key, user_key = split_db_key(db_key[skip:])
             if user_key:

@@ -75,14 +75,15 @@ def test_prune_keeps_what_is_alive_and_the_same_object_when_nothing_expired():
     assert prune("map", entries, 7.0) is None
 
 
-def test_a_round_waits_until_time_moves_on_and_budgets_come_from_requests(monkeypatch):
+def test_a_round_waits_until_time_moves_on_and_budgets_come_from_writes(monkeypatch):
     monkeypatch.setattr(ttl_cleanup, "SWEEP_CHUNK", 8)
+    monkeypatch.setattr(ttl_cleanup, "CLEANUP_SIZE", 4)
     cleanup = TtlCleanup()
     assert cleanup.charge(100) == 0  # no TTL state
     cleanup.register("s", 5.0, "value")
     assert cleanup.charge(100) == 0  # no expire() yet: nothing may go
     cleanup.advance(3.0)
-    assert cleanup.charge(1) == 0 and cleanup.charge(1) == 8  # 4 entries per request
+    assert cleanup.charge(1) == 0 and cleanup.charge(1) == 8  # 4 entries per write
     calls = []
 
     def step(state, cursor, limit, now):
@@ -198,7 +199,8 @@ def test_ttl_state_of_ever_new_keys_stays_bounded(kind, state_kind, tmp_path):
         assert sorted(visible) == list(range(records - live, records))
     assert found["never"] == records  # without cleanup every key stays
     # c / (c - 1) times the live keys, plus a sweep chunk's worth of slack
-    assert found["default"] <= live * 4 / 3 + ttl_cleanup.SWEEP_CHUNK, found
+    c = ttl_cleanup.CLEANUP_SIZE
+    assert found["default"] <= live * c / (c - 1) + ttl_cleanup.SWEEP_CHUNK, found
 
 
 def test_a_restored_memory_base_is_swept_too(tmp_path):

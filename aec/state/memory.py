@@ -14,7 +14,7 @@ from aec.state.memory_changelog import Changelog
 from aec.state.memory_segments import LazyBase
 from aec.state.requests import Op, StateRequest, op_table
 from aec.state.serialization import StateSerializers
-from aec.state.ttl_cleanup import TtlCleanup, TtlState, prune
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, alive, prune
 
 _WRITES = Op.WRITES
 
@@ -40,7 +40,7 @@ class MemoryBackend(StateBackend):
     time a request touches one of its keys (``state_items`` and a new base merge
     them all). A corrupt segment fails the batch that reads it (``ValueError``).
 
-    TTL state (``aec.state.ttl_cleanup``): before a batch whose requests earned a
+    TTL state (``aec.state.ttl_cleanup``): after a batch whose writes earned a
     sweep, expired entries are removed from a copy of each TTL state's key list,
     continued from batch to batch (removals go into the next snapshot's delta like
     any write); segments of a restored base not merged yet are merged as the sweep
@@ -57,14 +57,12 @@ class MemoryBackend(StateBackend):
         self._lazy: LazyBase | None = None  # base segments of a restore not merged yet
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
-        if cleanup is not None and (budget := cleanup.charge(len(requests))):
-            self._sweep(cleanup, budget)
         if self._lazy is not None:
             self._lazy.load_keys([request.key for request in requests], self._tables)
             self._settle()
         tables = self._tables
         dirty = self._changelog.dirty
+        writes = 0
         for request in requests:
             table = tables.get(request.state)
             if table is None:
@@ -73,6 +71,10 @@ class MemoryBackend(StateBackend):
             _APPLY[op](table, request)
             if op in _WRITES:
                 dirty.add((request.state, request.key))
+                writes += 1
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if writes and cleanup is not None and (budget := cleanup.charge(writes)):
+            self._sweep(cleanup, budget)
 
     def _sweep(self, cleanup: TtlCleanup, budget: int) -> None:
         """Remove expired TTL entries, ``budget`` entries examined at most."""
@@ -91,19 +93,21 @@ class MemoryBackend(StateBackend):
             cursor = [list(table), 0]
         keys, start = cursor
         end = min(len(keys), start + limit)
-        kind, name, dirty = state.kind, state.name, self._changelog.dirty
-        for key in islice(keys, start, end):
-            stored = table.get(key)
-            if stored is None:
-                continue
-            alive = prune(kind, stored, now)
-            if alive is stored:
-                continue
-            if alive is None:
+        get, kind, name, dirty = table.get, state.kind, state.name, self._changelog.dirty
+        if kind == "value":  # most TTL state: a pair per key, dropped whole
+            for key in [k for k in islice(keys, start, end) if (p := get(k)) and not alive(p, now)]:
                 del table[key]
-            else:
-                table[key] = alive
-            dirty.add((name, key))
+                dirty.add((name, key))
+        else:
+            for key in islice(keys, start, end):
+                stored = get(key)
+                if stored is None or (kept := prune(kind, stored, now)) is stored:
+                    continue
+                if kept is None:
+                    del table[key]
+                else:
+                    table[key] = kept
+                dirty.add((name, key))
         cursor[1] = end
         return end - start, (cursor if end < len(keys) else None)
 

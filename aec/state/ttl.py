@@ -30,6 +30,7 @@ from aec.state.handles import (
     handle_class,
 )
 from aec.state.requests import Op, RmwRead, RmwWrite, StateRequest
+from aec.state.ttl_cleanup import alive
 
 
 class _Ttl:
@@ -45,7 +46,21 @@ class _Ttl:
         return (value, self.now() + self.ttl)
 
     def alive(self, pair: Any) -> bool:
-        return pair is not None and pair[1] > self.now()
+        return pair is not None and alive(pair, self.now())
+
+
+class TtlGet(StateRequest):
+    """A VALUE_GET or MAP_GET of TTL state whose future completes with the stored
+    value when it is alive, else with the default: ``value`` is ``(default, now)``,
+    ``now`` the record's processing time (taken when it asked). No extra future per
+    read (``aec.state.requests.DefaultedGet`` does the same for defaults)."""
+
+    __slots__ = ()
+
+    def resolve(self) -> None:
+        pair = self.result
+        default, now = self.value
+        self.complete(pair[0] if pair is not None and alive(pair, now) else default)
 
 
 class _Expiring:
@@ -63,10 +78,8 @@ class TtlValueState(_Expiring, ValueState):
     __slots__ = ("_ttl",)
 
     def async_value(self) -> StateFuture:
-        default, ttl = self.descriptor.default, self._ttl
-        return self._submit(Op.VALUE_GET, self._name, None, None).then_apply(
-            lambda pair: pair[0] if ttl.alive(pair) else default
-        )
+        asked = (self.descriptor.default, self._ttl.now())
+        return self._submit(Op.VALUE_GET, self._name, None, asked, TtlGet)
 
     def async_update(self, value: Any) -> StateFuture:
         stored = None if value is None else self._ttl.stamp(value)
@@ -98,10 +111,7 @@ class TtlMapState(_Expiring, MapState):
     __slots__ = ("_ttl",)
 
     def async_get(self, user_key: Any) -> StateFuture:
-        ttl = self._ttl
-        return self._submit(Op.MAP_GET, self._name, user_key, None).then_apply(
-            lambda pair: pair[0] if ttl.alive(pair) else None
-        )
+        return self._submit(Op.MAP_GET, self._name, user_key, (None, self._ttl.now()), TtlGet)
 
     def async_put(self, user_key: Any, value: Any) -> StateFuture:
         return self._submit(Op.MAP_PUT, self._name, user_key, self._ttl.stamp(value))

@@ -12,19 +12,19 @@ their own, in the background of the batches they run:
   has finished, and later ones arrived after it) and after a checkpoint's drain.
   An entry that expired at or before ``now`` could never be returned again, so
   removing it changes no answer: the sync and async runs still agree.
-- **How much.** As Flink's ``cleanupIncrementally(cleanupSize)``, each state
+- **How much.** As Flink's ``cleanupIncrementally(cleanupSize)``, each write
   request lets the backend examine ``CLEANUP_SIZE`` stored entries; the credit
   accumulates and a sweep runs once it reaches ``SWEEP_CHUNK`` entries (so a
   batch of one request does not pay a sweep's fixed cost). Each TTL state has a
   cursor that continues where the last sweep stopped: a round examines every
   entry once, and a new round starts only after ``now`` moved past the time the
   last round used (before that, nothing new can have expired).
-- **The bound.** Each request adds at most one entry (a new key, list element or
-  map entry) and lets ``CLEANUP_SIZE`` (c) be examined, so with c >= 2 a round over
-  S stored entries takes at most S / c requests, and an entry is removed at most
-  one round after it expired: S <= live + S / c, so the stored state stays within
-  c / (c - 1) times the live state (4/3 with c = 4), plus what expires while ``now``
-  does not advance.
+- **The bound.** A write adds at most one entry (a new key, list element or map
+  entry; ``put_all``/``add_all`` aside) and lets ``CLEANUP_SIZE`` (c) be examined, so
+  a round over S stored entries takes at most S / c writes, and an entry is
+  removed at most one round after it expired: S <= live + S / c, so the stored
+  state stays within c / (c - 1) times the live state (1.5x with c = 3), plus what
+  expires while ``now`` does not advance.
 
 Which backend sweeps how: MemoryBackend walks a copy of each TTL state's key list,
 RocksDB and SlateDB scan their key ranges from a cursor key (one ``WriteBatch`` of
@@ -36,12 +36,13 @@ then are left out whether or not a sweep removed them yet.
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from aec.state.requests import Op, StateRequest
+
 KINDS = ("value", "list", "map")
-CLEANUP_SIZE = 4  # stored entries examined per state request (Flink's cleanupSize)
+CLEANUP_SIZE = 3  # stored entries examined per write request (Flink's cleanupSize)
 SWEEP_CHUNK = 256  # the credit, in entries, at which a sweep runs
 
 
@@ -55,6 +56,17 @@ class TtlState(NamedTuple):
     kind: str
 
 
+def expired(expiry: float, now: float) -> bool:
+    """Whether an entry with this expiry has expired at processing time ``now``: at
+    its expiry it has. The one rule every read and every sweep applies."""
+    return expiry <= now
+
+
+def alive(pair: Any, now: float) -> bool:
+    """Whether a stored ``(value, expiry)`` pair is alive at ``now`` (``expired``)."""
+    return not expired(pair[1], now)
+
+
 def prune(kind: str, stored: Any, now: float) -> Any:
     """What remains at processing time ``now`` of a TTL state's stored value of one
     key: ``stored`` itself when nothing in it expired, a new list or dict of the
@@ -63,12 +75,18 @@ def prune(kind: str, stored: Any, now: float) -> Any:
     list of pairs), ``"map"`` (a dict of pairs). An entry is expired when its expiry
     is at or before ``now`` (``aec.state.ttl``: alive while ``expiry > now``)."""
     if kind == "value":
-        return None if stored[1] <= now else stored
+        return stored if alive(stored, now) else None
     if kind == "list":
-        alive = [pair for pair in stored if pair[1] > now]
-        return stored if len(alive) == len(stored) else (alive or None)
-    alive_map = {key: pair for key, pair in stored.items() if pair[1] > now}
-    return stored if len(alive_map) == len(stored) else (alive_map or None)
+        kept = [pair for pair in stored if alive(pair, now)]
+        return stored if len(kept) == len(stored) else (kept or None)
+    entries = {key: pair for key, pair in stored.items() if alive(pair, now)}
+    return stored if len(entries) == len(stored) else (entries or None)
+
+
+def writes_in(requests: Sequence[StateRequest]) -> int:
+    """How many of ``requests`` write (what ``TtlCleanup.charge`` credits)."""
+    writes = Op.WRITES
+    return sum(1 for request in requests if request.op in writes)
 
 
 # (state, cursor, limit, now) -> (entries examined, the next cursor; None: the round ended)
@@ -90,7 +108,6 @@ class TtlCleanup:
         self._credit = 0
         self._cursors: dict[str, Any] = {}  # state -> where its round goes on
         self._rounds: dict[str, float] = {}  # state -> ``now`` of its last full round
-        self._lock = threading.Lock()  # credit: batches of several I/O threads
 
     def register(self, name: str, ttl: float, kind: str) -> None:
         """State ``name`` is stored with expiry times (``TtlState``).
@@ -112,17 +129,18 @@ class TtlCleanup:
         found = self.states.get(state)
         return None if found is None else found.kind
 
-    def charge(self, requests: int) -> int:
-        """Credit ``requests`` state requests; the entries to examine now (0: no sweep
-        yet: no TTL state, nothing may expire yet, or too little credit)."""
+    def charge(self, writes: int) -> int:
+        """Credit ``writes`` write requests; the entries to examine now (0: no sweep
+        yet: no TTL state, nothing may expire yet, or too little credit). Lock-free:
+        a credit lost to a race between I/O threads only delays a sweep."""
         if not self.states or self.now == -math.inf:
             return 0
-        with self._lock:
-            self._credit += CLEANUP_SIZE * requests
-            if self._credit < SWEEP_CHUNK:
-                return 0
-            budget, self._credit = self._credit, 0
-        return budget
+        credit = self._credit + CLEANUP_SIZE * writes
+        if credit < SWEEP_CHUNK:
+            self._credit = credit
+            return 0
+        self._credit = 0
+        return credit
 
     def sweep(self, budget: int, step: Step) -> int:
         """Examine up to ``budget`` entries, state after state, each from its cursor:
