@@ -203,6 +203,7 @@ class SlateDBBackend(StateBackend):
         self._wipe_pending = False  # ``fresh``: the wipe waits for the first use
         self._wipe_lock = threading.Lock()
         self._gate = SweepGate()  # TTL sweeps never overlap a batch
+        self._codecs: dict[str, Serializer] = {}  # state -> how its values are stored
 
     def __repr__(self) -> str:
         return f"SlateDBBackend({self.url!r}, {self.path!r})"
@@ -359,8 +360,20 @@ class SlateDBBackend(StateBackend):
 
     def _codec(self, state: str) -> Serializer:
         """How ``state``'s values are stored: its serializer, or ``TtlPairs`` over it for
-        a TTL state's pairs (``backends.ttl_codec``)."""
-        return stored_codec(self.serializers.of(state), self.ttl_cleanup.kind(state))
+        a TTL state's pairs (``backends.ttl_codec``); remembered per state."""
+        codec = self._codecs.get(state)
+        if codec is None:
+            codec = stored_codec(self.serializers.of(state), self.ttl_cleanup.kind(state))
+            self._codecs[state] = codec
+        return codec
+
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        super().register_state(name, serializer)
+        self._codecs.pop(name, None)
+
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        super().register_ttl(name, ttl, kind)
+        self._codecs.pop(name, None)
 
     def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
         """``TtlCleanup.sweep``'s step: scan ``state`` past the key ``cursor`` (None:
