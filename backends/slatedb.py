@@ -159,6 +159,7 @@ class SlateDBBackend(StateBackend):
     """
 
     blocking = True
+    ttl_sweep_chunk = 4096  # a sweep's scan and write are loop round trips, and it waits for batches
 
     def __init__(
         self,

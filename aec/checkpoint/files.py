@@ -15,7 +15,9 @@ checkpoint ``n`` under ``directory``::
         in-flight.msgpack  records a checkpoint that did not drain carries (only then)
         operator.json   watermark, clock reading, epoch, states, counters, config, ...
         MANIFEST.hmac   HMAC-SHA256 of the manifest (with AEC_CHECKPOINT_KEY set)
-        MANIFEST.json   every other file: size and SHA-256; written last
+        MANIFEST.json   every other file: size and SHA-256; written last (on an
+                        object store a backend file may be a reference to where an
+                        earlier checkpoint stored it: ``aec.checkpoint.shared``)
 
 Invariants:
 - A directory named ``chk-<n>`` exists only complete: files are written into

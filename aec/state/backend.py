@@ -43,6 +43,8 @@ class StateBackend(ABC):
             run at once (a hot key's next record) joins the records' batch when
             other records have requests waiting; False (a dict in memory) runs
             such requests at once. Default True.
+        ttl_sweep_chunk: the fewest entries a TTL sweep examines (its fixed cost is
+            spread over them); 0: ``aec.state.ttl_cleanup.SWEEP_CHUNK``.
 
     Values are stored with the serializer each state is registered with
     (``register_state``; ``aec.state.serialization``); a state never registered
@@ -56,6 +58,7 @@ class StateBackend(ABC):
 
     blocking: bool = True
     prefers_batches: bool = True
+    ttl_sweep_chunk: int = 0  # entries a TTL sweep takes at least (0: the default)
 
     def open(self) -> None:
         """Acquire resources; called once before the first batch."""
@@ -84,7 +87,7 @@ class StateBackend(ABC):
         """The TTL states and how far their expired entries may go (made on first use)."""
         found: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
         if found is None:
-            found = self.__dict__["_ttl_cleanup"] = TtlCleanup()
+            found = self.__dict__["_ttl_cleanup"] = TtlCleanup(self.ttl_sweep_chunk)
         return found
 
     def register_ttl(self, name: str, ttl: float, kind: str) -> None:

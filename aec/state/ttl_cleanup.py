@@ -102,7 +102,8 @@ class TtlCleanup:
     that writes the same keys).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, chunk: int = 0) -> None:
+        self.chunk = chunk  # the credit at which a sweep runs (0: ``SWEEP_CHUNK``)
         self.states: dict[str, TtlState] = {}
         self.now = -math.inf  # entries expired at or before this may be removed
         self._credit = 0
@@ -136,7 +137,7 @@ class TtlCleanup:
         if not self.states or self.now == -math.inf:
             return 0
         credit = self._credit + CLEANUP_SIZE * writes
-        if credit < SWEEP_CHUNK:
+        if credit < (self.chunk or SWEEP_CHUNK):
             self._credit = credit
             return 0
         self._credit = 0
