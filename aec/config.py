@@ -43,6 +43,11 @@ class AecConfig:
             unpickling runs code: trust whoever can write the checkpoint location
             and the store; ``docs/security.md``). [Flink: the state's
             ``TypeSerializer``; Kryo for generic types]
+        checkpoints_retained: committed checkpoints ``process_keyed_stream`` keeps per
+            partition, >= 2 (the newest and the one a replay of its micro-batch starts
+            from); older ones are deleted after each micro-batch's commit, with the
+            files no kept checkpoint references (``docs/checkpoints.md``).
+            [``state.checkpoints.num-retained``]
 
     Raises:
         ValueError / TypeError: on construction, naming the option that is out of range.
@@ -57,6 +62,7 @@ class AecConfig:
     max_parallelism: int = 128
     state_ordered: bool = False
     state_serializer: str = "msgpack"
+    checkpoints_retained: int = 2
 
     def __post_init__(self) -> None:
         for flag in ("async_state", "state_ordered"):
@@ -67,6 +73,7 @@ class AecConfig:
             ("buffer_size", 1, None),
             ("executor_threads", 1, None),
             ("max_parallelism", 1, 32768),
+            ("checkpoints_retained", 2, None),
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):

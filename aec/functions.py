@@ -29,6 +29,7 @@ from aec.state.serialization import Serializer, resolve
 from aec.state.typevars import ACC, IN, OUT, UK, UV, V
 
 R = TypeVar("R")  # an external call's result
+from aec.state.ttl import ttl_kind
 
 _NO_RETRY = NoRetry()
 
@@ -150,12 +151,15 @@ class RuntimeContext:
         """The handle for ``descriptor`` (ValueState, ListState, MapState,
         ReducingState or AggregatingState). The same name twice returns the same
         handle. The backend is told how the state's values are stored (the
-        descriptor's serializer, else ``AecConfig.state_serializer``) before any
-        request of it. Raises TypeError for a non-descriptor, ValueError when the
+        descriptor's serializer, else ``AecConfig.state_serializer``) and, for a
+        state with a TTL, that its values carry expiry times, before any request of it. Raises TypeError for a non-descriptor, ValueError when the
         name is already used by a different descriptor."""
         operator = self._operator
         handle = operator.state_handle(descriptor)
-        operator.backend.register_state(descriptor.name, state_serializer(descriptor, operator.config))
+        backend = operator.backend
+        backend.register_state(descriptor.name, state_serializer(descriptor, operator.config))
+        if descriptor.ttl is not None:  # the backend removes what expires (ttl_cleanup)
+            backend.register_ttl(descriptor.name, descriptor.ttl, ttl_kind(descriptor))
         return handle
 
     @property

@@ -157,6 +157,15 @@ class CachedBackend(StateBackend):
         super().register_state(name, serializer)  # and on the remote, which stores them
         self.remote.register_state(name, serializer)
 
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        super().register_ttl(name, ttl, kind)
+        self.remote.register_ttl(name, ttl, kind)
+
+    def expire(self, now: float) -> None:
+        """The remote removes expired entries (cached ones are evicted as usual; a
+        read leaves expired values out wherever they come from)."""
+        self.remote.expire(now)
+
     def open(self) -> None:
         self.remote.open()
 
@@ -467,6 +476,11 @@ class CachedBackend(StateBackend):
         """Flush, then ``remote.state_items(state)``."""
         self.flush()
         return self.remote.state_items(state)
+
+    def stored_entries(self, state: str) -> int:
+        """Flush, then ``remote.stored_entries(state)``."""
+        self.flush()
+        return self.remote.stored_entries(state)
 
 
 class CachedSpec(BackendSpec):

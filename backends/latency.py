@@ -174,6 +174,16 @@ class LatencyBackend(StateBackend):
         super().register_state(name, serializer)
         self.inner.register_state(name, serializer)
 
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        super().register_ttl(name, ttl, kind)
+        self.inner.register_ttl(name, ttl, kind)
+
+    def expire(self, now: float) -> None:
+        self.inner.expire(now)  # the inner backend sweeps in its own batches
+
+    def stored_entries(self, state: str) -> int:
+        return self.inner.stored_entries(state)
+
     def open(self) -> None:
         self.inner.open()
 

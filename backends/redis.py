@@ -79,10 +79,18 @@ twice), so a dead server makes ``execute_batch`` raise ``redis.ConnectionError``
 (or ``redis.TimeoutError``) naming the server, which the engine turns into
 ``aec.JobFailure``. Multi-key commands (``MGET``/``MSET``/``DEL``) and
 transactions assume a single Redis server, not Redis Cluster.
+
+TTL state (``aec.state.ttl_cleanup``): the server expires keys itself. Every batch
+that writes a key of a TTL state ends with ``PEXPIRE`` of that key, ``TTL_FACTOR``
+TTLs on the server's clock (a restore's ``RESTORE`` sets the same), so a key that is
+never written again leaves the server; the engine still leaves out what expired on
+the operator's clock when it reads. A list or map is one key: its entries go with
+the key, once no entry was written for that long (Redis 7.0 has no per-field expiry).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import uuid
@@ -97,6 +105,7 @@ from aec.errors import StateReadError
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import Op, StateRequest
+from aec.state.ttl_cleanup import TtlCleanup
 from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, encode_key
 from backends.redis_connection import ConnectionErrors, delete_keys, redact, scan_keys
@@ -108,6 +117,10 @@ __all__ = ["DEFAULT_URL", "RedisBackend", "RedisSpec"]
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
+# a TTL state's key expires this many TTLs after its last write (the server's clock):
+# later than the engine's own expiry, so a record still in flight past it finds its
+# entry there (the engine leaves the expired value out when it reads it)
+TTL_FACTOR = 2
 
 
 class RedisBackend(StateBackend):
@@ -278,6 +291,9 @@ class RedisBackend(StateBackend):
         for index, request in enumerate(requests):
             PLAN_OPS[request.op](plan, request, keys[index], last[keys[index]] == index)
         commands = plan.finish()
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if cleanup is not None and cleanup.states:
+            commands += self._expiring(cleanup, requests, keys)
         if not commands:
             return
         pipe = client.pipeline(transaction=self.transaction)
@@ -297,6 +313,29 @@ class RedisBackend(StateBackend):
             request.result = fill(plan, replies, a, b, loads_of(request.state).loads)
         for request in plan.rescans:
             self._skip_empty_chunks(request)
+
+    @staticmethod
+    def _expiring(
+        cleanup: TtlCleanup, requests: Sequence[StateRequest], keys: list[bytes]
+    ) -> list[tuple]:
+        """``PEXPIRE`` of every key of a TTL state the batch writes: last in the
+        pipeline (``SET``/``MSET`` drop a key's expiry), ``TTL_FACTOR`` TTLs."""
+        expiring: dict[bytes, int] = {}
+        states, writes = cleanup.states, Op.WRITES
+        for request, redis_key in zip(requests, keys, strict=True):
+            if request.op in writes:
+                found = states.get(request.state)
+                if found is not None:
+                    expiring[redis_key] = _expiry_ms(found.ttl)
+        return [("PEXPIRE", key, ms) for key, ms in expiring.items()]
+
+    def _expiry_of(self, suffix: bytes) -> int:
+        """The ``RESTORE`` TTL (ms; 0: none) of a key relative to the partition
+        (``{len(state)}:{state}:...``): ``TTL_FACTOR`` TTLs for a TTL state's key."""
+        length, _, rest = suffix.partition(b":")
+        state = rest[: int(length)].decode("utf-8", "surrogatepass") if length.isdigit() else ""
+        found = self.ttl_cleanup.states.get(state)
+        return 0 if found is None else _expiry_ms(found.ttl)
 
     def _skip_empty_chunks(self, request: StateRequest) -> None:
         """HSCAN may return an empty page before the end of a sparse hash; read on, so a
@@ -347,7 +386,7 @@ class RedisBackend(StateBackend):
         staging = f"{self.prefix}:{self.partition}~restore-{uuid.uuid4().hex}:".encode()
         with self._errors("restoring a snapshot"):
             try:
-                restore_entries(client, self._base, staging, entries)
+                restore_entries(client, self._base, staging, entries, self._expiry_of)
             except redis.ResponseError as exc:
                 raise ValueError(
                     f"the Redis snapshot in {', '.join(directories)} does not restore on "
@@ -406,7 +445,17 @@ class RedisBackend(StateBackend):
             else:
                 value = _loads(reply)
             items[decode_key(encoded)] = value
-        return items
+        return self.ttl_cleanup.visible(state, items)
+
+    def stored_entries(self, state: str) -> int:
+        """Redis keys of ``state`` in this partition (a list or map is one key)."""
+        client = self._live()
+        with self._errors("counting state"):
+            return len(set(scan_keys(client, self._header(state))))
+
+
+def _expiry_ms(ttl: float) -> int:
+    return max(1, math.ceil(ttl * TTL_FACTOR * 1000))
 
 
 class RedisSpec(BackendSpec):

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -64,9 +65,14 @@ def write_snapshot(client: redis.Redis, base: bytes, directory: str, about: dict
 
 
 def restore_entries(
-    client: redis.Redis, base: bytes, staging: bytes, entries: list[tuple[bytes, bytes]]
+    client: redis.Redis,
+    base: bytes,
+    staging: bytes,
+    entries: list[tuple[bytes, bytes]],
+    expiry_of: Callable[[bytes], int] = lambda suffix: 0,
 ) -> None:
-    """Make the keys under ``base`` exactly ``entries`` (``(key suffix, DUMP payload)``).
+    """Make the keys under ``base`` exactly ``entries`` (``(key suffix, DUMP payload)``),
+    each expiring after ``expiry_of(suffix)`` ms (0: never; TTL states).
 
     Raises redis.ResponseError (after removing the staged keys) when the server
     rejects a payload; the live keys are untouched then.
@@ -75,7 +81,7 @@ def restore_entries(
         for chunk in chunks(entries):
             pipe = client.pipeline(transaction=False)
             for suffix, dump in chunk:
-                pipe.execute_command("RESTORE", staging + suffix, 0, dump, "REPLACE")
+                pipe.execute_command("RESTORE", staging + suffix, expiry_of(suffix), dump, "REPLACE")
             pipe.execute()
     except redis.ResponseError:
         delete_keys(client, scan_keys(client, staging))

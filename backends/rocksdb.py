@@ -28,6 +28,12 @@ per write made reads and writes slower as the memtable filled.
 Reads check RocksDB's status (``backends.rocksdb_batch``): a corrupt block fails the
 batch with ``StateReadError`` naming the state and key group, never reads as absent.
 
+TTL state (``aec.state.ttl_cleanup``): rocksdict has no compaction filter (Flink's
+``cleanupInRocksdbCompactFilter``), so expired entries are removed by an incremental
+sweep: before a batch whose writes earned one, each TTL state's column family is
+scanned on from a cursor key, the expired rows deleted (a list rewritten with its
+live elements) in one ``WriteBatch``.
+
 Snapshots (``backends.rocksdb_snapshots``) are RocksDB checkpoints (hard links); a
 restore hard-links the first snapshot into a new live directory, range-deletes keys
 outside the key groups kept and range-scans the key groups of any further snapshot:
@@ -49,6 +55,7 @@ from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from aec.state.serialization import Serializer
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, expired, prune, writes_in
 from backends.keycodec import decode_key, encode_key, key_group_bounds, key_prefix, split_db_key
 from backends.overlay import APPLY_OPS, POINT_READS, USER_KEY_OPS
 from backends.rocksdb_batch import RocksBatchView, Table, rows, run_value_batch, scan_range
@@ -61,6 +68,7 @@ from backends.rocksdb_snapshots import (
     write_checkpoint,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
+from backends.ttl_codec import TtlPairs, stored_codec
 
 _CF_PREFIX = "state/"
 _FORMAT_KEY = b"aec/format"
@@ -221,7 +229,7 @@ class RocksDBBackend(StateBackend):
                         state,
                         db.get_column_family(name),
                         db.get_column_family_handle(name),
-                        self.serializers.of(state),
+                        self._codec(state),
                     )
         except BaseException:
             for table in tables.values():
@@ -250,7 +258,7 @@ class RocksDBBackend(StateBackend):
                     db = self._live_db()
                     rdict = db.create_column_family(name, self._make_options())
                     handle = db.get_column_family_handle(name)
-                    table = Table(state, rdict, handle, self.serializers.of(state))
+                    table = Table(state, rdict, handle, self._codec(state))
                     self._tables = {**self._tables, state: table}  # readers see old or new
         return table
 
@@ -273,12 +281,26 @@ class RocksDBBackend(StateBackend):
         super().register_state(name, serializer)
         table = self._tables.get(name)
         if table is not None:
-            table.use(serializer)
+            table.use(self._codec(name))
+
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        super().register_ttl(name, ttl, kind)
+        table = self._tables.get(name)
+        if table is not None:
+            table.use(self._codec(name))
+
+    def _codec(self, state: str) -> Serializer:
+        """How ``state``'s values are stored: its serializer, or ``TtlPairs`` over it for
+        a TTL state's pairs (``backends.ttl_codec``)."""
+        return stored_codec(self.serializers.of(state), self.ttl_cleanup.kind(state))
 
     # batches
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         db = self._live_db()
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if cleanup is not None and (budget := cleanup.charge(writes_in(requests))):
+            cleanup.sweep(budget, self._sweep_step)
         if run_value_batch(db, self._table_of, requests, self._write_options):
             return
         # Plan each request's table and DB key and collect the keys to multi-get per
@@ -315,6 +337,45 @@ class RocksDBBackend(StateBackend):
         for request, table, db_key in zip(requests, plan_tables, plan_keys, strict=True):
             apply[request.op](view, table, db_key, request)
         view.commit(db, self._write_options)
+
+    def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
+        """``TtlCleanup.sweep``'s step: scan ``state``'s column family from the DB key
+        ``cursor`` (None: the start), up to ``limit`` rows, and remove (or rewrite, a
+        list) what expired, in one ``WriteBatch``. A map entry is a row of its own."""
+        table = self._tables.get(state.name)
+        if table is None:
+            return 0, None
+        kind = "list" if state.kind == "list" else "value"
+        codec = table.serializer if isinstance(table.serializer, TtlPairs) else None
+        batch = WriteBatch(raw_mode=True)
+        examined, following = 0, None
+        # rocksdict's own item iterator (twice as fast as stepping ``rows``): it ends
+        # silently at a corrupt block, which only ends this round early (reads check)
+        for db_key, raw in table.rdict.items(from_key=cursor or b""):
+            if examined == limit:
+                following = db_key
+                break
+            examined += 1
+            expiry = None if codec is None else codec.expiry(raw)
+            if expiry is not None:  # a pair: its expiry without decoding its value
+                if expired(expiry, now):
+                    batch.delete(db_key, table.handle)
+                continue
+            stored = table.loads(raw)
+            alive = prune(kind, stored, now)
+            if alive is None:
+                batch.delete(db_key, table.handle)
+            elif alive is not stored:
+                batch.put(db_key, table.dumps(alive), table.handle)
+        if not batch.is_empty():
+            self._live_db().write(batch, self._write_options)
+        return examined, following
+
+    def stored_entries(self, state: str) -> int:
+        """Rows of ``state`` (a map entry is one), expired ones not removed yet included."""
+        self._live_db()
+        table = self._tables.get(state)
+        return 0 if table is None else sum(1 for _ in rows(table, b"", None, False))
 
     # snapshots
 
@@ -362,6 +423,7 @@ class RocksDBBackend(StateBackend):
                     linked_copy(source, scratches[-1])
                     others.append(_opened(scratches[-1], self._options_hook))
                 self._switch_to(staging, key_groups, others)
+                self.ttl_cleanup.restart()
                 # the live links (or copies) of the first snapshot's tables; not a
                 # compaction's output, which may still be being written
                 self._stamps = stamps(self.path, set(stamps(sources[0])))
@@ -456,7 +518,7 @@ class RocksDBBackend(StateBackend):
                 items.setdefault(key, {})[decode_key(user_key)] = loads(raw)
             else:
                 items[key] = loads(raw)
-        return items
+        return self.ttl_cleanup.visible(state, items)
 
 
 def _opened(path: str, options: OptionsHook | None) -> RocksDBBackend:

@@ -44,7 +44,7 @@ from spark_glue.watermarks import BoundedOutOfOrderness
 
 _LAYOUT = "layout.json"
 _FORMAT = 2
-KEEP = 2  # checkpoints kept per partition in the current era: the newest and its replay base
+KEEP = 2  # the fewest checkpoints kept per partition and era: the newest and its replay base
 
 
 def partition_name(partition: int, partitions: int) -> str:
@@ -220,14 +220,20 @@ class StateStore:
             if name.startswith(".chk-") and ".staging-" in name:
                 own.delete_tree(name)
 
-    def prune(self, partition: int, partitions: int, era_start: int) -> None:
-        """Keep the newest ``KEEP`` checkpoints of this era in the partition's directory;
-        older eras' checkpoints stay (later eras may still derive from them)."""
+    def prune(self, partition: int, partitions: int, era_start: int, keep: int = KEEP) -> None:
+        """Keep the newest ``keep`` committed checkpoints of this era in the partition's
+        directory (``AecConfig.checkpoints_retained``); older eras' checkpoints stay
+        (later eras may still derive from them). Then the files no committed
+        checkpoint references go (``CheckpointStore.collect_garbage``: on an object
+        store a kept checkpoint may reference files an older one uploaded)."""
         own = self.partition(partition, partitions)
-        ids = [i for i in own.checkpoint_ids(complete=False) if i >= era_start]
-        for old in ids[:-KEEP]:
-            own.delete(old)
+        committed = [i for i in own.checkpoint_ids() if i >= era_start]
+        if len(committed) <= keep:
+            return
+        for old in committed[:-keep]:
+            own.delete(old, collect=False)
             own.delete_file(watermarks_name(old))
+        own.collect_garbage()
 
 
 def verify_history(

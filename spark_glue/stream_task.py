@@ -146,7 +146,9 @@ class BatchTask:
             _KEPT[(self.task.token, self.partitions, partition)] = (run, handle)
         else:
             run.__exit__(None, None, None)
-        state.prune(partition, self.partitions, self.era_start)
+        state.prune(
+            partition, self.partitions, self.era_start, self.task.job.config.checkpoints_retained
+        )
         restored = [s.checkpoint_id for s in sources]
         yield run.metrics_batch(
             batch_id=self.batch_id,

@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 import uuid
-import warnings
 
 import msgpack
 import pytest
@@ -72,25 +71,6 @@ __all__ = [  # the imported conformance tests, collected here against Redis
     "test_restore_refuses_bad_arguments_before_changing_anything",
     "test_restore_with_a_missing_snapshot_changes_nothing",
 ]  # fmt: skip
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    """One redis-server for the module; missing binary: fail in CI, loud skip locally."""
-    try:
-        server = LocalRedisServer().start()
-    except FileNotFoundError as exc:
-        if _in_ci():
-            raise
-        reason = f"!!! REDIS BACKEND TESTS SKIPPED: {exc} (they fail instead when CI=true)"
-        warnings.warn(reason, stacklevel=1)
-        pytest.skip(reason)
-    yield server
-    server.stop()
 
 
 def _prefix() -> str:

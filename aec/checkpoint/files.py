@@ -15,7 +15,9 @@ checkpoint ``n`` under ``directory``::
         in-flight.msgpack  records a checkpoint that did not drain carries (only then)
         operator.json   watermark, clock reading, epoch, states, counters, config, ...
         MANIFEST.hmac   HMAC-SHA256 of the manifest (with AEC_CHECKPOINT_KEY set)
-        MANIFEST.json   every other file: size and SHA-256; written last
+        MANIFEST.json   every other file: size and SHA-256; written last (on an
+                        object store a backend file may be a reference to where an
+                        earlier checkpoint stored it: ``aec.checkpoint.shared``)
 
 Invariants:
 - A directory named ``chk-<n>`` exists only complete: files are written into
@@ -65,6 +67,8 @@ TIMERS = "timers.msgpack"
 IN_FLIGHT = "in-flight.msgpack"  # records a checkpoint that did not drain carries (optional)
 BACKEND_DIR = "backend"
 _OWN = frozenset({MANIFEST, SIGNATURE})  # the commit's own files, listed nowhere
+# marks manifest entries (in place) and returns more manifest fields
+Annotate = Callable[[dict[str, dict[str, Any]]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -162,13 +166,19 @@ def checkpoint_path(directory: str | os.PathLike[str], checkpoint_id: int) -> st
 
 
 # -- writing -----------------------------------------------------------------------------------
-def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -> CheckpointHandle:
+def write(
+    target: str,
+    checkpoint_id: int,
+    backend: Any,
+    state: OperatorState,
+    annotate: Annotate | None = None,
+) -> CheckpointHandle:
     """Write a complete checkpoint to ``target`` (from ``prepare``) atomically.
 
     Calls ``backend.snapshot(<staging>/backend)``, writes the timers (msgpack)
     and ``operator.json``, then the manifest (signed with a key set), then
     renames the staging directory to ``target``. The caller has drained the
-    operator and flushed the backend.
+    operator and flushed the backend. ``annotate``: see ``commit``.
 
     Raises whatever the backend, encoding (a timer key that is not plain data)
     or the file system raised (and
@@ -189,7 +199,7 @@ def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -
             _write_file(staging, IN_FLIGHT, state.in_flight)
         _write_file(staging, METADATA, _json_bytes(_metadata(checkpoint_id, state)))
 
-    return commit(target, checkpoint_id, fill)
+    return commit(target, checkpoint_id, fill, annotate)
 
 
 def write_files(target: str, checkpoint_id: int, contents: dict[str, bytes]) -> CheckpointHandle:
@@ -204,11 +214,18 @@ def write_files(target: str, checkpoint_id: int, contents: dict[str, bytes]) -> 
     return commit(target, checkpoint_id, fill)
 
 
-def commit(target: str, checkpoint_id: int, fill: Callable[[str], None]) -> CheckpointHandle:
+def commit(
+    target: str,
+    checkpoint_id: int,
+    fill: Callable[[str], None],
+    annotate: Annotate | None = None,
+) -> CheckpointHandle:
     """Stage a checkpoint: ``fill(staging_dir)`` writes its files, then the manifest
     (size and SHA-256 of every file) is written last, after its signature when
     ``AEC_CHECKPOINT_KEY`` is set (``aec.checkpoint.signing``), and the staging
-    directory is renamed to ``target``.
+    directory is renamed to ``target``. ``annotate(entries)`` may mark manifest
+    entries and returns more manifest fields (an object store's shared files,
+    ``aec.checkpoint.shared``): the signature covers them too.
 
     Raises what ``fill`` or the file system raised (``FileExistsError`` if
     ``target`` appeared meanwhile), after removing the staging directory.
@@ -222,7 +239,10 @@ def commit(target: str, checkpoint_id: int, fill: Callable[[str], None]) -> Chec
         files = {
             name: digests.describe(os.path.join(staging, name)) for name in list_files(staging)
         }
-        manifest = _json_bytes({"format": FORMAT, "checkpoint_id": checkpoint_id, "files": files})
+        fields: dict[str, Any] = {"format": FORMAT, "checkpoint_id": checkpoint_id, "files": files}
+        if annotate is not None:
+            fields.update(annotate(files))
+        manifest = _json_bytes(fields)
         key = signing.current_key()
         if key is not None:
             _write_file(staging, SIGNATURE, signing.sign(manifest, key))
@@ -374,15 +394,30 @@ def _read_manifest(path: str, wanted: tuple[str, ...]) -> dict[str, Any]:
         raise ValueError(
             f"{file} is missing: {path} is an incomplete checkpoint (not committed)"
         ) from None
-    key = signing.current_key()
-    if key is not None:  # before a byte of the manifest is parsed
-        signature = os.path.join(path, SIGNATURE)
-        found = None
-        if os.path.isfile(signature):
-            with open(signature, "rb") as src:
-                found = src.read()
-        signing.check(path, data, found, key)
-    manifest = _parse(path, MANIFEST, data, json.loads)
+    signature = None
+    if signing.current_key() is not None:
+        try:
+            with open(os.path.join(path, SIGNATURE), "rb") as src:
+                signature = src.read()
+        except FileNotFoundError:
+            pass
+    return parse_manifest(path, data, signature, wanted)
+
+
+def parse_manifest(
+    where: str, data: bytes, signature: bytes | None, wanted: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``where`` from its bytes, checked: with
+    ``AEC_CHECKPOINT_KEY`` set, its ``signature`` (the bytes of ``MANIFEST.hmac``,
+    None when absent) first, before a byte is parsed; then its format, and that it
+    lists every file of ``wanted``.
+
+    Raises ValueError naming the checkpoint (unsigned, wrongly signed, not a
+    manifest of this format, a wanted file unlisted).
+    """
+    file = f"{where.rstrip('/')}/{MANIFEST}" if "://" in where else os.path.join(where, MANIFEST)
+    signing.check(where, data, signature, signing.current_key())  # before parsing
+    manifest = _parse(where, MANIFEST, data, json.loads)
     if not isinstance(manifest, dict):
         raise ValueError(f"{file} is not an {FORMAT} manifest")
     files = manifest.get("files")

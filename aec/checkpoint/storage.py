@@ -15,6 +15,15 @@ listed by ``latest``, refused by ``local_copy`` with ``ValueError``. A failed
 upload removes what it uploaded (best effort; without a manifest a leftover
 is inert anyway).
 
+Incremental checkpoints on object stores (``aec.checkpoint.shared``). The files a
+backend wrote are content-addressed objects under ``<location>/shared/``: one
+already in the store, verified by this process and unchanged since, is
+referenced by the new manifest instead of uploaded again. ``delete`` removes a
+checkpoint (its manifest first) and then every shared object no committed
+checkpoint references (``collect_garbage``); ``retain(n)`` keeps the newest
+``n``. ``local_copy`` downloads a checkpoint's own files and the objects it
+references (those this process holds already are linked from its object cache).
+
 A location string with a scheme (``name://``) is never taken as a local path:
 a scheme ``pyarrow.fs`` cannot resolve raises ``ValueError`` naming it.
 
@@ -29,8 +38,10 @@ WARNING). Other schemes keep their library's own timeouts.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
+import json
 import logging
 import os
 import re
@@ -40,8 +51,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
 
-from aec.checkpoint import files
+from aec.checkpoint import files, shared
 from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
+from aec.checkpoint.shared import SharedRegistry, Stamp
+from aec.checkpoint.signing import SIGNATURE
 from aec.errors import needs_extra
 from aec.state import scratch
 from aec.timeouts import StoreTimeouts, store_timeouts
@@ -199,7 +212,16 @@ class CheckpointStore:
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint_ids(self, complete: bool = True) -> list[int]:
         """Ids of the ``chk-<id>`` directories, ascending; with ``complete`` only those
-        with a manifest (the committed ones)."""
+        with a manifest (the committed ones). An object store answers with one listing."""
+        if complete and not self.local:
+            found = {
+                int(path[4 : -len(MANIFEST) - 1])
+                for path in self.stored_files()
+                if path.startswith("chk-")
+                and path.endswith(f"/{MANIFEST}")
+                and path[4 : -len(MANIFEST) - 1].isdigit()
+            }
+            return sorted(found)
         ids = []
         for name in self.list_names():
             number = name[4:] if name.startswith("chk-") else ""
@@ -235,36 +257,62 @@ class CheckpointStore:
         ``CheckpointStorageError`` when the upload fails (nothing committed).
         """
         return self._write_with(
-            checkpoint_id, lambda target: files.write(target, checkpoint_id, backend, state)
+            checkpoint_id,
+            lambda target, annotate: files.write(target, checkpoint_id, backend, state, annotate),
         )
 
     def write_files(self, checkpoint_id: int, contents: dict[str, bytes]) -> CheckpointHandle:
         """Write checkpoint ``checkpoint_id`` made of the given files (``name -> bytes``),
         committed like ``write`` (operators without keyed state: async I/O)."""
         return self._write_with(
-            checkpoint_id, lambda target: files.write_files(target, checkpoint_id, contents)
+            checkpoint_id,
+            lambda target, _: files.write_files(target, checkpoint_id, contents),
         )
 
     def _write_with(
-        self, checkpoint_id: int, write: Callable[[str], CheckpointHandle]
+        self,
+        checkpoint_id: int,
+        write: Callable[[str, files.Annotate | None], CheckpointHandle],
     ) -> CheckpointHandle:
-        """``write(local_target)`` commits locally; on an object store it stages in a
-        temporary directory, then the files are uploaded, the manifest last."""
+        """``write(local_target, annotate)`` commits locally; on an object store it
+        stages in a temporary directory, backend files that committed checkpoints
+        stored already referenced instead of uploaded (``aec.checkpoint.shared``), then
+        the rest is uploaded, the manifest last."""
         if self.local:
-            return write(files.checkpoint_path(self.location, checkpoint_id))
+            return write(files.checkpoint_path(self.location, checkpoint_id), None)
         name = f"chk-{checkpoint_id}"
-        staging = scratch.make("aec-stage-")  # swept after a kill (aec.state.scratch)
-        try:
-            local = write(os.path.join(staging, name))
-            self._upload(local.path, name)
-        finally:
-            scratch.remove(staging)
+        registry = self.registry()
+        with registry.lock:
+            self._sync(registry)
+            reuse = registry.reusable(self.stamps(registry.candidates()))
+            staging = scratch.make("aec-stage-")  # swept after a kill (aec.state.scratch)
+            try:
+                local = write(
+                    os.path.join(staging, name), registry.annotate(checkpoint_id, reuse)
+                )
+                self._upload(local.path, name, checkpoint_id, registry)
+            finally:
+                scratch.remove(staging)
         return CheckpointHandle(checkpoint_id, self.name_of(name))
 
-    def _upload(self, source: str, name: str) -> None:
-        listed = [f for f in files.list_files(source) if f != MANIFEST]
+    def _upload(self, source: str, name: str, checkpoint_id: int, registry: SharedRegistry) -> None:
+        """Upload a staged checkpoint: its own files (but those its manifest references
+        elsewhere), the signature, then the manifest (the commit); the stamps of its
+        backend files are noted before the commit (``SharedRegistry.verified``). A
+        failure deletes what was uploaded and raises ``CheckpointStorageError``."""
+        with open(os.path.join(source, MANIFEST), "rb") as src:
+            manifest = json.loads(src.read())
+        entries = manifest["files"]
+        listed = [n for n in files.list_files(source) if n not in (MANIFEST, SIGNATURE)]
+        own = [n for n in listed if "object" not in entries.get(n, {})]
+        signature = [SIGNATURE] if os.path.exists(os.path.join(source, SIGNATURE)) else []
+        objects = shared.backend_objects(checkpoint_id, manifest)
+        uploads = {p: sha for p, sha in objects.items() if p.startswith(f"{name}/")}
         try:
-            for relative in [*listed, MANIFEST]:  # the manifest last: the commit
+            for relative in own:
+                self._put(os.path.join(source, relative), self._path(name, relative))
+            stamps = self.stamps(list(uploads))
+            for relative in [*signature, MANIFEST]:  # the manifest last: the commit
                 self._put(os.path.join(source, relative), self._path(name, relative))
         except Exception as exc:
             with contextlib.suppress(Exception):
@@ -273,6 +321,13 @@ class CheckpointStore:
             raise CheckpointStorageError(
                 f"uploading checkpoint {self.name_of(name)} failed, nothing committed: {exc}"
             ) from exc
+        registry.committed(checkpoint_id, objects)
+        for path, sha256 in uploads.items():
+            stamp = stamps.get(path)
+            if stamp is not None:
+                registry.verified[path] = (sha256, stamp)
+                local = os.path.join(source, *path[len(name) + 1 :].split("/"))
+                shared.CACHE.keep(self.location, sha256, local)
 
     def _put(self, source: str, path: str) -> None:
         def put() -> None:
@@ -282,14 +337,105 @@ class CheckpointStore:
 
         self._call("upload", path, put)
 
-    def delete(self, checkpoint_id: int) -> None:
+    # -- incremental checkpoints (aec.checkpoint.shared) -----------------------------------------
+    def registry(self) -> SharedRegistry:
+        """This process's registry of the checkpoint files stored at this location."""
+        return shared.registry(self.location)
+
+    def _sync(self, registry: SharedRegistry) -> None:
+        """Bring ``registry`` up to the committed checkpoints now in the store."""
+        registry.sync(self.checkpoint_ids(), self._manifest_of)
+
+    def _manifest_of(self, checkpoint_id: int) -> dict[str, Any]:
+        data = self.read_bytes(f"chk-{checkpoint_id}", MANIFEST)
+        try:
+            manifest = json.loads(data)
+        except ValueError as exc:
+            raise ValueError(f"not JSON: {exc}") from exc
+        if not isinstance(manifest, dict):
+            raise ValueError("not a manifest")
+        return manifest
+
+    def stored_files(self) -> dict[str, tuple[int, int]]:
+        """``{relative path: (size, mtime_ns)}`` of every file under this location, as
+        the store reports them (one recursive listing; {} when there is none)."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
+        infos = self._call("list", self.root, lambda: self._remote.get_file_info(selector))
+        return {
+            info.path[len(self.root) :].lstrip("/"): (info.size, info.mtime_ns)
+            for info in infos
+            if info.type == pafs.FileType.File
+        }
+
+    def collect_garbage(self) -> list[str]:
+        """Delete every file under a ``chk-<id>`` that is not committed (no manifest)
+        unless a committed checkpoint references it: what deleted checkpoints leave
+        and what an upload that never committed left. The paths deleted (relative).
+        Nothing is deleted while a committed manifest cannot be read (its references
+        are unknown). Local stores hold no references (they hard-link): [].
+        One writer per location at a time: an upload in progress elsewhere would lose
+        its files.
+
+        Raises CheckpointStorageError when the store fails.
+        """
+        if self.local:
+            return []
+        registry = self.registry()
+        with registry.lock:
+            self._sync(registry)
+            doomed = registry.garbage(self.stored_files())
+            for relative in doomed:
+                path = self._path(relative)
+                self._call("delete", path, functools.partial(self._remote.delete_file, path))
+                registry.forget(relative)
+            for checkpoint_id in {shared.checkpoint_of(p) for p in doomed}:
+                name = f"chk-{checkpoint_id}"
+                if not self.child(name).stored_files():  # nothing left: no empty marker
+                    self.delete_tree(name)
+            used = {sha for paths in registry.objects.values() for sha in paths.values()}
+            shared.CACHE.retain(self.location, used)
+        return doomed
+
+    def retain(self, keep: int) -> list[int]:
+        """Keep the newest ``keep`` committed checkpoints: delete the older ones, then
+        what no kept checkpoint references (``collect_garbage``: on an object store
+        also the leftovers of uploads that never committed; locally, directories
+        without a manifest older than the oldest kept). Flink's
+        ``state.checkpoints.num-retained``. The ids of the committed checkpoints deleted.
+
+        Raises ValueError for ``keep < 1``; CheckpointStorageError when the store fails.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+        committed = self.checkpoint_ids()
+        if len(committed) <= keep:
+            return []
+        doomed = committed[:-keep]
+        for checkpoint_id in doomed:
+            self.delete(checkpoint_id, collect=False)
+        if self.local:
+            for checkpoint_id in self.checkpoint_ids(complete=False):
+                if checkpoint_id < committed[-keep]:
+                    self.delete(checkpoint_id)
+        self.collect_garbage()
+        return doomed
+
+    def delete(self, checkpoint_id: int, collect: bool = True) -> None:
         """Remove ``chk-<id>`` (complete or not) if it exists; the manifest first, so a
-        half-deleted checkpoint is never taken for a complete one."""
+        half-deleted checkpoint is never taken for a complete one. On an object store
+        its files go then, but those a committed checkpoint references (they go with
+        their last reference: ``collect_garbage``, run here unless ``collect`` is
+        False: call it after a series of deletes)."""
         name = f"chk-{checkpoint_id}"
         if not self.exists(name):
             return
         self.delete_file(name, MANIFEST)
-        self.delete_tree(name)
+        if self.local:
+            self.delete_tree(name)
+        elif collect:
+            self.collect_garbage()
 
     def delete_tree(self, *parts: str) -> None:
         """Remove a directory and everything under it (a no-op when absent)."""
@@ -393,8 +539,9 @@ class CheckpointStore:
                     operation, path, self.location, elapsed, self.timeouts.slow_request,
                 )  # fmt: skip
 
-    def download(self, local: str) -> None:
-        """Copy every file under this location into the local directory ``local``."""
+    def download(self, local: str, skip: tuple[str, ...] = ()) -> None:
+        """Copy every file under this location into the local directory ``local``
+        (but those named in ``skip``, relative paths)."""
         import pyarrow.fs as pafs
 
         selector = pafs.FileSelector(self.root, recursive=True)
@@ -402,6 +549,8 @@ class CheckpointStore:
             if info.type != pafs.FileType.File:
                 continue
             relative = info.path[len(self.root) :].lstrip("/")
+            if relative in skip:
+                continue
             destination = os.path.join(local, *relative.split("/"))
             os.makedirs(os.path.dirname(destination), exist_ok=True)
             self._call(
@@ -412,6 +561,66 @@ class CheckpointStore:
         with self._remote.open_input_stream(path) as src, open(destination, "wb") as out:
             while chunk := src.read(_CHUNK):
                 out.write(chunk)
+
+    def fetch_object(self, path: str, sha256: str, size: int, destination: str) -> None:
+        """Put the stored file ``path`` (relative to this location; ``size`` bytes with
+        SHA-256 ``sha256``) at the local path ``destination``: from this process's
+        object cache when it holds those bytes unchanged, else downloaded, hashed on
+        the way and cached (the registry notes it verified).
+
+        Raises ValueError naming the file when it is missing or does not match its
+        SHA-256 and size; CheckpointStorageError when the store fails.
+        """
+        if shared.CACHE.link(self.location, sha256, destination):
+            return
+        where, full = self.name_of(*path.split("/")), self._path(path)
+        stamp = self._stamp(full)
+        if stamp is None:
+            raise ValueError(f"{where} is missing: a file the checkpoint references was deleted")
+
+        def read(write: Callable[[bytes], None]) -> None:
+            with self._remote.open_input_stream(full) as src:
+                while chunk := src.read(_CHUNK):
+                    write(chunk)
+
+        shared.CACHE.fetch(
+            self.location, where, sha256, size,
+            lambda write: self._call("download", full, lambda: read(write)),
+        )  # fmt: skip
+        self.registry().verified[path] = (sha256, stamp)
+        if not shared.CACHE.link(self.location, sha256, destination):
+            raise CheckpointStorageError(f"{where}: keeping a local copy failed")
+
+    def _stamp(self, path: str) -> Stamp | None:
+        """A stored file's ``Stamp``: its size and ETag (S3: a digest of its bytes, so
+        any change of content changes it), or its mtime where the store has no ETag;
+        None when it is absent. One request (a HEAD on S3)."""
+        import pyarrow.fs as pafs
+
+        def head() -> Stamp | None:
+            try:
+                with self._remote.open_input_file(path) as src:
+                    size, metadata = src.size(), src.metadata()
+            except FileNotFoundError:
+                return None
+            etag = metadata.get("ETag") if metadata is not None else None
+            if etag:
+                return (size, etag.decode() if isinstance(etag, bytes) else str(etag))
+            info = self._remote.get_file_info(path)
+            if info.type != pafs.FileType.File:
+                return None
+            return (info.size, f"mtime:{info.mtime_ns}")
+
+        return self._call("check", path, head)
+
+    def stamps(self, paths: list[str]) -> dict[str, Stamp | None]:
+        """``{path: Stamp or None}`` of stored files (relative to this location), asked
+        concurrently (one request each)."""
+        if not paths:
+            return {}
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(paths))) as pool:
+            found = pool.map(lambda p: self._stamp(self._path(*p.split("/"))), paths)
+            return dict(zip(paths, found, strict=True))
 
 
 @contextlib.contextmanager
@@ -448,10 +657,24 @@ def local_copy(handle: CheckpointHandle | str | os.PathLike[str]) -> Iterator[st
             f"{store.name_of(MANIFEST)} is missing: {store.location} is an incomplete "
             "checkpoint (not committed)"
         )
+    data = store.read_bytes(MANIFEST)
+    signature = store.read_bytes(SIGNATURE) if store.exists(SIGNATURE) else None
+    manifest = files.parse_manifest(store.location, data, signature)  # signature first
+    parent_store = CheckpointStore.at(parent)
     target = scratch.make("aec-restore-")  # swept after a kill (aec.state.scratch)
     try:
         local = os.path.join(target, name)
-        store.download(local)
+        try:
+            objects = shared.backend_files(manifest)
+        except ValueError as exc:
+            raise ValueError(f"{store.name_of(MANIFEST)}: {exc}") from None
+        # a backend file (its own or another checkpoint's) through the object cache,
+        # hashed on the way; the rest downloaded as is; all verified by ``files.read``
+        store.download(local, skip=(MANIFEST, *objects))
+        with open(os.path.join(local, MANIFEST), "wb") as out:
+            out.write(data)  # the bytes checked above are the ones verified and parsed
+        for relative, (path, sha256, size) in objects.items():
+            parent_store.fetch_object(path, sha256, size, os.path.join(local, *relative.split("/")))
         yield local
     finally:
         scratch.remove(target)

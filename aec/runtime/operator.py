@@ -627,6 +627,7 @@ class KeyedProcessOperator:
             if not controller.step():
                 raise self._stuck()
         controller.current = None  # nothing runs now: a failure from here on is the checkpoint's
+        self.backend.expire(self._now)  # nothing in flight: later records read at >= now
 
     def _checkpoint_state(self, in_flight: bytes = b"") -> OperatorState:
         return OperatorState(
@@ -786,8 +787,11 @@ class KeyedProcessOperator:
         return self.timers.next_in_chain(context)
 
     def _emit_epoch(self, epoch: Epoch) -> None:
-        """The EpochManager's ``on_epoch_done``: its closing element leaves."""
+        """The EpochManager's ``on_epoch_done``: its closing element leaves. Every later
+        record arrived after the epoch closed, so no read sees a processing time below
+        its closing one: TTL entries expired by then may go (``StateBackend.expire``)."""
         self.output.emit_watermark(epoch.watermark)
+        self.backend.expire(epoch.processing_time)
 
     def _timer_context(
         self, domain: str, key: Hashable, timestamp: float, epoch: Epoch

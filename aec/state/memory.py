@@ -14,6 +14,7 @@ from aec.state.memory_changelog import Changelog
 from aec.state.memory_segments import LazyBase
 from aec.state.requests import Op, StateRequest, op_table
 from aec.state.serialization import StateSerializers
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, alive, prune
 
 _WRITES = Op.WRITES
 
@@ -38,6 +39,12 @@ class MemoryBackend(StateBackend):
     and the changelog, and a segment is merged into the live tables the first
     time a request touches one of its keys (``state_items`` and a new base merge
     them all). A corrupt segment fails the batch that reads it (``ValueError``).
+
+    TTL state (``aec.state.ttl_cleanup``): after a batch whose writes earned a
+    sweep, expired entries are removed from a copy of each TTL state's key list,
+    continued from batch to batch (removals go into the next snapshot's delta like
+    any write); segments of a restored base not merged yet are merged as the sweep
+    goes, so they are swept too.
     """
 
     blocking = False
@@ -55,6 +62,7 @@ class MemoryBackend(StateBackend):
             self._settle()
         tables = self._tables
         dirty = self._changelog.dirty
+        writes = 0
         for request in requests:
             table = tables.get(request.state)
             if table is None:
@@ -63,6 +71,50 @@ class MemoryBackend(StateBackend):
             _APPLY[op](table, request)
             if op in _WRITES:
                 dirty.add((request.state, request.key))
+                writes += 1
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if writes and cleanup is not None and (budget := cleanup.charge(writes)):
+            self._sweep(cleanup, budget)
+
+    def _sweep(self, cleanup: TtlCleanup, budget: int) -> None:
+        """Remove expired TTL entries, ``budget`` entries examined at most."""
+        if self._lazy is not None:  # a restored base: swept as its segments come in
+            self._lazy.load_some(self._tables, budget)
+            self._settle()
+        cleanup.sweep(budget, self._sweep_step)
+
+    def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
+        """``TtlCleanup.sweep``'s step: ``cursor`` is ``[keys, position]`` (a copy of the
+        table's keys made when the round began)."""
+        table = self._tables.get(state.name)
+        if not table:
+            return 0, None
+        if cursor is None:
+            cursor = [list(table), 0]
+        keys, start = cursor
+        end = min(len(keys), start + limit)
+        get, kind, name, dirty = table.get, state.kind, state.name, self._changelog.dirty
+        if kind == "value":  # most TTL state: a pair per key, dropped whole
+            for key in [k for k in islice(keys, start, end) if (p := get(k)) and not alive(p, now)]:
+                del table[key]
+                dirty.add((name, key))
+        else:
+            for key in islice(keys, start, end):
+                stored = get(key)
+                if stored is None or (kept := prune(kind, stored, now)) is stored:
+                    continue
+                if kept is None:
+                    del table[key]
+                else:
+                    table[key] = kept
+                dirty.add((name, key))
+        cursor[1] = end
+        return end - start, (cursor if end < len(keys) else None)
+
+    def stored_entries(self, state: str) -> int:
+        """Keys holding ``state`` (a restored base's segments are merged first)."""
+        self._load_all()
+        return len(self._tables.get(state, ()))
 
     def snapshot(self, directory: str) -> None:
         """Write the state into ``directory``: incrementally (a base plus the
@@ -133,13 +185,15 @@ class MemoryBackend(StateBackend):
             raise
         self._drop_lazy()
         self._tables, self._lazy = merged, lazy
+        self.ttl_cleanup.restart()
 
     def spec(self) -> BackendSpec:
         return MemorySpec(self.incremental, self._changelog.max_deltas)
 
     def state_items(self, state: str) -> dict[Any, Any]:
         self._load_all()
-        return {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
+        items = {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
+        return self.ttl_cleanup.visible(state, items)
 
 
 def _merged(

@@ -163,6 +163,15 @@ class LazyBase:
             if segment in pending:
                 self._merge(segment, tables)
 
+    def load_some(self, tables: dict[str, dict[Any, Any]], entries: int) -> None:
+        """Merge pending segments into ``tables`` until about ``entries`` entries came
+        in (at least one segment while any is pending)."""
+        for segment in sorted(self.pending):
+            if entries <= 0:
+                return
+            entries -= self.base.entries(segment)
+            self._merge(segment, tables)
+
     def load_all(self, tables: dict[str, dict[Any, Any]]) -> None:
         """Merge every pending segment into ``tables``."""
         for segment in sorted(self.pending):
