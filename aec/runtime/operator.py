@@ -67,7 +67,7 @@ from aec.runtime.operator_failures import cause_of, job_failure, stuck_error
 from aec.runtime.operator_timers import OperatorTimers
 from aec.runtime.output import OperatorOutput, Trace
 from aec.runtime.record_context import RecordContext
-from aec.runtime.user_code import DeclaredEntryRunner, EntryRunner
+from aec.runtime.user_code import DeclaredEntryRunner, EntryRunner, InitialStateRow
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
 from aec.state.handles import make_handle
@@ -295,10 +295,8 @@ class KeyedProcessOperator:
                 self.executor.tick(controller)
             if controller.mails or controller.ready:
                 controller.run_available()
-            limit = self._limit
-            while controller.in_flight >= limit:
-                if not controller.step():
-                    raise self._stuck()
+            if controller.in_flight >= self._limit:
+                self._wait_for_room()
             active = controller.active
             if active.requests and monotonic() - active.first_time >= controller.buffer_timeout:
                 controller.flush()
@@ -311,6 +309,47 @@ class KeyedProcessOperator:
                 self.epochs.active, self._watermark, self._on_finished, None, self._now,
             )  # fmt: skip
             controller.admit(context, True)
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def _wait_for_room(self) -> None:
+        """Run mails until a record finished and input may be admitted (rule 5)."""
+        controller = self.controller
+        while controller.in_flight >= self._limit:
+            if not controller.step():
+                raise self._stuck()
+
+    def process_initial(self, key: Hashable, row: Any) -> None:
+        """Admit one row of the initial state of ``key`` (Spark's ``handleInitialState``):
+        a record of that key whose entry is ``function.process_initial_state(row, ctx)``,
+        under the rules of any record (same-key order, state, timers, outputs, the
+        in-flight limit); no timestamp, not counted in ``records_in``. Call it before
+        any record or watermark (an operator restored with one refuses it); a
+        ``restore`` after it is refused.
+
+        Raises:
+            TypeError / ValueError: a bad key, or one outside this operator's key groups.
+            RuntimeError: the operator took a record or a watermark already, or is done.
+            JobFailure: user code or the backend failed.
+        """
+        key_group = self._checked_key_group(key)
+        if self._records_in or self._watermark > -math.inf or self._state not in ("new", "open"):
+            raise RuntimeError(
+                "process_initial() goes before any record or watermark (the operator is "
+                f"{self._state}, has taken {self._records_in} records, watermark "
+                f"{self._watermark})"
+            )
+        self._require_open()
+        self._restorable = False
+        try:
+            if self.controller.in_flight >= self._limit:
+                self._wait_for_room()
+            self._sequence += 1
+            context = InitialStateRow(
+                row, key, key_group, None, self._sequence, self.epochs.active,
+                self._watermark, self._on_finished, None, self._now,
+            )  # fmt: skip
+            self.controller.admit(context, True)
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -514,11 +553,52 @@ class KeyedProcessOperator:
         self._checkpoint_pause = time.perf_counter() - started
         return handle
 
+    def drain(self, *, chains_only: bool = False) -> None:
+        """Run the mailbox until no record, callback or timer firing is in flight and
+        every closed epoch's watermark has left: what a draining checkpoint waits for
+        first (rule 9), without taking one. What it emits is in ``drain_outputs()``.
+
+        With ``chains_only`` it stops as soon as every record still in flight is part
+        of a same-key chain (its key is held and more records wait for it: a hot
+        key), that is when only work that cannot run in parallel is left; a
+        checkpoint of a declaring function then carries the rest (the Spark glue ends
+        such a function's micro-batch so).
+
+        Raises RuntimeError on an operator that is not open, JobFailure on failure.
+        """
+        self._require_open()
+        self._restorable = False
+        try:
+            if chains_only:
+                self._finish_parallel_work()
+            else:
+                self._drain()
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def _finish_parallel_work(self) -> None:
+        """Run the mailbox until the records in flight are only same-key chains: each
+        chain is its key's running record plus the ones waiting for it, so that is
+        when ``in_flight == blocking buffer size + blocking keys``."""
+        self._flush_bundle(math.inf)
+        controller = self.controller
+        blocking = controller.blocking
+        while controller.in_flight > blocking.size + blocking.key_count():
+            if not controller.step():
+                raise self._stuck()
+        controller.current = None
+
+    @property
+    def carries_records(self) -> bool:
+        """Whether a checkpoint may carry the records in flight instead of draining: an
+        open operator running a declaring function, asynchronous and record-ordered."""
+        return self._program is not None and not self.synchronous and not self.config.state_ordered
+
     def _carry(self) -> list[CarriedRecord] | None:
         """A declaring function's checkpoint does not drain (``in_flight.carry``);
         None: it drains (not a declaring function, or a run that cannot carry)."""
         program = self._program
-        if program is None or self.synchronous or self.config.state_ordered:
+        if program is None or not self.carries_records:
             return None
         return carry(self.controller, self.epochs, program)
 
