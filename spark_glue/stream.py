@@ -211,7 +211,7 @@ def process_keyed_stream(
     initial = None
     if initial_state is not None:
         InitialState.check(initial_state, stream_df, keys, function)
-        if not _has_checkpoints(store):  # a restart with state ignores it, as Spark does
+        if stored is None or stored.may_start_empty():  # else ignored, as Spark does
             initial = InitialState.read(initial_state)
     caller_environment = store_environment()  # this process's, for the micro-batches'
 

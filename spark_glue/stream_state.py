@@ -173,6 +173,12 @@ class Layout:
         )  # fmt: skip
         self.save(store)
 
+    def may_start_empty(self) -> bool:
+        """Whether the next micro-batch Spark runs may start from empty state: no
+        micro-batch finished yet, or the last finished one started from none (Spark may
+        run it again: its sink failed before the commit)."""
+        return self.last is None or not self.last.before
+
     def pending(self, batch_id: int) -> set[int]:
         """The partitions that run micro-batch ``batch_id`` even without rows: their
         checkpoint holds pending work. None in an era's first micro-batch (every

@@ -46,6 +46,7 @@ def test_every_example_is_tested():
         "windows_late_data.py",
         "external_call.py",
         "spark_connect.py",
+        "state_as_data.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -100,6 +101,29 @@ def test_spark_streaming_continues_from_its_checkpoint(spark, capsys):
         "first run:  [('ann', 1, 1), ('bob', 2, 1), ('ann', 3, 2)]",
         "second run: [('bob', 4, 2), ('ann', 5, 3)]",
     ]
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(1800)  # three stream queries on a busy 2-core machine
+def test_state_as_data_reads_the_flights_stream_and_bootstraps_a_query(spark, capsys):
+    out = _run_in_process("state_as_data.py", spark, capsys)
+    schema = [line.strip() for line in out[: out.index("")] if line.strip()]
+    assert schema == [
+        "root",
+        "|-- key: string (nullable = true)",
+        "|-- key_group: integer (nullable = true)",
+        "|-- state: string (nullable = true)",
+        "|-- namespace: string (nullable = true)",
+        "|-- user_key: string (nullable = true)",
+        "|-- value: string (nullable = true)",
+        "|-- value_pickle: binary (nullable = true)",
+    ]
+    aircraft = int(next(line for line in out if line.startswith("aircraft in")).split(": ")[1])
+    assert aircraft > 100  # 600 departures of many aircraft
+    assert next(line for line in out if line.startswith("where they landed last: "))
+    rotations = next(line for line in out if line.startswith("next 300 departures"))
+    seeded = int(next(line for line in out if line.startswith("first flights")).split(": ")[1])
+    assert seeded > 0 and f"{300 - 0}" in rotations
 
 
 @pytest.mark.spark
