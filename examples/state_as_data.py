@@ -82,7 +82,8 @@ def bootstrapped_run(spark: SparkSession, out: str, initial: DataFrame) -> pd.Da
     table = flights_data.in_arrival_order(every[every["row"] >= FIRST])
     source = os.path.join(out, "later")
     os.makedirs(source)
-    table.to_parquet(os.path.join(source, "part-0.parquet"), index=False)
+    # microseconds: Spark reads no nanosecond timestamps
+    table.to_parquet(os.path.join(source, "part-0.parquet"), index=False, coerce_timestamps="us")
     frames: list[pd.DataFrame] = []
     query = process_keyed_stream(
         spark.readStream.schema(flights_data.SCHEMA).parquet(source),
@@ -94,6 +95,7 @@ def bootstrapped_run(spark: SparkSession, out: str, initial: DataFrame) -> pd.Da
         timestamp="event_time",
         order_by=flights_data.ARRIVAL_ORDER,
         side_outputs={"no_tailnum": NO_TAILNUM_SCHEMA},
+        num_partitions=2,
         initial_state=initial,
         trigger={"availableNow": True},
     )

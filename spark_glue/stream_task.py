@@ -149,7 +149,6 @@ class BatchTask:
         initial_rows = 0
         try:
             run.next_batch()
-            carries = operator.carries_records
             held = run.watermarks.current
             if held > operator.watermark:  # held back at the end of the previous micro-batch
                 operator.process_watermark(Watermark(held))
@@ -161,10 +160,12 @@ class BatchTask:
                     operator.process_initial(key, row)
                 initial_rows += len(initial)
                 yield from run.feed(rows) if rows.num_rows else run.drain()
-            if carries:  # finish what runs in parallel; carry the hot keys' chains (no
-                operator.drain(chains_only=first is not None)  # rows: finish them too)
             mark = run.watermarks.check_now()
-            if mark is not None and not carries:
+            if operator.carries_records:
+                # finish what runs in parallel, carry the hot keys' chains and hold the
+                # watermark back; without rows the partition runs to finish what it carried
+                operator.drain(chains_only=first is not None)
+            elif mark is not None:
                 operator.process_watermark(Watermark(mark))
             run.samples.sample(operator, run.rows_in)
             save_watermarks(directory, self.batch_id, run.watermarks)
