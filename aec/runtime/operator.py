@@ -320,24 +320,16 @@ class KeyedProcessOperator:
                 raise self._stuck()
 
     def process_initial(self, key: Hashable, row: Any) -> None:
-        """Admit one row of the initial state of ``key`` (Spark's ``handleInitialState``):
-        a record of that key whose entry is ``function.process_initial_state(row, ctx)``,
-        under the rules of any record (same-key order, state, timers, outputs, the
-        in-flight limit); no timestamp, not counted in ``records_in``. Call it before
-        any record or watermark (an operator restored with one refuses it); a
-        ``restore`` after it is refused.
-
-        Raises:
-            TypeError / ValueError: a bad key, or one outside this operator's key groups.
-            RuntimeError: the operator took a record or a watermark already, or is done.
-            JobFailure: user code or the backend failed.
-        """
+        """Admit a row of ``key``'s initial state (Spark's ``handleInitialState``): a record
+        of that key whose entry is ``function.process_initial_state(row, ctx)``, under every
+        rule of records; no timestamp, not in ``records_in``. Before any record or
+        watermark only (else RuntimeError; a ``restore`` after it is refused); TypeError
+        / ValueError for a bad or foreign key; JobFailure when user code or the backend fails."""
         key_group = self._checked_key_group(key)
         if self._records_in or self._watermark > -math.inf or self._state not in ("new", "open"):
             raise RuntimeError(
                 "process_initial() goes before any record or watermark (the operator is "
-                f"{self._state}, has taken {self._records_in} records, watermark "
-                f"{self._watermark})"
+                f"{self._state}, {self._records_in} records in, watermark {self._watermark})"
             )
         self._require_open()
         self._restorable = False
@@ -345,11 +337,10 @@ class KeyedProcessOperator:
             if self.controller.in_flight >= self._limit:
                 self._wait_for_room()
             self._sequence += 1
-            context = InitialStateRow(
+            self.controller.admit(InitialStateRow(
                 row, key, key_group, None, self._sequence, self.epochs.active,
                 self._watermark, self._on_finished, None, self._now,
-            )  # fmt: skip
-            self.controller.admit(context, True)
+            ), True)  # fmt: skip
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -554,39 +545,26 @@ class KeyedProcessOperator:
         return handle
 
     def drain(self, *, chains_only: bool = False) -> None:
-        """Run the mailbox until no record, callback or timer firing is in flight and
-        every closed epoch's watermark has left: what a draining checkpoint waits for
-        first (rule 9), without taking one. What it emits is in ``drain_outputs()``.
-
-        With ``chains_only`` it stops as soon as every record still in flight is part
-        of a same-key chain (its key is held and more records wait for it: a hot
-        key), that is when only work that cannot run in parallel is left; a
-        checkpoint of a declaring function then carries the rest (the Spark glue ends
-        such a function's micro-batch so).
-
-        Raises RuntimeError on an operator that is not open, JobFailure on failure.
-        """
+        """Run the mailbox until no record, callback or timer firing is in flight and every
+        closed epoch's watermark has left (what a draining checkpoint waits for, rule 9);
+        what it emits is in ``drain_outputs()``. With ``chains_only``, stop once the records
+        in flight are only same-key chains (a held key's record and those waiting behind
+        it: a hot key), all parallel work done: a declaring function's checkpoint then
+        carries the rest. RuntimeError when not open, JobFailure on failure."""
         self._require_open()
         self._restorable = False
         try:
-            if chains_only:
-                self._finish_parallel_work()
-            else:
+            if not chains_only:
                 self._drain()
+                return
+            self._flush_bundle(math.inf)
+            controller, blocking = self.controller, self.controller.blocking
+            while controller.in_flight > blocking.size + blocking.key_count():  # a chain: 1 + waiting
+                if not controller.step():
+                    raise self._stuck()
+            controller.current = None
         except BaseException as exc:
             self._raise_failure(exc)
-
-    def _finish_parallel_work(self) -> None:
-        """Run the mailbox until the records in flight are only same-key chains: each
-        chain is its key's running record plus the ones waiting for it, so that is
-        when ``in_flight == blocking buffer size + blocking keys``."""
-        self._flush_bundle(math.inf)
-        controller = self.controller
-        blocking = controller.blocking
-        while controller.in_flight > blocking.size + blocking.key_count():
-            if not controller.step():
-                raise self._stuck()
-        controller.current = None
 
     @property
     def carries_records(self) -> bool:
@@ -779,9 +757,8 @@ class KeyedProcessOperator:
 
     @property
     def in_flight_gauges(self) -> tuple[int, int, int]:
-        """``(num_in_flight_records, num_blocking_keys, blocking_buffer_size)`` now: the
-        AEC's gauges of ``metrics`` without its histograms, cheap enough to sample while
-        records flow (O(1))."""
+        """``(num_in_flight_records, num_blocking_keys, blocking_buffer_size)`` now: O(1),
+        cheap enough to sample while records flow (``metrics`` builds histograms)."""
         controller = self.controller
         return controller.in_flight, controller.blocking.key_count(), controller.blocking.size
 
