@@ -121,6 +121,14 @@ class KeyedProcessFunction(Generic[IN]):
     def on_timer(self, timestamp: float, ctx: Context) -> object:
         """A timer of key ``ctx.current_key`` at ``timestamp`` (seconds) fired."""
 
+    def process_initial_state(self, row: Any, ctx: Context) -> Any:
+        """One row of the initial state for key ``ctx.current_key`` (Spark's
+        ``handleInitialState``; ``spark_glue.process_keyed_stream(..., initial_state=df)``
+        passes each row of ``df`` as a dict, on a job's first start only, before any
+        input). State, timers and outputs work as in ``process_element``, and so do
+        the return rules; ``ctx.timestamp`` is None. Default: nothing (override it to
+        load the row into state)."""
+
     def close(self) -> None:
         """Release what ``open`` acquired; called once at the end of the run."""
 

@@ -15,7 +15,15 @@ Rows, each variant measured side by side in one run (interleaved rounds, best of
 3. throughput with a checkpoint every ``--every`` records at 10 ms (goal: declared
    >= 2x records/s);
 4. the cost of declaring, no checkpoints: declared / callback records/s on Memory
-   and RocksDB (goal: cost <= 1.1x).
+   and RocksDB (goal: cost <= 1.1x);
+5. ``process_keyed_stream`` on a local Spark session: micro-batches of
+   ``--stream-rows`` rows, ``--hot-share`` of them of one key, LatencyBackend 5 ms,
+   no event time; the callback counter (each micro-batch drains) against the
+   declared one (each micro-batch carries its hot key's chain): micro-batch duration
+   p95 (Spark's ``triggerExecution``, and the slowest partition's own time; the first
+   micro-batch, which also starts the query, left out), the
+   records carried at the end, and the time until every record finished (report; aim:
+   carried p95 >= 3x shorter). ``--no-stream`` skips it.
 
 Usage::
 
@@ -26,6 +34,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import sys
@@ -49,8 +58,15 @@ from aec.declare import DeclaringKeyedProcessFunction  # noqa: E402
 from backends import LatencyBackend, MemoryBackend, RocksDBBackend  # noqa: E402
 
 NAME = "bench_checkpoint_pause"
-DEFAULTS = {"in_flight": 6000, "keys": 10_000, "repeats": 3, "records": 100_000, "every": 1000}
-QUICK = {"in_flight": 600, "keys": 1000, "repeats": 1, "records": 5000, "every": 500}
+DEFAULTS = {
+    "in_flight": 6000, "keys": 10_000, "repeats": 3, "records": 100_000, "every": 1000,
+    "stream_batches": 12, "stream_rows": 400,
+}  # fmt: skip
+QUICK = {
+    "in_flight": 600, "keys": 1000, "repeats": 1, "records": 5000, "every": 500,
+    "stream_batches": 3, "stream_rows": 60,
+}  # fmt: skip
+STREAM_LATENCY = 0.005  # seconds per state round trip in the stream row
 
 
 class Counter(KeyedProcessFunction):
@@ -204,11 +220,110 @@ def measure_cost(case: CostCase, args: argparse.Namespace) -> h.Sample:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class StreamCase:
+    style: str  # "drain" (callbacks) or "declared" (carries its hot key)
+
+    @property
+    def name(self) -> str:
+        return f"stream-{self.style}"
+
+
+def measure_stream(case: StreamCase, args: argparse.Namespace, spark: Any) -> h.Sample:
+    """One ``process_keyed_stream`` query over ``stream_batches`` micro-batches of
+    ``stream_rows`` rows (``hot_share`` of them key 0, the rest 1,000 other keys), on 2
+    state partitions, then micro-batches with one row of a key the hot key's partition
+    does not own until nothing is carried (the hot key's partition runs them without
+    rows and finishes its chain)."""
+    from aec.keygroups import key_group_for, operator_index_for
+    from spark_glue import process_keyed_stream
+
+    work = Path(tempfile.mkdtemp(prefix="aec-bench-stream-"))
+    source = work / "input"
+    source.mkdir()
+    rng = random.Random(args.seed)
+    hot_partition = operator_index_for(key_group_for(0, 128), 128, 2)
+    idle = next(k for k in range(1, 10_000) if operator_index_for(key_group_for(k, 128), 128, 2)
+                != hot_partition)  # fmt: skip
+    carried: list[int] = []
+    partition_s: list[float] = []
+
+    def write(index: int, keys: list[int]) -> None:
+        path = source / f"part-{index:05d}.json"
+        path.write_text("".join(f'{{"k": {k}, "x": {i}}}\n' for i, k in enumerate(keys)))
+        os.utime(path, (1_000_000 + index, 1_000_000 + index))  # oldest first
+
+    for index in range(args.stream_batches):
+        write(index, [0 if rng.random() < args.hot_share else rng.randrange(1, 1001)
+                      for _ in range(args.stream_rows)])  # fmt: skip
+
+    def listen(batch_id: int, metrics: dict[str, Any]) -> None:
+        carried.append(metrics["checkpoint_pending_records"])
+        partition_s.append(metrics["wall_s"])
+
+    def run() -> dict[str, Any]:
+        query = process_keyed_stream(
+            spark.readStream.schema("k long, x long").option("maxFilesPerTrigger", 1)
+            .json(str(source)),
+            FUNCTIONS[case.style](), "k", "k long, n long",
+            checkpoint_location=str(work / "ckpt"), sink=lambda df, batch_id: df.count(),
+            backend=LatencyBackend(MemoryBackend(), STREAM_LATENCY).spec(),
+            num_partitions=2, metrics_listener=listen,
+        )  # fmt: skip
+        try:
+            query.processAllAvailable()
+            fed = len(carried)
+            extra = 0
+            while carried and carried[-1] and extra < 50:
+                write(args.stream_batches + extra, [idle])
+                extra += 1
+                query.processAllAvailable()
+            durations = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress]
+        finally:
+            query.stop()
+        # the first micro-batch also pays the query's start: left out of the p95
+        return {
+            "micro_batch_s": durations[:fed],
+            "micro_batch_p95_s": _p95(durations[1:fed]),
+            "partition_p95_s": _p95(partition_s[1:fed]),
+            "carried_at_end": carried[fed - 1] if fed else 0,
+            "finishing_micro_batches": extra,
+        }
+
+    try:
+        return h.timed(run, args.stream_batches * args.stream_rows)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _p95(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def _spark() -> Any:
+    from pyspark.sql import SparkSession
+
+    import spark_glue  # noqa: F401  (the Python workers run this interpreter)
+
+    session = (
+        SparkSession.builder.master("local[2]").appName(NAME)
+        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    )  # fmt: skip
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     h.add_common_args(parser)
     for option in (o for o in DEFAULTS if o != "repeats"):
         parser.add_argument(f"--{option.replace('_', '-')}", type=int)
+    parser.add_argument("--hot-share", type=float, default=0.3, help="stream row: hot key share")
+    parser.add_argument("--no-stream", action="store_true", help="skip the Spark stream row")
     args = h.finish_args(parser, parser.parse_args(), NAME, DEFAULTS, QUICK)
 
     pauses = [
@@ -225,6 +340,17 @@ def main() -> None:
     samples |= h.run_rounds(pauses, lambda c: measure_pause(c, args), args.repeats)
     samples |= h.run_rounds(throughput, lambda c: measure_throughput(c, args), args.repeats)
     samples |= h.run_rounds(costs, lambda c: measure_cost(c, args), args.repeats)
+    streams = [] if args.no_stream else [StreamCase(style) for style in ("drain", "declared")]
+    if streams:
+        spark = _spark()
+        try:
+            # untimed: Spark's first queries (planning, Python workers) cost seconds
+            warm = argparse.Namespace(**{**vars(args), "stream_batches": 2, "stream_rows": 20})
+            for case in streams:
+                measure_stream(case, warm, spark)
+            samples |= h.run_rounds(streams, lambda c: measure_stream(c, args, spark), args.repeats)
+        finally:
+            spark.stop()
 
     def best_pause(case: PauseCase) -> float:
         return min(s.seconds for s in samples[case.name])
@@ -257,6 +383,23 @@ def main() -> None:
         goals[f"cost_{b}"] = h.goal(
             f"cost of declaring on {b}: callback / declared records/s", cost, at_most=1.1
         )
+    stream_rows = []
+    if streams:
+        best = {c.style: min(samples[c.name], key=lambda x: x.metrics["micro_batch_p95_s"])
+                for c in streams}  # fmt: skip
+        drain, carried = best["drain"].metrics, best["declared"].metrics
+        ratio = drain["micro_batch_p95_s"] / carried["micro_batch_p95_s"]
+        goals["stream_micro_batch_p95"] = h.goal(
+            f"process_keyed_stream micro-batch p95, hot key ({args.hot_share:.0%} of rows), "
+            f"{STREAM_LATENCY * 1000:g} ms: drain / carried (report; aim >= 3x)",
+            ratio, at_least=3.0,
+        )  # fmt: skip
+        for style, m in (("drain (callbacks)", drain), ("declared (carries)", carried)):
+            stream_rows.append([
+                style, f"{m['micro_batch_p95_s']:.2f} s", f"{m['partition_p95_s']:.2f} s",
+                f"{m['carried_at_end']:,}", str(m["finishing_micro_batches"]),
+                f"{best['drain' if style.startswith('drain') else 'declared'].seconds:.1f} s",
+            ])  # fmt: skip
     report = {
         "benchmark": NAME,
         "date": h.now(),
@@ -291,6 +434,13 @@ def main() -> None:
             ],
             numeric_from=1,
         ),  # fmt: skip
+        "",
+        *(h.md_table(
+            ["process_keyed_stream", "micro-batch p95 (Spark)", "slowest partition p95",
+             "records carried at the end", "micro-batches to finish them",
+             "until every record finished"],
+            stream_rows, numeric_from=1,
+        ) if stream_rows else []),  # fmt: skip
         *h.goal_lines(goals),
     ]
     markdown = "\n".join(lines) + "\n"

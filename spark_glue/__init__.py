@@ -6,7 +6,9 @@ partition); ``side_output(result, tag)`` and ``partition_metrics(result)`` read
 the other streams of its result. See ``spark_glue.keyed`` for the design.
 ``process_keyed_stream(stream_df, function, key, output_schema,
 checkpoint_location=..., sink=...)`` does the same per micro-batch of a
-Structured Streaming query, with exactly-once state (``spark_glue.stream``).
+Structured Streaming query, with exactly-once state (``spark_glue.stream``);
+``read_state(spark, checkpoint)`` reads a committed checkpoint's state as a
+DataFrame (``spark_glue.state_reader``).
 ``write_keyed(df, operators, key, ...)`` runs several operators keyed alike over one
 shuffle and sort and writes their outputs as Parquet from the partitions
 (``spark_glue.keyed_parquet``; what the ``aec flights`` job uses).
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from spark_glue.async_calls import async_map, async_udf
     from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
     from spark_glue.keyed_parquet import KeyedOperator, write_keyed
+    from spark_glue.state_reader import read_state
     from spark_glue.stream import process_keyed_stream
     from spark_glue.stream_state import StateHistoryError
     from spark_glue.workers import WorkerEnvironmentError, ensure_workers, ship_package
@@ -59,6 +62,7 @@ _EXPORTS = {
     "KeyedOperator": "spark_glue.keyed_parquet",
     "write_keyed": "spark_glue.keyed_parquet",
     "process_keyed_stream": "spark_glue.stream",
+    "read_state": "spark_glue.state_reader",
     "StateHistoryError": "spark_glue.stream_state",
     "WorkerEnvironmentError": "spark_glue.workers",
     "ensure_workers": "spark_glue.workers",
@@ -85,6 +89,7 @@ __all__ = [
     "partition_metrics",
     "process_keyed",
     "process_keyed_stream",
+    "read_state",
     "ship_package",
     "side_output",
     "unpersist",

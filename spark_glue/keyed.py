@@ -243,10 +243,11 @@ def arrange(
     order_by: OrderLike | None,
     num_partitions: int | None,
     extra: Mapping[str, Column] | None = None,
+    leading: Sequence[Column] = (),
 ) -> DataFrame:
     """``df`` repartitioned by ``keys`` and sorted within partitions by the arrival
-    order (``order_by``, or ``df``'s row order); ``extra`` columns are added before
-    the shuffle."""
+    order (``order_by``, or ``df``'s row order) after the ``leading`` sort keys;
+    ``extra`` columns are added before the shuffle."""
     ordered = df
     for column, value in (extra or {}).items():
         ordered = ordered.withColumn(column, value)
@@ -259,7 +260,7 @@ def arrange(
         shuffled = ordered.repartition(*keys)
     else:
         shuffled = ordered.repartition(num_partitions, *keys)
-    arranged = shuffled.sortWithinPartitions(*order)
+    arranged = shuffled.sortWithinPartitions(*leading, *order)
     if order_by is None:
         arranged = arranged.drop(_POSITION)
     return arranged

@@ -33,7 +33,10 @@ instead of a silent start from empty state.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,11 +64,17 @@ class StateHistoryError(RuntimeError):
 class HistoryRecord:
     """The state around one finished micro-batch: ``before`` and ``after`` list the
     checkpoints (``partition-<p>-of-<n>/chk-<id>``, relative to the state root)
-    whose union was the state before and after micro-batch ``batch``."""
+    whose union was the state before and after micro-batch ``batch``;
+    ``pending_before`` and ``pending_after`` the partitions whose checkpoint then
+    held work for the next micro-batch (records in flight a declaring function's
+    checkpoint carried, or an end-of-micro-batch watermark held back): they run
+    the next micro-batch even without rows."""
 
     batch: int
     before: tuple[str, ...]
     after: tuple[str, ...]
+    pending_before: tuple[int, ...] = ()
+    pending_after: tuple[int, ...] = ()
 
     def expected_before(self, batch_id: int) -> tuple[str, ...] | None:
         """The state micro-batch ``batch_id`` must start from, if this record says
@@ -75,6 +84,15 @@ class HistoryRecord:
         if batch_id == self.batch + 1:
             return self.after
         return None
+
+    def pending_for(self, batch_id: int) -> tuple[int, ...]:
+        """The partitions with pending work as micro-batch ``batch_id`` starts (as
+        ``expected_before``; none when this record does not say)."""
+        if batch_id == self.batch:
+            return self.pending_before
+        if batch_id == self.batch + 1:
+            return self.pending_after
+        return ()
 
 
 @dataclass
@@ -107,7 +125,11 @@ class Layout:
         last = data.get("last")
         record = None
         if last is not None:
-            record = HistoryRecord(int(last["batch"]), tuple(last["before"]), tuple(last["after"]))
+            record = HistoryRecord(
+                int(last["batch"]), tuple(last["before"]), tuple(last["after"]),
+                tuple(int(p) for p in last.get("pending_before", ())),
+                tuple(int(p) for p in last.get("pending_after", ())),
+            )  # fmt: skip
         return cls(list(data["keys"]), int(data["max_parallelism"]), data["history"], record)
 
     def save(self, store: CheckpointStore) -> None:
@@ -122,6 +144,8 @@ class Layout:
                 "batch": self.last.batch,
                 "before": list(self.last.before),
                 "after": list(self.last.after),
+                "pending_before": list(self.last.pending_before),
+                "pending_after": list(self.last.pending_after),
             }
         store.write_bytes(json.dumps(data).encode(), _LAYOUT)
 
@@ -130,17 +154,38 @@ class Layout:
         store: CheckpointStore,
         batch_id: int,
         before: Mapping[int, list[str]],
-        snapshotted: Iterable[int],
+        snapshotted: Mapping[int, bool],
+        pending: Iterable[int] = (),
     ) -> None:
         """Record micro-batch ``batch_id`` as finished and save the layout: it started
-        from ``before`` (partition -> checkpoint names, as planned) and the partitions
-        ``snapshotted`` took ``chk-<batch_id>``."""
+        from ``before`` (partition -> checkpoint names, as planned) with work pending
+        in the partitions ``pending``; the partitions ``snapshotted`` took
+        ``chk-<batch_id>``, each True when that checkpoint holds pending work."""
         partitions = self.history[-1][1]
         after = {p: list(names) for p, names in before.items()}
         for partition in snapshotted:
             after[partition] = [f"{partition_name(partition, partitions)}/chk-{batch_id}"]
-        self.last = HistoryRecord(batch_id, _union(before.values()), _union(after.values()))
+        waiting = {p for p in pending if p not in snapshotted}
+        waiting |= {p for p, holds in snapshotted.items() if holds}
+        self.last = HistoryRecord(
+            batch_id, _union(before.values()), _union(after.values()),
+            tuple(sorted(set(pending))), tuple(sorted(waiting)),
+        )  # fmt: skip
         self.save(store)
+
+    def may_start_empty(self) -> bool:
+        """Whether the next micro-batch Spark runs may start from empty state: no
+        micro-batch finished yet, or the last finished one started from none (Spark may
+        run it again: its sink failed before the commit)."""
+        return self.last is None or not self.last.before
+
+    def pending(self, batch_id: int) -> set[int]:
+        """The partitions that run micro-batch ``batch_id`` even without rows: their
+        checkpoint holds pending work. None in an era's first micro-batch (every
+        partition with state from the previous era runs it anyway)."""
+        if self.last is None or self.history[-1][0] == batch_id:
+            return set()
+        return set(self.last.pending_for(batch_id))
 
     @property
     def partitions(self) -> int | None:
@@ -343,3 +388,34 @@ def load_watermarks(sources: list[CheckpointHandle], marks: BoundedOutOfOrdernes
         lowest = min(lowest, float(data["current"]))
     if sources:
         marks.max_timestamp, marks.current = highest, lowest
+
+
+def locations(location: Any, spark_location: Any) -> tuple[str, str]:
+    """The state location (path or URI) and Spark's checkpoint location of a
+    ``process_keyed_stream`` at ``location`` (``spark_location``: the one given, if any).
+
+    Raises ValueError for a missing location or an unresolvable URI scheme.
+    """
+    if location is None or not isinstance(location, (str, os.PathLike)) or not os.fspath(location):
+        raise ValueError(
+            "process_keyed_stream needs checkpoint_location: a directory or object-store URI "
+            f"for the partitions' state, got {location!r}"
+        )
+    text = os.fspath(location)
+    root = CheckpointStore.at(text)  # ValueError for a scheme pyarrow.fs cannot resolve
+    state = root.child("state").location
+    if spark_location is not None:
+        return state, os.fspath(spark_location)
+    if root.local:
+        return state, root.name_of("spark")
+    digest = hashlib.sha256(root.location.encode()).hexdigest()[:16]
+    return state, os.path.join(tempfile.gettempdir(), "aec-spark-checkpoints", digest)
+
+
+def batch_ids(directory: str) -> list[int]:
+    """The micro-batch ids logged in a local Spark checkpoint log directory (``offsets``,
+    ``commits``), ascending; none if it does not exist."""
+    try:
+        return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    except FileNotFoundError:
+        return []

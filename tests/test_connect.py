@@ -195,6 +195,58 @@ def test_stream_restarts_exactly_and_refuses_lost_state(connect, tmp_path):
     assert "no layout.json" in message and "new checkpoint_location" in message
 
 
+class SeededCount(RunningCount):
+    async def process_initial_state(self, row, ctx):
+        await self.count.async_update(row["count"])
+
+
+def _json_lines(path: str):
+    """A metrics listener (it runs in the server's foreachBatch process) appending each
+    micro-batch's merged metrics to ``path``."""
+
+    def listen(batch_id, metrics):
+        with open(path, "a") as out:
+            out.write(json.dumps({"batch": batch_id, **metrics}, default=str) + "\n")
+
+    return listen
+
+
+def test_stream_metrics_initial_state_and_read_state(connect, tmp_path):
+    import pandas as pd
+
+    from spark_glue import process_keyed_stream, read_state
+
+    source, out = tmp_path / "input", tmp_path / "out"
+    source.mkdir()
+    location, log = str(tmp_path / "ckpt"), str(tmp_path / "metrics.jsonl")
+    initial = connect.createDataFrame([("k0", 1000), ("k3", 3000)], "k string, count long")
+    data = rows(0, 120)
+    for index in range(2):
+        _write_file(source, index, data[index * 60 : (index + 1) * 60])
+    query = process_keyed_stream(
+        connect.readStream.option("maxFilesPerTrigger", 1).schema(IN_DDL).json(str(source)),
+        SeededCount(), "k", OUT_DDL, checkpoint_location=location,
+        sink=_parquet_sink(str(out)), order_by="seq", num_partitions=2,
+        side_outputs={"zero": "seq long"}, trigger={"availableNow": True},
+        metrics_listener=_json_lines(log), initial_state=initial,
+    )  # fmt: skip
+    query.awaitTermination()
+    with open(log) as lines:
+        metrics = [json.loads(line) for line in lines]
+    assert [m["batch"] for m in metrics] == [0, 1]
+    assert [m["rows_in"] for m in metrics] == [60, 60]
+    assert metrics[0]["initial_rows"] == 2 and metrics[1]["initial_rows"] == 0
+    got = pd.concat(pd.read_parquet(out / b) for b in sorted(os.listdir(out)))
+    offset = {"k0": 1000, "k3": 3000}
+    expected = sorted((k, s, c + offset.get(k, 0), t) for k, s, c, t in running_counts(data))
+    assert sorted(got.itertuples(index=False, name=None)) == expected
+    state = read_state(connect, location)
+    assert type(state).__module__.startswith("pyspark.sql.connect")
+    counts = {r.key: int(r.value) for r in state.collect() if r.state == "count"}
+    assert counts == {k: max(c for kk, _, c, _ in expected if kk == k) for k in counts}
+    assert counts["k0"] > 1000
+
+
 class _Square(AsyncFunction):
     async def async_invoke(self, value):
         return [{"seq": value["seq"], "square": value["x"] * value["x"]}]

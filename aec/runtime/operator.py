@@ -67,7 +67,7 @@ from aec.runtime.operator_failures import cause_of, job_failure, stuck_error
 from aec.runtime.operator_timers import OperatorTimers
 from aec.runtime.output import OperatorOutput, Trace
 from aec.runtime.record_context import RecordContext
-from aec.runtime.user_code import DeclaredEntryRunner, EntryRunner
+from aec.runtime.user_code import DeclaredEntryRunner, EntryRunner, InitialStateRow
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
 from aec.state.handles import StateHandle, make_handle
@@ -296,10 +296,8 @@ class KeyedProcessOperator:
                 self.executor.tick(controller)
             if controller.mails or controller.ready:
                 controller.run_available()
-            limit = self._limit
-            while controller.in_flight >= limit:
-                if not controller.step():
-                    raise self._stuck()
+            if controller.in_flight >= self._limit:
+                self._wait_for_room()
             active = controller.active
             if active.requests and monotonic() - active.first_time >= controller.buffer_timeout:
                 controller.flush()
@@ -312,6 +310,38 @@ class KeyedProcessOperator:
                 self.epochs.active, self._watermark, self._on_finished, None, self._now,
             )  # fmt: skip
             controller.admit(context, True)
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    def _wait_for_room(self) -> None:
+        """Run mails until a record finished and input may be admitted (rule 5)."""
+        controller = self.controller
+        while controller.in_flight >= self._limit:
+            if not controller.step():
+                raise self._stuck()
+
+    def process_initial(self, key: Hashable, row: Any) -> None:
+        """Admit a row of ``key``'s initial state (Spark's ``handleInitialState``): a record
+        of that key whose entry is ``function.process_initial_state(row, ctx)``, under every
+        rule of records; no timestamp, not in ``records_in``. Before any record or
+        watermark only (else RuntimeError; a ``restore`` after it is refused); TypeError
+        / ValueError for a bad or foreign key; JobFailure when user code or the backend fails."""
+        key_group = self._checked_key_group(key)
+        if self._records_in or self._watermark > -math.inf or self._state not in ("new", "open"):
+            raise RuntimeError(
+                "process_initial() goes before any record or watermark (the operator is "
+                f"{self._state}, {self._records_in} records in, watermark {self._watermark})"
+            )
+        self._require_open()
+        self._restorable = False
+        try:
+            if self.controller.in_flight >= self._limit:
+                self._wait_for_room()
+            self._sequence += 1
+            self.controller.admit(InitialStateRow(
+                row, key, key_group, None, self._sequence, self.epochs.active,
+                self._watermark, self._on_finished, None, self._now,
+            ), True)  # fmt: skip
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -515,13 +545,41 @@ class KeyedProcessOperator:
         self._checkpoint_pause = time.perf_counter() - started
         return handle
 
+    def drain(self, *, chains_only: bool = False) -> None:
+        """Run the mailbox until no record, callback or timer firing is in flight and every
+        closed epoch's watermark has left (what a draining checkpoint waits for, rule 9);
+        what it emits is in ``drain_outputs()``. With ``chains_only``, stop once the records
+        in flight are only same-key chains (a held key's record and those waiting behind
+        it: a hot key), all parallel work done: a declaring function's checkpoint then
+        carries the rest. RuntimeError when not open, JobFailure on failure."""
+        self._require_open()
+        self._restorable = False
+        try:
+            if not chains_only:
+                self._drain()
+                return
+            self._flush_bundle(math.inf)
+            controller, blocking = self.controller, self.controller.blocking
+            while controller.in_flight > blocking.size + blocking.key_count():  # a chain: 1 + waiting
+                if not controller.step():
+                    raise self._stuck()
+            controller.current = None
+        except BaseException as exc:
+            self._raise_failure(exc)
+
+    @property
+    def carries_records(self) -> bool:
+        """Whether a checkpoint may carry the records in flight instead of draining: an
+        open operator running a declaring function, asynchronous and record-ordered."""
+        return self._program is not None and not self.synchronous and not self.config.state_ordered
+
     def _carry(self) -> tuple[list[CarriedRecord] | None, bytes]:
         """A declaring function's checkpoint does not drain (``in_flight.carry``): the
         carried records and their bytes; None: it drains (not a declaring function,
         a run that cannot carry, or records holding values the job's serializer
         cannot store). A declared variable it cannot store is ``Unserializable``."""
         program = self._program
-        if program is None or self.synchronous or self.config.state_ordered:
+        if program is None or not self.carries_records:
             return None, b""
         carried = carry(self.controller, self.epochs, program)
         if not carried:
@@ -709,6 +767,13 @@ class KeyedProcessOperator:
             # counters the function keeps (windows: late_records_dropped)
             **(getattr(self.function, "metric_counters", dict)()),
         }
+
+    @property
+    def in_flight_gauges(self) -> tuple[int, int, int]:
+        """``(num_in_flight_records, num_blocking_keys, blocking_buffer_size)`` now: O(1),
+        cheap enough to sample while records flow (``metrics`` builds histograms)."""
+        controller = self.controller
+        return controller.in_flight, controller.blocking.key_count(), controller.blocking.size
 
     # -- state and timers (called by handles and the timer service: OperatorHooks) --------------
     def state_handle(self, descriptor: StateDescriptor) -> StateHandle[Any]:

@@ -1,7 +1,8 @@
 """Running the user function's entries: the AEC's ``start``.
 
 A context the AEC starts is a record (``process_element``), a timer firing
-(``on_timer``) or the fold of a function's bundle. An entry may return None, a
+(``on_timer``), the fold of a function's bundle or a row of the initial state
+(``process_initial_state``). An entry may return None, a
 ``StateFuture`` (its callbacks hold the record), or a coroutine (``async def``),
 which this module drives: each ``await`` of a pending future suspends it until
 that future completes on the mailbox thread (no asyncio on the state path).
@@ -39,6 +40,18 @@ class _Records(Protocol):
     current: RecordContext | None
 
 
+class InitialStateRow(RecordContext):
+    """A row of the initial state (Spark's ``handleInitialState``): a record of its key in
+    every respect (same-key order, state, timers, outputs) whose entry is
+    ``function.process_initial_state(row, ctx)`` (``KeyedProcessOperator.process_initial``).
+    Never carried by a checkpoint: one still in flight makes the checkpoint drain."""
+
+    __slots__ = ()
+
+    def describe(self) -> str:
+        return "initial state " + super().describe()
+
+
 class EntryRunner:
     """Calls a ``KeyedProcessFunction``'s entries for the AEC (mailbox thread only).
 
@@ -68,21 +81,28 @@ class EntryRunner:
         Raises TypeError for a return value that is none of None, a StateFuture, a
         coroutine; whatever the user code raises propagates (the job fails)."""
         timer = record.timer
-        if timer is None:
-            if type(record) is BundleContext:
-                self._fold(record)
-                return
-            result = self.function.process_element(record.value, self.context)
-        else:
+        if timer is not None:
             self.timers_fired += 1
             result = self.function.on_timer(timer[1], self.context)
+            entry = "on_timer"
+        elif type(record) is RecordContext:
+            result = self.function.process_element(record.value, self.context)
+            entry = "process_element"
+        elif type(record) is BundleContext:
+            self._fold(record)
+            return
+        elif type(record) is InitialStateRow:
+            result = self.function.process_initial_state(record.value, self.context)
+            entry = "process_initial_state"
+        else:
+            raise RuntimeError(f"{record.describe()} has no entry of {type(self.function)}")
         if type(result) is StateFuture:
             if result.context is None:
                 # a future made outside any record: the record waits for it (and a
                 # future nobody completes leaves it stuck, named, not lost)
                 result.subscribe(_ignore, record)
         elif result is not None:
-            self.follow(result, "process_element" if timer is None else "on_timer")
+            self.follow(result, entry)
 
     def follow(self, result: object, entry: str) -> None:
         """Drive what ``entry`` returned: a coroutine, or any StateFuture (its
@@ -142,6 +162,8 @@ class DeclaredEntryRunner(EntryRunner):
         if timer is None:
             if type(record) is ResumedRecord:
                 resume(record, program, self.submit, self.context)
+            elif type(record) is InitialStateRow:
+                super().run(record)  # not declared: its checkpoints drain
             else:
                 assert program.process is not None
                 program.start(record, program.process, record.value, self.context)
