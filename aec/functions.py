@@ -26,10 +26,10 @@ from aec.state.descriptors import (
 from aec.state.future import StateFuture
 from aec.state.handles import AggregatingState, ListState, MapState, ReducingState, ValueState
 from aec.state.serialization import Serializer, resolve
+from aec.state.ttl import ttl_kind
 from aec.state.typevars import ACC, IN, OUT, UK, UV, V
 
 R = TypeVar("R")  # an external call's result
-from aec.state.ttl import ttl_kind
 
 _NO_RETRY = NoRetry()
 

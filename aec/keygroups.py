@@ -104,16 +104,30 @@ def _why(key: object) -> str:
     return "its bytes are not defined by its value"
 
 
+_INT_DIGITS = 4300  # sys.int_info.default_max_str_digits
+
+
 def _decimal_bytes(number: decimal.Decimal) -> bytes:
     """A Decimal equal to an int or a float takes their form (it equals them)."""
     if number.is_nan():
         raise ValueError("a key holds a NaN Decimal: it is not equal to itself")
+    if number.is_finite() and number.adjusted() >= _INT_DIGITS:
+        raise ValueError(
+            f"a key holds a Decimal of {number.adjusted() + 1} integer digits; keys take "
+            f"at most {_INT_DIGITS} (Python's limit for an int's decimal string)"
+        )
     if number.is_finite() and number == number.to_integral_value():
         return b"i" + str(int(number)).encode()
     as_float = float(number)
     if as_float == number:
         return _float_bytes(as_float)
-    return b"d" + str(number.normalize()).encode()
+    # normalize in a context as precise as the number: the default 28 digits round
+    exact = decimal.Context(
+        prec=max(1, len(number.as_tuple().digits)),
+        Emax=decimal.MAX_EMAX,
+        Emin=decimal.MIN_EMIN,
+    )
+    return b"d" + str(number.normalize(exact)).encode()
 
 
 def key_group_for(key: object, max_parallelism: int) -> int:

@@ -486,6 +486,16 @@ def test_an_equal_key_of_another_type_shares_its_bytes():
     assert decode_key(encode_key((Decimal(1), "a"))) == (1, "a")
 
 
+def test_a_decimal_key_keeps_every_digit_and_a_huge_one_is_refused():
+    from decimal import Decimal
+
+    long = Decimal("3.5245538770868666231190550347E-12")  # 29 digits: past the default 28
+    assert decode_key(encode_key(long)) == long
+    assert encode_key(Decimal("0.10")) == encode_key(Decimal("0.1000"))
+    with pytest.raises(ValueError, match="integer digits"):
+        encode_key(Decimal("1E+999999999"))  # would build a billion-digit int
+
+
 @given(keys=st.lists(CODEC_KEYS, max_size=8), groups=st.lists(st.integers(0, 65535), min_size=1))
 def test_remembered_key_prefixes_are_the_layout_for_each_key_group(keys, groups):
     # a key's prefix is remembered per key, but operators with another max_parallelism
