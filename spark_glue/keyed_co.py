@@ -46,6 +46,7 @@ from aec.runtime.co_operator import KeyedCoProcessOperator
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.convert import timestamp_seconds
 from spark_glue.keyed import _TIME_TYPES, SchemaLike, arrange, persisted_result, plan_job
+from spark_glue.metrics import GaugeSamples
 from spark_glue.partition import PartitionJob
 from spark_glue.routing import keys_of
 from spark_glue.watermarks import BoundedOutOfOrderness, delay_seconds
@@ -262,13 +263,34 @@ class CoPartitionJob(PartitionJob):
     def watermark_generator(self) -> Any:
         return InputWatermarks(self.delay, self.interval)
 
-    def end_micro_batch(self, operator: Any, watermarks: Any) -> None:
+    def resume_watermarks(self, operator: Any, watermarks: Any) -> None:
+        for index, generator in enumerate(watermarks.inputs, start=1):
+            if generator.current > operator.input_watermarks[index - 1]:
+                operator.process_input_watermark(index, Watermark(generator.current))
+
+    def end_micro_batch(self, operator: Any, watermarks: Any, with_rows: bool) -> None:
         for index, generator in enumerate(watermarks.inputs, start=1):
             mark = generator.check_now()
             if mark is not None:
                 operator.process_input_watermark(index, Watermark(mark))
 
-    def _feed(self, operator: Any, watermarks: Any, batch: pa.RecordBatch) -> None:
+    def holds_watermark(self, operator: Any, watermarks: Any) -> bool:
+        return any(
+            generator.current > operator.input_watermarks[index]
+            for index, generator in enumerate(watermarks.inputs)
+        )
+
+    def feed(
+        self,
+        operator: Any,
+        watermarks: Any,
+        batch: pa.RecordBatch,
+        samples: GaugeSamples,
+        fed: int,
+    ) -> None:
+        """Feed ``batch``'s rows (of ``union_frame``) to the two-input ``operator``, each
+        side's values from its struct, with each input's periodic watermarks; ``samples``
+        takes the operator's gauges every so many rows (``fed``: rows fed before)."""
         inputs = batch.column(INPUT).to_pylist()
         keys = keys_of(batch, self.keys)
         sides = []
@@ -280,18 +302,23 @@ class CoPartitionJob(PartitionJob):
         (lefts, left_times), (rights, right_times) = sides
         process = operator.process_fields
         first, second = watermarks.inputs
-        for index, input in enumerate(inputs):
-            if input == 1:
-                stamp = left_times[index]
-                process(keys[index], lefts[index], stamp, 1)
-                mark = first.on_record(stamp)
-            else:
-                stamp = right_times[index]
-                process(keys[index], rights[index], stamp, 2)
-                mark = second.on_record(stamp)
-            if mark is not None:
-                operator.process_input_watermark(input, Watermark(mark))
-
+        rows, start = len(inputs), 0
+        while start < rows:  # the gauges are sampled between slices, never per record
+            end = min(rows, start + samples.until_next())
+            for index in range(start, end):
+                input = inputs[index]
+                if input == 1:
+                    stamp = left_times[index]
+                    process(keys[index], lefts[index], stamp, 1)
+                    mark = first.on_record(stamp)
+                else:
+                    stamp = right_times[index]
+                    process(keys[index], rights[index], stamp, 2)
+                    mark = second.on_record(stamp)
+                if mark is not None:
+                    operator.process_input_watermark(input, Watermark(mark))
+            samples.take(operator, end - start, fed + end)
+            start = end
 
 def plan_co(
     left: DataFrame,

@@ -50,6 +50,7 @@ def process_keyed_co_stream(
     side_outputs: Mapping[str, SchemaLike] | None = None,
     trigger: Mapping[str, Any] | None = None,
     spark_checkpoint_location: str | os.PathLike[str] | None = None,
+    metrics_listener: Callable[[int, dict[str, Any]], Any] | None = None,
 ) -> StreamingQuery:
     """Start a streaming query running ``function`` per key over two streams:
     ``left_stream``'s rows are input 1, ``right_stream``'s input 2.
@@ -58,7 +59,7 @@ def process_keyed_co_stream(
     inside one; rows of later micro-batches arrive later) and
     ``process_keyed_stream``'s (``checkpoint_location``, ``sink``,
     ``num_partitions`` (a different one on restart rescales the state), ``trigger``,
-    ``spark_checkpoint_location``). Watermarks: per input, periodic as in
+    ``spark_checkpoint_location``, ``metrics_listener``). Watermarks: per input, periodic as in
     ``process_keyed_co`` and continuing across micro-batches, plus one per input at
     the end of every micro-batch if it advances; the operator's is their minimum, so
     an input that has sent no row holds back every timer.
@@ -77,7 +78,7 @@ def process_keyed_co_stream(
                 f"process_keyed_co_stream needs a streaming DataFrame as {name} "
                 "(spark.readStream...)"
             )
-    check_stream_arguments(checkpoint_location, sink, trigger)
+    check_stream_arguments(checkpoint_location, sink, trigger, metrics_listener)
     job, union, sides = plan_co(
         left_stream, right_stream, function, key, output_schema, timestamp=timestamp,
         watermark_delay=watermark_delay, order_by=order_by,
@@ -87,7 +88,8 @@ def process_keyed_co_stream(
     )  # fmt: skip
     layout_keys = [f"{side.name}:{column}" for side in sides for column in side.keys]
     return start_stream(
-        union, job, layout_keys, lambda routed, n: arranged(routed, [ROUTE], n),
+        union, job, layout_keys, lambda routed, n, _: arranged(routed, [ROUTE], n),
         num_partitions=num_partitions, checkpoint_location=checkpoint_location,
         spark_checkpoint_location=spark_checkpoint_location, sink=sink, trigger=trigger,
+        metrics_listener=metrics_listener,
     )  # fmt: skip

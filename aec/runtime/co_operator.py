@@ -6,7 +6,8 @@ A ``KeyedProcessOperator`` whose records say which input they came from
 same-key order, buffers, back-pressure and epochs hold across both inputs. What
 is its own:
 
-- the entry a record calls: ``process_element1`` or ``process_element2``;
+- the entry a record calls: ``process_element1`` or ``process_element2``
+  (``aec.runtime.user_code.CoEntryRunner``);
 - the watermark: each input has its own, never regressing; the operator's is
   their minimum (-inf until both sent one), and only when that minimum advances
   does an epoch close (timers fire, the watermark is emitted). Flink:
@@ -23,20 +24,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
 
 from aec.checkpoint.files import OperatorState
 from aec.clock import Clock
 from aec.config import AecConfig
 from aec.elements import Record, Watermark, check_timestamp
 from aec.errors import describe
-from aec.functions import KeyedCoProcessFunction
+from aec.functions import KeyedCoProcessFunction, check_function_kind
 from aec.keygroups import KeyGroupRange
-from aec.runtime.bundle import BundleContext, bundles
+from aec.runtime.bundle import BundleContext, BundleFlusher, bundles
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
-from aec.runtime.record_context import RecordContext
-from aec.state.future import StateFuture
+from aec.runtime.user_code import CoEntryRunner
+
+if TYPE_CHECKING:
+    from aec.state.backend import StateBackend
 
 INPUTS = (1, 2)
 
@@ -58,34 +62,46 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
             ``process``/``process_watermark`` (which input?).
     """
 
-    function_kind = KeyedCoProcessFunction
+    __slots__ = ("_input_watermarks", "offering")
     inputs = 2
+    entry_runner = CoEntryRunner
 
     def __init__(
         self,
         function: KeyedCoProcessFunction,
-        backend: Any,
+        backend: StateBackend,
         config: AecConfig | None = None,
         executor: StateExecutor | None = None,
         clock: Clock | None = None,
         *,
         key_group_range: KeyGroupRange | None = None,
     ) -> None:
-        # the base checks the kind (function_kind) before it stores the function
-        base: Any = function
+        base: Any = function  # the base checks the kind (_check_function) first
         super().__init__(base, backend, config, executor, clock, key_group_range=key_group_range)
-        self._entries = (function.process_element1, function.process_element2)
         self._input_watermarks = [-math.inf, -math.inf]  # last watermark of each input
         self.offering = 0  # the input of the record being offered to the bundle
 
+    @staticmethod
+    def _check_function(function: object) -> None:
+        """Raise TypeError unless ``function`` is a ``KeyedCoProcessFunction``."""
+        check_function_kind(function, KeyedCoProcessFunction, "KeyedCoProcessOperator")
+
     def open(self) -> None:
-        """``KeyedProcessOperator.open``; then the function's two-input bundle, if any."""
-        fresh = self._state == "new"
+        """``KeyedProcessOperator.open``; then the function's two-input mini-batch
+        (``open_co_bundle()``), if any."""
+        fresh = self.status == "new"
         super().open()
         make_bundle = getattr(self.function, "open_co_bundle", None)
-        if fresh and make_bundle is not None and bundles(self.config):
-            bundle: Any = _InputBundle(make_bundle(), self)  # a Bundle, its size a property
-            self._bundle = bundle
+        if not fresh or make_bundle is None or not bundles(self.config):
+            return
+        try:
+            inner = make_bundle()
+        except BaseException as exc:
+            self._raise_failure(exc)
+        if inner is not None:
+            bundle = _InputBundle(inner, self)
+            self._bundles = BundleFlusher(bundle, self.controller, self._bundle_context)
+            self.entries.bundle = bundle
 
     # -- input ---------------------------------------------------------------------------------
     def process1(self, record: Record) -> None:
@@ -118,7 +134,9 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         else:
             raise TypeError(f"expected an aec.Record or aec.Watermark, got {describe(element)}")
 
-    def process_fields(self, key: Any, value: Any, timestamp: float | None, input: int = 0) -> None:
+    def process_fields(
+        self, key: Hashable, value: object, timestamp: float | None, input: int = 0
+    ) -> None:
         """``KeyedProcessOperator.process_fields`` for input ``input`` (1 or 2; the
         Spark glue's per-row call). Raises ValueError for another input number."""
         if input != 1 and input != 2:
@@ -169,7 +187,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         self._restorable = False
         self._input_watermarks[input - 1] = timestamp
         combined = min(self._input_watermarks)
-        if combined > self.current_watermark:
+        if combined > self._watermark:
             super().process_watermark(Watermark(combined))  # reads the clock too
         elif self._poll:  # an input element reads the clock, advancing or not
             try:
@@ -193,18 +211,9 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         super().finish()
         self._input_watermarks = [math.inf, math.inf]
 
-    # -- engine hooks --------------------------------------------------------------------------
-    def _run_entry(self, context: RecordContext) -> None:
-        if context.timer is not None or type(context) is not RecordContext:  # a bundle's fold
-            super()._run_entry(context)
-            return
-        result = self._entries[context.input - 1](context.value, self.context)
-        if result is None or type(result) is StateFuture:
-            return
-        self._settle(result, f"process_element{context.input}")
-
-    def _checkpoint_state(self) -> OperatorState:
-        state = super()._checkpoint_state()
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _checkpoint_state(self, in_flight: bytes = b"") -> OperatorState:
+        state = super()._checkpoint_state(in_flight)
         return dataclasses.replace(state, input_watermarks=tuple(self._input_watermarks))
 
     def _apply_restored(self, state: OperatorState) -> None:
@@ -227,17 +236,19 @@ class _InputBundle:
         size: int = self.inner.size
         return size
 
-    def offer(self, key: Any, value: Any, timestamp: float | None, watermark: float) -> bool:
+    def offer(
+        self, key: Hashable, value: object, timestamp: float | None, watermark: float
+    ) -> bool:
         offered: bool = self.inner.offer_input(
             self.operator.offering, key, value, timestamp, watermark
         )
         return offered
 
-    def take(self, watermark: float) -> list[tuple[Any, Any, int]]:
-        taken: list[tuple[Any, Any, int]] = self.inner.take(watermark)
+    def take(self, watermark: float) -> list[tuple[Hashable, object, int]]:
+        taken: list[tuple[Hashable, object, int]] = self.inner.take(watermark)
         return taken
 
-    def fold(self, share: Any, context: BundleContext, ctx: Any) -> None:
+    def fold(self, share: object, context: BundleContext, ctx: Any) -> None:
         self.inner.fold(share, context, ctx)
 
 

@@ -11,14 +11,12 @@ Modules: ``reference`` (``run_sync``), ``scripted`` (``ScriptedExecutor``),
 lazily).
 """
 
-from typing import Any
-
 from aec.testing.checker import DEFAULT_CONFIGS, assert_equivalent, assert_equivalent_co
 from aec.testing.reference import run_sync
 from aec.testing.scripted import ScriptedExecutor
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # the hypothesis strategies, re-exported lazily: hypothesis is optional for aec
     if name in ("keyed_streams", "co_keyed_streams", "configs"):
         from aec.testing import strategies

@@ -6,7 +6,7 @@ executor, and the equivalence check (the async run gives the sync answer).
 
 ``assert_equivalent`` runs ``function_factory()`` synchronously (the
 reference, ``async_state=False``) and asynchronously under scripted batch
-completion orders, and compares what DESIGN rule 11 promises: the output
+completion orders, and compares what docs/semantics.md rule 11 promises: the output
 sequence per key (and per side-output tag and key), the watermark sequence,
 each output's position relative to the watermarks, and the final state.
 ``assert_equivalent_co`` does the same for a two-input ``KeyedCoProcessFunction``
@@ -15,8 +15,8 @@ over ``(input, element)`` pairs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from aec.clock import ScriptedClock
 from aec.config import AecConfig
@@ -25,8 +25,15 @@ from aec.functions import KeyedCoProcessFunction, KeyedProcessFunction
 from aec.runtime.co_operator import KeyedCoProcessOperator, co_element
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
+from aec.runtime.output import Trace
 from aec.runtime.run import default_backend
+from aec.state.backend import StateBackend
 from aec.testing.scripted import ScriptedExecutor
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import DataObject
+
+Element = Record | Watermark
 
 DEFAULT_CONFIGS = (
     AecConfig(buffer_size=2, in_flight_records_limit=8),
@@ -44,11 +51,12 @@ class _Observed:
     watermark's timers of the same key.
     """
 
-    def __init__(self, trace: list[Any], backend: Any, state_names: list[str]) -> None:
-        self.watermarks: list[Any] = []
-        self.per_key: dict[tuple[Any, ...], list[Any]] = {}
-        self.per_origin: dict[tuple[Any, ...], list[Any]] = {}
-        self.positions: list[tuple[int, int, Any]] = []  # (epoch, epochs done before, value)
+    def __init__(self, trace: Trace, backend: StateBackend, state_names: list[str]) -> None:
+        self.watermarks: list[float] = []
+        # (kind, tag, key) and, per origin, + (epoch, from a timer) -> outputs
+        self.per_key: dict[tuple[Hashable, ...], list[object]] = {}
+        self.per_origin: dict[tuple[Hashable, ...], list[object]] = {}
+        self.positions: list[tuple[int, int, object]] = []  # (epoch, epochs done before, value)
         boundaries = 0  # epochs finished so far: watermarks and processing-time ticks
         for kind, context, value in trace:
             if kind == "watermark" or kind == "tick":
@@ -65,7 +73,7 @@ class _Observed:
         self.state = {name: _state_items(backend, name) for name in state_names}
 
 
-def _state_items(backend: Any, name: str) -> Any:
+def _state_items(backend: StateBackend, name: str) -> object:
     try:
         return backend.state_items(name)
     except NotImplementedError:
@@ -96,7 +104,8 @@ TWO_INPUTS = _Inputs(KeyedCoProcessOperator, _feed_two)
 
 
 def _observe(
-    inputs: _Inputs, source: Sequence[Any], function: Any, backend: Any, config: AecConfig,
+    inputs: _Inputs, source: Sequence[Any], function: Any, backend: StateBackend,
+    config: AecConfig,
     executor: StateExecutor | None, clock_advances: Sequence[float],
 ) -> _Observed:  # fmt: skip
     clock = ScriptedClock(clock_advances)
@@ -155,9 +164,9 @@ def assert_equivalent(
     function_factory: Callable[[], KeyedProcessFunction],
     source: Iterable[Record | Watermark],
     *,
-    backend_factory: Callable[[], Any] | None = None,
+    backend_factory: Callable[[], StateBackend] | None = None,
     configs: Iterable[AecConfig] | None = None,
-    data: Any = None,
+    data: DataObject | None = None,
     seeds: Iterable[int] = (0, 1, 2),
     executor_factory: Callable[[int | None], StateExecutor] | None = None,
     clock_advances: Sequence[float] = (),
@@ -193,9 +202,9 @@ def assert_equivalent_co(
     function_factory: Callable[[], KeyedCoProcessFunction],
     source: Iterable[tuple[int, Record | Watermark]],
     *,
-    backend_factory: Callable[[], Any] | None = None,
+    backend_factory: Callable[[], StateBackend] | None = None,
     configs: Iterable[AecConfig] | None = None,
-    data: Any = None,
+    data: DataObject | None = None,
     seeds: Iterable[int] = (0, 1, 2),
     executor_factory: Callable[[int | None], StateExecutor] | None = None,
     clock_advances: Sequence[float] = (),
@@ -213,8 +222,8 @@ def assert_equivalent_co(
 
 def _check(
     inputs: _Inputs, function_factory: Callable[[], Any], source: Iterable[Any],
-    backend_factory: Callable[[], Any] | None, configs: Iterable[AecConfig] | None,
-    data: Any, seeds: Iterable[int],
+    backend_factory: Callable[[], StateBackend] | None, configs: Iterable[AecConfig] | None,
+    data: DataObject | None, seeds: Iterable[int],
     executor_factory: Callable[[int | None], StateExecutor] | None,
     clock_advances: Sequence[float],
 ) -> None:  # fmt: skip
@@ -222,7 +231,7 @@ def _check(
     backend_factory = backend_factory or default_backend
 
     def problem_with(
-        elements: list[Any], config: AecConfig, seed: int | None
+        elements: list[Element], config: AecConfig, seed: int | None
     ) -> tuple[str | None, StateExecutor]:
         reference = _observe(
             inputs, elements, function_factory(), backend_factory(), AecConfig(async_state=False),
@@ -256,7 +265,7 @@ def _check(
             smallest = source
             if data is None:  # hypothesis shrinks its own draws; shrink seeded runs here
 
-                def fails(e: list[Any], c: AecConfig = config, s: int | None = seed) -> bool:
+                def fails(e: list[Element], c: AecConfig = config, s: int | None = seed) -> bool:
                     return bool(problem_with(e, c, s)[0])
 
                 smallest = _shrink(source, fails)
@@ -271,7 +280,9 @@ def _check(
             )
 
 
-def _shrink(source: list[Any], fails: Callable[[list[Any]], bool], budget: int = 200) -> list[Any]:
+def _shrink(
+    source: list[Element], fails: Callable[[list[Element]], bool], budget: int = 200
+) -> list[Element]:
     """A smaller input that still ``fails``: drop ever smaller slices while the
     failure remains, trying at most ``budget`` candidates (a simple ddmin)."""
     current = list(source)

@@ -22,8 +22,7 @@ Importing this module without hypothesis raises ImportError saying so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
 
 from aec.errors import needs_extra
 
@@ -36,13 +35,13 @@ from aec.elements import Record, Watermark
 __all__ = ["DEFAULT_KEYS", "co_keyed_streams", "configs", "keyed_streams"]
 
 #: Keys ``keyed_streams`` draws from by default: few, of mixed types (str, int, tuple).
-DEFAULT_KEYS: tuple[Any, ...] = ("a", "b", "c", 1, (2, "x"))
+DEFAULT_KEYS: tuple[Hashable, ...] = ("a", "b", "c", 1, (2, "x"))
 
 _WATERMARK_MODES = ("serial", "parallel")
 
 
 def keyed_streams(
-    keys: Sequence[Any] = DEFAULT_KEYS,
+    keys: Sequence[Hashable] = DEFAULT_KEYS,
     max_size: int = 40,
     max_value: int = 30,
     *,
@@ -85,9 +84,9 @@ def keyed_streams(
 
 
 def _checked(
-    name: str, keys: Sequence[Any], min_size: int, max_size: int, max_value: int,
+    name: str, keys: Sequence[Hashable], min_size: int, max_size: int, max_value: int,
     max_watermark_step: int | None,
-) -> tuple[tuple[Any, ...], int]:  # fmt: skip
+) -> tuple[tuple[Hashable, ...], int]:  # fmt: skip
     """The keys as a tuple and the watermark step, after the checks both strategies make."""
     keys = tuple(keys)
     if not keys:
@@ -103,7 +102,9 @@ def _checked(
 
 
 @st.composite
-def _streams(draw: Any, elements: st.SearchStrategy) -> list[Record | Watermark]:
+def _streams(
+    draw: st.DrawFn, elements: st.SearchStrategy[list[tuple[int, Hashable, int, int]]]
+) -> list[Record | Watermark]:
     # composite rather than .map(), so failing examples print as Records and Watermarks
     stream: list[Record | Watermark] = []
     watermark = -1
@@ -117,7 +118,7 @@ def _streams(draw: Any, elements: st.SearchStrategy) -> list[Record | Watermark]
 
 
 def co_keyed_streams(
-    keys: Sequence[Any] = DEFAULT_KEYS,
+    keys: Sequence[Hashable] = DEFAULT_KEYS,
     max_size: int = 40,
     max_value: int = 30,
     *,
@@ -147,7 +148,9 @@ def co_keyed_streams(
 
 
 @st.composite
-def _co_streams(draw: Any, elements: st.SearchStrategy) -> list[tuple[int, Record | Watermark]]:
+def _co_streams(
+    draw: st.DrawFn, elements: st.SearchStrategy[list[tuple[int, int, Hashable, int, int]]]
+) -> list[tuple[int, Record | Watermark]]:
     stream: list[tuple[int, Record | Watermark]] = []
     watermark = {1: -1, 2: -1}
     for kind, input, key, value, step in draw(elements):
