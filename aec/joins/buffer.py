@@ -13,22 +13,25 @@ own bucket is always one of them, so a record costs at most two reads and one
 write. A cleanup timer fires at the cleanup time of the records it removes, which
 all lie in one bucket: one read and at most one write.
 
-An entry is ``(timestamp, cleanup time, watermark, value)``: ``watermark`` is the
-operator's watermark when the record arrived. Record by record (``entry(...,
-packed=True)``) the value is pickled once, a fifth element marking it: each record
-rewrites its bucket, and a backend that pickles state (RocksDB, SlateDB, Redis) would
-otherwise pickle every value of the bucket again each time (on the flights join that
-was most of a RocksDB record's cost); only matched values are unpickled
-(``value_of``). In mini-batches (``aec.joins.bundle``) a bucket is written once per
-fold, and the value is kept as it is: pickling it too cost more than it saved, on
-RocksDB and on MemoryBackend. A value that cannot be pickled is kept as it is either
-way (only an in-memory backend can store it). Both forms read alike, so a checkpoint
-of either mode restores into the other.
+An entry is ``[timestamp, cleanup time, watermark, value]``: ``watermark`` is the
+operator's watermark when the record arrived; the value is kept as it is, and the
+backend stores buckets with the state's serializer like any state (the job's
+``AecConfig.state_serializer``: msgpack unless the job opted in to pickle), so stored
+bytes run no code unless the job opted in, and a value the serializer cannot store
+fails the backend's write (a MemoryBackend's snapshot) with the serializer's error
+naming its type. Entries and buckets are lists, which every serializer stores
+natively (msgpack stores a tuple as an extension type, several times dearer per
+entry, and a bucket is rewritten by each record that joins it). Encoding each value
+once on its way in (and decoding it on a match) would spare a serializing backend
+(RocksDB, SlateDB, Redis) re-encoding the bucket's values at each rewrite, about
+15 % of a record's cost there when records are not bundled, but would cost a
+MemoryBackend as much, and values msgpack stores as another type (a named tuple as
+a tuple) would then differ between record-by-record and bundled runs.
 
 An entry is *dead* for code that sees watermark ``w`` when its cleanup time is
 ``<= w`` and ``w`` is above the watermark it arrived with: then a watermark advance
 to at least its cleanup time closed an epoch after it arrived, so its cleanup timer
-(DESIGN rule 8) has fired or fires in that epoch. Reads skip dead entries and
+(``docs/semantics.md``, rule 8) has fired or fires in that epoch. Reads skip dead entries and
 writes drop them, so what a record sees does not depend on whether its key's
 cleanup timers ran before it (they may not have, in ``parallel`` watermark order);
 the timers only free the memory.
@@ -37,39 +40,21 @@ the timers only free the memory.
 from __future__ import annotations
 
 import math
-import pickle
 from collections.abc import Iterable
 from typing import Any
 
 from aec.state.future import StateFuture, combine_all
 from aec.state.handles import MapState
 
-# (timestamp, cleanup time, arrival watermark, value) or, pickled, (..., pickled value, True)
-Entry = tuple[Any, ...]
-Bucket = tuple[list[Entry], list[Entry]]  # (left entries, right entries), arrival order
+Entry = list[Any]  # [timestamp, cleanup time, arrival watermark, value]
+Bucket = list[list[Entry]]  # [left entries, right entries], each in arrival order
 LEFT, RIGHT = 0, 1
 _MARGIN = 1e-12  # relative: a bucket range widened by this much at each end
 
 
-def entry(timestamp: float, cleanup: float, watermark: float, value: Any, packed: bool) -> Entry:
-    """A record's entry; ``packed``: its value pickled (unless it cannot be)."""
-    if packed:
-        try:
-            return (
-                timestamp,
-                cleanup,
-                watermark,
-                pickle.dumps(value, pickle.HIGHEST_PROTOCOL),
-                True,
-            )
-        except Exception:  # pickle raises many types (TypeError, PicklingError, AttributeError)
-            pass
-    return (timestamp, cleanup, watermark, value)
-
-
-def value_of(stored: Entry) -> Any:
-    """The record's value of an entry (unpickled if ``entry`` pickled it)."""
-    return pickle.loads(stored[3]) if len(stored) > 4 else stored[3]
+def entry(timestamp: float, cleanup: float, watermark: float, value: Any) -> Entry:
+    """A record's entry."""
+    return [timestamp, cleanup, watermark, value]
 
 
 def live(entries: list[Entry], watermark: float) -> list[Entry]:
@@ -131,9 +116,9 @@ class JoinBuffer:
         if stored is None:
             if add is None:
                 return None
-            sides: list[list[Entry]] = [[], []]
+            sides: Bucket = [[], []]
             sides[add[0]].append(add[1])
-            return self.state.async_put(bucket, (sides[0], sides[1]))
+            return self.state.async_put(bucket, sides)
         left, right = live(stored[LEFT], watermark), live(stored[RIGHT], watermark)
         if add is None and len(left) == len(stored[LEFT]) and len(right) == len(stored[RIGHT]):
             return None
@@ -143,7 +128,7 @@ class JoinBuffer:
         return self.store(bucket, kept[0], kept[1])
 
     def store(self, bucket: int, left: list[Entry], right: list[Entry]) -> StateFuture:
-        """Write ``bucket`` as ``(left, right)`` (a remove when both are empty)."""
+        """Write ``bucket`` as ``[left, right]`` (a remove when both are empty)."""
         if not left and not right:
             return self.state.async_remove(bucket)
-        return self.state.async_put(bucket, (left, right))
+        return self.state.async_put(bucket, [left, right])

@@ -119,7 +119,7 @@ class JoinBundle:
                 except BaseException:
                     context.value = value  # the failure names this record
                     raise
-                added = entry(timestamp, plan.cleanup, watermark, value, False)
+                added = entry(timestamp, plan.cleanup, watermark, value)
                 buckets[plan.own][LEFT if plan.is_left else RIGHT].append(added)
                 written.add(plan.own)
             for bucket in sorted(written):

@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
-from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, entry, live, value_of
+from aec.joins.buffer import LEFT, RIGHT, Bucket, Entry, JoinBuffer, entry, live
 from aec.joins.bundle import JoinBundle
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aec.state.future import StateFuture
@@ -185,7 +185,8 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
 
     def open(self, ctx: RuntimeContext) -> None:
         ctx.get_state(ValueStateDescriptor(self.layout_marker()))  # a name, never written
-        state = ctx.get_state(MapStateDescriptor(BUFFER))
+        descriptor: MapStateDescriptor[int, Bucket] = MapStateDescriptor(BUFFER)
+        state = ctx.get_state(descriptor)
         self.buffer = JoinBuffer(state, self.bucket_width)
         self.late_records_dropped = 0
         self.joined = self._pair_function()
@@ -251,7 +252,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             matches = buffer.side(stored[: len(candidates)], other, watermark)
             if matches:
                 joined(ctx, value, timestamp, matches, is_left)
-            added = entry(timestamp, cleanup, watermark, value, True)
+            added = entry(timestamp, cleanup, watermark, value)
             return buffer.write(own, stored[mine], watermark, (side, added))
 
         return buffer.read(wanted).then_compose(pair)
@@ -301,7 +302,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             matches.sort(key=_BY_TIMESTAMP)  # stable: ties keep the other side's arrival order
             output = ctx.output
             for stored in matches:
-                other_timestamp, other = stored[0], value_of(stored)
+                other_timestamp, other = stored[0], stored[3]
                 left, right = (value, other) if is_left else (other, value)
                 if plain:
                     output(process(left, right))
