@@ -1,4 +1,4 @@
-"""Async == sync for two-input functions (DESIGN rule 11 across both inputs), under
+"""Async == sync for two-input functions (rule 11 of docs/semantics.md across both inputs), under
 random batch-completion schedules, on MemoryBackend and RocksDBBackend:
 ``aec.testing.assert_equivalent_co`` over random two-input streams.
 

@@ -1,4 +1,4 @@
-"""Two keyed inputs (DESIGN "Two-input keyed operators"): ``KeyedCoProcessFunction``,
+"""Two keyed inputs (DESIGN.md's "Two-input keyed operators"): ``KeyedCoProcessFunction``,
 ``KeyedCoProcessOperator`` and ``run_keyed_co``.
 
 The first part ports the observable content of Flink's ``KeyedCoProcessOperatorTest``

@@ -1,4 +1,4 @@
-"""``aec.joins.interval_join`` (DESIGN "Two-input keyed operators").
+"""``aec.joins.interval_join`` (DESIGN.md's "Two-input keyed operators").
 
 The first part ports the observable content of Flink's ``IntervalJoinOperatorTest``
 (and ``AsyncIntervalJoinOperatorTest``, which runs the same scenarios on async

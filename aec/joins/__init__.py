@@ -1,7 +1,7 @@
 """Joins of two keyed inputs on async state (``aec.KeyedCoProcessFunction``s).
 
-``interval_join(lower, upper, process, ...)``: Flink's interval join (DESIGN "Two-input
-keyed operators"), its buffers in time buckets so that a record reads only the other
+``interval_join(lower, upper, process, ...)``: Flink's interval join (DESIGN.md's
+"Two-input keyed operators"), its buffers in time buckets so that a record reads only the other
 side's entries inside its interval. Modules: ``buffer`` (one side's buffered records),
 ``interval`` (the join function, ``ProcessJoinFunction``, ``JoinContext``).
 """

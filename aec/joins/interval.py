@@ -16,7 +16,7 @@ watermark is late (to its side's tag, else dropped and counted in
 ``late_records_dropped``); a buffered record is removed by an event-time timer at
 its cleanup time (left ``ts + upper`` if ``upper > 0`` else ``ts``; right ``ts -
 lower`` if ``lower < 0`` else ``ts``), which fires at the first watermark advance to
-at least that time after the record arrived (DESIGN rule 8).
+at least that time after the record arrived (rule 8 of ``docs/semantics.md``).
 """
 
 from __future__ import annotations
