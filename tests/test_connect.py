@@ -247,6 +247,88 @@ def test_stream_metrics_initial_state_and_read_state(connect, tmp_path):
     assert counts["k0"] > 1000
 
 
+CO_LEFT_DDL = "k string, id long, t double"
+CO_RIGHT_DDL = "k string, name string, t double"
+CO_PAIR_DDL = "k string, id long, name string"
+
+
+def co_pair(left, right):
+    return {"k": left["k"], "id": left["id"], "name": right["name"]}
+
+
+def co_sides(start: int, n: int, keys: int = 5) -> tuple[list[dict], list[dict]]:
+    """Rows ``start..start+n`` split between the sides, times spread over keys."""
+    left = [
+        {"k": f"k{i % keys}", "id": i, "t": float((i * 37) % 200)}
+        for i in range(start, start + n, 2)
+    ]
+    right = [
+        {"k": f"k{i % keys}", "name": f"r{i}", "t": float((i * 53) % 200)}
+        for i in range(start + 1, start + n, 2)
+    ]
+    return left, right
+
+
+def co_pairs(left: list[dict], right: list[dict], lower: float, upper: float) -> list[tuple]:
+    """Every pair of the interval join [lower, upper], by brute force."""
+    return sorted(
+        (one["k"], one["id"], other["name"])
+        for one in left
+        for other in right
+        if one["k"] == other["k"] and one["t"] + lower <= other["t"] <= one["t"] + upper
+    )
+
+
+def test_process_keyed_co_interval_join(connect):
+    from aec.joins import interval_join
+    from spark_glue import partition_metrics, process_keyed_co
+
+    left, right = co_sides(0, 300)
+    result = process_keyed_co(
+        connect.createDataFrame(left, CO_LEFT_DDL), connect.createDataFrame(right, CO_RIGHT_DDL),
+        interval_join(-3, 4, co_pair), "k", CO_PAIR_DDL, timestamp="t", watermark_delay=1000,
+        num_partitions=2,
+    )  # fmt: skip
+    expected = co_pairs(left, right, -3, 4)
+    assert sorted(tuple(r) for r in result.collect()) == expected and len(expected) > 20
+    assert sum(m["records_in"] for m in partition_metrics(result).collect()) == 300
+
+
+def test_process_keyed_co_stream_keeps_its_join_state_across_a_restart(connect, tmp_path):
+    import pandas as pd
+
+    from aec.joins import interval_join
+    from spark_glue import process_keyed_co_stream
+
+    sources = {side: tmp_path / side for side in ("left", "right")}
+    for directory in sources.values():
+        directory.mkdir()
+    out, location = tmp_path / "out", str(tmp_path / "ckpt")
+
+    def run() -> None:
+        left, right = (
+            connect.readStream.option("maxFilesPerTrigger", 1).schema(ddl).json(str(sources[side]))
+            for side, ddl in (("left", CO_LEFT_DDL), ("right", CO_RIGHT_DDL))
+        )
+        query = process_keyed_co_stream(
+            left, right, interval_join(-3, 4, co_pair), "k", CO_PAIR_DDL,
+            checkpoint_location=location, sink=_parquet_sink(str(out)), timestamp="t",
+            watermark_delay=1000, num_partitions=2, trigger={"availableNow": True},
+        )  # fmt: skip
+        query.awaitTermination()
+
+    all_left, all_right = [], []
+    for step in range(2):  # the restart keeps the buffers: pairs across the runs leave
+        left, right = co_sides(step * 150, 150)
+        _write_file(sources["left"], step, left)
+        _write_file(sources["right"], step, right)
+        all_left += left
+        all_right += right
+        run()
+    got = pd.concat(pd.read_parquet(out / b) for b in sorted(os.listdir(out)))
+    assert sorted(got.itertuples(index=False, name=None)) == co_pairs(all_left, all_right, -3, 4)
+
+
 class _Square(AsyncFunction):
     async def async_invoke(self, value):
         return [{"seq": value["seq"], "square": value["x"] * value["x"]}]
