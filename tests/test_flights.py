@@ -566,7 +566,7 @@ def test_cli_runs_end_to_end(spark, rocksdb_run, tmp_path):
     section = summary.split("## AEC metrics", 1)[1].split("\n## ", 1)[0]
     rows = {line.split(" | ")[0].strip("| "): line for line in section.splitlines()
             if line.startswith("| ") and not line.startswith("| operator")}  # fmt: skip
-    assert set(rows) == {"route_hourly", "rotations", "aircraft_sessions"}
+    assert set(rows) == {"route_hourly", "rotations", "aircraft_sessions", "flights_weather"}
     assert "![records in flight and blocking keys](aec_metrics.png)" in section
 
     hourly = pd.read_parquet(out / "route_hourly")

@@ -383,6 +383,7 @@ def _run_join_query(
     stream_weather.run_query(
         spark, os.path.join(options.out, STREAM_DIR), options.out, options, stream, partitions,
         _backend(options, state_dir, stats.name), _write_batch, on_batch,
+        lambda _, merged: stats.micro_batches.append(merged),
     )  # fmt: skip
     stats.wall_s += time.perf_counter() - started
     stats.partitions.append(partitions)

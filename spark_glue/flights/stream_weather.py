@@ -111,10 +111,12 @@ def run_query(
     backend: Any,
     write_batch: Callable[[str, int, DataFrame], None],
     on_batch: Callable[[pd.DataFrame], None],
+    on_metrics: Callable[[int, dict[str, Any]], Any] | None = None,
 ) -> None:
     """Run the join over everything in ``root/input`` and ``root/input-weather``
     (``availableNow``); each micro-batch's three datasets go through ``write_batch``,
-    its partition metrics to ``on_batch``."""
+    its partition metrics to ``on_batch``, its merged metrics to ``on_metrics``
+    (``process_keyed_co_stream``'s ``metrics_listener``)."""
     flights = (
         spark.readStream.schema(flights_data.SCHEMA)
         .option("maxFilesPerTrigger", stream.files_per_trigger)
@@ -145,6 +147,6 @@ def run_query(
             flights_weather.LATE_FLIGHTS: flights_weather.LATE_FLIGHTS_SCHEMA,
             flights_weather.LATE_WEATHER: flights_weather.LATE_WEATHER_SCHEMA,
         },
-        trigger={"availableNow": True},
+        trigger={"availableNow": True}, metrics_listener=on_metrics,
     )  # fmt: skip
     query.awaitTermination()
