@@ -24,7 +24,7 @@ from aec.errors import describe
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
 from aec.keygroups import KeyGroupRange, key_group_for
 from aec.runtime import interpreter_tuning
-from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, OperatorBundles, bundles
+from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, OperatorBundles
 from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
@@ -149,7 +149,7 @@ class KeyedProcessOperator(OperatorBundles, OperatorTimers, OperatorCheckpoints,
             self.function.open(RuntimeContext(self))
             self.declared_states = list(self._handles)
             make_bundle = getattr(self.function, "open_bundle", None)
-            if make_bundle is not None and bundles(self.config):
+            if make_bundle is not None:  # the function offers one only to runs that may bundle
                 self._bundle = make_bundle()
         except BaseException as exc:
             self._raise_failure(exc)

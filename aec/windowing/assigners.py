@@ -1,9 +1,9 @@
 """Window assigners (Flink's ``WindowAssigner`` family; PyFlink's names).
 
 An assigner maps a record (value, timestamp in seconds) to its windows and
-names the default trigger. Time grids are indexed by an integer ``k``
-(``start = offset + k * slide``), so a window rebuilt from a timer's timestamp
-is bit-for-bit the window a record was put in.
+names the default trigger. Tumbling and sliding assigners place records on their
+``grid`` (``aec.windowing.grid``: ``start = offset + k * slide``), so a window rebuilt
+from a timer's timestamp is bit-for-bit the window a record was put in.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from aec.windowing.grid import Grid
 from aec.windowing.triggers import EventTimeTrigger, NeverTrigger, ProcessingTimeTrigger, Trigger
 from aec.windowing.windows import GlobalWindow, TimeWindow
 
@@ -69,35 +70,14 @@ class SlidingEventTimeWindows(WindowAssigner):
         self.size = _positive(name, "size", size)
         self.slide = _positive(name, "slide", slide)
         self.offset = _offset(name, offset, self.slide, "slide")
+        self.grid = Grid(self.offset, self.slide, self.size)
 
     @classmethod
     def of(cls, size: float, slide: float, offset: float = 0) -> SlidingEventTimeWindows:
         return cls(size, slide, offset)
 
-    def grid_window(self, k: int) -> TimeWindow:
-        start = self.offset + k * self.slide
-        return TimeWindow.trusted(start, start + self.size)
-
-    def grid_index(self, timestamp: float) -> int:
-        """``floor((timestamp - offset) / slide)``: the contract's start formula, taken
-        as is (a float boundary may round either way; the grid never drifts)."""
-        return math.floor((timestamp - self.offset) / self.slide)
-
-    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
-        k = self.grid_index(timestamp)
-        windows = []
-        while True:
-            window = self.grid_window(k)
-            if window.end <= timestamp:
-                break
-            windows.append(window)
-            k -= 1
-        return windows
-
-    def window_ending_at(self, end: float) -> TimeWindow | None:
-        """The grid window whose ``end`` is exactly ``end``, or None."""
-        window = self.grid_window(round((end - self.size - self.offset) / self.slide))
-        return window if window.end == end else None
+    def assign_windows(self, value: object, timestamp: float) -> list[TimeWindow]:
+        return self.grid.windows(timestamp)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}.of({self.size!r}, {self.slide!r}, {self.offset!r})"
@@ -115,13 +95,15 @@ class TumblingEventTimeWindows(SlidingEventTimeWindows):
         name = type(self).__name__
         self.size = self.slide = _positive(name, "size", size)
         self.offset = _offset(name, offset, self.size, "size")
+        self.grid = Grid(self.offset, self.slide, self.size)
 
     @classmethod
     def of(cls, size: float, offset: float = 0) -> TumblingEventTimeWindows:  # type: ignore[override]
         return cls(size, offset)
 
-    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
-        return [self.grid_window(self.grid_index(timestamp))]
+    def assign_windows(self, value: object, timestamp: float) -> list[TimeWindow]:
+        grid = self.grid
+        return [grid.window(grid.index(timestamp))]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}.of({self.size!r}, {self.offset!r})"

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Awaitable
 from typing import Any
 
 from aec.state.descriptors import ReducingStateDescriptor
+from aec.windowing.builtin import fires_on_element
 
 
 class TriggerResult(enum.Enum):
@@ -64,10 +66,11 @@ class Trigger:
 
 class EventTimeTrigger(Trigger):
     """Fires once the watermark reaches the window's end (at once for a record in
-    a window whose end the watermark has passed: a late firing)."""
+    a window whose end the watermark has passed: a late firing). Its rule is
+    ``aec.windowing.builtin``'s, which runs it without a timer index."""
 
     def on_element(self, value: Any, timestamp: float, window: Any, ctx: Any) -> TriggerResult:
-        if window.end <= ctx.current_watermark():
+        if fires_on_element(True, window.end, ctx.current_watermark()):
             return TriggerResult.FIRE
         ctx.register_event_time_timer(window.end)
         return TriggerResult.CONTINUE
@@ -87,9 +90,11 @@ class EventTimeTrigger(Trigger):
 
 
 class ProcessingTimeTrigger(Trigger):
-    """Fires once the operator's clock reaches the window's end."""
+    """Fires once the operator's clock reaches the window's end (``aec.windowing.builtin``)."""
 
     def on_element(self, value: Any, timestamp: float, window: Any, ctx: Any) -> TriggerResult:
+        if fires_on_element(False, window.end, ctx.current_processing_time()):
+            return TriggerResult.FIRE  # never: processing time fires only at its timer
         ctx.register_processing_time_timer(window.end)
         return TriggerResult.CONTINUE
 
@@ -273,12 +278,12 @@ class ContinuousEventTimeTrigger(Trigger):
         return f"ContinuousEventTimeTrigger.of({self.interval!r})"
 
 
-async def resolve(result: Any, trigger: Any) -> TriggerResult:
+async def resolve(result: object, trigger: Trigger) -> TriggerResult:
     """A trigger method's result as a ``TriggerResult``: awaits a StateFuture or a
     coroutine. Raises TypeError naming the trigger and the value otherwise."""
-    if type(result) is not TriggerResult and hasattr(result, "__await__"):
+    if type(result) is not TriggerResult and isinstance(result, Awaitable):
         result = await result
-    if type(result) is not TriggerResult:
+    if not isinstance(result, TriggerResult):
         raise TypeError(
             f"trigger {trigger!r} returned {result!r} ({type(result).__name__}); "
             "a trigger must return a TriggerResult or a StateFuture of one"

@@ -1,0 +1,372 @@
+"""On-time records of event-time tumbling windows and of sliding windows' panes in
+mini-batches: the function's ``aec.runtime.bundle.Bundle`` (Flink SQL's
+``MapBundleFunction``). Sessions have theirs in ``aec.windowing.session_bundle``.
+
+Where it applies: the tumbling and pane callback drivers in event time, in runs that
+may bundle (``aec.windowing.path``: asynchronous, serial watermark order).
+
+What it takes: a record whose window (pane) fires nothing yet: its tumbling window
+ends after the current watermark (not late, no late firing), or every window of its
+pane does. Everything else (no timestamp, late records, late firings) is declined and
+runs as a record of its own, as before, in arrival order.
+
+What it keeps: per slot (a tumbling window's ``(start, end)``; a pane index) and key,
+the values in arrival order, with the slot's firing time (the window's end; the end of
+a pane's first window, ``Panes.due``). Nothing is folded early: a stored value is
+folded first, then the values, with the same ``add`` / ``reduce`` calls as record by
+record.
+
+When it gives them back (``take``): before a watermark at or after the firing time
+leaves (the operator asks before the watermark closes its epoch), before a snapshot,
+at the end of input, and at ``BUNDLE_LIMIT`` records. Until then nothing can observe
+the slot: no timer of it is due (its end is after every watermark so far), a record of
+the same key that runs on its own touches only windows that fire already (other
+slots), and in serial order no record after a watermark starts before it left.
+
+How it folds (``fold``, one derived context per key, in the closing epoch): what the
+record-by-record driver does for a slot's first record (stored value absent) or its
+later ones, with the timers ``BuiltinTrigger.on_element`` (tumbling) or
+``chain_start`` (panes) gives, seen from the watermark the records saw (no watermark
+at or after their firing time came since). At a watermark, the key's due windows fire
+in the fold instead of at their timers (``TumblingBundle._fire_windows``;
+``PaneBundle._fold_and_fire``, without a process function, which could read the
+watermark). So the outputs, the side outputs and the final state are the synchronous
+run's (the property tests compare them); the records make no requests of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar, cast
+
+from aec.functions import Context
+from aec.runtime.bundle import BundleContext
+from aec.state.future import StateFuture, combine_all
+from aec.windowing.contents import AggregateContents, Contents
+from aec.windowing.grid import Grid, Panes
+from aec.windowing.panes import PaneContents
+from aec.windowing.protocol import WindowFunction
+from aec.windowing.sliding import PanesDriver
+from aec.windowing.windows import TimeWindow
+
+S = TypeVar("S", bound=Hashable)  # a slot: a tumbling window's (start, end), a pane index
+Share = list[tuple[Any, list[object]]]  # one key's slots and their values, in slot order
+Taken = tuple[float | None, Share]  # (the flushing watermark if the fold fires, the share)
+
+
+def emit_at_watermark(
+    function: WindowFunction, context: BundleContext, ctx: Context, window: object,
+    stored: object, watermark: float,
+) -> None:  # fmt: skip
+    """Emit a window fired by a flush as its timer's firing would: the flush ``context``
+    reports ``watermark``, the flushing one, while the process function runs, then its
+    records' watermark again."""
+    records_watermark = context.watermark
+    context.watermark = watermark
+    try:
+        function.emit(ctx, window, stored)
+    finally:
+        context.watermark = records_watermark
+
+
+def when_read(reads: list[StateFuture], fn: Callable[[list[Any]], None]) -> None:
+    """Run ``fn(results)`` once every read of ``reads`` (one invocation's, in submission
+    order) is done. A record's requests complete in submission order, so the last read's
+    callback finds them all done: no combined future per firing (else ``combine_all``)."""
+
+    def run(_: object) -> None:
+        if all(read.is_done() for read in reads):
+            fn([read.get() for read in reads])
+        else:  # not expected; kept correct whatever the completion order
+            combine_all(reads).on_complete(fn)
+
+    reads[-1].on_complete(run)
+
+
+class _SlotBundle(Generic[S]):
+    """What both bundles share: the held values per firing time, slot and key."""
+
+    def __init__(self, function: WindowFunction, inner: Contents) -> None:
+        self.size = 0
+        self.function = function
+        self.inner = inner
+        self.store = inner.store
+        self.aggregate = inner.function if type(inner) is AggregateContents else None
+        # key of the pending dict (see offer) -> (slot's firing time, slot, {key: values})
+        self.pending: dict[Hashable, tuple[float, S, dict[Hashable, list[object]]]] = {}
+
+    def hold(self, at: Hashable, due: float, slot: S, key: Hashable, value: object) -> None:
+        pending = self.pending.get(at)
+        if pending is None:
+            self.pending[at] = (due, slot, {key: [value]})
+        else:
+            values = pending[2].get(key)
+            if values is None:
+                pending[2][key] = [value]
+            else:
+                values.append(value)
+        self.size += 1
+
+    def take_due(self, watermark: float, fires: bool) -> list[tuple[Hashable, Taken, int]]:
+        """Remove and return what must be in state before ``watermark`` leaves, per key
+        in slot order; the fold fires at a finite watermark when ``fires``."""
+        pending = self.pending
+        due = sorted(at for at, (time, _, _) in pending.items() if time <= watermark)  # type: ignore[type-var]
+        shares: dict[Hashable, Share] = {}
+        for at in due:
+            _, slot, by_key = pending.pop(at)
+            for key, values in by_key.items():
+                share = shares.get(key)
+                if share is None:
+                    shares[key] = [(slot, values)]
+                else:
+                    share.append((slot, values))
+        until = watermark if fires and watermark != math.inf else None
+        taken = []
+        for key, share in shares.items():
+            records = sum(len(values) for _, values in share)
+            self.size -= records
+            taken.append((key, (until, share), records))
+        return taken
+
+    def folded(self, stored: object, values: list[object], context: BundleContext) -> object:
+        """``stored`` with ``values`` folded in, in arrival order (as record by record).
+        A raising ``add``/``reduce`` blames its record (``context.value``)."""
+        value = None
+        try:
+            aggregate = self.aggregate
+            if aggregate is not None:  # AggregateContents.fold, inlined
+                add, create = aggregate.add, aggregate.create_accumulator
+                for value in values:
+                    stored = add(value, create() if stored is None else stored)
+                return stored
+            fold = self.inner.fold
+            for value in values:
+                stored = fold(stored, value, 0.0)
+            return stored
+        except BaseException:
+            context.value = value
+            raise
+
+
+class TumblingBundle(_SlotBundle[tuple[float, float]]):
+    """A ``Bundle`` of an event-time tumbling window function's on-time records."""
+
+    def __init__(self, function: WindowFunction) -> None:
+        super().__init__(function, cast(Contents, function.contents))
+        self.grid = cast(Grid, function.grid)
+        self.rules = function.rules
+
+    def offer(self, key: Hashable, value: object, timestamp: float | None, watermark: float) -> bool:
+        if timestamp is None:
+            return False  # the record's own path fails the run, naming the timestamp
+        try:
+            slot = self.grid.slot(timestamp)  # the tumbling driver's window
+        except (OverflowError, ValueError):  # an infinite timestamp: its own path decides
+            return False
+        end = slot[1]
+        if end <= watermark:
+            return False  # late, or a late firing
+        self.hold(end, end, slot, key, value)  # one window per firing time
+        return True
+
+    def take(self, watermark: float) -> list[tuple[Hashable, Taken, int]]:
+        return self.take_due(watermark, True)
+
+    def fold(self, taken: Taken, context: BundleContext, ctx: Context) -> None:
+        until, share = taken
+        if until is not None:
+            self._fire_windows(share, until, context, ctx)
+            return
+        store = self.store
+        when_read(
+            [store.async_get(slot) for slot, _ in share],
+            lambda stored: self._write(share, stored, context, ctx),
+        )
+
+    def _write(self, share: Share, stored: list[object], context: BundleContext, ctx: Context) -> None:
+        """The share folded onto the stored values and written; a new window's timers."""
+        store, rules, service = self.store, self.rules, ctx.timer_service
+        for (slot, values), before in zip(share, stored, strict=True):
+            store.async_put(slot, self.folded(before, values, context))
+            # never fires: a bundled window ends after the records' watermark
+            _, timers = rules.on_element(slot[1], service.current_watermark(), before is None)
+            for time in timers:
+                service.register_event_time_timer(time)
+
+    def _fire_windows(self, share: Share, until: float, context: BundleContext, ctx: Context) -> None:
+        """At a watermark ``until``: every window of the share ends at or before ``until``
+        (``take`` gives back only those), so its end timer would fire at ``until``. The
+        key's timers at or before ``until`` fire here instead, in order, with the share
+        folded in first: each end fires its window (emitted, the process function seeing
+        ``until``), each cleanup time removes its window (``BuiltinTrigger.grid_timer``);
+        a share window whose cleanup time is after ``until`` is written and gets its
+        cleanup timer, one cleaned by ``until`` is never written. A window is in state
+        only while its end or cleanup timer is registered (the first write registers
+        both; the cleanup removes both), so only windows ending at a registered timer are
+        read; the others start empty."""
+        due = ctx.timer_service.due_timers("event-time", until)
+        grid, rules = self.grid, self.rules
+        slots = {slot[1]: slot for slot, _ in share}  # end -> (start, end)
+        reads = []  # windows that may be stored and fire now: their end is a timer
+        cleaned = []  # windows whose cleanup timer fires now (absent ones: no-op removes)
+        for time in due:
+            fires, cleans = rules.grid_timer(grid, time)
+            slot = slots.get(time)
+            if slot is None and fires is not None:
+                slot = (grid.start(fires), grid.end(fires))
+            if slot is not None:
+                reads.append(slot)
+            if cleans is not None and cleans != fires:
+                cleaned.append((grid.start(cleans), grid.end(cleans)))
+        if not reads:
+            self._fire(share, {}, due, cleaned, until, context, ctx)
+            return
+        store = self.store
+        when_read(
+            [store.async_get(slot) for slot in reads],
+            lambda values: self._fire(
+                share, dict(zip(reads, values, strict=True)), due, cleaned, until, context,
+                ctx,
+            ),
+        )  # fmt: skip
+
+    def _fire(
+        self, share: Share, stored: dict[tuple[float, float], object], due: list[float],
+        cleaned: list[tuple[float, float]], until: float, context: BundleContext, ctx: Context,
+    ) -> None:  # fmt: skip
+        """``_fire_windows``' firings: ``stored`` maps the windows ending at a due timer
+        to their contents (None: absent), ``cleaned`` the windows whose cleanup timer is
+        due."""
+        windows = dict(stored)  # the windows that fire now -> contents
+        for slot, values in share:
+            windows[slot] = self.folded(windows.get(slot), values, context)
+        shared = {slot for slot, _ in share}
+        function, rules, store = self.function, self.rules, self.store
+        service = ctx.timer_service
+        for time in due:  # each fires here, now (seen from the records' watermark)
+            service.delete_event_time_timer(time)
+        gone = set(cleaned)
+        for slot in sorted(windows, key=_end):
+            value = windows[slot]
+            if value is not None:
+                window = TimeWindow.trusted(*slot)
+                emit_at_watermark(function, context, ctx, window, value, until)
+            cleanup = rules.cleanup_time(slot[1])
+            if cleanup <= until:
+                gone.add(slot)  # cleaned by ``until`` too: removed, or never written
+            elif slot in shared:
+                store.async_put(slot, value)  # kept for late records until its cleanup
+                if cleanup != math.inf:
+                    service.register_event_time_timer(cleanup)
+        for slot in sorted(gone, key=_end):
+            # a window stored before (read, or cleaned without a read) is removed; one
+            # that only the share filled was never written
+            if stored.get(slot) is not None or slot not in windows:
+                store.async_remove(slot)
+
+
+class PaneBundle(_SlotBundle[int]):
+    """A ``Bundle`` of event-time sliding windows' on-time records, by pane."""
+
+    def __init__(self, function: WindowFunction, driver: PanesDriver) -> None:
+        contents = cast(PaneContents, function.contents)
+        super().__init__(function, contents.inner)
+        self.panes = cast(Panes, function.panes)
+        self.rules = function.rules
+        self.driver = driver
+        self.low, self.high, self.last = math.inf, -math.inf, (0, 0.0)  # see offer
+        # a flush at a watermark also fires the key's due panes (see _fold_and_fire)
+        self.fires = function.process_fn is None
+
+    def offer(self, key: Hashable, value: object, timestamp: float | None, watermark: float) -> bool:
+        if timestamp is None:
+            return False  # the record's own path fails the run, naming the timestamp
+        if self.low <= timestamp < self.high:  # the last record's pane
+            j, due = self.last
+        else:
+            panes = self.panes
+            try:
+                j = panes.pane(timestamp)
+            except (OverflowError, ValueError):  # an infinite timestamp: its own path decides
+                return False
+            due = panes.due(j)
+            low, high = panes.offset + j * panes.g, panes.offset + (j + 1) * panes.g
+            # pane() gives j for every t in [low, high): remember it (not for grids so far
+            # out that floor's estimate could be off by two)
+            if low <= timestamp < high and -(2**40) < j < 2**40:
+                self.low, self.high, self.last = low, high, (j, due)
+        if due <= watermark:
+            return False  # a pane with a fired window
+        # by index: with several panes per slide, panes share a first window (a firing time)
+        self.hold(j, due, j, key, value)
+        return True
+
+    def take(self, watermark: float) -> list[tuple[Hashable, Taken, int]]:
+        return self.take_due(watermark, self.fires)
+
+    def fold(self, taken: Taken, context: BundleContext, ctx: Context) -> None:
+        until, share = taken
+        store = self.store
+        if until is not None:
+            # entries as they come (``tuple`` of a pair is the pair: no Python call each)
+            store.async_entries().on_complete(
+                lambda entries: entries.on_next(tuple).on_complete(
+                    lambda pairs: self._fold_and_fire(share, dict(pairs), until, context, ctx)
+                )
+            )
+            return
+        when_read(
+            [store.async_get(slot) for slot, _ in share],
+            lambda stored: self._write(share, stored, context, ctx),
+        )
+
+    def _write(self, share: Share, stored: list[object], context: BundleContext, ctx: Context) -> None:
+        """The share folded onto the stored panes and written; the chain's timer for the
+        first new pane (an earlier pane of the share, in order of first window, starts or
+        has a chain that reaches a later one's windows)."""
+        store, service = self.store, ctx.timer_service
+        for position, ((slot, values), before) in enumerate(zip(share, stored, strict=True)):
+            store.async_put(slot, self.folded(before, values, context))
+            if before is None and not position:
+                start = self.rules.chain_start(self.panes, slot, service.current_watermark())
+                service.register_event_time_timer(start)
+
+    def _fold_and_fire(
+        self, share: Share, found: dict[int, object], until: float, context: BundleContext,
+        ctx: Context,
+    ) -> None:  # fmt: skip
+        """Panes at a watermark ``until``: fold the share into the key's panes (one scan),
+        then fire what the chain's timer would fire at ``until``: every window of the key
+        holding a pane, ending after the records' watermark and at or before ``until``
+        (``PanesDriver.fire_due``: its timers are deleted, the next one registered)."""
+        stored = len(found)  # panes in state before the fold
+        for slot, values in share:
+            found[slot] = self.folded(found.get(slot), values, context)
+        dirty = [slot for slot, _ in share]
+        removed: list[int] = []
+        if found:
+            panes = self.panes
+            # the first window not fired yet: its end is after the records' watermark
+            lowest = panes.first_window(min(found))
+            k = panes.first_open(lowest, ctx.timer_service.current_watermark())
+            self.driver.fire_due(ctx, found, k, until, removed)
+        store = self.store
+        if removed and stored:
+            # the key's live panes are few (chain mode): one clear and one put_all of
+            # them instead of a remove per fired-away pane and a put_all of the new ones
+            store.async_clear()
+            if found:
+                store.async_put_all(found)
+            return
+        written = {slot: found[slot] for slot in dirty if slot in found}  # not fired away
+        if len(written) > 1:
+            store.async_put_all(written)  # one request
+        elif written:
+            ((slot, value),) = written.items()
+            store.async_put(slot, value)
+
+
+def _end(slot: tuple[float, float]) -> float:
+    return slot[1]
