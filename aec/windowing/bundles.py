@@ -29,7 +29,7 @@ later ones, with the timers ``BuiltinTrigger.on_element`` (tumbling) or
 ``chain_start`` (panes) gives, seen from the watermark the records saw (no watermark
 at or after their firing time came since). At a watermark, the key's due windows fire
 in the fold instead of at their timers (``TumblingBundle._fire_windows``;
-``PaneBundle._fold_and_fire``, without a process function, which could read the
+``PaneBundle._fold``, without a process function, which could read the
 watermark). So the outputs, the side outputs and the final state are the synchronous
 run's (the property tests compare them); the records make no requests of their own.
 """
@@ -45,7 +45,7 @@ from aec.runtime.bundle import BundleContext
 from aec.state.future import StateFuture, combine_all
 from aec.windowing.contents import AggregateContents, Contents
 from aec.windowing.grid import Grid, Panes
-from aec.windowing.panes import PaneContents
+from aec.windowing.panes import LivePanes, PaneContents
 from aec.windowing.protocol import WindowFunction
 from aec.windowing.sliding import PanesDriver
 from aec.windowing.windows import TimeWindow
@@ -273,6 +273,7 @@ class PaneBundle(_SlotBundle[int]):
     def __init__(self, function: WindowFunction, driver: PanesDriver) -> None:
         contents = cast(PaneContents, function.contents)
         super().__init__(function, contents.inner)
+        self.live = contents.live_state()  # chain mode: the key's panes are one value
         self.panes = cast(Panes, function.panes)
         self.rules = function.rules
         self.driver = driver
@@ -308,64 +309,38 @@ class PaneBundle(_SlotBundle[int]):
 
     def fold(self, taken: Taken, context: BundleContext, ctx: Context) -> None:
         until, share = taken
-        store = self.store
-        if until is not None:
-            # entries as they come (``tuple`` of a pair is the pair: no Python call each)
-            store.async_entries().on_complete(
-                lambda entries: entries.on_next(tuple).on_complete(
-                    lambda pairs: self._fold_and_fire(share, dict(pairs), until, context, ctx)
-                )
-            )
-            return
-        when_read(
-            [store.async_get(slot) for slot, _ in share],
-            lambda stored: self._write(share, stored, context, ctx),
+        self.live.async_value().on_complete(
+            lambda held: self._fold(share, held, until, context, ctx)
         )
 
-    def _write(self, share: Share, stored: list[object], context: BundleContext, ctx: Context) -> None:
-        """The share folded onto the stored panes and written; the chain's timer for the
-        first new pane (an earlier pane of the share, in order of first window, starts or
-        has a chain that reaches a later one's windows)."""
-        store, service = self.store, ctx.timer_service
-        for position, ((slot, values), before) in enumerate(zip(share, stored, strict=True)):
-            store.async_put(slot, self.folded(before, values, context))
-            if before is None and not position:
-                start = self.rules.chain_start(self.panes, slot, service.current_watermark())
-                service.register_event_time_timer(start)
-
-    def _fold_and_fire(
-        self, share: Share, found: dict[int, object], until: float, context: BundleContext,
-        ctx: Context,
+    def _fold(
+        self, share: Share, held: LivePanes | None, until: float | None,
+        context: BundleContext, ctx: Context,
     ) -> None:  # fmt: skip
-        """Panes at a watermark ``until``: fold the share into the key's panes (one scan),
-        then fire what the chain's timer would fire at ``until``: every window of the key
-        holding a pane, ending after the records' watermark and at or before ``until``
-        (``PanesDriver.fire_due``: its timers are deleted, the next one registered)."""
-        stored = len(found)  # panes in state before the fold
+        """Fold the share into the key's panes (one read, one write); at a watermark
+        ``until``, then fire what the chain's timer would fire at ``until``: every window
+        of the key holding a pane, ending after the records' watermark and at or before
+        ``until`` (``PanesDriver.fire_due``: their timers are deleted, the next one
+        registered). Else a new pane starts the chain, as record by record: only the
+        first new one (in order of first window; an earlier pane of the share starts or
+        has a chain that reaches a later one's windows)."""
+        found = dict(held) if held else {}  # the stored value is never changed in place
+        service = ctx.timer_service
+        watermark = service.current_watermark()  # the records'
+        first = share[0][0]
+        new = first not in found  # the share's first pane starts the chain (see below)
+        folded = self.folded
         for slot, values in share:
-            found[slot] = self.folded(found.get(slot), values, context)
-        dirty = [slot for slot, _ in share]
-        removed: list[int] = []
-        if found:
-            panes = self.panes
+            found[slot] = folded(found.get(slot), values, context)
+        panes = self.panes
+        if until is not None:
             # the first window not fired yet: its end is after the records' watermark
-            lowest = panes.first_window(min(found))
-            k = panes.first_open(lowest, ctx.timer_service.current_watermark())
-            self.driver.fire_due(ctx, found, k, until, removed)
-        store = self.store
-        if removed and stored:
-            # the key's live panes are few (chain mode): one clear and one put_all of
-            # them instead of a remove per fired-away pane and a put_all of the new ones
-            store.async_clear()
-            if found:
-                store.async_put_all(found)
-            return
-        written = {slot: found[slot] for slot in dirty if slot in found}  # not fired away
-        if len(written) > 1:
-            store.async_put_all(written)  # one request
-        elif written:
-            ((slot, value),) = written.items()
-            store.async_put(slot, value)
+            k = panes.first_open(panes.first_window(min(found)), watermark)
+            self.driver.fire_due(ctx, found, k, until)
+        elif new:
+            service.register_event_time_timer(self.rules.chain_start(panes, first, watermark))
+        if found or held:  # nothing stored and nothing left: no write
+            self.live.async_update(found or None)
 
 
 def _end(slot: tuple[float, float]) -> float:

@@ -21,7 +21,7 @@ from aec.windowing.contents import Contents
 from aec.windowing.context import Scope, TriggerContext
 from aec.windowing.grid import Grid, Panes
 from aec.windowing.merging import add_session, decode_sessions, encode_sessions
-from aec.windowing.panes import PaneContents
+from aec.windowing.panes import LivePanes, PaneContents
 from aec.windowing.process import ProcessWindowContext
 from aec.windowing.protocol import WindowFunction
 from aec.windowing.timers import EVENT, PROCESSING
@@ -108,13 +108,19 @@ class GeneralDriver:
         first, last = panes.windows_of(j)
         if rules.is_late(panes.end(last), watermark):
             return False  # the pane's latest window is cleaned: so are all the others
+        if self.path.chain:  # the key's live panes are one value
+            live = contents.live_state()
+            held: LivePanes | None = await live.async_value()
+            found = dict(held) if held else {}
+            stored = found.get(j)
+            found[j] = contents.inner.fold(stored, value, 0.0)
+            live.async_update(found)  # not awaited (see Contents.add)
+            if stored is None:  # no window of the pane fires now: start its chain
+                register(ctx, f.event_time, (rules.chain_start(panes, j, watermark),))
+            return True
         existed = await contents.add_pane(j, value)
         if existed and panes.end(first) > now:
             return True  # the pane's windows have their timers and none fires yet
-        if self.path.chain:
-            if not existed:  # no window of the pane fires now: start its chain
-                register(ctx, f.event_time, (rules.chain_start(panes, j, watermark),))
-            return True
         for k in range(last, first - 1, -1):
             window = panes.window(k)
             if rules.is_late(window.end, watermark):
@@ -219,23 +225,29 @@ class GeneralDriver:
                 await settle(self._clear_all(scope, window))
 
     async def _fire_chain(self, scope: Scope, time: float) -> None:
-        """Panes in chain mode: the window ending at ``time`` fires from one scan of the
-        key's panes and its last-use panes go; the next window holding a pane gets the
-        chain's timer (``Panes.chain``)."""
+        """Panes in chain mode: the window ending at ``time`` fires from one read of the
+        key's panes and its last-use panes go (one write); the next window holding a pane
+        gets the chain's timer (``Panes.chain``)."""
         f = self.function
         panes = cast(Panes, f.panes)
         contents = cast(PaneContents, f.contents)
         k = panes.ending_at(time)
         if k is None:
             return
-        entries = await contents.store.async_entries()
-        found: dict[int, object] = dict(await entries.on_next(tuple))
+        live = contents.live_state()
+        held: LivePanes | None = await live.async_value()
+        found = dict(held) if held else {}
         indexes = sorted(found)
         fired, next_end = panes.chain(indexes, k, time)
-        for start, end, lo, hi, _ in fired:
+        for start, end, lo, hi, cut in fired:
             window = TimeWindow.trusted(start, end)
-            await settle(f.emit(scope.ctx, window, contents.merged([found[j] for j in indexes[lo:hi]])))
-            await settle(self._clear_all(scope, window))
+            merged = contents.merged([found[j] for j in indexes[lo:hi]])
+            await settle(f.emit(scope.ctx, window, merged))
+            for j in indexes[lo:cut]:  # its last-use panes go (written below)
+                del found[j]
+            await settle(self._clear_process(scope, window))  # the grid's timers: implied
+        if fired and len(found) < len(indexes):
+            live.async_update(found or None)  # not awaited (see Contents.add)
         if next_end is not None:
             register(scope.ctx, f.event_time, (next_end,))
 

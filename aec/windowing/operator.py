@@ -38,7 +38,7 @@ from aec.windowing.evictors import Evictor
 from aec.windowing.general import GeneralDriver
 from aec.windowing.grid import Grid, Panes
 from aec.windowing.namespaced import window_handle
-from aec.windowing.panes import PaneContents
+from aec.windowing.panes import LIVE_PANES, PaneContents
 from aec.windowing.path import Path, choose_path
 from aec.windowing.process import ProcessWindowContext, ProcessWindowFunction
 from aec.windowing.session_bundle import SessionBundle
@@ -95,20 +95,24 @@ class WindowOperatorFunction(KeyedProcessFunction):
         ctx.get_state(ValueStateDescriptor(self.assigner_marker()))  # a name, never written
         path = self.path = choose_path(spec, ctx.config)
         together = path.sessions == "together"
-        store = None if together else ctx.get_state(MapStateDescriptor("window-contents"))
+        # the session driver keeps contents with the sessions, the chain mode panes as one
+        # value per key: no window-contents then
+        apart = not (together or path.chain)
+        store = ctx.get_state(MapStateDescriptor("window-contents")) if apart else None
         index = None if path.implied else ctx.get_state(MapStateDescriptor("window-timers"))
         self.timers = WindowTimers(index, path.implied)
         self.session_contents = (
             ctx.get_state(ValueStateDescriptor(session_driver.STATE)) if together else None
         )
-        apart = path.sessions == "apart"
-        self.sessions = ctx.get_state(ValueStateDescriptor("window-sessions")) if apart else None
+        merging = path.sessions == "apart"
+        self.sessions = ctx.get_state(ValueStateDescriptor("window-sessions")) if merging else None
+        live = ctx.get_state(ValueStateDescriptor(LIVE_PANES)) if path.chain else None
         self.grid = assigner.grid if isinstance(assigner, SlidingEventTimeWindows) else None
         contents = spec.make_contents(store)
         self.panes = None
         if path.panes is not None:
             self.panes = Panes(cast(Grid, self.grid), path.panes)
-            self.contents = PaneContents(contents, self.panes, path.chain)
+            self.contents = PaneContents(contents, self.panes, live)
         else:
             self.contents = contents
         process = self.process_fn
@@ -153,16 +157,26 @@ class WindowOperatorFunction(KeyedProcessFunction):
                 f"the checkpoint holds windows of {theirs[0].split('=', 1)[1]}; this "
                 f"function's assigner is {self.spec.assigner.describe()}: windows would not match"
             )
-        # sessions are kept with their contents on the session driver only: the other
-        # layout's state would restore unread
+        # the other layout's state would restore unread: sessions are kept with their
+        # contents on the session driver only, panes as one value in the chain mode only
+        path = choose_path(self.spec, None)
         together = session_driver.STATE in state_names
-        mine_together = choose_path(self.spec, None).sessions == "together"
-        if (together or "window-sessions" in state_names) and together != mine_together:
+        if (together or "window-sessions" in state_names) and together != (
+            path.sessions == "together"
+        ):
             layouts = ("apart from", "with")
             raise ValueError(
                 f"the checkpoint keeps sessions {layouts[together]} their contents; this "
                 f"function keeps them {layouts[not together]} theirs (trigger, evictor or "
                 "process function changed, or a checkpoint of an earlier version)"
+            )
+        live = LIVE_PANES in state_names
+        if live != path.chain and (live or "window-contents" in state_names):
+            layouts = ("one entry per pane or window", "one value per key")
+            raise ValueError(
+                f"the checkpoint keeps sliding windows' panes as {layouts[live]}; this "
+                f"function keeps them as {layouts[not live]} (allowed lateness, assigner "
+                "or function changed, or a checkpoint of an earlier version)"
             )
 
     def close(self) -> None:

@@ -6,11 +6,13 @@ a firing window merges its ``size / gcd`` panes with ``merge`` into a fresh
 accumulator (stored accumulators are never changed); cleaning window ``k`` removes
 the panes whose last window it is. The pane arithmetic is ``aec.windowing.grid.Panes``.
 
-Without allowed lateness (or in processing time) a key's live panes are those of its
-next window to fire and the few ahead of the watermark, so a firing reads them with
-one iteration, and the timers form a chain (``Panes.chain``): a new pane registers
-only the end of its first window not fired yet, and each firing registers the end of
-the next window that holds a pane.
+Without allowed lateness (or in processing time: the *chain mode*) a key's live panes
+are those of its next window to fire and the few ahead of the watermark, so they are
+kept as one value (ValueState ``window-panes``: ``{pane index: accumulator}``, written
+whole, never changed in place): a record, a firing or a bundle's flush reads it once
+and writes it at most once. The timers form a chain (``Panes.chain``): a new pane
+registers only the end of its first window not fired yet, and each firing registers
+the end of the next window that holds a pane.
 """
 
 from __future__ import annotations
@@ -18,22 +20,37 @@ from __future__ import annotations
 from typing import Any
 
 from aec.state.future import StateFuture, combine_all
+from aec.state.handles import ValueState
 from aec.windowing.contents import Contents
 from aec.windowing.grid import Panes
 from aec.windowing.windows import Window
 
+LIVE_PANES = "window-panes"
+"""The ValueState of the chain mode: a key's live panes (see the module)."""
+
+LivePanes = dict[int, object]
+"""A key's live panes in chain mode: pane index -> accumulator."""
+
 
 class PaneContents:
-    """Sliding windows over an aggregate or reduce (``inner``) kept as panes of ``panes``;
-    ``chain``: the chain mode (see the module)."""
+    """Sliding windows over an aggregate or reduce (``inner``) kept as panes of ``panes``:
+    one ``window-contents`` entry per pane (``inner.store``), or in the chain mode a
+    key's live panes as one value (``live``, see the module)."""
 
     keeps_timestamps = False
 
-    def __init__(self, inner: Contents, panes: Panes, chain: bool) -> None:
+    def __init__(self, inner: Contents, panes: Panes, live: ValueState | None) -> None:
         self.inner = inner
         self.store = inner.store
         self.panes = panes
-        self.chain = chain
+        self.live = live
+        self.chain = live is not None
+
+    def live_state(self) -> ValueState:
+        """The chain mode's value (RuntimeError otherwise)."""
+        if self.live is None:
+            raise RuntimeError("the key's panes are one value only in the chain mode")
+        return self.live
 
     def first_pane(self, window: Window) -> int:
         """The first pane of a grid ``window``: its index times ``r``."""
