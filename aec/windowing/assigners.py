@@ -9,15 +9,15 @@ from a timer's timestamp is bit-for-bit the window a record was put in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aec.windowing.grid import Grid
 from aec.windowing.triggers import EventTimeTrigger, NeverTrigger, ProcessingTimeTrigger, Trigger
-from aec.windowing.windows import GlobalWindow, TimeWindow
+from aec.windowing.windows import GlobalWindow, TimeWindow, Window
 
 
-def _positive(owner: str, name: str, value: Any) -> float:
+def _positive(owner: str, name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{owner}: {name} must be a number of seconds, got {value!r}")
     if not (value > 0 and math.isfinite(value)):
@@ -25,7 +25,7 @@ def _positive(owner: str, name: str, value: Any) -> float:
     return value
 
 
-def _offset(owner: str, offset: Any, bound: float, bound_name: str) -> float:
+def _offset(owner: str, offset: object, bound: float, bound_name: str) -> float:
     if isinstance(offset, bool) or not isinstance(offset, (int, float)):
         raise TypeError(f"{owner}: offset must be a number of seconds, got {offset!r}")
     if not abs(offset) < bound:
@@ -44,7 +44,7 @@ class WindowAssigner:
     event_time = True
     merging = False
 
-    def assign_windows(self, value: Any, timestamp: float) -> list[Any]:
+    def assign_windows(self, value: Any, timestamp: float) -> Sequence[Window]:
         """The windows of a record at ``timestamp`` seconds (event or processing time)."""
         raise NotImplementedError
 
@@ -150,7 +150,7 @@ class EventTimeSessionWindows(WindowAssigner):
     def with_dynamic_gap(cls, fn: Callable[[Any], float]) -> EventTimeSessionWindows:
         return cls(None, fn)
 
-    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
+    def assign_windows(self, value: object, timestamp: float) -> list[TimeWindow]:
         gap = self.gap
         if gap is None:
             gap = self.gap_fn(value)  # type: ignore[misc]
@@ -182,7 +182,7 @@ class GlobalWindows(WindowAssigner):
     def create(cls) -> GlobalWindows:
         return cls()
 
-    def assign_windows(self, value: Any, timestamp: float) -> list[GlobalWindow]:
+    def assign_windows(self, value: object, timestamp: float) -> list[GlobalWindow]:
         return [GLOBAL_WINDOW]
 
     def default_trigger(self) -> Trigger:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar, cast
+from typing import Generic, TypeVar, cast
 
 from aec.functions import Context
 from aec.runtime.bundle import BundleContext
@@ -51,8 +51,9 @@ from aec.windowing.sliding import PanesDriver
 from aec.windowing.windows import TimeWindow
 
 S = TypeVar("S", bound=Hashable)  # a slot: a tumbling window's (start, end), a pane index
-Share = list[tuple[Any, list[object]]]  # one key's slots and their values, in slot order
-Taken = tuple[float | None, Share]  # (the flushing watermark if the fold fires, the share)
+Slot = tuple[float, float]  # a tumbling window's (start, end): its contents' map key
+Share = list[tuple[S, list[object]]]  # one key's slots and their values, in slot order
+Taken = tuple[float | None, Share[S]]  # (the flushing watermark if the fold fires, share)
 
 
 def emit_at_watermark(
@@ -70,7 +71,7 @@ def emit_at_watermark(
         context.watermark = records_watermark
 
 
-def when_read(reads: list[StateFuture], fn: Callable[[list[Any]], None]) -> None:
+def when_read(reads: list[StateFuture], fn: Callable[[list[object]], None]) -> None:
     """Run ``fn(results)`` once every read of ``reads`` (one invocation's, in submission
     order) is done. A record's requests complete in submission order, so the last read's
     callback finds them all done: no combined future per firing (else ``combine_all``)."""
@@ -108,12 +109,12 @@ class _SlotBundle(Generic[S]):
                 values.append(value)
         self.size += 1
 
-    def take_due(self, watermark: float, fires: bool) -> list[tuple[Hashable, Taken, int]]:
+    def take_due(self, watermark: float, fires: bool) -> list[tuple[Hashable, Taken[S], int]]:
         """Remove and return what must be in state before ``watermark`` leaves, per key
         in slot order; the fold fires at a finite watermark when ``fires``."""
         pending = self.pending
         due = sorted(at for at, (time, _, _) in pending.items() if time <= watermark)  # type: ignore[type-var]
-        shares: dict[Hashable, Share] = {}
+        shares: dict[Hashable, Share[S]] = {}
         for at in due:
             _, slot, by_key = pending.pop(at)
             for key, values in by_key.items():
@@ -150,7 +151,7 @@ class _SlotBundle(Generic[S]):
             raise
 
 
-class TumblingBundle(_SlotBundle[tuple[float, float]]):
+class TumblingBundle(_SlotBundle[Slot]):
     """A ``Bundle`` of an event-time tumbling window function's on-time records."""
 
     def __init__(self, function: WindowFunction) -> None:
@@ -171,10 +172,10 @@ class TumblingBundle(_SlotBundle[tuple[float, float]]):
         self.hold(end, end, slot, key, value)  # one window per firing time
         return True
 
-    def take(self, watermark: float) -> list[tuple[Hashable, Taken, int]]:
+    def take(self, watermark: float) -> list[tuple[Hashable, Taken[Slot], int]]:
         return self.take_due(watermark, True)
 
-    def fold(self, taken: Taken, context: BundleContext, ctx: Context) -> None:
+    def fold(self, taken: Taken[Slot], context: BundleContext, ctx: Context) -> None:
         until, share = taken
         if until is not None:
             self._fire_windows(share, until, context, ctx)
@@ -185,7 +186,7 @@ class TumblingBundle(_SlotBundle[tuple[float, float]]):
             lambda stored: self._write(share, stored, context, ctx),
         )
 
-    def _write(self, share: Share, stored: list[object], context: BundleContext, ctx: Context) -> None:
+    def _write(self, share: Share[Slot], stored: list[object], context: BundleContext, ctx: Context) -> None:
         """The share folded onto the stored values and written; a new window's timers."""
         store, rules, service = self.store, self.rules, ctx.timer_service
         for (slot, values), before in zip(share, stored, strict=True):
@@ -195,7 +196,7 @@ class TumblingBundle(_SlotBundle[tuple[float, float]]):
             for time in timers:
                 service.register_event_time_timer(time)
 
-    def _fire_windows(self, share: Share, until: float, context: BundleContext, ctx: Context) -> None:
+    def _fire_windows(self, share: Share[Slot], until: float, context: BundleContext, ctx: Context) -> None:
         """At a watermark ``until``: every window of the share ends at or before ``until``
         (``take`` gives back only those), so its end timer would fire at ``until``. The
         key's timers at or before ``until`` fire here instead, in order, with the share
@@ -233,7 +234,7 @@ class TumblingBundle(_SlotBundle[tuple[float, float]]):
         )  # fmt: skip
 
     def _fire(
-        self, share: Share, stored: dict[tuple[float, float], object], due: list[float],
+        self, share: Share[Slot], stored: dict[tuple[float, float], object], due: list[float],
         cleaned: list[tuple[float, float]], until: float, context: BundleContext, ctx: Context,
     ) -> None:  # fmt: skip
         """``_fire_windows``' firings: ``stored`` maps the windows ending at a due timer
@@ -304,17 +305,17 @@ class PaneBundle(_SlotBundle[int]):
         self.hold(j, due, j, key, value)
         return True
 
-    def take(self, watermark: float) -> list[tuple[Hashable, Taken, int]]:
+    def take(self, watermark: float) -> list[tuple[Hashable, Taken[int], int]]:
         return self.take_due(watermark, self.fires)
 
-    def fold(self, taken: Taken, context: BundleContext, ctx: Context) -> None:
+    def fold(self, taken: Taken[int], context: BundleContext, ctx: Context) -> None:
         until, share = taken
         self.live.async_value().on_complete(
             lambda held: self._fold(share, held, until, context, ctx)
         )
 
     def _fold(
-        self, share: Share, held: LivePanes | None, until: float | None,
+        self, share: Share[int], held: LivePanes | None, until: float | None,
         context: BundleContext, ctx: Context,
     ) -> None:  # fmt: skip
         """Fold the share into the key's panes (one read, one write); at a watermark

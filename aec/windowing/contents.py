@@ -32,11 +32,11 @@ class Contents:
         """``stored`` (None: empty) with one more record folded in."""
         raise NotImplementedError
 
-    def merge(self, values: list[Any]) -> object:
+    def merge(self, values: list[object]) -> object:
         """The contents of windows merged into one (sessions), oldest first."""
         raise NotImplementedError
 
-    def elements(self, stored: Any) -> list[object]:
+    def elements(self, stored: object) -> list[object]:
         """The function's input: ``[result]`` or the list of values."""
         raise NotImplementedError
 
@@ -83,13 +83,13 @@ class AggregateContents(Contents):
         fn = self.function
         return fn.add(value, fn.create_accumulator() if stored is None else stored)
 
-    def merge(self, values: list[Any]) -> object:
+    def merge(self, values: list[object]) -> object:
         result = values[0]
         for value in values[1:]:
             result = self.function.merge(result, value)
         return result
 
-    def elements(self, stored: Any) -> list[object]:
+    def elements(self, stored: object) -> list[object]:
         return [self.function.get_result(stored)]
 
     def merge_fresh(self, values: list[object]) -> object:
@@ -110,27 +110,27 @@ class ReduceContents(Contents):
     def fold(self, stored: object, value: object, timestamp: float) -> object:
         return value if stored is None else self.function(stored, value)
 
-    def merge(self, values: list[Any]) -> object:
+    def merge(self, values: list[object]) -> object:
         result = values[0]
         for value in values[1:]:
             result = self.function(result, value)
         return result
 
-    def elements(self, stored: Any) -> list[object]:
+    def elements(self, stored: object) -> list[object]:
         return [stored]
 
 
 class ListContents(Contents):
     """Every value of the window, in arrival order."""
 
-    def fold(self, stored: Any, value: object, timestamp: float) -> object:
-        return [value] if stored is None else [*stored, value]
+    def fold(self, stored: object, value: object, timestamp: float) -> object:
+        return [value] if stored is None else [*cast(list[object], stored), value]
 
-    def merge(self, values: list[Any]) -> object:
-        return [v for value in values for v in value]
+    def merge(self, values: list[object]) -> object:
+        return [v for value in values for v in cast(list[object], value)]
 
-    def elements(self, stored: Any) -> list[object]:
-        return list(stored)
+    def elements(self, stored: object) -> list[object]:
+        return list(cast(list[object], stored))
 
 
 class EvictingContents(ListContents):
@@ -143,11 +143,12 @@ class EvictingContents(ListContents):
         super().__init__(store)
         self.folder = folder
 
-    def fold(self, stored: Any, value: object, timestamp: float) -> object:
-        return [(value, timestamp)] if stored is None else [*stored, (value, timestamp)]
+    def fold(self, stored: object, value: object, timestamp: float) -> object:
+        pair = (value, timestamp)
+        return [pair] if stored is None else [*cast(list[tuple[object, float]], stored), pair]
 
-    def elements(self, stored: Any) -> list[object]:
-        values = [value for value, _ in stored]
+    def elements(self, stored: object) -> list[object]:
+        values = [value for value, _ in cast(list[tuple[object, float]], stored)]
         folder = self.folder
         if folder is None:
             return values

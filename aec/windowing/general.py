@@ -144,7 +144,8 @@ class GeneralDriver:
         before = list(sessions)
         accepted = False
         for window in f.assigner.assign_windows(value, at):
-            actual, merged = add_session(sessions, window)
+            # merging assigners make time windows (the session cover is theirs)
+            actual, merged = add_session(sessions, cast(TimeWindow, window))
             if merged:
                 await settle(trigger.on_merge(actual, TriggerContext(scope, actual, merged)))
                 for old in merged:

@@ -228,7 +228,7 @@ class WindowOperatorFunction(KeyedProcessFunction):
             value if late_output is None else late_output(value, timestamp, watermark),
         )
 
-    def emit(self, ctx: Context, window: object, stored: Any) -> Awaitable[None] | None:
+    def emit(self, ctx: Context, window: object, stored: object) -> Awaitable[None] | None:
         """Emit a firing window's result (nothing when ``stored`` is None): the
         evictor's kept values (written back when it dropped any), then the process
         function's outputs, the aggregate's or reduced result, or the list of values.
@@ -237,11 +237,12 @@ class WindowOperatorFunction(KeyedProcessFunction):
             return None
         evictor = self.evictor
         contents = self.contents
-        if evictor is not None:
-            kept = evictor.evict_before(list(stored), window)
+        if evictor is not None:  # the window keeps (value, timestamp) pairs
+            pairs = list(cast(Iterable[tuple[object, float]], stored))
+            kept = evictor.evict_before(pairs, window)
             elements = contents.elements(kept)
             remaining = evictor.evict_after(kept, window)
-            if remaining != list(stored):
+            if remaining != pairs:
                 # evictors keep every element, never panes; not awaited (see Contents.add)
                 cast(Contents, contents).write(window, remaining)
         else:

@@ -17,8 +17,6 @@ the end of the next window that holds a pane.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aec.state.future import StateFuture, combine_all
 from aec.state.handles import ValueState
 from aec.windowing.contents import Contents
@@ -83,5 +81,5 @@ class PaneContents:
             [self.store.async_remove(j) for j in range(first, first + self.panes.r)]
         )
 
-    def elements(self, stored: Any) -> list[object]:
+    def elements(self, stored: object) -> list[object]:
         return self.inner.elements(stored)

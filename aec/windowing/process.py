@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
-from aec.functions import Context
+from aec.functions import Context, RuntimeContext
 from aec.state.descriptors import StateDescriptor
 
 
@@ -33,7 +33,7 @@ class ProcessWindowFunction:
     ``open(runtime_context)`` / ``close()`` bracket the run.
     """
 
-    def open(self, runtime_context: Any) -> None:
+    def open(self, runtime_context: RuntimeContext) -> None:
         pass
 
     def process(

@@ -118,7 +118,7 @@ class SessionBundle:
         """``SessionsDriver.place`` per record, on the key's sessions and contents in
         memory; at a watermark ``until`` the due sessions fire; then one write (if they
         changed)."""
-        assigner, driver = self.function.assigner, self.driver
+        assigner, driver = self.driver.assigner, self.driver
         windows = []
         for value, timestamp in records:  # all first, as before the replay (gap functions)
             try:

@@ -23,6 +23,7 @@ from typing import Protocol, cast
 
 from aec.functions import Context
 from aec.state.handles import ValueState
+from aec.windowing.assigners import EventTimeSessionWindows
 from aec.windowing.contents import Contents
 from aec.windowing.merging import add_session
 from aec.windowing.protocol import WindowFunction
@@ -64,6 +65,7 @@ class SessionsDriver:
 
     def __init__(self, function: WindowFunction) -> None:
         self.function = function
+        self.assigner = cast(EventTimeSessionWindows, function.assigner)  # this driver's
         self.rules = function.rules
         self.contents = cast(Contents, function.contents)  # sessions: no panes
         self.state = cast(ValueState, function.session_contents)  # this driver's
@@ -73,7 +75,7 @@ class SessionsDriver:
         timestamp = ctx.timestamp
         if timestamp is None:
             raise self.function.missing_timestamp(value, ctx)
-        (window,) = self.function.assigner.assign_windows(value, timestamp)
+        (window,) = self.assigner.assign_windows(value, timestamp)
         state = self.state
 
         def placed(held: Held) -> None:

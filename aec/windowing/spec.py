@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 from aec.state.descriptors import AggregateFunction
 from aec.state.handles import MapState
@@ -65,8 +65,9 @@ class WindowSpec:
 
     @classmethod
     def of(
-        cls, assigner: Any, aggregate: Any, reduce: Any, process: Any, trigger: Any,
-        evictor: Any, allowed_lateness: Any, late_data_tag: object, late_output: Any,
+        cls, assigner: object, aggregate: object, reduce: object, process: object,
+        trigger: object, evictor: object, allowed_lateness: object, late_data_tag: object,
+        late_output: object,
     ) -> WindowSpec:  # fmt: skip
         """``window(...)``'s arguments, checked (the errors: ``window``'s)."""
         if not isinstance(assigner, WindowAssigner):
@@ -99,6 +100,8 @@ class WindowSpec:
         if late_output is not None and not callable(late_output):
             raise TypeError(f"window: late_output must be callable, got {late_output!r}")
         return cls(
-            assigner, aggregate, reduce, process, trigger, evictor, allowed_lateness,
-            late_data_tag, late_output,
-        )  # fmt: skip
+            assigner, cast(AggregateFunction | None, aggregate),
+            cast("Callable[[Any, Any], Any] | None", reduce),
+            cast(ProcessWindowFunction | None, process), trigger, evictor, allowed_lateness,
+            late_data_tag, cast("Callable[[Any, float, float], Any] | None", late_output),
+        )  # checked above  # fmt: skip
