@@ -28,7 +28,7 @@ from aec.state.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
-from aec.state.handles import MapState, ValueState
+from aec.state.handles import MapState
 from aec.windowing import sessions as session_driver
 from aec.windowing.assigners import SlidingEventTimeWindows, WindowAssigner
 from aec.windowing.builtin import BuiltinTrigger
@@ -41,6 +41,7 @@ from aec.windowing.namespaced import window_handle
 from aec.windowing.panes import LIVE_PANES, PaneContents
 from aec.windowing.path import Path, choose_path
 from aec.windowing.process import ProcessWindowContext, ProcessWindowFunction
+from aec.windowing.protocol import WindowFunction
 from aec.windowing.session_bundle import SessionBundle
 from aec.windowing.sessions import SessionsDriver
 from aec.windowing.sliding import PanesDriver
@@ -59,25 +60,9 @@ class Driver(Protocol):
     def on_timer(self, time: float, ctx: Context) -> Awaitable[None] | None: ...
 
 
-class WindowOperatorFunction(KeyedProcessFunction):
-    """The function ``window(...)`` returns; see ``aec.windowing.window``. Implements
-    ``aec.windowing.protocol.WindowFunction`` once opened."""
-
-    # set in open (see aec.windowing.protocol.WindowFunction for each)
-    path: Path
-    rules: BuiltinTrigger
-    assigner: WindowAssigner
-    trigger: Trigger
-    evictor: Evictor | None
-    process_fn: ProcessWindowFunction | None
-    event_time: bool
-    lateness: float
-    grid: Grid | None
-    panes: Panes | None
-    contents: Contents | PaneContents
-    timers: WindowTimers
-    sessions: ValueState | None
-    session_contents: ValueState | None
+class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
+    """The function ``window(...)`` returns; see ``aec.windowing.window``. Once opened it
+    is the ``WindowFunction`` its drivers see (the attributes are set in ``open``)."""
 
     def __init__(self, spec: WindowSpec) -> None:
         self.spec = spec
@@ -110,11 +95,11 @@ class WindowOperatorFunction(KeyedProcessFunction):
         self.grid = assigner.grid if isinstance(assigner, SlidingEventTimeWindows) else None
         contents = spec.make_contents(store)
         self.panes = None
+        held: Contents | PaneContents = contents
         if path.panes is not None:
             self.panes = Panes(cast(Grid, self.grid), path.panes)
-            self.contents = PaneContents(contents, self.panes, live)
-        else:
-            self.contents = contents
+            held = PaneContents(contents, self.panes, live)
+        self.contents = held
         process = self.process_fn
         if process is not None and hasattr(process, "open"):
             process.open(ctx)
