@@ -147,6 +147,32 @@ def test_the_chain_fires_every_window_holding_a_pane_once_in_order(size_slide, s
     assert got == want and live == []
 
 
+@given(
+    sizes, offsets,
+    st.lists(st.one_of(times, st.integers(-50, 50).map(lambda k: k * 3600.0),
+                       st.integers(-50, 50).map(lambda k: math.nextafter(k * 3600.0, -math.inf))),
+             min_size=1, max_size=40),
+)  # fmt: skip
+def test_the_tumbling_bundle_holds_each_record_in_the_grids_slot(size_slide, offset, stamps):
+    """The bundle remembers the times a slot surely covers (``Grid.slot`` is monotone):
+    every record still lands in the slot the grid gives its time, boundaries included."""
+    size = size_slide[0]
+    fn = window(TumblingEventTimeWindows.of(size, _grid(size, size, offset).offset),
+                reduce=lambda a, b: a)  # fmt: skip
+    op = KeyedProcessOperator(fn, MemoryBackend(), ASYNC)
+    op.open()
+    bundle = fn.open_bundle()
+    assert bundle is not None
+    grid = fn.grid
+    assert grid is not None
+    for i, t in enumerate(stamps):
+        assert bundle.offer("k", i, t, -math.inf)
+    _, (_, share), records = bundle.take(math.inf)[0]
+    assert records == len(stamps)
+    held = {value: slot for slot, values in share for value in values}
+    assert held == {i: grid.slot(t) for i, t in enumerate(stamps)}
+
+
 # -- the built-in trigger ------------------------------------------------------------------
 
 

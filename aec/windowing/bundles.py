@@ -157,20 +157,52 @@ class TumblingBundle(_SlotBundle[Slot]):
     def __init__(self, function: WindowFunction) -> None:
         super().__init__(function, cast(Contents, function.contents))
         self.grid = cast(Grid, function.grid)
+        self.slot_of = self.grid.slot  # bound once: called per record
         self.rules = function.rules
+        self.low, self.high, self.last = math.inf, -math.inf, (math.nan, math.nan)  # see offer
 
     def offer(self, key: Hashable, value: object, timestamp: float | None, watermark: float) -> bool:
         if timestamp is None:
             return False  # the record's own path fails the run, naming the timestamp
-        try:
-            slot = self.grid.slot(timestamp)  # the tumbling driver's window
-        except (OverflowError, ValueError):  # an infinite timestamp: its own path decides
-            return False
+        if self.low <= timestamp <= self.high:  # between two times of the last slot
+            slot = self.last
+        else:
+            try:
+                slot = self.slot_of(timestamp)  # the tumbling driver's window
+            except (OverflowError, ValueError):  # an infinite timestamp: its own path decides
+                return False
+            self.remember(slot, timestamp)
         end = slot[1]
         if end <= watermark:
             return False  # late, or a late firing
-        self.hold(end, end, slot, key, value)  # one window per firing time
+        held = self.pending
+        pending = held.get(end)  # one window per firing time
+        if pending is None:
+            held[end] = (end, slot, {key: [value]})
+        else:
+            values = pending[2].get(key)
+            if values is None:
+                pending[2][key] = [value]
+            else:
+                values.append(value)
+        self.size += 1
         return True
+
+    def remember(self, slot: Slot, timestamp: float) -> None:
+        """Keep the times that surely have ``slot``: ``Grid.slot`` is monotone in the time,
+        so when the window's first and last float times both have it, every time of the
+        window does (else only ``timestamp`` is known to)."""
+        start, end = slot
+        last = math.nextafter(end, -math.inf)
+        try:
+            whole = self.slot_of(start) == slot and self.slot_of(last) == slot
+        except (OverflowError, ValueError):  # a window at the end of the float range
+            whole = False
+        if whole:
+            self.low, self.high = start, last
+        else:  # a float boundary of the formula: ask it again for the next time
+            self.low = self.high = timestamp
+        self.last = slot
 
     def take(self, watermark: float) -> list[tuple[Hashable, Taken[Slot], int]]:
         return self.take_due(watermark, True)

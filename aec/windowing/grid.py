@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from fractions import Fraction
+from math import floor
 
 from aec.windowing.windows import TimeWindow
 
@@ -66,7 +67,7 @@ class Grid:
         """``(start, end)`` of the latest window starting at or before ``timestamp``: a
         tumbling window's (the map key of its contents)."""
         offset, slide = self.offset, self.slide
-        start = offset + math.floor((timestamp - offset) / slide) * slide
+        start = offset + floor((timestamp - offset) / slide) * slide
         return start, start + self.size
 
     def window(self, k: int) -> TimeWindow:
