@@ -98,9 +98,12 @@ class _SlotBundle(Generic[S]):
         self.pending: dict[Hashable, tuple[float, S, dict[Hashable, list[object]]]] = {}
 
     def hold(self, at: Hashable, due: float, slot: S, key: Hashable, value: object) -> None:
-        pending = self.pending.get(at)
+        """Keep ``value`` of ``key`` in ``slot`` (firing at ``due``), after the key's
+        earlier values there."""
+        held = self.pending
+        pending = held.get(at)
         if pending is None:
-            self.pending[at] = (due, slot, {key: [value]})
+            held[at] = (due, slot, {key: [value]})
         else:
             values = pending[2].get(key)
             if values is None:
@@ -175,17 +178,7 @@ class TumblingBundle(_SlotBundle[Slot]):
         end = slot[1]
         if end <= watermark:
             return False  # late, or a late firing
-        held = self.pending
-        pending = held.get(end)  # one window per firing time
-        if pending is None:
-            held[end] = (end, slot, {key: [value]})
-        else:
-            values = pending[2].get(key)
-            if values is None:
-                pending[2][key] = [value]
-            else:
-                values.append(value)
-        self.size += 1
+        self.hold(end, end, slot, key, value)  # one window per firing time
         return True
 
     def remember(self, slot: Slot, timestamp: float) -> None:
