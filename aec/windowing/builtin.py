@@ -30,6 +30,12 @@ def fires_on_element(event_time: bool, end: float, now: float) -> bool:
     return event_time and end <= now
 
 
+def timer_on_merge(end: float, now: float) -> bool:
+    """The built-in trigger's ``on_merge``: whether the merged window registers its timer
+    at ``end`` (not when ``now``, the watermark or the clock, passed it already)."""
+    return end > now
+
+
 NO_TIMERS: tuple[float, ...] = ()
 W = TypeVar("W", bound=Window)
 
@@ -126,7 +132,7 @@ class BuiltinTrigger:
         registers ``actual``'s end unless the watermark passed it; the sessions merged
         away lose their trigger and cleanup timers (``clear``), except a time another
         session of the key still uses (an engine timer is per key and time)."""
-        register = actual.end if actual.end > watermark else None
+        register = actual.end if timer_on_merge(actual.end, watermark) else None
         cleanup = self.cleanup_time
         live = {t for w in sessions for t in (w.end, cleanup(w.end))}
         delete = []

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from aec.state.descriptors import ReducingStateDescriptor, StateDescriptor
 from aec.state.future import StateFuture
-from aec.windowing.builtin import fires_on_element
+from aec.windowing.builtin import fires_on_element, timer_on_merge
 from aec.windowing.windows import Window
 
 
@@ -117,7 +117,7 @@ class EventTimeTrigger(Trigger):
         return True
 
     def on_merge(self, window: Window, ctx: TriggerServices) -> None:
-        if window.end > ctx.current_watermark():
+        if timer_on_merge(window.end, ctx.current_watermark()):
             ctx.register_event_time_timer(window.end)
 
     def clear(self, window: Window, ctx: TriggerServices) -> None:
@@ -144,7 +144,7 @@ class ProcessingTimeTrigger(Trigger):
         return True
 
     def on_merge(self, window: Window, ctx: TriggerServices) -> None:
-        if window.end > ctx.current_processing_time():
+        if timer_on_merge(window.end, ctx.current_processing_time()):
             ctx.register_processing_time_timer(window.end)
 
     def clear(self, window: Window, ctx: TriggerServices) -> None:
