@@ -278,7 +278,7 @@ class ContinuousEventTimeTrigger(Trigger):
     async def on_element(
         self, value: object, timestamp: float, window: Window, ctx: TriggerServices
     ) -> TriggerResult:
-        if window.end <= ctx.current_watermark():
+        if fires_on_element(True, window.end, ctx.current_watermark()):  # as EventTimeTrigger
             return TriggerResult.FIRE
         ctx.register_event_time_timer(window.end)
         state = ctx.get_partitioned_state(self.fire_time)
