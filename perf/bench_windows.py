@@ -75,7 +75,9 @@ ROOT = Path(os.environ.get("AEC_CHECKOUT") or PERF.parent)
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(PERF))
 
+import harness as h  # noqa: E402
 from windows_data import synthetic_rows  # noqa: E402
+from windows_report import judge, markdown, plot, row_line, side_by_side  # noqa: E402
 
 from aec import (  # noqa: E402
     AecConfig,
@@ -240,30 +242,6 @@ def compare(name: str, goal: str, threshold: float, variants: dict, repeats: int
     return row
 
 
-def judge(row: dict) -> None:
-    """Set a row's ``ratio``, ``met`` and each variant's ``records_per_s`` from its best
-    seconds (the row's clock: CPU seconds judge work on a shared machine; the latency
-    rows wait, so wall clock)."""
-    best = {label: v["best_wall_s" if row["clock"] == "wall" else "best_cpu_s"]
-            for label, v in row["variants"].items()}  # fmt: skip
-    for label, v in row["variants"].items():
-        v["records_per_s"] = v["records"] / best[label]
-    a, b = list(row["variants"])
-    va, vb = row["variants"][a], row["variants"][b]
-    if row["kind"] == "cost":  # seconds per unit (a record, a result) of a over b
-        row["ratio"] = (best[a] / va["per"]) / (best[b] / vb["per"])
-        row["met"] = row["ratio"] <= row["threshold"]
-    else:  # speed-up: records/s of a over b
-        row["ratio"] = va["records_per_s"] / vb["records_per_s"]
-        row["met"] = row["ratio"] >= row["threshold"]
-
-
-def row_line(row: dict) -> str:
-    verdict = "met" if row["met"] else "MISSED"
-    rates = ", ".join(f"{k}: {v['records_per_s']:,.0f} rec/s" for k, v in row["variants"].items())
-    return f"{row['measure']:<52} {row['ratio']:8.2f}x  goal {row['goal']:<9} {verdict}  {rates}"
-
-
 def _records(source: list) -> int:
     return sum(1 for e in source if type(e) is Record)
 
@@ -394,53 +372,27 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
 def against_base(args: argparse.Namespace, out: Path) -> int:
     """Every row on this checkout and on ``args.base``, a fresh worker process per
-    checkout and round, alternating; each variant's best over the rounds."""
+    checkout and round, alternating (``harness.run_checkouts``); each variant's best
+    over the rounds, side by side (``windows_report.side_by_side``)."""
     started = time.perf_counter()
     load = round(os.getloadavg()[0], 2)
-    trees = {"this": PERF.parent, "base": args.base.resolve()}
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--repeats", "1",
-            "--records", str(args.records), "--keys", str(args.keys),
-            "--sparse-records", str(args.sparse_records),
+    argv = ["--worker", "--repeats", "1", "--records", str(args.records),
+            "--keys", str(args.keys), "--sparse-records", str(args.sparse_records),
             "--sparse-keys", str(args.sparse_keys)]  # fmt: skip
     if args.flights is not None:
         argv += ["--flights", str(args.flights)]
+    trees = {"this": PERF.parent, "base": args.base.resolve()}
+    runs = h.run_checkouts(Path(__file__).resolve(), argv, trees, args.repeats)
     best: dict[str, dict[str, dict]] = {name: {} for name in trees}
-    for round_ in range(args.repeats):
-        order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
-        for name in order:
-            env = dict(os.environ, AEC_CHECKOUT=str(trees[name]), PYTHONPATH=str(trees[name]))
-            print(f"round {round_ + 1}/{args.repeats}: {name} ({trees[name]})", flush=True)
-            done = subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
-            for row in json.loads(done.stdout.strip().splitlines()[-1]):
+    for name, outputs in runs.items():
+        for rows in outputs:
+            for row in rows:
                 kept = best[name].setdefault(row["measure"], row)
                 for label, v in row["variants"].items():
                     mine = kept["variants"][label]
                     for clock in ("best_wall_s", "best_cpu_s"):
                         mine[clock] = min(mine[clock], v[clock])
-    lines = ["| measure | goal | this | base | this vs base | variants: this / base records/s |",
-             "|---|---|---:|---:|---:|---|"]  # fmt: skip
-    rows = []
-    for measure_name, this in best["this"].items():
-        base = best["base"].get(measure_name)
-        judge(this)
-        print("this " + row_line(this))
-        if base is None:  # a row the base checkout does not have
-            rows.append({"this": this, "base": None})
-            lines.append(f"| {measure_name} | {this['goal']} | {this['ratio']:.2f}x | - | - | - |")
-            continue
-        judge(base)
-        print("base " + row_line(base))
-        # > 1: this checkout better (a cost row's ratio is lower-is-better)
-        versus = (base["ratio"] / this["ratio"] if this["kind"] == "cost"
-                  else this["ratio"] / base["ratio"])  # fmt: skip
-        rates = ", ".join(
-            f"{label} {v['records_per_s']:,.0f} / {base['variants'][label]['records_per_s']:,.0f} "
-            f"({v['records_per_s'] / base['variants'][label]['records_per_s']:.2f}x)"
-            for label, v in this["variants"].items()
-        )
-        rows.append({"this": this, "base": base, "this_vs_base": versus})
-        lines.append(f"| {measure_name} | {this['goal']} | {this['ratio']:.2f}x | "
-                     f"{base['ratio']:.2f}x | {versus:.2f} | {rates} |")  # fmt: skip
+    rows, table = side_by_side(best["this"], best["base"])
     report = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "load": load,
               "cpus": os.cpu_count(), "base": str(args.base), "rows": rows,
               "params": vars(args) | {"out": str(out), "base": str(args.base)},
@@ -451,8 +403,8 @@ def against_base(args: argparse.Namespace, out: Path) -> int:
               "row's figure relative to base's (> 1: better; a cost row's ratio is "
               "lower-is-better).\n\n")  # fmt: skip
     (out / "bench_windows_base.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (out / "bench_windows_base.md").write_text(header + "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (out / "bench_windows_base.md").write_text(header + table)
+    print(table, end="")
     print(f"wrote {out}/bench_windows_base.{{json,md}} in {report['wall_seconds']:.0f} s")
     return 0
 
@@ -463,7 +415,7 @@ def pyflink_peer(args: argparse.Namespace, out: Path) -> dict | None:
     run's JSON from ``out``; None when there is neither."""
     peer = out / "bench_windows_pyflink.json"
     if args.pyflink:
-        command = [args.pyflink, str(ROOT / "perf" / "bench_windows_pyflink.py"),
+        command = [args.pyflink, str(PERF / "bench_windows_pyflink.py"),
                    "--records", str(args.records), "--keys", str(args.keys), "--out", str(out)]  # fmt: skip
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         return {**json.loads(peer.read_text()), "run": "this run"}
@@ -472,73 +424,6 @@ def pyflink_peer(args: argparse.Namespace, out: Path) -> dict | None:
         if flink.get("records") == args.records and flink.get("keys") == args.keys:
             return {**flink, "run": "an earlier run (bench_windows_pyflink.json)"}
     return None
-
-
-def markdown(report: dict) -> str:
-    p = report["params"]
-    lines = [
-        "# bench_windows: aec.windowing",
-        "",
-        f"{report['date']}; synthetic {p['records']:,} records over {p['keys']} keys; flights "
-        f"{'all' if p['flights'] is None else p['flights']} rows; best of {p['repeats']} "
-        f"interleaved rounds; load average at start {report.get('load', '?')} on "
-        f"{report.get('cpus', '?')} CPUs. Clock `cpu`: process CPU seconds (the machine is "
-        "shared; CPU time is what the variants cost); `wall`: wall clock (the latency rows "
-        "wait on the modelled round trips: 1 ms per batch, `LatencyBackend(MemoryBackend(), "
-        "0.001)`; async runs 50 % of the records over 5,000 keys, sync the first 2.5 % of "
-        "them, each judged by its records/s).",
-        "",
-        "| measure | goal | measured | verdict | clock | variants (records/s) |",
-        "|---|---|---:|---|---|---|",
-    ]
-    for r in report["rows"]:
-        variants = ", ".join(f"{k} {v['records_per_s']:,.0f}" for k, v in r["variants"].items())
-        verdict = "met" if r["met"] else "MISSED"
-        clock = r.get("clock", "-")
-        lines.append(
-            f"| {r['measure']} | {r['goal']} | {r['ratio']:.2f}x | {verdict} | {clock} "
-            f"| {variants} |"
-        )
-    flink = next((r for r in report["rows"] if r["measure"].startswith("vs PyFlink")), None)
-    if flink is not None:
-        peer = flink["variants"]["pyflink"]
-        lines += [
-            "",
-            f"vs PyFlink: PyFlink {peer.get('pyflink', '')} (`apache-flink` in a venv of its "
-            f"own, {peer.get('execution_mode', 'process')} mode, local mini-cluster, "
-            f"parallelism 1) over the same {peer['records']:,} records "
-            "(`window(TumblingEventTimeWindows.of(Time.hours(1))).aggregate(CountSum)`, "
-            "watermarks: bounded out-of-orderness 60 s), from "
-            f"{peer.get('run', 'this run')}: {peer['records_per_s']:,.0f} records/s from the "
-            "first record in the Python worker to the last window result (JVM start, job "
-            f"submission and worker start left out; the whole `execute` took "
-            f"{peer.get('job_seconds', float('nan')):.1f} s, {peer.get('job_records_per_s', 0):,.0f} "
-            "records/s). aec: the async tumbling run of the memory row, wall clock.",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 5))
-    names = [r["measure"] for r in rows]
-    ratios = [r["ratio"] for r in rows]
-    colors = ["tab:green" if r["met"] else "tab:red" for r in rows]
-    ax.barh(names, ratios, color=colors)
-    for i, r in enumerate(rows):
-        ax.annotate(f"{r['ratio']:.2f}x (goal {r['goal']})", (r["ratio"], i), fontsize=8,
-                    xytext=(3, -3), textcoords="offset points")  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_xlabel("ratio (cost: lower is better; async/sync and vs PyFlink: higher is better)")
-    ax.set_title("aec.windowing benchmark (green: goal met)")
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":
