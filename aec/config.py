@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 WatermarkOrder = Literal["serial", "parallel"]
+# the serializers ``aec.state.serialization.SERIALIZERS`` names (checked there by a test)
+STATE_SERIALIZERS = ("msgpack", "pickle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,17 @@ class AecConfig:
             request takes the key, so state requests and the callbacks after them keep
             same-key order, while code before the first state request (and what it
             outputs) may run out of order. Default False: record-ordered.
+        state_serializer: how the values of states whose descriptor names no
+            serializer are stored: ``"msgpack"`` (default: plain data, decoding
+            cannot run code) or ``"pickle"`` (any object; an explicit opt-in, since
+            unpickling runs code: trust whoever can write the checkpoint location
+            and the store; ``docs/security.md``). [Flink: the state's
+            ``TypeSerializer``; Kryo for generic types]
+        checkpoints_retained: committed checkpoints ``process_keyed_stream`` keeps per
+            partition, >= 2 (the newest and the one a replay of its micro-batch starts
+            from); older ones are deleted after each micro-batch's commit, with the
+            files no kept checkpoint references (``docs/checkpoints.md``).
+            [``state.checkpoints.num-retained``]
 
     Raises:
         ValueError / TypeError: on construction, naming the option that is out of range.
@@ -48,6 +61,8 @@ class AecConfig:
     executor_threads: int = 4
     max_parallelism: int = 128
     state_ordered: bool = False
+    state_serializer: str = "msgpack"
+    checkpoints_retained: int = 2
 
     def __post_init__(self) -> None:
         for flag in ("async_state", "state_ordered"):
@@ -58,6 +73,7 @@ class AecConfig:
             ("buffer_size", 1, None),
             ("executor_threads", 1, None),
             ("max_parallelism", 1, 32768),
+            ("checkpoints_retained", 2, None),
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -72,6 +88,11 @@ class AecConfig:
             )
         if not (timeout > 0) or math.isnan(timeout):
             raise ValueError(f"AecConfig.buffer_timeout must be > 0 seconds, got {timeout}")
+        if self.state_serializer not in STATE_SERIALIZERS:
+            raise ValueError(
+                f"AecConfig.state_serializer must be one of {list(STATE_SERIALIZERS)}, "
+                f"got {self.state_serializer!r}"
+            )
         if self.watermark_order not in ("serial", "parallel"):
             raise ValueError(
                 f"AecConfig.watermark_order must be 'serial' or 'parallel', got {self.watermark_order!r}"

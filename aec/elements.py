@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import final
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,11 +18,12 @@ class Record:
         timestamp: event time in seconds (int or float, not NaN), or None.
     """
 
-    key: Any
-    value: Any
+    key: Hashable
+    value: object
     timestamp: float | None = None
 
 
+@final  # the engine tells watermarks by ``type(element) is Watermark``
 @dataclass(frozen=True, slots=True, order=True)
 class Watermark:
     """Event-time progress: no record with timestamp <= ``timestamp`` follows.
@@ -41,7 +43,7 @@ class ClockTick:
     watermark: float
 
 
-def check_key(key: Any) -> None:
+def check_key(key: object) -> None:
     """Raise TypeError unless ``key`` can key state (hashable, not None); ValueError for NaN."""
     if key is None:
         raise TypeError("record key is None: every record needs a hashable, non-None key")
@@ -56,7 +58,7 @@ def check_key(key: Any) -> None:
         ) from None
 
 
-def check_timestamp(timestamp: Any, what: str = "record timestamp") -> None:
+def check_timestamp(timestamp: object, what: str = "record timestamp") -> None:
     """Raise TypeError/ValueError unless ``timestamp`` is a real number (or None)."""
     if timestamp is None:
         return

@@ -1,10 +1,10 @@
-"""The one error a failed run raises, and the one a missing optional dependency raises."""
+"""The one error a failed run raises, the one a missing optional dependency raises, and
+the one a backend raises when its store cannot give back what it holds."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 
 class JobFailure(Exception):
@@ -19,19 +19,37 @@ class JobFailure(Exception):
         record: the record value or a ``"timer@<t>"`` description (None if none).
     """
 
-    def __init__(self, message: str, *, key: Any = None, record: Any = None) -> None:
+    def __init__(self, message: str, *, key: object = None, record: object = None) -> None:
         super().__init__(message)
         self.key = key
         self.record = record
 
 
-def describe(value: Any, limit: int = 200) -> str:
+class StateReadError(RuntimeError):
+    """A backend's store could not give back state it holds: a corrupt block or
+    file, a store that lost its data or was replaced. Never an empty result
+    instead: the batch fails (``JobFailure`` with this as ``__cause__``).
+
+    The message names the store, the state and, where known, the key group; the
+    store's own error is ``__cause__``.
+    """
+
+
+def describe(value: object, limit: int = 200) -> str:
     """Short ``repr`` for error messages; long values are cut at ``limit`` characters."""
     try:
         text = repr(value)
     except Exception as exc:  # a user __repr__ that fails must not hide the real error
         text = f"<unrepresentable {type(value).__name__}: {exc}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def qualified_name(fn: object) -> str:
+    """``module.qualname`` of a function or method (for messages), else its short repr."""
+    qualname = getattr(fn, "__qualname__", None)
+    if isinstance(qualname, str):
+        return f"{getattr(fn, '__module__', '?')}.{qualname}"
+    return describe(fn, 80)
 
 
 class MissingExtraError(ImportError):

@@ -8,12 +8,13 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 
 from __future__ import annotations
 
-from collections.abc import Container
-from typing import Any, Protocol, overload
+from collections.abc import Awaitable, Callable, Container, Hashable
+from typing import Any, Generic, NoReturn, Protocol, TypeVar, overload
 
 from aec.config import AecConfig
 from aec.elements import check_timestamp
-from aec.retry import NoRetry
+from aec.retry import NoRetry, RetryStrategy
+from aec.state.backend import StateBackend
 from aec.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -22,17 +23,56 @@ from aec.state.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
+from aec.state.future import StateFuture
 from aec.state.handles import AggregatingState, ListState, MapState, ReducingState, ValueState
+from aec.state.serialization import Serializer, resolve
+from aec.state.ttl import ttl_kind
+from aec.state.typevars import ACC, IN, OUT, UK, UV, V
+
+R = TypeVar("R")  # an external call's result
 
 _NO_RETRY = NoRetry()
 
 
 class _RunningRecord(Protocol):
-    key: Any
-    timestamp: float | None
-    watermark: float
-    processing_time: float
-    timer: tuple[str, float] | None  # (domain, timestamp) while a timer fires
+    """The running record or timer firing (the runtime's ``RecordContext``)."""
+
+    @property
+    def key(self) -> Hashable: ...
+    @property
+    def timestamp(self) -> float | None: ...
+    @property
+    def watermark(self) -> float: ...
+    @property
+    def processing_time(self) -> float: ...
+    @property
+    def timer(self) -> tuple[str, float] | None: ...  # (domain, timestamp) while a timer fires
+
+
+class _Records(Protocol):
+    """Where the running record is (the AEC: ``current`` is None between records)."""
+
+    @property
+    def current(self) -> _RunningRecord | None: ...
+
+
+class BatchCalls(Protocol[IN, OUT]):
+    """What ``Context.call_batched`` needs of an ``aec.async_io.Batcher``: the batch
+    function (one result ``OUT`` per argument ``IN``, in order) and when a batch
+    leaves (a protocol so this module, below ``aec.async_io``, does not import it)."""
+
+    @property
+    def fn(self) -> Callable[[list[IN]], Awaitable[list[OUT]]]: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def max_wait(self) -> float | None: ...
+
+
+class _ExternalCalls(Protocol):
+    def call_batched(
+        self, batcher: BatchCalls[IN, OUT], arg: IN, timeout: float | None, retry: RetryStrategy
+    ) -> StateFuture[OUT]: ...
 
 
 class OperatorHooks(Protocol):
@@ -41,30 +81,53 @@ class OperatorHooks(Protocol):
     the runtime, does not import it)."""
 
     config: AecConfig
+    backend: StateBackend
 
-    def state_handle(self, descriptor: StateDescriptor) -> Any: ...
+    @property
+    def controller(self) -> _Records: ...
+    @property
+    def external_calls(self) -> _ExternalCalls: ...  # aec.runtime.external_calls.ExternalCalls
+
+    def state_handle(self, descriptor: StateDescriptor) -> object: ...
     def register_timer(self, domain: str, timestamp: float) -> None: ...
     def delete_timer(self, domain: str, timestamp: float) -> None: ...
     def timer_times(self, domain: str) -> Container[float]: ...
     def due_timers(self, domain: str, until: float) -> list[float]: ...
     def current_context(self) -> _RunningRecord: ...
-    def emit(self, value: Any) -> None: ...
-    def emit_side(self, tag: Any, value: Any) -> None: ...
-    def call_async(self, fn: Any, args: tuple[Any, ...], timeout: Any, retry: Any) -> Any: ...
+    def emit(self, value: object) -> None: ...
+    def emit_side(self, tag: Hashable, value: object) -> None: ...
+    def call_async(
+        self,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[object, ...],
+        timeout: float | None,
+        retry: RetryStrategy,
+    ) -> StateFuture[R]: ...
 
 
-class KeyedProcessFunction:
-    """Subclass and override ``process_element`` (and ``on_timer`` for timers)."""
+class KeyedProcessFunction(Generic[IN]):
+    """Subclass and override ``process_element`` (and ``on_timer`` for timers);
+    ``IN`` is the records' value type (``KeyedProcessFunction[dict]``; untyped when
+    not given)."""
 
     def open(self, ctx: RuntimeContext) -> None:
         """Create state handles here: ``self.s = ctx.get_state(descriptor)``."""
 
-    def process_element(self, value: Any, ctx: Context) -> Any:
-        """Handle one record of key ``ctx.current_key``."""
+    def process_element(self, value: IN, ctx: Context) -> object:
+        """Handle one record of key ``ctx.current_key``: return None, a ``StateFuture``,
+        or be ``async def``."""
         raise NotImplementedError(f"{type(self).__name__} must override process_element")
 
-    def on_timer(self, timestamp: float, ctx: Context) -> Any:
+    def on_timer(self, timestamp: float, ctx: Context) -> object:
         """A timer of key ``ctx.current_key`` at ``timestamp`` (seconds) fired."""
+
+    def process_initial_state(self, row: Any, ctx: Context) -> Any:
+        """One row of the initial state for key ``ctx.current_key`` (Spark's
+        ``handleInitialState``; ``spark_glue.process_keyed_stream(..., initial_state=df)``
+        passes each row of ``df`` as a dict, on a job's first start only, before any
+        input). State, timers and outputs work as in ``process_element``, and so do
+        the return rules; ``ctx.timestamp`` is None. Default: nothing (override it to
+        load the row into state)."""
 
     def close(self) -> None:
         """Release what ``open`` acquired; called once at the end of the run."""
@@ -78,24 +141,34 @@ class RuntimeContext:
 
     # one overload per descriptor type, so a type checker knows the handle's methods
     @overload
-    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+    def get_state(self, descriptor: ValueStateDescriptor[V]) -> ValueState[V]: ...
     @overload
-    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+    def get_state(self, descriptor: ListStateDescriptor[V]) -> ListState[V]: ...
     @overload
-    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+    def get_state(self, descriptor: MapStateDescriptor[UK, UV]) -> MapState[UK, UV]: ...
     @overload
-    def get_state(self, descriptor: ReducingStateDescriptor) -> ReducingState: ...
+    def get_state(self, descriptor: ReducingStateDescriptor[V]) -> ReducingState[V]: ...
     @overload
-    def get_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState: ...
+    def get_state(
+        self, descriptor: AggregatingStateDescriptor[IN, ACC, OUT]
+    ) -> AggregatingState[IN, ACC, OUT]: ...
     @overload
-    def get_state(self, descriptor: StateDescriptor) -> Any: ...
+    def get_state(self, descriptor: StateDescriptor) -> Any: ...  # a descriptor kind of its own
 
-    def get_state(self, descriptor: StateDescriptor) -> Any:
+    def get_state(self, descriptor: StateDescriptor) -> object:
         """The handle for ``descriptor`` (ValueState, ListState, MapState,
         ReducingState or AggregatingState). The same name twice returns the same
-        handle. Raises TypeError for a non-descriptor, ValueError when the name
-        is already used by a different descriptor."""
-        return self._operator.state_handle(descriptor)
+        handle. The backend is told how the state's values are stored (the
+        descriptor's serializer, else ``AecConfig.state_serializer``) and, for a
+        state with a TTL, that its values carry expiry times, before any request of it. Raises TypeError for a non-descriptor, ValueError when the
+        name is already used by a different descriptor."""
+        operator = self._operator
+        handle = operator.state_handle(descriptor)
+        backend = operator.backend
+        backend.register_state(descriptor.name, state_serializer(descriptor, operator.config))
+        if descriptor.ttl is not None:  # the backend removes what expires (ttl_cleanup)
+            backend.register_ttl(descriptor.name, descriptor.ttl, ttl_kind(descriptor))
+        return handle
 
     @property
     def max_parallelism(self) -> int:
@@ -107,13 +180,25 @@ class RuntimeContext:
         runs by it, e.g. whether it can hold records in a mini-batch)."""
         return self._operator.config
 
-    def call_async(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def call_async(self, fn: object, *args: object, **kwargs: object) -> NoReturn:
         """Always raises RuntimeError: external calls belong to a record
         (``Context.call_async`` in ``process_element`` / ``on_timer``), not to ``open``."""
         raise RuntimeError(
             "call_async() outside a record: call it on the Context of process_element or "
             "on_timer, not in open()"
         )
+
+    def call_batched(self, batcher: object, arg: object, **kwargs: object) -> NoReturn:
+        """Always raises RuntimeError, as ``call_async`` does here."""
+        raise RuntimeError(
+            "call_batched() outside a record: call it on the Context of process_element or "
+            "on_timer, not in open()"
+        )
+
+
+def state_serializer(descriptor: StateDescriptor, config: AecConfig) -> Serializer:
+    """How ``descriptor``'s values are stored: its own serializer, else the job's."""
+    return resolve(descriptor.serializer, resolve(config.state_serializer))
 
 
 class TimerService:
@@ -170,52 +255,71 @@ class TimerService:
         return self._operator.current_context().processing_time
 
 
-def _checked(timestamp: Any, domain: str) -> float:
+def _checked(timestamp: float | None, domain: str) -> float:  # None from untyped callers
     if type(timestamp) is float and timestamp == timestamp:  # the common case: not NaN
         return timestamp
     if timestamp is None:
         raise TypeError(f"{domain} timer timestamp must be a number, got None")
     check_timestamp(timestamp, f"{domain} timer timestamp")
-    checked: float = timestamp  # a real number now (int or float, kept as given)
-    return checked
+    return timestamp  # a real number (int or float, kept as given)
 
 
 class Context:
     """Given to ``process_element`` and ``on_timer``; reflects the record whose code
-    is running (also inside callbacks and after ``await``)."""
+    is running (also inside callbacks and after ``await``).
 
-    __slots__ = ("_operator", "timer_service")
+    Attributes:
+        output: ``output(value)`` emits ``value`` downstream.
+        side_output: ``side_output(tag, value)`` emits ``value`` to the side output
+            ``tag``.
+        timer_service: the running key's ``TimerService``.
+    """
+
+    # output and side_output are the operator's collector methods, bound once: user
+    # code calls them per record
+    __slots__ = ("_operator", "_records", "timer_service", "output", "side_output")
 
     def __init__(self, operator: OperatorHooks) -> None:
         self._operator = operator
+        self._records = operator.controller
         self.timer_service = TimerService(operator)
+        self.output: Callable[[object], None] = operator.emit
+        self.side_output: Callable[[Hashable, object], None] = operator.emit_side
+
+    def _running(self) -> _RunningRecord:
+        current: _RunningRecord | None = self._records.current
+        if current is None:
+            raise RuntimeError(
+                "no current record: called outside process_element, on_timer or callbacks"
+            )
+        return current
 
     @property
-    def current_key(self) -> Any:
-        return self._operator.current_context().key
+    def current_key(self) -> Any:  # Any: each function knows its own keys' type
+        """The key of the running record or timer."""
+        current = self._records.current
+        if current is None:
+            return self._running().key  # raises
+        return current.key
 
     @property
     def timestamp(self) -> float | None:
         """The record's event time, or the firing timer's timestamp (seconds)."""
-        return self._operator.current_context().timestamp
+        return self._running().timestamp
 
     @property
     def timer_domain(self) -> str | None:
         """In ``on_timer``: ``"event-time"`` or ``"processing-time"``; None for a record."""
-        timer = self._operator.current_context().timer
+        timer = self._running().timer
         return None if timer is None else timer[0]
 
-    def output(self, value: Any) -> None:
-        """Emit ``value`` downstream."""
-        self._operator.emit(value)
-
-    def side_output(self, tag: str, value: Any) -> None:
-        """Emit ``value`` to the side output ``tag``."""
-        self._operator.emit_side(tag, value)
-
     def call_async(
-        self, fn: Any, *args: Any, timeout: float | None = None, retry: Any = _NO_RETRY
-    ) -> Any:
+        self,
+        fn: Callable[..., Awaitable[R]],
+        *args: object,
+        timeout: float | None = None,
+        retry: RetryStrategy = _NO_RETRY,
+    ) -> StateFuture[R]:
         """Call an external service for the running record; a ``StateFuture`` of its
         result (beyond Flink: enrichment next to state, in one operator).
 
@@ -244,3 +348,50 @@ class Context:
             RuntimeError: outside a record (``open()``, after ``finish()``).
         """
         return self._operator.call_async(fn, args, timeout, retry)
+
+    def call_batched(
+        self,
+        batcher: BatchCalls[IN, OUT],
+        arg: IN,
+        *,
+        timeout: float | None = None,
+        retry: RetryStrategy = _NO_RETRY,
+    ) -> StateFuture[OUT]:
+        """Hand ``arg`` to ``batcher`` (an ``aec.async_io.Batcher``) for the running
+        record; a ``StateFuture`` of its result (beyond Flink: the calls of every
+        in-flight record of every key share batch calls).
+
+        The argument joins the batcher's pending batch on the operator's asyncio loop
+        thread (the one ``call_async`` uses); a batch ``fn(args)`` is sent when it holds
+        ``max_batch_size`` arguments, when ``max_wait`` seconds passed since its first,
+        or when nothing else can run (the mailbox thread would sleep: a watermark, a
+        checkpoint's drain, the end of input, the in-flight limit). The argument's
+        result completes the future through the mailbox. The call counts toward its
+        record like ``call_async`` (same-key order, in-flight limit, drain before a
+        snapshot). With ``async_state=False`` a batch of one is sent and awaited
+        before this returns a completed future.
+
+        Args:
+            batcher: the ``Batcher`` (made once, e.g. in ``open()``; its batches are
+                per operator).
+            arg: this call's argument: one element of the list ``fn`` gets.
+            timeout: seconds from now spanning every attempt and backoff (None: none);
+                the call then fails with ``TimeoutError`` (its batch call is cancelled
+                once none of its arguments is waited for).
+            retry: an ``aec.retry`` strategy, per argument: a retried argument
+                travels in a later batch; ``retry_on_result`` gets its own result.
+
+        Returns:
+            A ``StateFuture`` as ``call_async``'s: ``await`` raises the call's exception
+            (catchable); uncaught, or on a chained future, the job fails.
+
+        Raises:
+            TypeError: ``batcher`` is not a ``Batcher``, a bad ``timeout`` or ``retry``.
+            ValueError: ``timeout`` <= 0 or NaN.
+            RuntimeError: outside a record.
+
+        A batch result of the wrong length (or not a list, or ``fn`` returning no
+        awaitable) fails the job at once, without retries, naming ``fn`` as
+        ``module.qualname`` and both lengths (``JobFailure``).
+        """
+        return self._operator.external_calls.call_batched(batcher, arg, timeout, retry)

@@ -8,21 +8,37 @@ with CRC-32 instead (Flink uses murmur over ``hashCode()``;
 
 from __future__ import annotations
 
-import pickle
+import datetime
+import decimal
 import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 _pack_double = struct.Struct(">d").pack
+_UTC = datetime.UTC
+
+KEY_TYPES = (
+    "str, int, bool, float (not NaN), bytes, datetime.date, datetime.datetime, "
+    "decimal.Decimal, and tuples of them (and of None)"
+)
 
 
-def stable_key_bytes(key: Any) -> bytes:
+def stable_key_bytes(key: Any) -> bytes:  # Any: typed by the ``type(key)`` tests
     """A canonical byte form of ``key``, equal for equal keys in every process.
 
-    str, bytes, int, float and tuples of those have a canonical form (so
-    ``1 == 1.0`` keys land in the same group as Python equality demands); other
-    keys fall back to pickle protocol 4, which is deterministic for plain values.
+    Keys are ``KEY_TYPES``: values whose equality Python defines the same way in
+    every process, encoded so that equal keys give equal bytes (``1``, ``1.0``,
+    ``True`` and ``Decimal(1)`` share one form, as one dict key; an aware datetime
+    is its UTC instant). Subclasses of str, int, float, bytes and tuple (an enum, a
+    named tuple) encode as their base type, which they equal. No form depends on
+    ``PYTHONHASHSEED`` or on pickle.
+
+    Raises:
+        TypeError: a key of another type (a frozenset iterates in an order that
+            depends on the process's hash seed; an object compares by identity),
+            naming the type and the fix.
+        ValueError: a NaN (not equal to itself) anywhere in the key.
     """
     kind = type(key)
     if kind is str:
@@ -31,18 +47,90 @@ def stable_key_bytes(key: Any) -> bytes:
     if kind is int or kind is bool:
         return b"i" + str(int(key)).encode()
     if kind is float:
-        if key.is_integer():
-            return b"i" + str(int(key)).encode()
-        return b"f" + _pack_double(key)
+        return _float_bytes(key)
     if kind is bytes:
         raw: bytes = key
         return b"b" + raw
     if kind is tuple:
         return b"t" + b"\x00".join(stable_key_bytes(k) for k in key)
-    return b"p" + pickle.dumps(key, protocol=4)
+    return _other_bytes(key)
 
 
-def key_group_for(key: Any, max_parallelism: int) -> int:
+def _float_bytes(number: float) -> bytes:
+    if number != number:
+        raise ValueError("a key holds NaN: NaN is not equal to itself, so it cannot key state")
+    if number.is_integer():
+        return b"i" + str(int(number)).encode()
+    return b"f" + _pack_double(number)
+
+
+def _other_bytes(key: object) -> bytes:
+    """The forms of the less common key types (``stable_key_bytes``'s slow path)."""
+    if key is None:  # inside a tuple, or a map's user key (a record key is never None)
+        return b"n"
+    if isinstance(key, datetime.datetime):  # before date: a datetime is a date
+        if key.utcoffset() is None:
+            return b"D" + key.isoformat().encode()
+        # fold=0, as datetime's hash: equal wall times in one zone are one key
+        instant = key.replace(fold=0).astimezone(_UTC).replace(tzinfo=None)
+        return b"Z" + instant.isoformat().encode()
+    if isinstance(key, datetime.date):
+        return b"a" + key.isoformat().encode()
+    if isinstance(key, decimal.Decimal):
+        return _decimal_bytes(key)
+    if isinstance(key, bool | int):  # an IntEnum equals its int
+        return b"i" + str(int(key)).encode()
+    if isinstance(key, float):
+        return _float_bytes(float(key))
+    if isinstance(key, str):  # a StrEnum equals its str
+        return stable_key_bytes(str(key))
+    if isinstance(key, bytes):
+        return b"b" + bytes(key)
+    if isinstance(key, tuple):  # a named tuple equals the plain tuple
+        return b"t" + b"\x00".join(stable_key_bytes(k) for k in key)
+    kind = type(key)
+    raise TypeError(
+        f"a key of type {kind.__module__}.{kind.__qualname__} has no encoding that is "
+        f"the same in every process ({_why(key)}): keys must be {KEY_TYPES}; convert "
+        "it, e.g. a frozenset to a sorted tuple, an object to a tuple of its fields"
+    )
+
+
+def _why(key: object) -> str:
+    if isinstance(key, (set, frozenset)):
+        return "a set's order depends on PYTHONHASHSEED"
+    if getattr(type(key), "__eq__", None) is getattr(object, "__eq__"):  # noqa: B009
+        return "it compares by identity"
+    return "its bytes are not defined by its value"
+
+
+_INT_DIGITS = 4300  # sys.int_info.default_max_str_digits
+
+
+def _decimal_bytes(number: decimal.Decimal) -> bytes:
+    """A Decimal equal to an int or a float takes their form (it equals them)."""
+    if number.is_nan():
+        raise ValueError("a key holds a NaN Decimal: it is not equal to itself")
+    if number.is_finite() and number.adjusted() >= _INT_DIGITS:
+        raise ValueError(
+            f"a key holds a Decimal of {number.adjusted() + 1} integer digits; keys take "
+            f"at most {_INT_DIGITS} (Python's limit for an int's decimal string)"
+        )
+    if number.is_finite() and number == number.to_integral_value():
+        return b"i" + str(int(number)).encode()
+    as_float = float(number)
+    if as_float == number:
+        return _float_bytes(as_float)
+    # normalize in a context as precise as the number: the default 28 digits round
+    exact = decimal.Context(
+        prec=max(1, len(number.as_tuple().digits)),
+        Emax=decimal.MAX_EMAX,
+        Emin=decimal.MIN_EMIN,
+    )
+    return b"d" + str(number.normalize(exact)).encode()
+
+
+def key_group_for(key: object, max_parallelism: int) -> int:
     """The key group of ``key``: an int in ``range(max_parallelism)``."""
     return zlib.crc32(stable_key_bytes(key)) % max_parallelism
 
@@ -144,3 +232,23 @@ def operator_index_for(key_group: int, max_parallelism: int, parallelism: int) -
     """The operator index of ``parallelism`` that owns ``key_group`` (Flink's
     ``computeOperatorIndexForKeyGroup``): inverse of ``key_group_range_for``."""
     return key_group * parallelism // max_parallelism
+
+
+def owned_range(key_groups: object, max_parallelism: int) -> KeyGroupRange:
+    """An operator's key groups: ``key_groups``, or all of ``max_parallelism``.
+
+    Raises TypeError (not a KeyGroupRange) or ValueError (outside
+    ``range(max_parallelism)``, or empty).
+    """
+    if key_groups is None:
+        return KeyGroupRange.all(max_parallelism)
+    if not isinstance(key_groups, KeyGroupRange):
+        raise TypeError(
+            f"key_group_range must be an aec.keygroups.KeyGroupRange, got {key_groups!r}"
+        )
+    if not key_groups.within(max_parallelism) or not len(key_groups):
+        raise ValueError(
+            f"key_group_range {key_groups} must be a non-empty range inside "
+            f"range(max_parallelism={max_parallelism})"
+        )
+    return key_groups

@@ -22,9 +22,9 @@ Follows Flink's ``AsyncRetryStrategies.FixedDelayRetryStrategy``,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, overload
 
 __all__ = [
     "ExponentialBackoff",
@@ -38,13 +38,21 @@ __all__ = [
 ]
 
 ExceptionPredicate = Callable[[BaseException], bool]
-ResultPredicate = Callable[[list[Any]], bool]
+# gets an attempt's results: the list an async I/O input completed with, or the result
+# of a ``call_async`` / ``call_batched`` call (whatever the called function returns)
+ResultPredicate = Callable[[Any], bool]
 
-_NO_ARGUMENT = object()
+_NO_ARGUMENT: Final[Any] = object()  # stands for "called bare"; compared by identity
 
 
 # -- predicates --------------------------------------------------------------------------
-def empty_result(results: Any = _NO_ARGUMENT) -> Any:
+@overload
+def empty_result() -> Callable[[Sized], bool]: ...
+@overload
+def empty_result(results: Sized) -> bool: ...
+
+
+def empty_result(results: Sized = _NO_ARGUMENT) -> Callable[[Sized], bool] | bool:
     """Result predicate: True when an attempt completed with no results.
 
     Use it as ``retry_on_result=empty_result`` (Flink's ``EMPTY_RESULT_PREDICATE``).
@@ -98,12 +106,12 @@ def _any_exception(exc: BaseException) -> bool:
     return isinstance(exc, Exception)
 
 
-def _never(results: list[Any]) -> bool:
+def _never(results: object) -> bool:
     return False
 
 
 # -- validation --------------------------------------------------------------------------
-def _check_attempts(max_attempts: Any) -> None:
+def _check_attempts(max_attempts: object) -> None:
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
         raise TypeError(
             f"max_attempts must be an int (calls including the first), got {max_attempts!r}"
@@ -115,7 +123,7 @@ def _check_attempts(max_attempts: Any) -> None:
         )
 
 
-def _check_seconds(name: str, value: Any) -> float:
+def _check_seconds(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     if math.isnan(value) or math.isinf(value) or value < 0:
@@ -123,19 +131,19 @@ def _check_seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _check_predicate(name: str, predicate: Any) -> None:
+def _check_predicate(name: str, predicate: object) -> None:
     if predicate is not None and not callable(predicate):
         raise TypeError(f"{name} must be a callable or None, got {predicate!r}")
 
 
-def _check_retry_number(n: Any) -> None:
+def _check_retry_number(n: object) -> None:
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"backoff(n) takes the retry number as an int, got {n!r}")
     if n < 1:
         raise ValueError(f"backoff(n) is defined for n >= 1 (n = 1 is the first retry), got {n}")
 
 
-def check_timeout(timeout: Any) -> float | None:
+def check_timeout(timeout: object) -> float | None:
     """Validate a call timeout in seconds: finite and > 0, or None / ``math.inf`` for
     none (returned as None). Flink treats ``<= 0`` as "no timeout"; aec raises.
 
@@ -152,7 +160,7 @@ def check_timeout(timeout: Any) -> float | None:
     return None if math.isinf(timeout) else float(timeout)
 
 
-def check_strategy(retry: Any) -> RetryStrategy:
+def check_strategy(retry: object) -> RetryStrategy:
     """Return ``retry`` if it is a ``RetryStrategy``; TypeError naming it otherwise."""
     if not isinstance(retry, RetryStrategy):
         raise TypeError(
@@ -185,8 +193,9 @@ class RetryStrategy:
         predicate = self.retry_on_exception or _any_exception
         return bool(predicate(exc))
 
-    def should_retry_result(self, results: list[Any]) -> bool:
-        """Whether an attempt that completed with ``results`` (a list) may be retried."""
+    def should_retry_result(self, results: Any) -> bool:  # Any: subclasses narrow it
+        """Whether an attempt that completed with ``results`` (an async I/O input's list,
+        or an external call's result) may be retried."""
         predicate = self.retry_on_result or _never
         return bool(predicate(results))
 
@@ -207,7 +216,7 @@ class NoRetry(RetryStrategy):
     def should_retry_exception(self, exc: BaseException) -> bool:
         return False
 
-    def should_retry_result(self, results: list[Any]) -> bool:
+    def should_retry_result(self, results: Any) -> bool:
         return False
 
 

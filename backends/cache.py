@@ -26,9 +26,7 @@ A batch is answered in three steps:
    not know (memory is never older than the remote), then the requests are
    applied in list order, exactly as ``MemoryBackend`` applies them.
 
-A batch whose reads all hit makes no remote call at all.
-
-Writes are write-back: applied in memory and marked dirty, never sent per batch.
+A batch whose reads all hit makes no remote call at all. Writes are write-back: applied in memory and marked dirty, never sent per batch.
 ``flush()`` writes every dirty entry to the remote (a few large batches) and is
 called by the engine at the end of input, before snapshots (``snapshot`` flushes)
 and on ``close``. Every write-back is idempotent (whole values and lists, map
@@ -41,10 +39,10 @@ An entry whose write-back is in flight blocks a batch of its key until the
 write-back landed (so a read never overtakes a write).
 
 Map iteration order (``MAP_ITER`` and ``MAP_ITER_CHUNK``) is the byte order of
-``backends.keycodec.encode_key`` of the user keys, the same order as
-``RocksDBBackend``: it does not depend on which entries were evicted and loaded
-again, so a chunk cursor (the encoded last user key) stays valid across
-evictions, and writes between chunks behave as on RocksDB.
+``backends.keycodec.encode_key`` of the user keys, the same order as ``RocksDBBackend``:
+it does not depend on which entries were evicted and loaded again, so a chunk cursor
+(the encoded last user key) stays valid across evictions, and writes between chunks
+behave as on RocksDB.
 """
 
 from __future__ import annotations
@@ -57,6 +55,7 @@ from typing import Any
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import Op, StateRequest
+from aec.state.serialization import Serializer
 from backends.cache_entries import (
     APPLY,
     KIND,
@@ -123,7 +122,6 @@ class CachedBackend(StateBackend):
         self.policy = policy
         self.remote = remote
         self.blocking = remote.blocking
-        self.verified_by_backend = remote.verified_by_backend  # snapshots are the remote's
         self._lock = threading.Lock()
         self._landed = threading.Condition(self._lock)  # in-flight write-backs finished
         self._remote_lock = None if remote.blocking else threading.Lock()
@@ -154,6 +152,19 @@ class CachedBackend(StateBackend):
         return self.hits / total if total else 0.0
 
     # lifecycle
+
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        super().register_state(name, serializer)  # and on the remote, which stores them
+        self.remote.register_state(name, serializer)
+
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        super().register_ttl(name, ttl, kind)
+        self.remote.register_ttl(name, ttl, kind)
+
+    def expire(self, now: float) -> None:
+        """The remote removes expired entries (cached ones are evicted as usual; a
+        read leaves expired values out wherever they come from)."""
+        self.remote.expire(now)
 
     def open(self) -> None:
         self.remote.open()
@@ -465,6 +476,11 @@ class CachedBackend(StateBackend):
         """Flush, then ``remote.state_items(state)``."""
         self.flush()
         return self.remote.state_items(state)
+
+    def stored_entries(self, state: str) -> int:
+        """Flush, then ``remote.stored_entries(state)``."""
+        self.flush()
+        return self.remote.stored_entries(state)
 
 
 class CachedSpec(BackendSpec):

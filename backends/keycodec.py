@@ -9,7 +9,8 @@ and ``1.0`` are one key, as in a dict) and decodable (``decode_key``).
 
 from __future__ import annotations
 
-import pickle
+import datetime
+import decimal
 import struct
 from typing import Any
 
@@ -27,10 +28,11 @@ _encoded: dict[Any, bytes] = {}
 def encode_key(key: Any) -> bytes:
     """Canonical, decodable bytes for a state key or map user key.
 
-    str, int, float, bytes and bool use ``aec.keygroups.stable_key_bytes`` (so
-    ``1``, ``1.0`` and ``True`` share one form); tuples are encoded element by
-    element with a length prefix each, so they decode unambiguously; anything else
-    is pickled (protocol 4), which is canonical only if equal keys pickle equally.
+    Every key type ``aec.keygroups.stable_key_bytes`` accepts uses its form (so
+    ``1``, ``1.0``, ``True`` and ``Decimal(1)`` share one), except that tuples are
+    encoded element by element with a length prefix each, so they decode
+    unambiguously. Nothing is pickled: a key of another type raises TypeError
+    (``stable_key_bytes``), so no key bytes read back can run code.
 
     Keys of those plain types, and flat tuples of them, are remembered (a bounded
     dict, safe from any thread under the GIL): every request encodes its key and
@@ -54,14 +56,15 @@ def encode_key(key: Any) -> bytes:
 
 
 def _encode(key: Any) -> bytes:
-    if type(key) is tuple:
+    if isinstance(key, tuple):  # a named tuple too: it equals the plain tuple
         parts = [encode_key(element) for element in key]
         return b"t" + b"".join(_LEN.pack(len(part)) + part for part in parts)
     return stable_key_bytes(key)
 
 
 def decode_key(data: bytes) -> Any:
-    """Inverse of ``encode_key`` up to equality (``1.0`` comes back as ``1``).
+    """Inverse of ``encode_key`` up to equality (``1.0`` and ``Decimal(1)`` come back
+    as ``1``, an aware datetime in UTC).
 
     Raises ValueError on bytes ``encode_key`` cannot produce.
     """
@@ -77,13 +80,27 @@ def decode_key(data: bytes) -> Any:
     if tag == b"t":
         elements, offset = [], 0
         while offset < len(body):
+            if offset + _LEN.size > len(body):
+                raise ValueError(f"not an encoded key: {data[:20]!r} (truncated tuple)")
             (size,) = _LEN.unpack_from(body, offset)
             offset += _LEN.size
             elements.append(decode_key(body[offset : offset + size]))
             offset += size
         return tuple(elements)
-    if tag == b"p":
-        return pickle.loads(body)
+    if tag == b"n" and not body:
+        return None
+    try:
+        if tag == b"a":
+            return datetime.date.fromisoformat(body.decode("ascii"))
+        if tag == b"D":
+            return datetime.datetime.fromisoformat(body.decode("ascii"))
+        if tag == b"Z":
+            naive = datetime.datetime.fromisoformat(body.decode("ascii"))
+            return naive.replace(tzinfo=datetime.UTC)
+        if tag == b"d":
+            return decimal.Decimal(body.decode("ascii"))
+    except (ValueError, ArithmeticError) as exc:
+        raise ValueError(f"not an encoded key: {data[:20]!r} ({exc})") from exc
     raise ValueError(f"not an encoded key: {data[:20]!r}")
 
 

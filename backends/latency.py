@@ -22,6 +22,7 @@ from typing import Any
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
+from aec.state.serialization import Serializer
 
 # A latency: seconds, a zero-argument callable returning seconds, or a named
 # distribution ("uniform", lo, hi) / ("exponential", mean).
@@ -127,7 +128,6 @@ class LatencyBackend(StateBackend):
         if not isinstance(inner, StateBackend):
             raise TypeError(f"inner must be a StateBackend, got {type(inner).__name__}")
         self.inner = inner
-        self.verified_by_backend = inner.verified_by_backend  # snapshots are the inner's
         self.per_request = _check_seconds("per_request", per_request)
         self.max_concurrency = _check_concurrency(max_concurrency)
         self._latency = latency
@@ -169,6 +169,20 @@ class LatencyBackend(StateBackend):
         else:
             with self._inner_lock:
                 self.inner.flush()
+
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        super().register_state(name, serializer)
+        self.inner.register_state(name, serializer)
+
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        super().register_ttl(name, ttl, kind)
+        self.inner.register_ttl(name, ttl, kind)
+
+    def expire(self, now: float) -> None:
+        self.inner.expire(now)  # the inner backend sweeps in its own batches
+
+    def stored_entries(self, state: str) -> int:
+        return self.inner.stored_entries(state)
 
     def open(self) -> None:
         self.inner.open()

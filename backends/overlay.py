@@ -1,17 +1,16 @@
 """One batch's requests applied in order over an overlay of the batch's own writes.
 
-Shared by the backends that store pickled values under encoded byte keys (RocksDB,
-SlateDB): the backend prefetches what the batch reads, then ``APPLY_OPS[op](view,
+Shared by the backends that store serialized values under encoded byte keys (RocksDB,
+SlateDB; each state's values by its registered serializer): the backend prefetches what the batch reads, then ``APPLY_OPS[op](view,
 table, DB key, request)`` runs each request against a ``BatchView`` (reads see the
 batch's earlier writes), and the backend writes the view's dirty entries once.
-Value and list state are one entry per key (a list is one pickled list); map state is
-one entry per ``(key, user key)`` under the key's prefix.
+Value and list state are one entry per key (a list is one serialized list); map state
+is one entry per ``(key, user key)`` under the key's prefix.
 """
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from aec.state.requests import Op, StateRequest, op_table
@@ -45,17 +44,12 @@ class BatchView(Protocol):
     def map_clear(self, table: Any, prefix: bytes) -> None: ...
 
 
-def dumps(value: Any) -> bytes:
-    """A state value's stored bytes (pickle, highest protocol)."""
-    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-
-
 def merge_map_overlay(
-    stored: Iterable[tuple[bytes, bytes]], dirty: dict[bytes, Any]
+    stored: Iterable[tuple[bytes, bytes]], dirty: dict[bytes, Any], loads: Callable[[bytes], Any]
 ) -> list[tuple[bytes, Any]]:
-    """A map's ``(DB key, value)`` entries in DB key order: the stored (pickled)
-    entries with a batch's own writes applied (``ABSENT`` deletes)."""
-    entries = {db_key: pickle.loads(raw) for db_key, raw in stored}
+    """A map's ``(DB key, value)`` entries in DB key order: the stored entries
+    (decoded by ``loads``) with a batch's own writes applied (``ABSENT`` deletes)."""
+    entries = {db_key: loads(raw) for db_key, raw in stored}
     for db_key, value in dirty.items():
         if value is ABSENT:
             entries.pop(db_key, None)

@@ -10,10 +10,13 @@ and ``SCAN MATCH {prefix}:{partition}:*`` finds exactly one partition's keys.
 Keys (and map user keys) are encoded with ``backends.keycodec.encode_key``:
 canonical (``1``, ``1.0`` and ``True`` are one key, as in a dict) and decodable
 (``state_items`` and map iteration give them back, in canonical form). Values are
-pickled (highest protocol). One Redis key per (state, key):
+encoded by their state's serializer (``StateBackend.register_state``: msgpack
+unless the state opted in to pickle), so a value planted in Redis by anyone else
+decodes as data or fails the batch, and never runs code. One Redis key per
+(state, key):
 
 * value state: a string (``GET``/``SET``/``DEL``; None clears);
-* list state: a list of pickled elements (``LRANGE``/``RPUSH``/``DEL``); storing
+* list state: a list of encoded elements (``LRANGE``/``RPUSH``/``DEL``); storing
   ``[]`` deletes the key, so absent and empty are the same, as in MemoryBackend;
 * map state: a hash, field = encoded user key (``HGET``/``HSET``/``HDEL``/
   ``HEXISTS``/``HLEN``/``HGETALL``/``HSCAN``); Redis drops a hash with its last
@@ -48,8 +51,19 @@ entry may be returned twice only if Redis shrinks (rehashes) the hash during the
 iteration. Map order is Redis's (insertion order for small hashes); ``MAP_ITER``
 (``HGETALL``) and chunked iteration agree for small (listpack) hashes only.
 
+Fencing. ``open`` (and ``restore``) write a random token under
+``{prefix}:{partition}~fence`` (outside the partition's key space); every batch's
+pipeline reads it back first, in the same transaction, and so do ``snapshot``
+and ``state_items``. A server that restarted empty, a flushed database, or
+another backend that opened the same prefix and partition since (a newer task
+attempt) changes or removes it: the batch fails with ``StateReadError`` naming the
+server, instead of counting from nothing. Redis cannot make a transaction's
+writes depend on a read, so the batch that finds the token gone has been applied
+(to a store that is no longer this backend's); it is the last one. A server
+restarted from its own persistence files with the token is not detected.
+
 Snapshots (``backends.redis_snapshots``). ``snapshot(dir)`` ``SCAN``s this partition's keys and ``DUMP``s them
-into ``redis-state-<id>.pickle`` (keys relative to ``{prefix}:{partition}:``, so
+into ``redis-state-<id>.msgpack`` (keys relative to ``{prefix}:{partition}:``, so
 a snapshot restores into any prefix/partition), then atomically replaces
 ``redis-manifest.json`` (format, key count, size, SHA-256), then deletes older
 data files. ``restore(dirs, key_groups)`` validates every manifest and checksum,
@@ -65,11 +79,18 @@ twice), so a dead server makes ``execute_batch`` raise ``redis.ConnectionError``
 (or ``redis.TimeoutError``) naming the server, which the engine turns into
 ``aec.JobFailure``. Multi-key commands (``MGET``/``MSET``/``DEL``) and
 transactions assume a single Redis server, not Redis Cluster.
+
+TTL state (``aec.state.ttl_cleanup``): the server expires keys itself. Every batch
+that writes a key of a TTL state ends with ``PEXPIRE`` of that key, ``TTL_FACTOR``
+TTLs on the server's clock (a restore's ``RESTORE`` sets the same), so a key that is
+never written again leaves the server; the engine still leaves out what expired on
+the operator's clock when it reads. A list or map is one key: its entries go with
+the key, once no entry was written for that long (Redis 7.0 has no per-field expiry).
 """
 
 from __future__ import annotations
 
-import pickle
+import math
 import re
 import threading
 import uuid
@@ -80,9 +101,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from aec.errors import StateReadError
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import Op, StateRequest
+from aec.state.ttl_cleanup import TtlCleanup
+from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, encode_key
 from backends.redis_connection import ConnectionErrors, delete_keys, redact, scan_keys
 from backends.redis_plan import PLAN_OPS, Plan
@@ -93,8 +117,10 @@ __all__ = ["DEFAULT_URL", "RedisBackend", "RedisSpec"]
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.\-]+\Z")
-
-_loads = pickle.loads
+# a TTL state's key expires this many TTLs after its last write (the server's clock):
+# later than the engine's own expiry, so a record still in flight past it finds its
+# entry there (the engine leaves the expired value out when it reads it)
+TTL_FACTOR = 2
 
 
 class RedisBackend(StateBackend):
@@ -109,8 +135,11 @@ class RedisBackend(StateBackend):
             plain pipeline.
         max_connections: size of the (blocking, thread-safe) connection pool;
             at least ``AecConfig.executor_threads`` so every I/O thread has one.
-        socket_timeout: seconds a reply (and a free pooled connection) may take.
-        connect_timeout: seconds a connection attempt may take.
+        socket_timeout: seconds a reply (and a free pooled connection) may take;
+            None: ``aec.timeouts.store_timeouts().request`` (``AEC_STORE_REQUEST_TIMEOUT``,
+            default 10), read when the backend is made.
+        connect_timeout: seconds a connection attempt may take; None:
+            ``store_timeouts().connect`` (``AEC_STORE_CONNECT_TIMEOUT``, default 5).
         fresh: on ``open``, delete this partition's keys (``spec()`` builds
             fresh backends: a Spark task attempt starts from empty state).
 
@@ -132,10 +161,13 @@ class RedisBackend(StateBackend):
         partition: int = 0,
         transaction: bool = True,
         max_connections: int = 8,
-        socket_timeout: float = 5.0,
-        connect_timeout: float = 2.0,
+        socket_timeout: float | None = None,
+        connect_timeout: float | None = None,
         fresh: bool = False,
     ) -> None:
+        defaults = store_timeouts()
+        socket_timeout = defaults.request if socket_timeout is None else socket_timeout
+        connect_timeout = defaults.connect if connect_timeout is None else connect_timeout
         if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
             raise ValueError(f"prefix must match [A-Za-z0-9_.-]+, got {prefix!r}")
         if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
@@ -157,6 +189,8 @@ class RedisBackend(StateBackend):
         self.connect_timeout = float(connect_timeout)
         self.fresh = fresh
         self._base = f"{prefix}:{partition}:".encode()
+        self._fence = f"{prefix}:{partition}~fence".encode()  # outside the key space
+        self._token = uuid.uuid4().hex.encode()  # this backend's identity in the store
         self._headers: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._pool: redis.ConnectionPool | None = None
@@ -191,6 +225,7 @@ class RedisBackend(StateBackend):
                     client.ping()
                     if self.fresh:
                         delete_keys(client, scan_keys(client, self._base))
+                    client.set(self._fence, self._token)
             except BaseException:
                 pool.disconnect()
                 raise
@@ -217,6 +252,16 @@ class RedisBackend(StateBackend):
     def _errors(self, doing: str) -> ConnectionErrors:
         return ConnectionErrors(self, doing)
 
+    def _check_fence(self, found: Any, doing: str) -> None:
+        """``found``: the fence key's value read back; StateReadError unless it is ours."""
+        if found != self._token:
+            what = "is gone" if found is None else f"is {found!r}, another backend's"
+            raise StateReadError(
+                f"{self!r} lost its state while {doing}: the fence {self._fence!r} it wrote "
+                f"({self._token!r}) {what}: the server restarted empty, the database was "
+                "flushed, or another backend opened this prefix and partition since"
+            )
+
     def _header(self, state: str) -> bytes:
         header = self._headers.get(state)
         if header is None:
@@ -229,7 +274,7 @@ class RedisBackend(StateBackend):
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         client = self._live()
-        plan = Plan()
+        plan = Plan(self.serializers.of)
         keys = plan.keys
         cache: dict[tuple[str, Any], bytes] = {}  # a record's requests share its key
         for request in requests:
@@ -246,21 +291,51 @@ class RedisBackend(StateBackend):
         for index, request in enumerate(requests):
             PLAN_OPS[request.op](plan, request, keys[index], last[keys[index]] == index)
         commands = plan.finish()
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if cleanup is not None and cleanup.states:
+            commands += self._expiring(cleanup, requests, keys)
         if not commands:
             return
         pipe = client.pipeline(transaction=self.transaction)
         queue = pipe.execute_command
+        queue("GET", self._fence)  # first, in the same transaction
         for command in commands:
             queue(*command)
         with self._errors("executing a batch"):
             replies = pipe.execute()
+        self._check_fence(replies[0], "executing a batch")
+        replies = replies[1:]
         if plan.mget_keys:
             plan.mget_reply = replies[0]
             replies = replies[1:]
+        loads_of = self.serializers.of
         for fill, request, a, b in plan.fills:
-            request.result = fill(plan, replies, a, b)
+            request.result = fill(plan, replies, a, b, loads_of(request.state).loads)
         for request in plan.rescans:
             self._skip_empty_chunks(request)
+
+    @staticmethod
+    def _expiring(
+        cleanup: TtlCleanup, requests: Sequence[StateRequest], keys: list[bytes]
+    ) -> list[tuple]:
+        """``PEXPIRE`` of every key of a TTL state the batch writes: last in the
+        pipeline (``SET``/``MSET`` drop a key's expiry), ``TTL_FACTOR`` TTLs."""
+        expiring: dict[bytes, int] = {}
+        states, writes = cleanup.states, Op.WRITES
+        for request, redis_key in zip(requests, keys, strict=True):
+            if request.op in writes:
+                found = states.get(request.state)
+                if found is not None:
+                    expiring[redis_key] = _expiry_ms(found.ttl)
+        return [("PEXPIRE", key, ms) for key, ms in expiring.items()]
+
+    def _expiry_of(self, suffix: bytes) -> int:
+        """The ``RESTORE`` TTL (ms; 0: none) of a key relative to the partition
+        (``{len(state)}:{state}:...``): ``TTL_FACTOR`` TTLs for a TTL state's key."""
+        length, _, rest = suffix.partition(b":")
+        state = rest[: int(length)].decode("utf-8", "surrogatepass") if length.isdigit() else ""
+        found = self.ttl_cleanup.states.get(state)
+        return 0 if found is None else _expiry_ms(found.ttl)
 
     def _skip_empty_chunks(self, request: StateRequest) -> None:
         """HSCAN may return an empty page before the end of a sparse hash; read on, so a
@@ -280,9 +355,11 @@ class RedisBackend(StateBackend):
         """DUMP this partition's keys into ``directory`` (see the module docstring)."""
         client = self._live()
         with self._errors("taking a snapshot"):
+            self._check_fence(client.get(self._fence), "taking a snapshot")
             write_snapshot(
                 client, self._base, directory, {"prefix": self.prefix, "partition": self.partition}
             )
+            self._check_fence(client.get(self._fence), "taking a snapshot")
 
     def restore(
         self,
@@ -309,12 +386,13 @@ class RedisBackend(StateBackend):
         staging = f"{self.prefix}:{self.partition}~restore-{uuid.uuid4().hex}:".encode()
         with self._errors("restoring a snapshot"):
             try:
-                restore_entries(client, self._base, staging, entries)
+                restore_entries(client, self._base, staging, entries, self._expiry_of)
             except redis.ResponseError as exc:
                 raise ValueError(
                     f"the Redis snapshot in {', '.join(directories)} does not restore on "
                     f"this server: {exc}"
                 ) from exc
+            client.set(self._fence, self._token)
 
     def clear(self) -> None:
         """Delete every key of this backend's partition (all its states)."""
@@ -339,6 +417,7 @@ class RedisBackend(StateBackend):
         client = self._live()
         header = self._header(state)
         with self._errors("listing state"):
+            self._check_fence(client.get(self._fence), "listing state")
             found = sorted(set(scan_keys(client, header)))
             pipe = client.pipeline(transaction=False)
             for key in found:
@@ -354,6 +433,7 @@ class RedisBackend(StateBackend):
                     pipe.execute_command("GET", key)
             replies = pipe.execute()
         items: dict[Any, Any] = {}
+        _loads = self.serializers.of(state).loads
         for key, reply in zip(found, replies, strict=True):
             if reply is None:  # deleted meanwhile
                 continue
@@ -365,7 +445,17 @@ class RedisBackend(StateBackend):
             else:
                 value = _loads(reply)
             items[decode_key(encoded)] = value
-        return items
+        return self.ttl_cleanup.visible(state, items)
+
+    def stored_entries(self, state: str) -> int:
+        """Redis keys of ``state`` in this partition (a list or map is one key)."""
+        client = self._live()
+        with self._errors("counting state"):
+            return len(set(scan_keys(client, self._header(state))))
+
+
+def _expiry_ms(ttl: float) -> int:
+    return max(1, math.ceil(ttl * TTL_FACTOR * 1000))
 
 
 class RedisSpec(BackendSpec):
@@ -385,8 +475,8 @@ class RedisSpec(BackendSpec):
         fresh: bool = True,
         transaction: bool = True,
         max_connections: int = 8,
-        socket_timeout: float = 5.0,
-        connect_timeout: float = 2.0,
+        socket_timeout: float | None = None,  # None: the executor's store_timeouts()
+        connect_timeout: float | None = None,
     ) -> None:
         self.url = url
         self.prefix = prefix

@@ -5,40 +5,40 @@ earlier write of its batch. ``VALUE_GET`` of a key with no earlier write in the
 batch is hoisted into one ``MGET`` at the front; a value write or clear that is the
 last access of its key is sunk into one ``MSET`` / one ``DEL`` at the end; identical
 reads of one key are folded while no write to that key lies between them. After the
-pipeline ran, each request's ``fill`` turns its replies into the request's result.
+pipeline ran, each request's ``fill`` turns its replies into the request's result,
+decoding values with the request's state's serializer (``loads``).
 See ``backends.redis`` for the key layout and the chunked-iteration cursors.
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from typing import Any
 
 from aec.state.requests import StateRequest, op_table
+from aec.state.serialization import Serializer
 from backends.keycodec import decode_key, encode_key
 
 __all__ = ["PLAN_OPS", "Plan"]
 
-_dumps = pickle.dumps
-_loads = pickle.loads
-_HIGHEST = pickle.HIGHEST_PROTOCOL
-
-Fill = Callable[["Plan", list, Any, Any], Any]
+Loads = Callable[[bytes], Any]
+Fill = Callable[["Plan", list, Any, Any, Loads], Any]
 
 
 class Plan:
     """Commands for one batch, in request order, and how to fill each result.
 
     ``fills`` holds ``(fill, request, a, b)``: ``request.result = fill(plan,
-    replies, a, b)`` once the pipeline returned (``a``/``b`` are reply positions or
-    other per-request data).
+    replies, a, b, loads)`` once the pipeline returned (``a``/``b`` are reply
+    positions or other per-request data, ``loads`` the request's state's decoder).
+    ``serializer_of`` gives each state's serializer.
     """
 
     __slots__ = ("keys", "commands", "fills", "reads", "written", "mget_keys", "mget_pos",
-                 "mget_reply", "mset", "deletes", "rescans")  # fmt: skip
+                 "mget_reply", "mset", "deletes", "rescans", "serializer_of")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, serializer_of: Callable[[str], Serializer]) -> None:
+        self.serializer_of = serializer_of
         self.keys: list[bytes] = []  # the Redis key of each request
         self.commands: list[tuple] = []
         self.fills: list[tuple[Fill, StateRequest, Any, Any]] = []
@@ -75,6 +75,10 @@ class Plan:
         else:
             self.write(key, ("DEL", key))
 
+    def dumps(self, request: StateRequest, value: Any) -> bytes:
+        """``value``'s bytes by the serializer of ``request``'s state."""
+        return self.serializer_of(request.state).dumps(value)
+
     def finish(self) -> list[tuple]:
         commands = self.commands
         if self.mget_keys:
@@ -87,45 +91,45 @@ class Plan:
 
 
 # fills
-def _fill_mget(p: Plan, replies: list, position: int, _: Any) -> Any:
+def _fill_mget(p: Plan, replies: list, position: int, _: Any, loads: Loads) -> Any:
     raw = p.mget_reply[position]
-    return None if raw is None else _loads(raw)
+    return None if raw is None else loads(raw)
 
 
-def _fill_value(p: Plan, replies: list, position: int, _: Any) -> Any:
+def _fill_value(p: Plan, replies: list, position: int, _: Any, loads: Loads) -> Any:
     raw = replies[position]
-    return None if raw is None else _loads(raw)
+    return None if raw is None else loads(raw)
 
 
-def _fill_list(p: Plan, replies: list, position: int, _: Any) -> list:
-    return [_loads(raw) for raw in replies[position]]
+def _fill_list(p: Plan, replies: list, position: int, _: Any, loads: Loads) -> list:
+    return [loads(raw) for raw in replies[position]]
 
 
-def _fill_not_none(p: Plan, replies: list, position: int, _: Any) -> bool:
+def _fill_not_none(p: Plan, replies: list, position: int, _: Any, loads: Loads) -> bool:
     return replies[position] is not None
 
 
-def _fill_bool(p: Plan, replies: list, position: int, _: Any) -> bool:
+def _fill_bool(p: Plan, replies: list, position: int, _: Any, loads: Loads) -> bool:
     return bool(replies[position])
 
 
-def _fill_zero(p: Plan, replies: list, position: int, _: Any) -> bool:
+def _fill_zero(p: Plan, replies: list, position: int, _: Any, loads: Loads) -> bool:
     return replies[position] == 0
 
 
-def _fill_entries(p: Plan, replies: list, position: int, _: Any) -> list:
-    return [(decode_key(field), _loads(raw)) for field, raw in replies[position].items()]
+def _fill_entries(p: Plan, replies: list, position: int, _: Any, loads: Loads) -> list:
+    return [(decode_key(field), loads(raw)) for field, raw in replies[position].items()]
 
 
-def _fill_list_chunk(p: Plan, replies: list, position: int, window: tuple[int, int]) -> tuple:
+def _fill_list_chunk(p: Plan, replies: list, position: int, window: tuple[int, int], loads: Loads) -> tuple:
     offset, limit = window
     found = replies[position]
     if len(found) > limit:
-        return [_loads(raw) for raw in found[:limit]], offset + limit
-    return [_loads(raw) for raw in found], None
+        return [loads(raw) for raw in found[:limit]], offset + limit
+    return [loads(raw) for raw in found], None
 
 
-def _fill_map_chunk(p: Plan, replies: list, positions: tuple, state: tuple) -> tuple:
+def _fill_map_chunk(p: Plan, replies: list, positions: tuple, state: tuple, loads: Loads) -> tuple:
     carried_at, scan_at = positions
     carried, scan_cursor, limit = state
     candidates: list[tuple[bytes, bytes]] = []
@@ -141,7 +145,7 @@ def _fill_map_chunk(p: Plan, replies: list, positions: tuple, state: tuple) -> t
             if field not in seen:
                 seen.add(field)
                 candidates.append((field, raw))
-    items = [(decode_key(field), _loads(raw)) for field, raw in candidates[:limit]]
+    items = [(decode_key(field), loads(raw)) for field, raw in candidates[:limit]]
     surplus = tuple(field for field, _ in candidates[limit:])
     if surplus:
         return items, (scan_cursor, surplus)
@@ -164,9 +168,9 @@ def _value_put(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
     if r.value is None:
         p.delete(k, last)
     elif last:
-        p.mset[k] = _dumps(r.value, _HIGHEST)
+        p.mset[k] = p.dumps(r, r.value)
     else:
-        p.write(k, ("SET", k, _dumps(r.value, _HIGHEST)))
+        p.write(k, ("SET", k, p.dumps(r, r.value)))
 
 
 def _clear(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
@@ -178,12 +182,12 @@ def _list_get(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
 
 
 def _list_add(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
-    p.write(k, ("RPUSH", k, _dumps(r.value, _HIGHEST)))
+    p.write(k, ("RPUSH", k, p.dumps(r, r.value)))
 
 
 def _list_add_all(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
     if r.value:
-        p.write(k, ("RPUSH", k, *[_dumps(element, _HIGHEST) for element in r.value]))
+        p.write(k, ("RPUSH", k, *[p.dumps(r, element) for element in r.value]))
 
 
 def _list_put(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
@@ -191,7 +195,7 @@ def _list_put(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
         p.delete(k, last)
         return
     p.write(k, ("DEL", k))
-    p.write(k, ("RPUSH", k, *[_dumps(element, _HIGHEST) for element in r.value]))
+    p.write(k, ("RPUSH", k, *[p.dumps(r, element) for element in r.value]))
 
 
 def _list_get_chunk(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
@@ -206,7 +210,7 @@ def _map_get(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
 
 
 def _map_put(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
-    p.write(k, ("HSET", k, encode_key(r.user_key), _dumps(r.value, _HIGHEST)))
+    p.write(k, ("HSET", k, encode_key(r.user_key), p.dumps(r, r.value)))
 
 
 def _map_put_all(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
@@ -215,7 +219,7 @@ def _map_put_all(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
     fields = []
     for user_key, value in dict(r.value).items():
         fields.append(encode_key(user_key))
-        fields.append(_dumps(value, _HIGHEST))
+        fields.append(p.dumps(r, value))
     p.write(k, ("HSET", k, *fields))
 
 
@@ -227,7 +231,7 @@ def _map_contains(p: Plan, r: StateRequest, k: bytes, last: bool) -> None:
     field = encode_key(r.user_key)
     folded = p.reads.get(k)
     position = None if folded is None else folded.get(("HGET", k, field))
-    if position is not None:  # a pickled None is not nil: present iff HGET found it
+    if position is not None:  # a stored None is not nil: present iff HGET found it
         p.fills.append((_fill_not_none, r, position, None))
     else:
         p.fills.append((_fill_bool, r, p.read(k, ("HEXISTS", k, field)), None))

@@ -43,6 +43,8 @@ class LocalRedisServer:
     or does not answer in time. ``stop()`` kills the process (SIGKILL: a crash,
     which is what failure tests want) and removes the directory; it is idempotent
     and also runs when the object is garbage collected or the interpreter exits.
+    ``restart()`` kills it and starts an empty one on the same port (a server
+    that crashed and came back without persistence).
     """
 
     def __init__(
@@ -110,9 +112,22 @@ class LocalRedisServer:
                     raise
         raise RedisServerError(f"could not start redis-server: {last_error}") from last_error
 
-    def _launch(self, path: str) -> None:
+    def restart(self) -> LocalRedisServer:
+        """Kill the server (SIGKILL, by its PID) and start a new, empty one on the same
+        port; raises RedisServerError when the port cannot be bound again."""
+        port = self.port
+        if port is None:
+            raise RuntimeError("LocalRedisServer is not started")
+        self.stop()
+        path = shutil.which(self.binary)
+        if path is None:
+            raise FileNotFoundError(f"redis-server not found ({self.binary!r})")
+        self._launch(path, port)
+        return self
+
+    def _launch(self, path: str, port: int | None = None) -> None:
         self.directory = tempfile.mkdtemp(prefix="aec-redis-")
-        self.port = _free_port()
+        self.port = _free_port() if port is None else port
         log = os.path.join(self.directory, "redis.log")
         args = [
             path,

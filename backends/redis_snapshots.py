@@ -1,13 +1,15 @@
 """RedisBackend's snapshots: DUMP a partition's keys into files, RESTORE them back.
 
 ``write_snapshot`` ``SCAN``s the partition's keys and ``DUMP``s them into
-``redis-state-<id>.pickle`` (keys relative to ``{prefix}:{partition}:``, so a
+``redis-state-<id>.msgpack`` (keys relative to ``{prefix}:{partition}:``, so a
 snapshot restores into any prefix/partition), then atomically replaces
 ``redis-manifest.json`` (format, key count, size, SHA-256), then deletes older data
 files. ``read_snapshot`` validates manifest and checksum; ``restore_entries``
 ``RESTORE``s the dumps under a staging namespace, then in one ``MULTI`` deletes the
 partition's keys and renames the staged keys into place: a failure before the
-switch leaves the live state untouched.
+switch leaves the live state untouched. The data file is msgpack (plain data:
+key suffixes and DUMP payloads, both bytes), so reading a snapshot runs no code;
+Redis checks each payload's own checksum when it restores it.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ import glob
 import hashlib
 import json
 import os
-import pickle
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from aec.keygroups import KeyGroupRange
+from aec.state.serialization import SAFE
 from backends.redis_connection import chunks, delete_keys, scan_keys
 
-FORMAT = "aec-redis-1"
+FORMAT = "aec-redis-2"
 MANIFEST = "redis-manifest.json"
 DATA_PREFIX = "redis-state-"
 
@@ -43,8 +46,8 @@ def write_snapshot(client: redis.Redis, base: bytes, directory: str, about: dict
             if dump is not None:  # deleted since the SCAN
                 entries.append((key[skip:], dump))
     server = client.info("server").get("redis_version", "?")
-    data = pickle.dumps({"format": FORMAT, "entries": entries}, protocol=pickle.HIGHEST_PROTOCOL)
-    name = f"{DATA_PREFIX}{uuid.uuid4().hex}.pickle"
+    data = SAFE.dumps({"format": FORMAT, "entries": [list(entry) for entry in entries]})
+    name = f"{DATA_PREFIX}{uuid.uuid4().hex}.msgpack"
     write_atomically(os.path.join(directory, name), data)
     manifest = {
         "format": FORMAT,
@@ -62,9 +65,14 @@ def write_snapshot(client: redis.Redis, base: bytes, directory: str, about: dict
 
 
 def restore_entries(
-    client: redis.Redis, base: bytes, staging: bytes, entries: list[tuple[bytes, bytes]]
+    client: redis.Redis,
+    base: bytes,
+    staging: bytes,
+    entries: list[tuple[bytes, bytes]],
+    expiry_of: Callable[[bytes], int] = lambda suffix: 0,
 ) -> None:
-    """Make the keys under ``base`` exactly ``entries`` (``(key suffix, DUMP payload)``).
+    """Make the keys under ``base`` exactly ``entries`` (``(key suffix, DUMP payload)``),
+    each expiring after ``expiry_of(suffix)`` ms (0: never; TTL states).
 
     Raises redis.ResponseError (after removing the staged keys) when the server
     rejects a payload; the live keys are untouched then.
@@ -73,7 +81,7 @@ def restore_entries(
         for chunk in chunks(entries):
             pipe = client.pipeline(transaction=False)
             for suffix, dump in chunk:
-                pipe.execute_command("RESTORE", staging + suffix, 0, dump, "REPLACE")
+                pipe.execute_command("RESTORE", staging + suffix, expiry_of(suffix), dump, "REPLACE")
             pipe.execute()
     except redis.ResponseError:
         delete_keys(client, scan_keys(client, staging))
@@ -137,11 +145,15 @@ def read_snapshot(directory: str) -> list[tuple[bytes, bytes]]:
     if hashlib.sha256(data).hexdigest() != expected_sha:
         raise ValueError(f"{data_path} does not match the checksum in {MANIFEST}: corrupt")
     try:
-        payload = pickle.loads(data)
+        payload = SAFE.loads(data)
         entries = payload["entries"]
         if payload.get("format") != FORMAT or len(entries) != expected_keys:
             raise ValueError("format or key count differs from the manifest")
-        entries = [(bytes(suffix), bytes(dump)) for suffix, dump in entries]
+        if not all(
+            type(suffix) is bytes and type(dump) is bytes for suffix, dump in entries
+        ):
+            raise ValueError("an entry is not a (key, DUMP payload) pair of bytes")
+        entries = [(suffix, dump) for suffix, dump in entries]
     except Exception as exc:
         raise ValueError(f"{data_path} is not a valid Redis snapshot: {exc}") from exc
     return entries

@@ -6,12 +6,13 @@ Layout (Flink's RocksDB state backend, simplified):
   the default column family holds only a format marker;
 * DB keys are ``backends.keycodec`` keys: ``key group | len(key bytes) | key bytes``
   for value and list state, followed by the encoded user key for map state, so one
-  key's map is one prefix range; values are pickled (highest protocol);
+  key's map is one prefix range; values are encoded by the state's serializer
+  (``StateBackend.register_state``: msgpack unless the state opted in to pickle);
 * a batch's requests run over ``backends.overlay``'s op functions (shared with
   SlateDB), against ``backends.rocksdb_batch.RocksBatchView``: one multi-get per
   column family, one ``WriteBatch`` at the end.
 
-Value state is one entry per key; list state is one entry holding the pickled list
+Value state is one entry per key; list state is one entry holding the encoded list
 (``LIST_ADD`` reads, appends and rewrites it); map state is one entry per
 ``(key, user key)``. Map iteration (``MAP_ITER``) yields entries in the byte order
 of the encoded user keys, not in insertion order as ``MemoryBackend`` does (ints
@@ -24,6 +25,15 @@ flushes, so reopening a closed directory sees its state. The memtable updates va
 in place (``inplace_update_support``): state overwrites the same keys, and a version
 per write made reads and writes slower as the memtable filled.
 
+Reads check RocksDB's status (``backends.rocksdb_batch``): a corrupt block fails the
+batch with ``StateReadError`` naming the state and key group, never reads as absent.
+
+TTL state (``aec.state.ttl_cleanup``): rocksdict has no compaction filter (Flink's
+``cleanupInRocksdbCompactFilter``), so expired entries are removed by an incremental
+sweep: before a batch whose writes earned one, each TTL state's column family is
+scanned on from a cursor key, the expired rows deleted (a list rewritten with its
+live elements) in one ``WriteBatch``.
+
 Snapshots (``backends.rocksdb_snapshots``) are RocksDB checkpoints (hard links); a
 restore hard-links the first snapshot into a new live directory, range-deletes keys
 outside the key groups kept and range-scans the key groups of any further snapshot:
@@ -33,7 +43,6 @@ never a copy of a whole database.
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import threading
 import uuid
@@ -45,17 +54,21 @@ from rocksdict import DBCompactionStyle, Options, Rdict, WriteBatch, WriteOption
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
+from aec.state.serialization import Serializer
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, expired, prune, writes_in
 from backends.keycodec import decode_key, encode_key, key_group_bounds, key_prefix, split_db_key
 from backends.overlay import APPLY_OPS, POINT_READS, USER_KEY_OPS
-from backends.rocksdb_batch import RocksBatchView, Table, run_value_batch, scan_range
+from backends.rocksdb_batch import RocksBatchView, Table, rows, run_value_batch, scan_range
 from backends.rocksdb_snapshots import (
-    SNAPSHOT_SUBDIR,
     holds_database,
     linked_copy,
     snapshot_source,
+    stamps,
+    sweep_leftovers,
     write_checkpoint,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
+from backends.ttl_codec import TtlPairs, stored_codec
 
 _CF_PREFIX = "state/"
 _FORMAT_KEY = b"aec/format"
@@ -102,9 +115,6 @@ class RocksDBBackend(StateBackend):
 
     blocking = False  # rocksdict never releases the GIL: see the class doc
     prefers_batches = True
-    # RocksDB checks each block's checksum when it reads it (and a table's footer when
-    # it opens it): a restore need not read every SST file to verify it.
-    verified_by_backend = (f"{SNAPSHOT_SUBDIR}/*.sst", f"{SNAPSHOT_SUBDIR}/*.blob")
 
     def __init__(
         self,
@@ -130,6 +140,7 @@ class RocksDBBackend(StateBackend):
         self._pending_fresh = False  # ``fresh``: destroy and create on first use
         self._db: Rdict | None = None
         self._tables: dict[str, Table] = {}
+        self._stamps: dict[str, tuple[int, int]] = {}  # live tables' (size, mtime) when linked
         self._closed = False
 
     def __repr__(self) -> str:
@@ -145,6 +156,8 @@ class RocksDBBackend(StateBackend):
         task) replaces the directory once instead of creating a DB to throw away."""
         with self._lock:
             self._check_not_closed()
+            if not self._opened:
+                sweep_leftovers(self.path)  # what a restore killed midway left beside it
             if self._db is None and not self._pending_fresh:
                 if self._fresh and not self._opened:
                     self._pending_fresh = True
@@ -203,21 +216,28 @@ class RocksDBBackend(StateBackend):
         # RocksDB refuses to open a DB without naming all its column families.
         names = [n for n in Rdict.list_cf(self.path, options) if n != "default"] if existed else []
         db = Rdict(self.path, options, column_families={n: self._make_options() for n in names})
-        if not existed:
-            db.put(_FORMAT_KEY, _FORMAT)
-        elif db.get(_FORMAT_KEY) != _FORMAT:
+        tables: dict[str, Table] = {}
+        try:  # a failure past here closes the DB: it holds the directory's LOCK
+            if not existed:
+                db.put(_FORMAT_KEY, _FORMAT)
+            elif db.get(_FORMAT_KEY) != _FORMAT:
+                raise ValueError(f"{self.path} holds a RocksDB database that aec did not write")
+            for name in names:
+                if name.startswith(_CF_PREFIX):
+                    state = name[len(_CF_PREFIX) :]
+                    tables[state] = Table(
+                        state,
+                        db.get_column_family(name),
+                        db.get_column_family_handle(name),
+                        self._codec(state),
+                    )
+        except BaseException:
+            for table in tables.values():
+                table.rdict.close()
             db.close()
-            raise ValueError(f"{self.path} holds a RocksDB database that aec did not write")
+            raise
         self._db = db
-        self._tables = {
-            name[len(_CF_PREFIX) :]: Table(
-                name[len(_CF_PREFIX) :],
-                db.get_column_family(name),
-                db.get_column_family_handle(name),
-            )
-            for name in names
-            if name.startswith(_CF_PREFIX)
-        }
+        self._tables = tables
 
     def _close_db(self) -> None:
         # Column-family objects keep the DB (and its LOCK file) alive until closed or freed.
@@ -237,7 +257,8 @@ class RocksDBBackend(StateBackend):
                     name = _CF_PREFIX + state
                     db = self._live_db()
                     rdict = db.create_column_family(name, self._make_options())
-                    table = Table(state, rdict, db.get_column_family_handle(name))
+                    handle = db.get_column_family_handle(name)
+                    table = Table(state, rdict, handle, self._codec(state))
                     self._tables = {**self._tables, state: table}  # readers see old or new
         return table
 
@@ -256,10 +277,30 @@ class RocksDBBackend(StateBackend):
                 raise RuntimeError(f"{self!r} is not open: call open() first")
         return db
 
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        super().register_state(name, serializer)
+        table = self._tables.get(name)
+        if table is not None:
+            table.use(self._codec(name))
+
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        super().register_ttl(name, ttl, kind)
+        table = self._tables.get(name)
+        if table is not None:
+            table.use(self._codec(name))
+
+    def _codec(self, state: str) -> Serializer:
+        """How ``state``'s values are stored: its serializer, or ``TtlPairs`` over it for
+        a TTL state's pairs (``backends.ttl_codec``)."""
+        return stored_codec(self.serializers.of(state), self.ttl_cleanup.kind(state))
+
     # batches
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         db = self._live_db()
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if cleanup is not None and (budget := cleanup.charge(writes_in(requests))):
+            cleanup.sweep(budget, self._sweep_step)
         if run_value_batch(db, self._table_of, requests, self._write_options):
             return
         # Plan each request's table and DB key and collect the keys to multi-get per
@@ -297,12 +338,51 @@ class RocksDBBackend(StateBackend):
             apply[request.op](view, table, db_key, request)
         view.commit(db, self._write_options)
 
+    def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
+        """``TtlCleanup.sweep``'s step: scan ``state``'s column family from the DB key
+        ``cursor`` (None: the start), up to ``limit`` rows, and remove (or rewrite, a
+        list) what expired, in one ``WriteBatch``. A map entry is a row of its own."""
+        table = self._tables.get(state.name)
+        if table is None:
+            return 0, None
+        kind = "list" if state.kind == "list" else "value"
+        codec = table.serializer if isinstance(table.serializer, TtlPairs) else None
+        batch = WriteBatch(raw_mode=True)
+        examined, following = 0, None
+        # rocksdict's own item iterator (twice as fast as stepping ``rows``): it ends
+        # silently at a corrupt block, which only ends this round early (reads check)
+        for db_key, raw in table.rdict.items(from_key=cursor or b""):
+            if examined == limit:
+                following = db_key
+                break
+            examined += 1
+            expiry = None if codec is None else codec.expiry(raw)
+            if expiry is not None:  # a pair: its expiry without decoding its value
+                if expired(expiry, now):
+                    batch.delete(db_key, table.handle)
+                continue
+            stored = table.loads(raw)
+            alive = prune(kind, stored, now)
+            if alive is None:
+                batch.delete(db_key, table.handle)
+            elif alive is not stored:
+                batch.put(db_key, table.dumps(alive), table.handle)
+        if not batch.is_empty():
+            self._live_db().write(batch, self._write_options)
+        return examined, following
+
+    def stored_entries(self, state: str) -> int:
+        """Rows of ``state`` (a map entry is one), expired ones not removed yet included."""
+        self._live_db()
+        table = self._tables.get(state)
+        return 0 if table is None else sum(1 for _ in rows(table, b"", None, False))
+
     # snapshots
 
     def snapshot(self, directory: str) -> None:
         """Checkpoint all state into ``directory/rocksdb`` (hard links where possible)."""
         with self._lock:
-            write_checkpoint(self._live_db(), directory)
+            self._stamps = write_checkpoint(self._live_db(), directory, self._stamps)
 
     def restore(
         self,
@@ -343,6 +423,10 @@ class RocksDBBackend(StateBackend):
                     linked_copy(source, scratches[-1])
                     others.append(_opened(scratches[-1], self._options_hook))
                 self._switch_to(staging, key_groups, others)
+                self.ttl_cleanup.restart()
+                # the live links (or copies) of the first snapshot's tables; not a
+                # compaction's output, which may still be being written
+                self._stamps = stamps(self.path, set(stamps(sources[0])))
             finally:
                 for other in others:
                     other.close()
@@ -427,13 +511,14 @@ class RocksDBBackend(StateBackend):
         if table is None:
             return {}
         items: dict[Any, Any] = {}
-        for db_key, raw in cast("Iterator[tuple[bytes, bytes]]", table.rdict.items()):
+        loads = table.loads
+        for db_key, raw in cast("Iterator[tuple[bytes, bytes]]", rows(table, b"", None, True)):
             key, user_key = split_db_key(db_key)
             if user_key:
-                items.setdefault(key, {})[decode_key(user_key)] = pickle.loads(raw)
+                items.setdefault(key, {})[decode_key(user_key)] = loads(raw)
             else:
-                items[key] = pickle.loads(raw)
-        return items
+                items[key] = loads(raw)
+        return self.ttl_cleanup.visible(state, items)
 
 
 def _opened(path: str, options: OptionsHook | None) -> RocksDBBackend:

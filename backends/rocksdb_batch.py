@@ -3,63 +3,111 @@
 
 ``Table`` is one state's column family. ``RocksBatchView`` is the state as one batch
 sees it (``backends.overlay``'s op functions run on it, shared with SlateDB).
+
+Every read checks RocksDB's status: a multi-get raises on a corrupt block, and a
+scan runs RocksDB's own iterator and asks its ``status()`` when it ends
+(rocksdict's ``items()`` ends silently at a corrupt block, which read as "no more
+entries": an empty map, a missing key). Either way the batch fails with
+``aec.errors.StateReadError`` naming the state and the key group.
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
+from aec.errors import StateReadError
 from aec.state.requests import Op, StateRequest
-from backends.keycodec import key_prefix, prefix_end
-from backends.overlay import ABSENT, BatchView, dumps, merge_map_overlay
+from aec.state.serialization import SAFE, Serializer
+from backends.keycodec import key_group_of, key_prefix, prefix_end
+from backends.overlay import ABSENT, BatchView, merge_map_overlay
 
 _VALUE_GET, _VALUE_PUT, _VALUE_CLEAR = Op.VALUE_GET, Op.VALUE_PUT, Op.VALUE_CLEAR
 
 
 class Table:
-    """One state's column family: ``rdict`` for reads and scans, ``handle`` for writes."""
+    """One state's column family: ``rdict`` for reads and scans, ``handle`` for writes,
+    ``dumps``/``loads`` of the state's serializer (``StateBackend.register_state``)."""
 
-    __slots__ = ("state", "rdict", "handle")
+    __slots__ = ("state", "rdict", "handle", "serializer", "dumps", "loads")
 
-    def __init__(self, state: str, rdict: Rdict, handle: Any) -> None:
+    def __init__(self, state: str, rdict: Rdict, handle: Any, serializer: Serializer = SAFE) -> None:
         self.state = state
         self.rdict = rdict
         self.handle = handle
+        self.use(serializer)
+
+    def use(self, serializer: Serializer) -> None:
+        """Encode and decode this state's values with ``serializer`` from now on."""
+        self.serializer = serializer
+        self.dumps = serializer.dumps
+        self.loads = serializer.loads
+
+
+def read_error(table: Table, db_key: bytes | None, exc: BaseException) -> StateReadError:
+    """The error of a read of ``table`` at ``db_key`` (its key group) that RocksDB refused."""
+    where = "" if not db_key or len(db_key) < 2 else f", key group {key_group_of(db_key)}"
+    return StateReadError(f"RocksDB cannot read state {table.state!r}{where}: {exc}")
+
+
+def multi_get(table: Table, db_keys: list[bytes]) -> list[bytes | None]:
+    """The raw values of ``db_keys`` (None: absent), one multi-get; StateReadError naming
+    the first key group RocksDB cannot read."""
+    try:
+        return cast("list[bytes | None]", table.rdict.get(cast("list[Any]", db_keys)))
+    except Exception as exc:  # rocksdict raises a bare Exception ("Corruption: ...")
+        for db_key in db_keys:  # which key: only on this error path
+            try:
+                table.rdict.get(db_key)
+            except Exception as single:
+                raise read_error(table, db_key, single) from exc
+        raise read_error(table, None, exc) from exc
+
+
+def get_one(table: Table, db_key: bytes) -> bytes | None:
+    """The raw value of ``db_key`` or None; StateReadError naming its key group."""
+    try:
+        return cast("bytes | None", table.rdict.get(db_key))
+    except Exception as exc:
+        raise read_error(table, db_key, exc) from exc
+
+
+def rows(
+    table: Table, start: bytes, upper: bytes | None, with_values: bool
+) -> Iterator[Any]:
+    """The DB keys (or ``(key, raw value)`` pairs) from ``start`` up to ``upper``
+    (excluded; None: to the end), in order, by RocksDB's iterator; when it stops
+    before ``upper`` its status is checked (StateReadError naming the key group).
+
+    A generator, so the ReadOptions object outlives the iterator: rocksdict keeps
+    only a pointer to the upper bound it holds (a temporary ReadOptions silently
+    truncates the scan). The bound stops the scan early, skipping tombstones past it.
+    """
+    read_options = ReadOptions()
+    if upper is not None:
+        read_options.set_iterate_upper_bound(upper)
+    iterator = table.rdict.iter(read_options)
+    iterator.seek(start)
+    last = start
+    while iterator.valid():
+        last = iterator.key()
+        yield (last, iterator.value()) if with_values else last
+        iterator.next()
+    try:
+        iterator.status()
+    except Exception as exc:  # a corrupt block ended the iteration
+        raise read_error(table, last, exc) from exc
 
 
 def scan(
     table: Table, prefix: bytes, with_values: bool, start: bytes | None = None
 ) -> Iterator[Any]:
-    """The DB keys (or ``(key, raw value)`` pairs) starting with ``prefix``, in order.
-
-    A generator, so the ReadOptions object outlives the iterator: rocksdict keeps
-    only a pointer to the upper bound it holds (a temporary ReadOptions silently
-    truncates the scan). The bound stops the scan early, skipping tombstones past
-    the prefix; the ``startswith`` check is a cheap second guard. ``start`` (a key
-    under ``prefix``) resumes a scan.
-    """
-    from_key = prefix if start is None else start
-    read_options = ReadOptions()
-    end = prefix_end(prefix)
-    if end is not None:
-        read_options.set_iterate_upper_bound(end)
-    # The database is in raw mode: keys and values are bytes (the stub says any key type).
-    if with_values:
-        pairs = table.rdict.items(from_key=from_key, read_opt=read_options)
-        for pair in cast("Iterator[tuple[bytes, bytes]]", pairs):
-            if not pair[0].startswith(prefix):
-                return
-            yield pair
-    else:
-        db_keys = table.rdict.keys(from_key=from_key, read_opt=read_options)
-        for db_key in cast("Iterator[bytes]", db_keys):
-            if not db_key.startswith(prefix):
-                return
-            yield db_key
+    """The DB keys (or ``(key, raw value)`` pairs) starting with ``prefix``, in order
+    (``rows`` bounded by the prefix; status checked). ``start`` (a key under
+    ``prefix``) resumes a scan."""
+    return rows(table, prefix if start is None else start, prefix_end(prefix), with_values)
 
 
 class RocksBatchView(BatchView):
@@ -78,18 +126,17 @@ class RocksBatchView(BatchView):
 
     def prefetch(self, table: Table, db_keys: list[bytes]) -> None:
         known = self._known
-        # A multi-get: a list of keys in, a list of values (None: absent) out.
-        raws = cast("list[bytes | None]", table.rdict.get(cast("list[Any]", db_keys)))
-        for db_key, raw in zip(db_keys, raws, strict=True):
-            known[table, db_key] = ABSENT if raw is None else pickle.loads(raw)
+        loads = table.loads
+        for db_key, raw in zip(db_keys, multi_get(table, db_keys), strict=True):
+            known[table, db_key] = ABSENT if raw is None else loads(raw)
 
     def get(self, table: Table, db_key: bytes) -> Any:
         """The current value of ``db_key``, or ``ABSENT``."""
         slot = (table, db_key)
         value = self._known.get(slot, ABSENT)
         if value is ABSENT and slot not in self._known:  # not prefetched: read it now
-            raw = table.rdict.get(db_key)
-            value = self._known[slot] = ABSENT if raw is None else pickle.loads(raw)
+            raw = get_one(table, db_key)
+            value = self._known[slot] = ABSENT if raw is None else table.loads(raw)
         return value
 
     def set(self, table: Table, db_key: bytes, value: Any, map_prefix: bytes | None = None) -> None:
@@ -102,7 +149,7 @@ class RocksBatchView(BatchView):
     def map_entries(self, table: Table, prefix: bytes) -> list[tuple[bytes, Any]]:
         """``(DB key, value)`` of every entry under ``prefix``, in DB key order."""
         dirty = {k: self._dirty[table, k] for k in self._dirty_maps.get((table, prefix), ())}
-        return merge_map_overlay(scan(table, prefix, True), dirty)
+        return merge_map_overlay(scan(table, prefix, True), dirty, table.loads)
 
     def map_chunk(
         self, table: Table, prefix: bytes, after: bytes | None, limit: int
@@ -116,7 +163,7 @@ class RocksBatchView(BatchView):
             start = prefix if after is None else after + b"\x00"
             entries = []
             for db_key, raw in scan(table, prefix, True, start):
-                entries.append((db_key, pickle.loads(raw)))
+                entries.append((db_key, table.loads(raw)))
                 if len(entries) > limit:
                     break
         if len(entries) > limit:
@@ -144,7 +191,7 @@ class RocksBatchView(BatchView):
             if value is ABSENT:
                 batch.delete(db_key, table.handle)
             else:
-                batch.put(db_key, dumps(value), table.handle)
+                batch.put(db_key, table.dumps(value), table.handle)
         db.write(batch, write_options)
 
 
@@ -192,15 +239,14 @@ def run_value_batch(
             if value is None:
                 writes.delete(db_key, table.handle)
             else:
-                writes.put(db_key, dumps(value), table.handle)
+                writes.put(db_key, table.dumps(value), table.handle)
             written.add(db_key)
         else:
             return False
-    loads = pickle.loads
     for table, (db_keys, readers) in gets.items():
         if db_keys:
-            raws = cast("list[bytes | None]", table.rdict.get(cast("list[Any]", db_keys)))
-            for reader, raw in zip(readers, raws, strict=True):
+            loads = table.loads
+            for reader, raw in zip(readers, multi_get(table, db_keys), strict=True):
                 reader.result = None if raw is None else loads(raw)
     if writes is not None:
         db.write(writes, write_options)
@@ -208,11 +254,6 @@ def run_value_batch(
 
 
 def scan_range(table: Table, low: bytes, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-    """``(DB key, raw value)`` of every key in ``[low, high)`` (``high`` None: to the end).
-
-    A generator for the same reason as ``scan``: the ReadOptions must outlive the
-    iterator."""
-    read_options = ReadOptions()
-    if high is not None:
-        read_options.set_iterate_upper_bound(high)
-    yield from table.rdict.items(from_key=low, read_opt=read_options)
+    """``(DB key, raw value)`` of every key in ``[low, high)`` (``high`` None: to the
+    end); status checked as ``rows``."""
+    return rows(table, low, high, True)

@@ -8,8 +8,9 @@ Layout: one keyspace of byte-ordered keys. A state key is
 ``b"s" | len(state name) (2 bytes, big-endian) | state name (UTF-8) |``
 ``backends.keycodec.key_prefix(key group, key)``, followed by the encoded user key
 for map entries, so one key's map is one prefix range and one state is one prefix
-range. Value and list state are one entry per key (a list is one pickled list);
-map state is one entry per ``(key, user key)``; values are pickled. ``MAP_ITER``
+range. Value and list state are one entry per key (a list is one encoded list);
+map state is one entry per ``(key, user key)``; values are encoded by their state's
+serializer (``StateBackend.register_state``; msgpack unless a state opted in). ``MAP_ITER``
 yields entries in the byte order of the encoded user keys, as ``RocksDBBackend``
 does. The key ``b"\\x00aec/format"`` marks a database aec wrote.
 
@@ -22,6 +23,12 @@ over a per-batch overlay (``backends.overlay``'s op functions, so reads after a
 write of the same key in the batch see the write), and its writes go out as one
 SlateDB ``WriteBatch`` without waiting for durability. Batches of concurrent I/O
 threads interleave on the loop (they never share a key).
+
+TTL state (``aec.state.ttl_cleanup``): SlateDB's own TTL runs on the wall clock, not
+on the operator's processing time, so expired entries are removed by a sweep: a
+batch whose writes earned one first scans each TTL state on from a cursor key and
+deletes (or rewrites, a list) the expired rows in one ``WriteBatch``, alone
+(``backends.sweep_gate``: concurrent batches wait, and it waits for them).
 
 Durability: ``flush()`` (called by the engine at drain) flushes the WAL to the
 object store and raises if that fails, so every write acknowledged before it
@@ -53,12 +60,13 @@ Object stores, by URL:
   ``GOOGLE_SERVICE_ACCOUNT``...; Azure: ``AZURE_STORAGE_ACCOUNT_NAME``,
   ``AZURE_STORAGE_ACCOUNT_KEY``...) plus ``object_store_options`` (the crate's
   config keys: ``endpoint``, ``region``, ``access_key_id``, ``allow_http``...).
+  A cloud store's client gets ``connect_timeout`` and ``timeout`` (one request)
+  from ``aec.timeouts.store_timeouts()`` unless ``object_store_options`` set them.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import threading
 import uuid
 import zlib
@@ -70,6 +78,9 @@ from slatedb import uniffi as sdb
 from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
+from aec.state.serialization import Serializer
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, expired, prune, writes_in
+from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
 from backends.slatedb_loop import LoopThread
@@ -96,11 +107,12 @@ from backends.slatedb_store import (
     wipe_states,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
+from backends.sweep_gate import SweepGate
+from backends.ttl_codec import TtlPairs, stored_codec
 
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
 DEFAULT_BLOCK_CACHE_BYTES = 64 << 20
-_PROBE_SECONDS = 5.0  # to connect to an S3 endpoint in open()
 
 
 # --- backend -----------------------------------------------------------------------------
@@ -147,6 +159,7 @@ class SlateDBBackend(StateBackend):
     """
 
     blocking = True
+    ttl_sweep_chunk = 4096  # a sweep's scan and write are loop round trips, and it waits for batches
 
     def __init__(
         self,
@@ -190,6 +203,8 @@ class SlateDBBackend(StateBackend):
         self._state_prefixes: dict[str, bytes] = {}
         self._wipe_pending = False  # ``fresh``: the wipe waits for the first use
         self._wipe_lock = threading.Lock()
+        self._gate = SweepGate()  # TTL sweeps never overlap a batch
+        self._codecs: dict[str, Serializer] = {}  # state -> how its values are stored
 
     def __repr__(self) -> str:
         return f"SlateDBBackend({self.url!r}, {self.path!r})"
@@ -208,7 +223,7 @@ class SlateDBBackend(StateBackend):
             if self._db is not None:
                 return
             self._store, prefix = object_store(self.url, self.object_store_options)
-            probe_endpoint(self.url, self.object_store_options, _PROBE_SECONDS)
+            probe_endpoint(self.url, self.object_store_options, store_timeouts().connect)
             self._db_path = join_path(prefix, self.path)
             self._start_loop()
             try:
@@ -331,7 +346,69 @@ class SlateDBBackend(StateBackend):
         return prefix
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        self._call(execute(self._ready_db(), requests, self._state_prefix))
+        db = self._ready_db()
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if cleanup is None:
+            self._call(execute(db, requests, self._state_prefix, self._codec))
+            return
+        budget = cleanup.charge(writes_in(requests))
+        if budget:
+            with self._gate.sweep() as alone:
+                if alone:
+                    cleanup.sweep(budget, self._sweep_step)
+        with self._gate.batch():
+            self._call(execute(db, requests, self._state_prefix, self._codec))
+
+    def _codec(self, state: str) -> Serializer:
+        """How ``state``'s values are stored: its serializer, or ``TtlPairs`` over it for
+        a TTL state's pairs (``backends.ttl_codec``); remembered per state."""
+        codec = self._codecs.get(state)
+        if codec is None:
+            codec = stored_codec(self.serializers.of(state), self.ttl_cleanup.kind(state))
+            self._codecs[state] = codec
+        return codec
+
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        super().register_state(name, serializer)
+        self._codecs.pop(name, None)
+
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        super().register_ttl(name, ttl, kind)
+        self._codecs.pop(name, None)
+
+    def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
+        """``TtlCleanup.sweep``'s step: scan ``state`` past the key ``cursor`` (None:
+        from its start), up to ``limit`` rows, and remove (or rewrite, a list) what
+        expired, in one ``WriteBatch``. A map entry is a row of its own."""
+        db = self._ready_db()
+        rows = self._call(scan(db, self._state_prefix(state.name), cursor, limit))
+        serializer = self._codec(state.name)
+        pairs = serializer if isinstance(serializer, TtlPairs) else None
+        kind = "list" if state.kind == "list" else "value"
+        batch, changed = sdb.WriteBatch(), False
+        for db_key, raw in rows:
+            expiry = None if pairs is None else pairs.expiry(raw)
+            if expiry is not None:  # a pair: its expiry without decoding its value
+                if expired(expiry, now):
+                    batch.delete(db_key)
+                    changed = True
+                continue
+            stored = serializer.loads(raw)
+            alive = prune(kind, stored, now)
+            if alive is None:
+                batch.delete(db_key)
+            elif alive is not stored:
+                batch.put(db_key, serializer.dumps(alive))
+            else:
+                continue
+            changed = True
+        if changed:
+            self._call(_write(db, batch))
+        return len(rows), (rows[-1][0] if len(rows) == limit else None)
+
+    def stored_entries(self, state: str) -> int:
+        """Rows of ``state`` (a map entry is one), expired ones not removed yet included."""
+        return len(self._call(scan(self._ready_db(), self._state_prefix(state))))
 
     # snapshots
 
@@ -402,6 +479,7 @@ class SlateDBBackend(StateBackend):
                 return
             self._call(restore_union(db, sources, key_groups))
             self._wipe_pending = False
+            self.ttl_cleanup.restart()
 
     def _at_checkpoint(
         self, db: Any, manifests: list[dict[str, Any]], key_groups: KeyGroupRange | None
@@ -434,13 +512,18 @@ class SlateDBBackend(StateBackend):
         rows = self._call(scan(self._ready_db(), prefix))
         items: dict[Any, Any] = {}
         skip = len(prefix)
+        loads = self._codec(state).loads
         for db_key, raw in rows:
             key, user_key = split_db_key(db_key[skip:])
             if user_key:
-                items.setdefault(key, {})[decode_key(user_key)] = pickle.loads(raw)
+                items.setdefault(key, {})[decode_key(user_key)] = loads(raw)
             else:
-                items[key] = pickle.loads(raw)
-        return items
+                items[key] = loads(raw)
+        return self.ttl_cleanup.visible(state, items)
+
+
+async def _write(db: Any, batch: Any) -> None:
+    await db.write(batch)
 
 
 async def _shutdown(db: Any) -> None:

@@ -3,19 +3,22 @@
 The batch's point reads and map range scans are issued at once (``asyncio.gather``),
 its requests are then applied in list order over a per-batch overlay
 (``backends.overlay``'s op functions, so reads after a write of the same key in the
-batch see the write), and its writes go out as one SlateDB ``WriteBatch``.
+batch see the write), and its writes go out as one SlateDB ``WriteBatch``. Values
+are encoded by their state's serializer (the ``table`` the op functions get);
+every reply is checked (``backends.slatedb_store``: a point read is bytes or
+None, a scan's rows lie in its range, in order) before anything is decoded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from slatedb import uniffi as sdb
 
 from aec.state.requests import Op, StateRequest
+from aec.state.serialization import Serializer
 from backends.keycodec import encode_key, key_prefix
 from backends.overlay import (
     ABSENT,
@@ -23,10 +26,9 @@ from backends.overlay import (
     POINT_READS,
     USER_KEY_OPS,
     BatchView,
-    dumps,
     merge_map_overlay,
 )
-from backends.slatedb_store import scan
+from backends.slatedb_store import checked_value, scan
 
 _MAP_WRITES = frozenset({Op.MAP_PUT, Op.MAP_PUT_ALL, Op.MAP_REMOVE, Op.MAP_CLEAR})
 _MAP_SCANS = frozenset({Op.MAP_ITER, Op.MAP_CLEAR, Op.MAP_IS_EMPTY, Op.MAP_ITER_CHUNK})
@@ -35,8 +37,9 @@ _MAP_SCANS = frozenset({Op.MAP_ITER, Op.MAP_CLEAR, Op.MAP_IS_EMPTY, Op.MAP_ITER_
 class SlateBatchView(BatchView):
     """The state as one batch sees it: what the batch prefetched plus its own writes.
 
-    A ``backends.overlay.BatchView`` (the ``table`` argument is unused: the state is
-    part of every key), so the shared op functions run on it.
+    A ``backends.overlay.BatchView``; the ``table`` argument is the state's
+    ``Serializer`` (the state is part of every key), so the shared op functions run
+    on it.
     Map reads use prefetched ranges: ``full`` holds whole maps (raw values) read at
     the batch's start, ``ranges`` holds ``(prefix, after) -> rows`` for chunked
     reads and emptiness checks of maps the batch had not written before them.
@@ -52,6 +55,7 @@ class SlateBatchView(BatchView):
         self._full = full
         self._ranges = ranges
         self._dirty: dict[bytes, Any] = {}  # written in this batch (value or ABSENT)
+        self._codecs: dict[bytes, Serializer] = {}  # the serializer of each written key
         self._dirty_maps: dict[bytes, set[bytes]] = {}  # map prefix -> DB keys written
 
     def get(self, table: Any, db_key: bytes) -> Any:
@@ -59,12 +63,13 @@ class SlateBatchView(BatchView):
 
     def set(self, table: Any, db_key: bytes, value: Any, map_prefix: bytes | None = None) -> None:
         self._known[db_key] = self._dirty[db_key] = value
+        self._codecs[db_key] = table
         if map_prefix is not None:
             self._dirty_maps.setdefault(map_prefix, set()).add(db_key)
 
     def map_entries(self, table: Any, prefix: bytes) -> list[tuple[bytes, Any]]:
         dirty = {k: self._dirty[k] for k in self._dirty_maps.get(prefix, ())}
-        return merge_map_overlay(self._full[prefix], dirty)
+        return merge_map_overlay(self._full[prefix], dirty, table.loads)
 
     def map_chunk(
         self, table: Any, prefix: bytes, after: bytes | None, limit: int
@@ -73,7 +78,7 @@ class SlateBatchView(BatchView):
             entries = [e for e in self.map_entries(table, prefix) if after is None or e[0] > after]
         else:  # planned as a range: the batch had not written this map before
             rows = self._ranges[prefix, after]
-            entries = [(db_key, pickle.loads(raw)) for db_key, raw in rows[: limit + 1]]
+            entries = [(db_key, table.loads(raw)) for db_key, raw in rows[: limit + 1]]
         if len(entries) > limit:
             return entries[:limit], entries[limit - 1][0]
         return entries, None
@@ -98,19 +103,25 @@ class SlateBatchView(BatchView):
             if value is ABSENT:
                 batch.delete(db_key)
             else:
-                batch.put(db_key, dumps(value))
+                batch.put(db_key, self._codecs[db_key].dumps(value))
         return batch
 
 
 async def execute(
-    db: Any, requests: Sequence[StateRequest], state_prefix: Callable[[str], bytes]
+    db: Any,
+    requests: Sequence[StateRequest],
+    state_prefix: Callable[[str], bytes],
+    serializer_of: Callable[[str], Serializer],
 ) -> None:
     """Answer ``requests`` on ``db``: reads of the batch at once, then the requests in
     list order over a ``BatchView``, then one ``WriteBatch`` (no durability wait).
-    ``state_prefix`` maps a state name to its key prefix."""
+    ``state_prefix`` maps a state name to its key prefix, ``serializer_of`` to its
+    serializer.
+
+    Raises StateReadError (a reply SlateDB should not give) or what SlateDB raised."""
     # Plan: the DB key of each request, what to read (deduplicated), in list order.
     plan = []
-    points: dict[bytes, None] = {}
+    points: dict[bytes, Serializer] = {}  # DB key -> the serializer decoding its value
     full: dict[bytes, None] = {}  # map prefixes read whole
     ranges: dict[tuple[bytes, bytes | None], int] = {}  # (prefix, after) -> rows to read
     written: set[bytes] = set()  # maps written so far in the batch
@@ -121,10 +132,11 @@ async def execute(
             key_bytes = key_prefixes[request.key] = key_prefix(request.key_group, request.key)
         db_key = state_prefix(request.state) + key_bytes
         op = request.op
+        codec = serializer_of(request.state)
         if op in POINT_READS:
             if op in USER_KEY_OPS:  # MAP_GET, MAP_CONTAINS read one map entry
                 db_key += encode_key(request.user_key)
-            points[db_key] = None
+            points[db_key] = codec
         elif op in _MAP_SCANS:
             if db_key in written or op == Op.MAP_ITER or op == Op.MAP_CLEAR:
                 full[db_key] = None
@@ -136,7 +148,7 @@ async def execute(
                 ranges[slot] = max(ranges.get(slot, 0), limit + 1)
         if op in _MAP_WRITES:
             written.add(db_key)
-        plan.append((op, db_key, request))
+        plan.append((op, db_key, request, codec))
     # Read: every point get and range scan of the batch at once.
     point_keys = list(points)
     full_keys = list(full)
@@ -147,18 +159,18 @@ async def execute(
         *[scan(db, prefix, after, ranges[prefix, after]) for prefix, after in range_keys],
     )
     offset = len(point_keys)
-    known = {
-        key: ABSENT if raw is None else pickle.loads(raw)
-        for key, raw in zip(point_keys, results[:offset], strict=True)
-    }
+    known = {}
+    for key, raw in zip(point_keys, results[:offset], strict=True):
+        raw = checked_value(key, raw)
+        known[key] = ABSENT if raw is None else points[key].loads(raw)
     view = SlateBatchView(
         known,
         dict(zip(full_keys, results[offset : offset + len(full_keys)], strict=True)),
         dict(zip(range_keys, results[offset + len(full_keys) :], strict=True)),
     )
     # Apply in list order over the overlay, then write once, not waiting for durability.
-    for op, db_key, request in plan:
-        APPLY_OPS[op](view, None, db_key, request)
+    for op, db_key, request, codec in plan:
+        APPLY_OPS[op](view, codec, db_key, request)
     batch = view.write_batch()
     if batch is not None:
         await db.write(batch)

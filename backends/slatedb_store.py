@@ -3,6 +3,12 @@
 A state key is ``b"s" | len(state name) (2 bytes, big-endian) | state name (UTF-8) |``
 ``backends.keycodec.key_prefix(key group, key)``; ``b"\\x00aec/format"`` marks a
 database aec wrote. See ``backends.slatedb`` for the URLs and their environment.
+
+Replies are checked before they are used (``checked_value``, ``scan``): a point
+read gives bytes or None, a scan's rows lie in the range asked, in ascending key
+order, no more than the limit. SlateDB verifies its own blocks (it raises on a
+corrupt one); these checks turn a reply no correct store gives into
+``aec.errors.StateReadError`` naming the state and key group, never a wrong result.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from urllib.parse import urlsplit
 
 from slatedb import uniffi as sdb
 
-from backends.keycodec import prefix_end
+from aec.errors import StateReadError
+from aec.timeouts import store_timeouts
+from backends.keycodec import key_group_of, prefix_end
 
 FORMAT_KEY = b"\x00aec/format"
 FORMAT = b"aec-slatedb-1"
@@ -58,9 +66,17 @@ def object_store(url: str, options: Mapping[str, str]) -> tuple[Any, str]:
             _check_plain_http(options)
         builder = sdb.ObjectStoreBuilder.from_env(getattr(sdb.ObjectStoreType, _CLOUD[scheme]))
         builder.with_url(f"{scheme}://{root}")
-        for key, value in options.items():
+        for key, value in {**client_timeouts(), **options}.items():
             builder.with_config(key, str(value))
     return builder.build(), prefix
+
+
+def client_timeouts() -> dict[str, str]:
+    """The ``object_store`` crate's client timeouts from ``aec.timeouts.store_timeouts()``:
+    ``connect_timeout`` (connect) and ``timeout`` (one whole request, its body
+    included). ``object_store_options`` with the same keys win."""
+    timeouts = store_timeouts()
+    return {"connect_timeout": f"{timeouts.connect:g}s", "timeout": f"{timeouts.request:g}s"}
 
 
 def s3_endpoint(options: Mapping[str, str]) -> str:
@@ -145,17 +161,55 @@ def key_range(prefix: bytes, after: bytes | None = None) -> Any:
     )
 
 
+def reply_error(db_key: bytes, what: str) -> StateReadError:
+    """A SlateDB reply about ``db_key`` no correct store gives (``what``)."""
+    where = _describe(db_key)
+    return StateReadError(f"SlateDB gave a reply it cannot have stored for {where}: {what}")
+
+
+def _describe(db_key: bytes) -> str:
+    if not db_key.startswith(STATES) or len(db_key) < len(STATES) + _NAME_LEN.size:
+        return f"key {db_key[:40]!r}"
+    (size,) = _NAME_LEN.unpack_from(db_key, len(STATES))
+    start = len(STATES) + _NAME_LEN.size
+    name = db_key[start : start + size].decode("utf-8", "replace")
+    rest = db_key[start + size :]
+    group = f", key group {key_group_of(rest)}" if len(rest) >= 2 else ""
+    return f"state {name!r}{group}"
+
+
+def checked_value(db_key: bytes, raw: Any) -> bytes | None:
+    """A point read's reply: bytes or None, else StateReadError."""
+    if raw is None or type(raw) is bytes:
+        return raw
+    raise reply_error(db_key, f"a {type(raw).__name__} instead of bytes")
+
+
 async def scan(db: Any, prefix: bytes, after: bytes | None = None, limit: int | None = None):
-    """``[(key, raw value)]`` under ``prefix`` past ``after``, at most ``limit`` rows."""
+    """``[(key, raw value)]`` under ``prefix`` past ``after``, at most ``limit`` rows;
+    StateReadError for rows out of that range or order."""
     iterator = await db.scan(key_range(prefix, after))
     rows: list[tuple[bytes, bytes]] = []
     while limit is None or len(rows) < limit:
         want = _SCAN_BATCH if limit is None else min(_SCAN_BATCH, limit - len(rows))
         chunk = await iterator.next_batch(want)
+        if len(chunk) > want:
+            raise reply_error(prefix, f"{len(chunk)} rows where at most {want} were asked")
         rows.extend((kv.key, kv.value) for kv in chunk)
         if len(chunk) < want:
             break
+    _check_rows(rows, prefix, after)
     return rows
+
+
+def _check_rows(rows: list[tuple[bytes, bytes]], prefix: bytes, after: bytes | None) -> None:
+    previous = after
+    for key, value in rows:
+        if type(key) is not bytes or type(value) is not bytes or not key.startswith(prefix):
+            raise reply_error(prefix, f"a row outside the range scanned ({key[:40]!r})")
+        if previous is not None and key <= previous:
+            raise reply_error(key, "rows out of key order")
+        previous = key
 
 
 async def stream(db: Any, prefix: bytes, bounds: tuple[bytes, bytes | None] | None = None):

@@ -55,7 +55,7 @@ class WeatherService:
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = self.runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"
         self._ready.set()
         self.loop.run_forever()

@@ -33,11 +33,23 @@ median over ``--repeats`` rounds (min kept in the JSON). Also measured:
 Goals (issue 12): a micro-batch with 2M keys of state costs at most 1.3x the same with
 2k keys (per backend); restore at 1M keys takes at most 2x restore at 10k keys.
 
+``--store s3``: the checkpoints go to an object store, moto's S3 server started
+as a separate process (``tests/s3_server.py``); checkpoints are incremental there
+(``aec.checkpoint.shared``: a backend file uploaded once, referenced by later
+checkpoints; ``CheckpointStore.retain(2)`` after each micro-batch deletes what no
+kept checkpoint references). "Checkpoint bytes written" are then the bytes
+uploaded per micro-batch (counted by a file-system wrapper), with the goal 2M / 2k
+keys <= 1.3x; the restore columns are a restore in the process that wrote the
+checkpoints (its object cache holds the files: a restarted task on the same
+worker) and, beside them, a cold restore (a new process: every file downloaded and
+hashed), whose time grows with the state.
+
 Usage::
 
     .venv/bin/python perf/bench_checkpoint.py            # full run, writes perf/results/
     .venv/bin/python perf/bench_checkpoint.py --quick    # 1k/2k/10k/20k, temp output
     .venv/bin/python perf/bench_checkpoint.py --sizes 2000,200000 --backends rocksdb
+    .venv/bin/python perf/bench_checkpoint.py --store s3 --quick   # on moto's S3 server
 
 Outputs (in ``--out``): bench_checkpoint.json, bench_checkpoint.md, bench_checkpoint.png.
 """
@@ -73,6 +85,7 @@ BATCH_KEYS = 100
 LOAD_CHUNK = 20_000  # requests per preload batch
 CONFIG = AecConfig()
 GOALS = {"batch": (2_000, 2_000_000, 1.3), "restore": (10_000, 1_000_000, 2.0)}
+S3_GOALS = {"uploaded": (2_000, 2_000_000, 1.3)}  # bytes uploaded per micro-batch
 NAME = "bench_checkpoint"
 
 
@@ -119,6 +132,58 @@ def preload(backend: Any, size: int) -> None:
     backend.flush()
 
 
+# --- the object store (--store s3) -----------------------------------------------------------
+
+
+class ObjectStore:
+    """moto's S3 server in its own process (``tests/s3_server.py``), a bucket, the AWS
+    variables pointing at it, and every checkpoint store's file system wrapped to
+    count the bytes uploaded (``tests/store_faults.py``)."""
+
+    def __init__(self) -> None:
+        sys.path.insert(0, str(harness.ROOT / "tests"))
+        from s3_server import S3Server
+        from store_faults import StoreFaults
+
+        from aec.checkpoint import storage
+
+        self.server = S3Server().start()
+        os.environ.update(self.server.environ())
+        self.bucket = self.server.create_bucket()
+        self.handlers: list[Any] = []
+        real = storage.resolve_filesystem
+
+        def counted(uri: str, timeouts: Any = None) -> Any:
+            import pyarrow.fs as pafs
+
+            fs, path = real(uri, timeouts)
+            self.handlers.append(StoreFaults(fs))
+            return pafs.PyFileSystem(self.handlers[-1]), path
+
+        storage.resolve_filesystem = counted
+
+    def uri(self, name: str) -> str:
+        return f"s3://{self.bucket}/{name}"
+
+    def uploaded(self) -> int:
+        """Bytes uploaded so far (every store's file system)."""
+        return sum(handler.written for handler in self.handlers)
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+STORE: ObjectStore | None = None  # set by --store s3
+
+
+def forget_process() -> None:
+    """What a new process knows: no verified file, no cached object, no registry."""
+    from aec.checkpoint import digests, shared
+
+    shared.forget_all()
+    digests.forget()
+
+
 # --- bytes written ------------------------------------------------------------------------
 
 
@@ -150,7 +215,9 @@ class Partition:
         self.kind, self.size = kind, size
         self.keep = kind == "memory"
         self.root = root / f"{kind}-{size}"
-        self.checkpoints = self.root / "checkpoints"
+        self.checkpoints: Any = self.root / "checkpoints"
+        if STORE is not None:
+            self.checkpoints = STORE.uri(f"{kind}-{size}")
         self.backend: Any = make_backend(kind, self.root, "live")
         self.operator: Any = KeyedProcessOperator(Count(), self.backend, CONFIG)
         self.operator.open()
@@ -165,7 +232,7 @@ class Partition:
 
     def _written(self) -> dict:
         store = self.root / "store" if self.kind == "slatedb" else None
-        found = inodes(self.checkpoints)
+        found = {} if STORE is not None else inodes(self.checkpoints)
         if store is not None:
             found.update(inodes(store))
         return found
@@ -195,6 +262,7 @@ class Partition:
 
     def micro_batch(self) -> None:
         """One micro-batch (the timed part)."""
+        self.uploaded_before = STORE.uploaded() if STORE is not None else 0
         self.batch_id += 1
         if not self.keep:
             self._restored()
@@ -205,21 +273,31 @@ class Partition:
 
     def after_batch(self) -> int:
         """Prune as the glue does (the newest two checkpoints stay); the bytes the last
-        micro-batch's checkpoint wrote (untimed)."""
+        micro-batch's checkpoint wrote (untimed; on S3 the bytes uploaded)."""
+        uploaded = 0
+        if STORE is not None:
+            from aec.checkpoint import CheckpointStore
+
+            uploaded = STORE.uploaded() - self.uploaded_before
+            CheckpointStore.at(self.checkpoints).retain(2)
+            self.handles = self.handles[-2:]
         while len(self.handles) > 2:
             shutil.rmtree(self.handles.pop(0).path)
         written = self._written()
-        grown = new_bytes(self.seen, written)
+        grown = new_bytes(self.seen, written) + uploaded
         self.seen = written
         return grown
 
-    def restart(self, then_use: bool = False) -> tuple[float, float, float]:
+    def restart(self, then_use: bool = False, cold: bool = False) -> tuple[float, float, float]:
         """A restarted task: a fresh backend on the partition's path and a new operator
         restore the newest checkpoint (a kept operator is dropped first); ``then_use``:
-        take one micro-batch (its checkpoint is thrown away), then read all state back.
+        take one micro-batch (its checkpoint is thrown away), then read all state back;
+        ``cold``: as a new process (on S3: every file downloaded and hashed).
         Seconds of each of the three (0 for those not taken)."""
         if self.keep:
             self._release()
+        if cold:
+            forget_process()
         gc.collect()
         started = time.perf_counter()
         self._restored()
@@ -229,11 +307,17 @@ class Partition:
                 self._release()
             return restored - started, 0.0, 0.0
         self.restarts += 1
-        handle = self._rows(self.restarts, self.root / "after-restart")
+        after = self.root / "after-restart" if STORE is None else f"{self.checkpoints}-after"
+        handle = self._rows(self.restarts, after)
         batched = time.perf_counter()
         items = self.backend.state_items("count")
         finished = time.perf_counter()
-        shutil.rmtree(handle.path)
+        if STORE is None:
+            shutil.rmtree(handle.path)
+        else:
+            from aec.checkpoint import CheckpointStore
+
+            CheckpointStore.at(after).delete(handle.checkpoint_id)
         if len(items) != self.size:
             raise AssertionError(f"{self.kind} {self.size}: {len(items)} keys after a restore")
         if not self.keep:
@@ -270,6 +354,9 @@ def run_backend(kind: str, sizes: Sequence[int], repeats: int, restores: int, ro
     def restart(partition: Partition) -> harness.Sample:
         return harness.Sample(partition.restart()[0], 0.0, partition.size)
 
+    def cold_restart(partition: Partition) -> harness.Sample:
+        return harness.Sample(partition.restart(cold=True)[0], 0.0, partition.size)
+
     def restart_and_use(partition: Partition) -> harness.Sample:
         _, first, read_all = partition.restart(then_use=True)
         sample = harness.Sample(first, 0.0, partition.size)
@@ -284,6 +371,11 @@ def run_backend(kind: str, sizes: Sequence[int], repeats: int, restores: int, ro
         for partition in partitions:
             partition.check()
         restored = harness.run_rounds(partitions, restart, restores, name, log=lambda _: None)
+        cold = (
+            harness.run_rounds(partitions, cold_restart, 1, name, log=lambda _: None)
+            if STORE is not None
+            else {}
+        )
         # after the timed restores: SlateDB's next restores slowed down after a full read
         used = harness.run_rounds(partitions, restart_and_use, 1, name, log=lambda _: None)
     finally:
@@ -299,6 +391,7 @@ def run_backend(kind: str, sizes: Sequence[int], repeats: int, restores: int, ro
             "checkpoint_bytes": int(statistics.median(s.metrics["checkpoint_bytes"] for s in runs)),
             "restore_ms": 1e3 * min(s.seconds for s in restarts),
             "restore_ms_median": 1e3 * statistics.median(s.seconds for s in restarts),
+            "cold_restore_ms": 1e3 * cold[name(partition)][0].seconds if cold else None,
             "first_batch_after_restore_ms": 1e3 * after.seconds,
             "read_all_after_restore_ms": 1e3 * after.metrics["read_all"],
             "batch_seconds": [round(s.seconds, 5) for s in runs],
@@ -313,11 +406,14 @@ def run_backend(kind: str, sizes: Sequence[int], repeats: int, restores: int, ro
 def goals(results: dict[str, dict[int, dict]]) -> list[dict[str, Any]]:
     """The goals per backend, as ``harness.goal`` verdicts (where both sizes ran)."""
     found = []
+    wanted = {**GOALS, **(S3_GOALS if STORE is not None else {})}
+    fields = {"batch": ("batch_ms", "micro-batch"), "restore": ("restore_ms", "restore"),
+              "uploaded": ("checkpoint_bytes", "bytes uploaded per micro-batch")}  # fmt: skip
     for kind, figures in results.items():
-        for what, (small, large, limit) in GOALS.items():
-            field = "batch_ms" if what == "batch" else "restore_ms"
-            if small in figures and large in figures:
-                text = f"{kind}: {'micro-batch' if what == 'batch' else 'restore'} with {large:,} / {small:,} keys"
+        for what, (small, large, limit) in wanted.items():
+            field, label = fields[what]
+            if small in figures and large in figures and figures[small][field]:
+                text = f"{kind}: {label} with {large:,} / {small:,} keys"
                 found.append(
                     harness.goal(text, figures[large][field] / figures[small][field], at_most=limit)
                 )
@@ -335,11 +431,15 @@ RESTORE_NOTE = (
 
 
 def table(results: dict[str, dict[int, dict]]) -> list[str]:
+    s3 = STORE is not None
+    written = "bytes uploaded per micro-batch (S3)" if s3 else "checkpoint bytes written"
+    cold = ["cold restore ms (new process)"] if s3 else []
     return harness.md_table(
-        ["backend", "keys of state", "micro-batch ms (median)", "checkpoint bytes written",
-         "restore ms (best)", "first micro-batch after restore ms", "read all state after restore ms"],
+        ["backend", "keys of state", "micro-batch ms (median)", written, "restore ms (best)",
+         *cold, "first micro-batch after restore ms", "read all state after restore ms"],
         [(kind, f"{size:,}", f"{row['batch_ms']:.1f}", f"{row['checkpoint_bytes']:,}",
-          f"{row['restore_ms']:.1f}", f"{row['first_batch_after_restore_ms']:.1f}",
+          f"{row['restore_ms']:.1f}", *([f"{row['cold_restore_ms']:.1f}"] if s3 else []),
+          f"{row['first_batch_after_restore_ms']:.1f}",
           f"{row['read_all_after_restore_ms']:.1f}") for kind, figures in results.items()
          for size, row in figures.items()],
     )  # fmt: skip
@@ -372,11 +472,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")))
     parser.add_argument("--backends", default="memory,rocksdb,slatedb")
     parser.add_argument("--restores", type=int)
+    parser.add_argument("--store", choices=("local", "s3"), default="local",
+                        help="where checkpoints go: a local directory, or moto's S3 server")  # fmt: skip
     args = harness.finish_args(
         parser, parser.parse_args(argv), NAME, {"repeats": 15, "restores": 3},
         {"repeats": 5, "restores": 2},
     )  # fmt: skip
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    global STORE
+    if args.store == "s3":
+        STORE = ObjectStore()
+    name = NAME if STORE is None else f"{NAME}_s3"
     report: dict[str, Any] = {
         "date": harness.now(),
         "machine": harness.machine_facts(("rocksdict", "slatedb")),
@@ -386,26 +492,31 @@ def main(argv: list[str] | None = None) -> int:
             "restores": args.restores,
             "batch_rows": BATCH_ROWS,
             "batch_keys": BATCH_KEYS,
+            "store": args.store,
         },  # fmt: skip
         "results": {},
     }
     results: dict[str, dict[int, dict]] = {}
-    for kind in args.backends.split(","):
-        with tempfile.TemporaryDirectory(
-            prefix=f"{NAME}-{kind}-", ignore_cleanup_errors=True
-        ) as root:
-            results[kind] = run_backend(kind, sizes, args.repeats, args.restores, Path(root))
-        print("\n".join(table({kind: results[kind]})), flush=True)
+    try:
+        for kind in args.backends.split(","):
+            with tempfile.TemporaryDirectory(
+                prefix=f"{NAME}-{kind}-", ignore_cleanup_errors=True
+            ) as root:
+                results[kind] = run_backend(kind, sizes, args.repeats, args.restores, Path(root))
+            print("\n".join(table({kind: results[kind]})), flush=True)
+    finally:
+        if STORE is not None:
+            STORE.close()
     report["results"] = {k: {str(s): r for s, r in v.items()} for k, v in results.items()}
     report["goals"] = goals(results)
-    lines = [f"# {NAME}", "", harness.machine_line(report), "", *table(results), "",
+    lines = [f"# {name}", "", harness.machine_line(report), "", *table(results), "",
              RESTORE_NOTE, ""]  # fmt: skip
     lines += harness.md_table(
         ["goal", "measured", "met"], [(g["text"], g["measured"], harness.verdict(g)) for g in report["goals"]]
     )  # fmt: skip
     markdown = "\n".join(lines) + "\n"
     print(markdown)
-    harness.write_outputs(args.out, NAME, report, markdown, lambda path: plot(results, path))
+    harness.write_outputs(args.out, name, report, markdown, lambda path: plot(results, path))
     return 0
 
 

@@ -66,7 +66,7 @@ def tws_processor(fields: list[str]) -> Any:
     """The ``StatefulProcessor`` (pyspark's streaming module loads lazily)."""
     from pyspark.sql.streaming import StatefulProcessor
 
-    from spark_glue.flights.functions import _rotation_row
+    from spark_glue.flights.functions import rotation_row
 
     class TwsRotations(StatefulProcessor):
         def init(self, handle: Any) -> None:
@@ -82,7 +82,7 @@ def tws_processor(fields: list[str]) -> Any:
                 flight = {k: (None if isinstance(v, float) and v != v and k in ("dep_delay", "arr_delay")
                               else v) for k, v in flight.items()}  # fmt: skip
                 previous = self.previous.get() if self.previous.exists() else None
-                row = _rotation_row(
+                row = rotation_row(
                     flight, seconds, tuple(previous) if previous is not None else None
                 )
                 row["event_time"] = _EPOCH + dt.timedelta(seconds=row["event_time"])

@@ -6,13 +6,18 @@ partition); ``side_output(result, tag)`` and ``partition_metrics(result)`` read
 the other streams of its result. See ``spark_glue.keyed`` for the design.
 ``process_keyed_stream(stream_df, function, key, output_schema,
 checkpoint_location=..., sink=...)`` does the same per micro-batch of a
-Structured Streaming query, with exactly-once state (``spark_glue.stream``).
+Structured Streaming query, with exactly-once state (``spark_glue.stream``);
+``read_state(spark, checkpoint)`` reads a committed checkpoint's state as a
+DataFrame (``spark_glue.state_reader``).
 ``write_keyed(df, operators, key, ...)`` runs several operators keyed alike over one
 shuffle and sort and writes their outputs as Parquet from the partitions
 (``spark_glue.keyed_parquet``; what the ``aec flights`` job uses).
 ``async_udf`` turns an ``async def`` into a pandas UDF and ``async_map`` maps rows
 through async calls, both with bounded calls in flight per task
-(``spark_glue.async_calls``).
+(``spark_glue.async_calls``). Each works on a classic and a Spark Connect session;
+before its first job on a session it checks that the session's Python workers
+can import aec (``ensure_workers``; ``ship_package`` sends aec's own packages to
+workers that lack them; ``spark_glue.workers``, docs/cluster.md).
 
 Needs the ``spark`` extra (``pip install 'aec[spark]'``: pyspark, pyarrow,
 pandas). The names above load on first use, so ``import spark_glue`` (and the
@@ -29,17 +34,21 @@ from typing import TYPE_CHECKING, Any
 
 from aec.errors import needs_extra
 
-# Spark starts Python workers with ``$PYSPARK_PYTHON`` (default: ``python3`` on
-# PATH). They must run this interpreter: it has aec installed and unpickles the
-# functions this one pickled. Only a default: an explicit setting wins, and it
-# must happen before the SparkContext starts (importing spark_glue first does).
+# A convenience, not a rule: a session (or a local Connect server) started after
+# this import runs its Python workers with this interpreter, which has aec. The
+# glue does not rely on it: before its first job on a session it probes the
+# workers (``spark_glue.workers``), adopts this interpreter for a classic session
+# left on PySpark's default, and otherwise fails naming the fixes.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 if TYPE_CHECKING:
     from spark_glue.async_calls import async_map, async_udf
     from spark_glue.keyed import partition_metrics, process_keyed, side_output, unpersist
     from spark_glue.keyed_parquet import KeyedOperator, write_keyed
+    from spark_glue.state_reader import read_state
     from spark_glue.stream import process_keyed_stream
+    from spark_glue.stream_state import StateHistoryError
+    from spark_glue.workers import WorkerEnvironmentError, ensure_workers, ship_package
 
 SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "cloudpickle")  # the 'spark' extra
 
@@ -53,6 +62,11 @@ _EXPORTS = {
     "KeyedOperator": "spark_glue.keyed_parquet",
     "write_keyed": "spark_glue.keyed_parquet",
     "process_keyed_stream": "spark_glue.stream",
+    "read_state": "spark_glue.state_reader",
+    "StateHistoryError": "spark_glue.stream_state",
+    "WorkerEnvironmentError": "spark_glue.workers",
+    "ensure_workers": "spark_glue.workers",
+    "ship_package": "spark_glue.workers",
 }
 
 
@@ -67,11 +81,16 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "KeyedOperator",
+    "StateHistoryError",
+    "WorkerEnvironmentError",
     "async_map",
     "async_udf",
+    "ensure_workers",
     "partition_metrics",
     "process_keyed",
     "process_keyed_stream",
+    "read_state",
+    "ship_package",
     "side_output",
     "unpersist",
     "write_keyed",

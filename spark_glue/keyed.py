@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ from spark_glue.convert import (
 from spark_glue.partition import PartitionJob
 from spark_glue.raw_frame import _METRICS, _RESERVED, _STREAM, RawLayout, side_column
 from spark_glue.watermarks import BoundedOutOfOrderness, delay_seconds
+from spark_glue.workers import ensure_workers
 
 _POSITION = "__aec_position"
 _TIME_TYPES = (T.TimestampType, T.TimestampNTZType, T.DateType, T.NumericType)
@@ -73,6 +75,11 @@ class _Output:
 
     raw: DataFrame
     layout: RawLayout
+
+
+# The results process_keyed returned, with their raw frames (Spark's DataFrame has no
+# place for them; a result's entry goes when the result does).
+_OUTPUTS: weakref.WeakKeyDictionary[DataFrame, _Output] = weakref.WeakKeyDictionary()
 
 
 def process_keyed(
@@ -133,6 +140,9 @@ def process_keyed(
     Raises:
         TypeError, ValueError: on the driver, for bad arguments (unknown column,
             non-time timestamp column, unpicklable function, reserved column name).
+        spark_glue.WorkerEnvironmentError: before any job, when the session's Python
+            workers cannot import aec (``spark_glue.workers``: the message names the
+            interpreter, the missing modules and the fixes).
             At run time a failing partition fails the Spark job; the error Spark
             raises on the driver carries the ``aec.JobFailure`` message (key and record).
     """
@@ -214,6 +224,7 @@ def plan_job(
         function_bytes = cloudpickle.dumps(function)
     except Exception as exc:
         raise TypeError(f"the function cannot be pickled for the executors: {exc}") from exc
+    ensure_workers(df.sparkSession, name)  # before any job: the workers can run aec
     return PartitionJob(
         function_bytes=function_bytes,
         spec=spec,
@@ -232,10 +243,11 @@ def arrange(
     order_by: OrderLike | None,
     num_partitions: int | None,
     extra: Mapping[str, Column] | None = None,
+    leading: Sequence[Column] = (),
 ) -> DataFrame:
     """``df`` repartitioned by ``keys`` and sorted within partitions by the arrival
-    order (``order_by``, or ``df``'s row order); ``extra`` columns are added before
-    the shuffle."""
+    order (``order_by``, or ``df``'s row order) after the ``leading`` sort keys;
+    ``extra`` columns are added before the shuffle."""
     ordered = df
     for column, value in (extra or {}).items():
         ordered = ordered.withColumn(column, value)
@@ -248,7 +260,7 @@ def arrange(
         shuffled = ordered.repartition(*keys)
     else:
         shuffled = ordered.repartition(num_partitions, *keys)
-    arranged = shuffled.sortWithinPartitions(*order)
+    arranged = shuffled.sortWithinPartitions(*leading, *order)
     if order_by is None:
         arranged = arranged.drop(_POSITION)
     return arranged
@@ -260,8 +272,7 @@ def persisted_result(mapped: DataFrame, layout: RawLayout) -> DataFrame:
     raw = mapped.persist(StorageLevel.MEMORY_AND_DISK)
     main = layout.main
     result = raw.filter(F.col(_STREAM) == "main").select(*[F.col(n) for n in main.fieldNames()])
-    # read back by side_output / partition_metrics (an aec attribute on Spark's DataFrame)
-    result._aec_output = _Output(raw, layout)  # type: ignore[attr-defined]
+    _OUTPUTS[result] = _Output(raw, layout)  # read back by side_output / partition_metrics
     return result
 
 
@@ -314,8 +325,11 @@ def unpersist(result: DataFrame) -> None:
 
 
 def output_of(result: DataFrame) -> _Output:
-    output = getattr(result, "_aec_output", None)
-    if not isinstance(output, _Output):
+    try:
+        output = _OUTPUTS.get(result)
+    except TypeError:  # no weak reference to it: not a DataFrame at all
+        output = None
+    if output is None:
         raise ValueError(
             "not a process_keyed result: pass the DataFrame process_keyed returned "
             "(not one derived from it)"

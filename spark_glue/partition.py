@@ -27,6 +27,7 @@ from aec.elements import Watermark
 from aec.keygroups import KeyGroupRange, key_group_range_for
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.convert import timestamp_seconds
+from spark_glue.metrics import GaugeSamples, json_safe_hot_keys, per_batch
 from spark_glue.raw_frame import RawLayout, RawWriter
 from spark_glue.routing import keys_of, untagged
 from spark_glue.watermarks import BoundedOutOfOrderness
@@ -70,36 +71,45 @@ class PartitionJob:
             yield from run.drain()
         yield run.metrics_batch()
 
-    def _feed(
-        self, operator: Any, watermarks: BoundedOutOfOrderness, batch: pa.RecordBatch
+    def feed(
+        self,
+        operator: Any,
+        watermarks: BoundedOutOfOrderness,
+        batch: pa.RecordBatch,
+        samples: GaugeSamples,
+        fed: int,
     ) -> None:
+        """Feed ``batch``'s rows to ``operator`` as records of this job's key, values
+        and timestamp, with the watermarks ``watermarks`` emits between them; ``samples``
+        takes the operator's gauges every so many rows (``fed``: rows fed before)."""
         # Columns are converted once per batch (pyarrow), records built with map();
         # watermarks are checked per interval over a slice of event times (the
         # interval's max by pyarrow), not per record: the same watermarks after
-        # the same records as feeding on_record one record at a time.
+        # the same records as feeding on_record one record at a time. The gauges are
+        # sampled between slices too (``fed``: records fed before this batch).
         keys = keys_of(batch, self.keys)
         # Rows as dicts cost per column and row (a timestamp column most: a datetime per
         # row); write_keyed's operators name the columns their functions read.
         values = (batch if self.values is None else batch.select(self.values)).to_pylist()
         process = operator.process_fields  # no Record built per row
-        if self.timestamp is None:
-            for key, value in zip(keys, values, strict=True):
-                process(key, value, None)
-            return
-        column = batch.column(self.timestamp)
-        stamps = timestamp_seconds(column)
-        seconds = pa.array(stamps, pa.float64())
-        start, rows = 0, len(values)
+        rows = len(values)
+        timed = self.timestamp is not None
+        stamps = timestamp_seconds(batch.column(self.timestamp)) if timed else [None] * rows
+        seconds = pa.array(stamps, pa.float64()) if timed else None
+        start = 0
         while start < rows:
-            end = min(rows, start + watermarks.until_check())
+            step = min(samples.until_next(), watermarks.until_check()) if timed else samples.until_next()
+            end = min(rows, start + step)
             rows_now = zip(keys[start:end], values[start:end], stamps[start:end], strict=True)
             for key, value, stamp in rows_now:
                 process(key, value, stamp)
-            mark = watermarks.on_records(
-                end - start, pc.max(seconds.slice(start, end - start)).as_py()
-            )
-            if mark is not None:
-                operator.process_watermark(Watermark(mark))
+            samples.take(operator, end - start, fed + end)  # before a watermark drains
+            if seconds is not None:
+                mark = watermarks.on_records(
+                    end - start, pc.max(seconds.slice(start, end - start)).as_py()
+                )
+                if mark is not None:
+                    operator.process_watermark(Watermark(mark))
             start = end
 
 
@@ -129,6 +139,8 @@ class PartitionRun:
         self.writer: Any = writer if writer is not None else RawWriter(job.layout)
         self.watermarks = BoundedOutOfOrderness(job.delay, job.interval)
         self.rows_in = 0
+        self.samples = GaugeSamples()
+        self.before: dict[str, Any] = {}  # a kept operator's metrics as the micro-batch began
         self.backend: StateBackend | None = None
         self.operator: Any = None
         self.final_metrics: dict[str, Any] = {}
@@ -161,6 +173,8 @@ class PartitionRun:
         self.started = time.perf_counter()
         self.writer = RawWriter(self.job.layout)
         self.rows_in = 0
+        self.samples = GaugeSamples()
+        self.before = dict(self.operator.metrics)  # its counters count on across micro-batches
         progress = self.watermarks  # the record count of watermark_interval restarts
         self.watermarks = BoundedOutOfOrderness(self.job.delay, self.job.interval)
         self.watermarks.max_timestamp = progress.max_timestamp
@@ -168,8 +182,9 @@ class PartitionRun:
 
     def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         """Process one input batch (records and periodic watermarks); its outputs."""
+        fed = self.rows_in
         self.rows_in += batch.num_rows
-        self.job._feed(self.operator, self.watermarks, batch)
+        self.job.feed(self.operator, self.watermarks, batch, self.samples, fed)
         yield from self.writer.drain(self.operator)
 
     def drain(self) -> Iterator[pa.RecordBatch]:
@@ -181,8 +196,11 @@ class PartitionRun:
         return cast(pa.RecordBatch, self.writer.metrics_batch(self.metrics(**extra)))
 
     def metrics(self, **extra: Any) -> dict[str, Any]:
-        """The operator's metrics and the glue's (see ``partition_metrics``)."""
-        metrics = dict(self.final_metrics or self.operator.metrics)
+        """The operator's metrics and the glue's (see ``partition_metrics``): counters
+        of this run (of this micro-batch for an operator kept from the previous one,
+        ``spark_glue.metrics``), ``hot_keys`` JSON-safe, ``gauge_samples`` the sampled
+        gauges (``spark_glue.metrics.SAMPLE_FIELDS`` per sample)."""
+        metrics = per_batch(self.final_metrics or self.operator.metrics, self.before)
         metrics.update(
             partition=self.partition,
             rows_in=self.rows_in,
@@ -191,6 +209,8 @@ class PartitionRun:
             side_rows=self.writer.side_rows,
             wall_s=time.perf_counter() - self.started,
             cpu_s=time.process_time() - self.cpu_started,
+            hot_keys=json_safe_hot_keys(metrics.get("hot_keys", ())),
+            gauge_samples=self.samples.points,
             **extra,
         )
         return metrics

@@ -37,7 +37,7 @@ _ROUTES: dict[int, list[int]] = {}  # n -> route values, per driver process
 
 def keys_of(batch: pa.RecordBatch, keys: list[str]) -> list[Any]:
     """The record keys of ``batch``: one column's values, or tuples of several (as
-    ``PartitionJob._feed`` builds them for the operator)."""
+    ``PartitionJob.feed`` builds them for the operator)."""
     if len(keys) == 1:
         return batch.column(keys[0]).to_pylist()
     return list(zip(*(batch.column(k).to_pylist() for k in keys), strict=True))

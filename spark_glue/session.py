@@ -5,6 +5,10 @@
 that ``spark-submit`` (or ``PYSPARK_SUBMIT_ARGS``, or ``spark-defaults.conf``)
 already put in the Spark conf are honoured: the command's defaults only fill
 what is missing, and an explicit ``--master`` is the only one that overrides.
+``aec flights --remote sc://host:port`` (or ``SPARK_REMOTE`` in the environment,
+when ``--master`` is not given) connects to a Spark Connect server instead: only
+the session's runtime settings apply there (the server owns its master and
+memory); ``--remote local[N]`` starts a local Connect server for the run.
 Decisions: ``docs/cluster.md``.
 """
 
@@ -67,23 +71,86 @@ def session_settings(
     return settings
 
 
+# Settings a Spark Connect client may set on its session (the server owns the rest).
+RUNTIME_SETTINGS = (
+    "spark.sql.shuffle.partitions",
+    "spark.sql.execution.arrow.pyspark.enabled",
+    "spark.sql.session.timeZone",
+)
+
+
 def command_session(
-    partitions: int, master: str | None = None, *, java_options: str | None = DEFAULT_JAVA_OPTIONS
+    partitions: int,
+    master: str | None = None,
+    *,
+    java_options: str | None = DEFAULT_JAVA_OPTIONS,
+    remote: str | None = None,
+    ship_package: bool = False,
 ) -> tuple[Any, bool]:
     """The active SparkSession if there is one (tests, notebooks), else a new one.
 
     The new one gets ``session_settings`` over the conf Spark loads by itself (so
     ``spark-submit --master yarn aec-flights.py ...`` keeps yarn). ``java_options``:
     the driver JVM's options when the user gave none (``java_options_given``); None
-    leaves the JVM's own defaults (C1 and C2). Returns ``(session, owned)``;
-    ``owned`` sessions are the caller's to stop.
+    leaves the JVM's own defaults (C1 and C2). ``remote`` (else ``SPARK_REMOTE``
+    unless ``master`` is given): a Spark Connect session instead (``connect_session``).
+    ``ship_package``: set ``spark.aec.shipPackage`` (``spark_glue.workers``).
+    Returns ``(session, owned)``; ``owned`` sessions are the caller's to stop.
     """
-    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
+
+    from spark_glue.session_conf import SHIP_PACKAGE
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
+    if remote is None and master is None:
+        remote = os.environ.get("SPARK_REMOTE") or None
+    if remote is not None:
+        session = connect_session(partitions, remote, java_options=java_options)
+    else:
+        session = _classic_session(partitions, master, java_options)
+    if ship_package:
+        session.conf.set(SHIP_PACKAGE, "true")
+    return session, True
+
+
+def connect_session(
+    partitions: int, remote: str, *, java_options: str | None = DEFAULT_JAVA_OPTIONS
+) -> Any:
+    """A Spark Connect session at ``remote`` (``sc://host:port``, or ``local[N]``: a
+    Connect server started in this process's JVM, with the command's defaults and
+    ``java_options``). On ``sc://`` only ``RUNTIME_SETTINGS`` are set.
+
+    Raises:
+        ValueError: ``remote`` is neither form.
+    """
+    from pyspark.sql import SparkSession
+
+    url = remote.strip()
+    if not url.startswith(("sc://", "local")):
+        raise ValueError(f"remote must be sc://host:port or local[N], got {remote!r}")
+    settings = session_settings(partitions, None, {})
+    settings.pop(MASTER)
+    if url.startswith("sc://"):
+        settings = {key: settings[key] for key in RUNTIME_SETTINGS}
+    else:
+        options = launch_java_options(
+            java_options, os.environ.get("PYSPARK_SUBMIT_ARGS", ""), _spark_defaults()
+        )
+        if options is not None:
+            settings[JAVA_OPTIONS] = options
+    builder = SparkSession.builder.remote(url)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _classic_session(partitions: int, master: str | None, java_options: str | None) -> Any:
+    """A classic session (a driver JVM in this process) with ``session_settings``."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
     # Start (or, under spark-submit, join) the JVM first, so that the conf below sees
     # the submitted settings; the launch itself gets the driver memory default and,
     # unless the user gave driver Java options, ``java_options`` (the JIT default).
@@ -94,15 +161,21 @@ def command_session(
     )
     if options is not None:
         launch.set(JAVA_OPTIONS, options)
-    SparkContext._ensure_initialized(conf=launch)
+    # PySpark has no public call that starts the JVM without making a SparkContext
+    SparkContext._ensure_initialized(conf=launch)  # noqa: SLF001
     submitted = dict(SparkConf().getAll())
     settings = session_settings(partitions, master, submitted)
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    remote = os.environ.pop("SPARK_REMOTE", None)  # an explicit --master wins over it
+    try:
+        session = builder.getOrCreate()
+    finally:
+        if remote is not None:
+            os.environ["SPARK_REMOTE"] = remote
     session.sparkContext.setLogLevel("ERROR")
-    return session, True
+    return session
 
 
 def launch_java_options(java_options: str | None, submit_args: str, defaults: str) -> str | None:

@@ -19,14 +19,15 @@ filtered to its key groups. Decisions and limits: ``docs/streaming.md``.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
+import json
+import logging
 import os
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from aec.checkpoint import CheckpointStore
@@ -34,6 +35,7 @@ from aec.checkpoint.storage import is_uri
 from aec.config import AecConfig
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.memory import MemorySpec
+from spark_glue.initial_state import InitialState, leading
 from spark_glue.keyed import (
     OrderLike,
     SchemaLike,
@@ -42,9 +44,22 @@ from spark_glue.keyed import (
     persisted_result,
     plan_job,
 )
+from spark_glue.metrics import carries_work, log_line, merge
+from spark_glue.raw_frame import _METRICS, _STREAM
 from spark_glue.routing import ROUTE, tag
-from spark_glue.stream_state import Layout, StateStore
-from spark_glue.stream_task import StreamTask, driver_aws_environment
+from spark_glue.session_conf import conf_flag, conf_value, is_connect, runs_on_one_machine
+from spark_glue.stream_state import (
+    Layout,
+    StateStore,
+    batch_ids,
+    locations,
+    relative_names,
+    verify_history,
+)
+from spark_glue.stream_task import StreamTask, store_environment
+from spark_glue.workers import carried, check_reachable
+
+_LOG = logging.getLogger("aec.stream")  # one INFO line per micro-batch
 
 
 def process_keyed_stream(
@@ -65,6 +80,8 @@ def process_keyed_stream(
     side_outputs: Mapping[str, SchemaLike] | None = None,
     trigger: Mapping[str, Any] | None = None,
     spark_checkpoint_location: str | os.PathLike[str] | None = None,
+    metrics_listener: Callable[[int, dict[str, Any]], Any] | None = None,
+    initial_state: DataFrame | None = None,
 ) -> StreamingQuery:
     """Start a streaming query that runs ``function`` per key over ``stream_df``.
 
@@ -102,6 +119,24 @@ def process_keyed_stream(
         trigger: keyword arguments of ``DataStreamWriter.trigger`` (e.g.
             ``{"processingTime": "5 seconds"}`` or ``{"availableNow": True}``);
             None: Spark's default (a micro-batch as soon as the last one ended).
+        metrics_listener: ``metrics_listener(batch_id, metrics)``, called on the driver
+            (on Connect: in the server's ``foreachBatch`` process) after each
+            micro-batch's sink returned, with the partitions' metrics merged
+            (``spark_glue.metrics.merge``: counters of the micro-batch summed, Flink's
+            AEC gauges ``num_in_flight_records``, ``active_buffer_size``,
+            ``blocking_buffer_size``, ``num_blocking_keys`` summed, the histograms
+            ``batch_size``, ``state_request_latency_s``, ``record_latency_s`` as
+            ``{"count", "p50", "p95", "p99", "max"}``, ``hot_keys`` the 10 keys with
+            the most blocked records as ``[(key, blocked), ...]``,
+            ``checkpoint_pending_records``, ``checkpoint_pause_s``, ...). An error it
+            raises fails the micro-batch. Each micro-batch is also logged as one
+            INFO line on the logger ``aec.stream``.
+        initial_state: a batch DataFrame with the stream's key columns (of the same
+            types): on the first start only (no checkpoint yet), each of its rows is
+            passed, as a dict, to ``function.process_initial_state(row, ctx)`` with
+            its key as the current key, before any input (Spark's
+            ``handleInitialState``). Read once when the query starts (collected to
+            the driver); ignored when the location holds a checkpoint.
 
     Returns:
         The started ``StreamingQuery``. A failure in a micro-batch (user code,
@@ -111,16 +146,22 @@ def process_keyed_stream(
     Raises:
         TypeError, ValueError: on the driver, for bad arguments (those of
             ``process_keyed``, plus: not a streaming DataFrame, no
-            ``checkpoint_location`` or an unresolvable URI scheme, a sink that is not
-            callable, key columns or ``max_parallelism`` different from the
+            ``checkpoint_location`` or an unresolvable URI scheme, a sink or
+            ``metrics_listener`` that is not callable, an ``initial_state`` that does
+            not fit the stream or a function without ``process_initial_state``, key columns or ``max_parallelism`` different from the
             checkpoint's, ``num_partitions > max_parallelism``, state without Spark's
             checkpoint, speculative execution on).
     """
     if not isinstance(stream_df, DataFrame) or not stream_df.isStreaming:
         raise TypeError("process_keyed_stream needs a streaming DataFrame (spark.readStream...)")
-    state_location, spark_root = _locations(checkpoint_location, spark_checkpoint_location)
+    state_location, spark_root = locations(checkpoint_location, spark_checkpoint_location)
     if not callable(sink):
         raise TypeError(f"sink must be callable as sink(batch_df, batch_id), got {sink!r}")
+    if metrics_listener is not None and not callable(metrics_listener):
+        raise TypeError(
+            "metrics_listener must be callable as metrics_listener(batch_id, metrics), got "
+            f"{metrics_listener!r}"
+        )
     if trigger is not None and not isinstance(trigger, Mapping):
         raise TypeError(
             f"trigger must be a mapping of DataStreamWriter.trigger arguments, got {trigger!r}"
@@ -140,18 +181,25 @@ def process_keyed_stream(
         name="process_keyed_stream",
     )
     spark = stream_df.sparkSession
-    if spark.sparkContext.getConf().get("spark.speculation", "false").lower() == "true":
+    if conf_flag(spark, "spark.speculation"):
         raise ValueError(
             "process_keyed_stream needs spark.speculation=false: two attempts of one "
             "partition would write the same checkpoint"
         )
     max_parallelism = job.config.max_parallelism
     state = StateStore(state_location, max_parallelism)
-    layout = _open_layout(state, job.keys, spark_root)
+    if not is_uri(state_location) and (is_connect(spark) or not runs_on_one_machine(spark)):
+        check_reachable(spark, state_location, "process_keyed_stream's checkpoint_location")
+    stored = Layout.load(state.store())
+    if not is_connect(spark):  # a Connect server's Spark checkpoint is on its own machine
+        next_batch = _next_batch(spark_root)
+        if next_batch is not None:
+            verify_history(state_location, stored, next_batch, None, spark_root)
+    layout = _open_layout(state, stored, job.keys, None if is_connect(spark) else spark_root)
     partitions = (
         num_partitions
         or layout.partitions
-        or int(cast(str, spark.conf.get("spark.sql.shuffle.partitions")))
+        or int(cast(str, conf_value(spark, "spark.sql.shuffle.partitions", "200")))
     )
     if partitions > max_parallelism:
         raise ValueError(
@@ -160,8 +208,19 @@ def process_keyed_stream(
         )
     task = StreamTask(job, state, uuid.uuid4().hex, keep=isinstance(job.spec, MemorySpec))
     keys, store = job.keys, state.store()
+    initial = None
+    if initial_state is not None:
+        InitialState.check(initial_state, stream_df, keys, function)
+        if stored is None or stored.may_start_empty():  # else ignored, as Spark does
+            initial = InitialState.read(initial_state)
+    caller_environment = store_environment()  # this process's, for the micro-batches'
 
     def foreach_batch(batch_df: DataFrame, batch_id: int) -> None:
+        # On Spark Connect this runs in a Python process of the server, not the caller's:
+        # the store variables it lacks come from the caller, as they do on executors.
+        for name, value in caller_environment.items():
+            os.environ.setdefault(name, value)
+        verify_history(state.location, layout, batch_id, None, spark_root)  # as stored
         if layout.enter(batch_id, partitions):
             layout.save(store)
         era = len(layout.history) - 1
@@ -169,20 +228,37 @@ def process_keyed_stream(
         for partition in range(partitions):  # clear a failed attempt's checkpoints first
             state.clear_attempt(partition, partitions, batch_id)
             sources[partition] = state.sources(layout.history, era, partition, batch_id)
-        routed = tag(batch_df, keys, max_parallelism, partitions)
-        arranged = arrange(routed, [ROUTE], order_by, partitions)
-        run = task.for_batch(
-            batch_id, partitions, layout.history[-1][0], sources, driver_aws_environment()
+        planned = {p: relative_names(state, handles) for p, handles in sources.items()}
+        verify_history(state.location, layout, batch_id, planned, spark_root)
+        pending = layout.pending(batch_id)
+        first_start = initial is not None and not any(sources.values())  # no state yet
+        frame = initial.with_rows(batch_df, keys) if initial is not None and first_start else batch_df
+        routed = tag(frame, keys, max_parallelism, partitions)
+        arranged = arrange(
+            routed, [ROUTE], order_by, partitions, leading=leading() if first_start else ()
         )
+        run = task.for_batch(
+            batch_id, partitions, layout.history[-1][0], sources, store_environment(),
+            frozenset(pending),
+        )  # fmt: skip
         result = persisted_result(arranged.mapInArrow(run, job.layout.raw), job.layout)
         raw = output_of(result).raw
         try:
-            raw.count()  # every partition runs (and snapshots) once, whatever the sink reads
+            # every partition runs (and snapshots) once, whatever the sink reads; the
+            # metrics rows say which partitions took chk-<batch_id>, and which carry work
+            rows = raw.filter(F.col(_STREAM) == "metrics").select(_METRICS).collect()
+            metrics = [json.loads(row[0]) for row in rows]
+            snapshotted = {m["partition"]: carries_work(m) for m in metrics}
+            layout.finish(store, batch_id, planned, snapshotted, pending)
             sink(result, batch_id)
+            merged = merge(batch_id, metrics)
+            _LOG.info(log_line(merged))
+            if metrics_listener is not None:
+                metrics_listener(batch_id, merged)
         finally:
             raw.unpersist()
 
-    writer = stream_df.writeStream.foreachBatch(foreach_batch).option(
+    writer = stream_df.writeStream.foreachBatch(carried(spark, foreach_batch)).option(
         "checkpointLocation", spark_root
     )
     if trigger is not None:
@@ -191,32 +267,13 @@ def process_keyed_stream(
 
 
 # -- driver: arguments and the state layout ------------------------------------------------------
-def _locations(location: Any, spark_location: Any) -> tuple[str, str]:
-    """The state location (path or URI) and Spark's checkpoint location.
-
-    Raises ValueError for a missing location or an unresolvable URI scheme.
-    """
-    if location is None or not isinstance(location, (str, os.PathLike)) or not os.fspath(location):
-        raise ValueError(
-            "process_keyed_stream needs checkpoint_location: a directory or object-store URI "
-            f"for the partitions' state, got {location!r}"
-        )
-    text = os.fspath(location)
-    root = CheckpointStore.at(text)  # ValueError for a scheme pyarrow.fs cannot resolve
-    state = root.child("state").location
-    if spark_location is not None:
-        return state, os.fspath(spark_location)
-    if root.local:
-        return state, root.name_of("spark")
-    digest = hashlib.sha256(root.location.encode()).hexdigest()[:16]
-    return state, os.path.join(tempfile.gettempdir(), "aec-spark-checkpoints", digest)
-
-
-def _open_layout(state: StateStore, keys: list[str], spark_root: str) -> Layout:
+def _open_layout(
+    state: StateStore, layout: Layout | None, keys: list[str], spark_root: str | None
+) -> Layout:
     """The stored layout, checked against this query, or a new one (saved at the
-    first micro-batch)."""
+    first micro-batch). ``spark_root``: Spark's checkpoint when this process can read
+    it (None: a Connect server's)."""
     store = state.store()
-    layout = Layout.load(store)
     if layout is None:
         return Layout(keys, state.max_parallelism)
     if layout.keys != keys:
@@ -230,7 +287,8 @@ def _open_layout(state: StateStore, keys: list[str], spark_root: str) -> Layout:
             "of a checkpoint, as in Flink)"
         )
     if (
-        not is_uri(spark_root)
+        spark_root is not None
+        and not is_uri(spark_root)
         and not _has_entries(os.path.join(spark_root, "offsets"))
         and _has_checkpoints(store)
     ):
@@ -239,6 +297,19 @@ def _open_layout(state: StateStore, keys: list[str], spark_root: str) -> Layout:
             "micro-batch: it was deleted or moved; restore it or use a new checkpoint_location"
         )
     return layout
+
+
+def _next_batch(spark_root: str) -> int | None:
+    """The micro-batch Spark will run next on a local checkpoint (the newest
+    uncommitted one in ``offsets/``, else the one after the newest in ``commits/``),
+    or None when that cannot be read here (a URI) or nothing ran yet."""
+    if is_uri(spark_root):
+        return None
+    offsets = batch_ids(os.path.join(spark_root, "offsets"))
+    commits = batch_ids(os.path.join(spark_root, "commits"))
+    if offsets and (not commits or offsets[-1] > commits[-1]):
+        return offsets[-1]
+    return commits[-1] + 1 if commits else None
 
 
 def _has_entries(directory: str) -> bool:

@@ -19,11 +19,25 @@ restart with another ``num_partitions`` redistributes state by key group. In an
 era's first micro-batch every partition whose state is inherited takes its own
 checkpoint, rows or not (``inherited``), so the next era finds one checkpoint per
 old partition: disjoint key-group ranges, as ``restore`` requires.
+
+History. ``layout.json`` also records, after every micro-batch's partitions have
+snapshotted (before the sink, so before Spark commits the batch), which
+checkpoints make up the state before and after it (``HistoryRecord``). When a
+query starts and before every micro-batch's restore, ``verify_history`` compares
+that record with what Spark says was committed and with the checkpoints actually
+there: state missing where Spark's log says it was committed (an emptied bucket,
+a deleted prefix or directory, a store restored from an older copy) raises
+``StateHistoryError`` naming the location and the last committed micro-batch,
+instead of a silent start from empty state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,20 +47,64 @@ from spark_glue.watermarks import BoundedOutOfOrderness
 
 _LAYOUT = "layout.json"
 _FORMAT = 2
-KEEP = 2  # checkpoints kept per partition in the current era: the newest and its replay base
+KEEP = 2  # the fewest checkpoints kept per partition and era: the newest and its replay base
 
 
 def partition_name(partition: int, partitions: int) -> str:
     return f"partition-{partition}-of-{partitions}"
 
 
+class StateHistoryError(RuntimeError):
+    """The state location does not hold the state Spark's checkpoint says was committed
+    (lost or replaced), or holds state newer than Spark's checkpoint. The message
+    names the location, the last committed micro-batch and what to do."""
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    """The state around one finished micro-batch: ``before`` and ``after`` list the
+    checkpoints (``partition-<p>-of-<n>/chk-<id>``, relative to the state root)
+    whose union was the state before and after micro-batch ``batch``;
+    ``pending_before`` and ``pending_after`` the partitions whose checkpoint then
+    held work for the next micro-batch (records in flight a declaring function's
+    checkpoint carried, or an end-of-micro-batch watermark held back): they run
+    the next micro-batch even without rows."""
+
+    batch: int
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    pending_before: tuple[int, ...] = ()
+    pending_after: tuple[int, ...] = ()
+
+    def expected_before(self, batch_id: int) -> tuple[str, ...] | None:
+        """The state micro-batch ``batch_id`` must start from, if this record says
+        (``batch_id`` is this batch again, a replay, or the next one); else None."""
+        if batch_id == self.batch:
+            return self.before
+        if batch_id == self.batch + 1:
+            return self.after
+        return None
+
+    def pending_for(self, batch_id: int) -> tuple[int, ...]:
+        """The partitions with pending work as micro-batch ``batch_id`` starts (as
+        ``expected_before``; none when this record does not say)."""
+        if batch_id == self.batch:
+            return self.pending_before
+        if batch_id == self.batch + 1:
+            return self.pending_after
+        return ()
+
+
 @dataclass
 class Layout:
-    """``layout.json``: key columns, max_parallelism and the history of partitioning."""
+    """``layout.json``: key columns, max_parallelism, the history of partitioning and
+    the record of the last finished micro-batch (None before the first, or in a
+    layout written before records existed)."""
 
     keys: list[str]
     max_parallelism: int
     history: list[list[int]] = field(default_factory=list)
+    last: HistoryRecord | None = None
 
     @classmethod
     def load(cls, store: CheckpointStore) -> Layout | None:
@@ -64,16 +122,70 @@ class Layout:
                 f"version writes {_FORMAT} (key-group partitioning); start a new "
                 "checkpoint_location"
             )
-        return cls(list(data["keys"]), int(data["max_parallelism"]), data["history"])
+        last = data.get("last")
+        record = None
+        if last is not None:
+            record = HistoryRecord(
+                int(last["batch"]), tuple(last["before"]), tuple(last["after"]),
+                tuple(int(p) for p in last.get("pending_before", ())),
+                tuple(int(p) for p in last.get("pending_after", ())),
+            )  # fmt: skip
+        return cls(list(data["keys"]), int(data["max_parallelism"]), data["history"], record)
 
     def save(self, store: CheckpointStore) -> None:
-        data = {
+        data: dict[str, Any] = {
             "format": _FORMAT,
             "keys": self.keys,
             "max_parallelism": self.max_parallelism,
             "history": self.history,
         }
+        if self.last is not None:
+            data["last"] = {
+                "batch": self.last.batch,
+                "before": list(self.last.before),
+                "after": list(self.last.after),
+                "pending_before": list(self.last.pending_before),
+                "pending_after": list(self.last.pending_after),
+            }
         store.write_bytes(json.dumps(data).encode(), _LAYOUT)
+
+    def finish(
+        self,
+        store: CheckpointStore,
+        batch_id: int,
+        before: Mapping[int, list[str]],
+        snapshotted: Mapping[int, bool],
+        pending: Iterable[int] = (),
+    ) -> None:
+        """Record micro-batch ``batch_id`` as finished and save the layout: it started
+        from ``before`` (partition -> checkpoint names, as planned) with work pending
+        in the partitions ``pending``; the partitions ``snapshotted`` took
+        ``chk-<batch_id>``, each True when that checkpoint holds pending work."""
+        partitions = self.history[-1][1]
+        after = {p: list(names) for p, names in before.items()}
+        for partition in snapshotted:
+            after[partition] = [f"{partition_name(partition, partitions)}/chk-{batch_id}"]
+        waiting = {p for p in pending if p not in snapshotted}
+        waiting |= {p for p, holds in snapshotted.items() if holds}
+        self.last = HistoryRecord(
+            batch_id, _union(before.values()), _union(after.values()),
+            tuple(sorted(set(pending))), tuple(sorted(waiting)),
+        )  # fmt: skip
+        self.save(store)
+
+    def may_start_empty(self) -> bool:
+        """Whether the next micro-batch Spark runs may start from empty state: no
+        micro-batch finished yet, or the last finished one started from none (Spark may
+        run it again: its sink failed before the commit)."""
+        return self.last is None or not self.last.before
+
+    def pending(self, batch_id: int) -> set[int]:
+        """The partitions that run micro-batch ``batch_id`` even without rows: their
+        checkpoint holds pending work. None in an era's first micro-batch (every
+        partition with state from the previous era runs it anyway)."""
+        if self.last is None or self.history[-1][0] == batch_id:
+            return set()
+        return set(self.last.pending_for(batch_id))
 
     @property
     def partitions(self) -> int | None:
@@ -153,14 +265,93 @@ class StateStore:
             if name.startswith(".chk-") and ".staging-" in name:
                 own.delete_tree(name)
 
-    def prune(self, partition: int, partitions: int, era_start: int) -> None:
-        """Keep the newest ``KEEP`` checkpoints of this era in the partition's directory;
-        older eras' checkpoints stay (later eras may still derive from them)."""
+    def prune(self, partition: int, partitions: int, era_start: int, keep: int = KEEP) -> None:
+        """Keep the newest ``keep`` committed checkpoints of this era in the partition's
+        directory (``AecConfig.checkpoints_retained``); older eras' checkpoints stay
+        (later eras may still derive from them). Then the files no committed
+        checkpoint references go (``CheckpointStore.collect_garbage``: on an object
+        store a kept checkpoint may reference files an older one uploaded)."""
         own = self.partition(partition, partitions)
-        ids = [i for i in own.checkpoint_ids(complete=False) if i >= era_start]
-        for old in ids[:-KEEP]:
-            own.delete(old)
+        committed = [i for i in own.checkpoint_ids() if i >= era_start]
+        if len(committed) <= keep:
+            return
+        for old in committed[:-keep]:
+            own.delete(old, collect=False)
             own.delete_file(watermarks_name(old))
+        own.collect_garbage()
+
+
+def verify_history(
+    location: str,
+    layout: Layout | None,
+    batch_id: int,
+    planned: Mapping[int, list[str]] | None,
+    spark_checkpoint: str,
+) -> None:
+    """Check that the state Spark is about to run micro-batch ``batch_id`` on is the
+    state its checkpoint committed (Spark runs ``batch_id`` only after committing
+    every earlier one): the layout exists once a micro-batch was committed, its
+    record is of ``batch_id - 1`` (or of ``batch_id``, a replay), and the planned
+    checkpoints (``planned``: partition -> names; None skips this part, at query
+    start) are those the record lists. ``layout`` is the stored one (None or a new,
+    empty one when none is stored).
+
+    Raises:
+        StateHistoryError: any of these fails (lost, replaced or older state), or
+            the record is newer than ``batch_id`` (Spark's checkpoint is older than
+            the state).
+    """
+    committed = batch_id - 1
+
+    def lost(what: str) -> StateHistoryError:
+        return StateHistoryError(
+            f"the state at {location} has lost its history: Spark's checkpoint "
+            f"{spark_checkpoint} has committed micro-batches up to {committed}, but {what}. "
+            "Refusing to continue from empty or older state. Restore the state location's "
+            f"contents as of micro-batch {committed} (from a backup or the store's object "
+            "versioning), or start a new query with a new checkpoint_location (and a new "
+            "Spark checkpoint location)."
+        )
+
+    if committed < 0:
+        return
+    if layout is None or not layout.history:  # none stored, or a new one not saved yet
+        raise lost("the state location holds no layout.json (emptied, deleted or replaced)")
+    record = layout.last
+    if record is None:
+        return  # a layout written before history records: nothing to compare with
+    if record.batch > batch_id:
+        raise StateHistoryError(
+            f"the state at {location} has finished micro-batch {record.batch}, but Spark's "
+            f"checkpoint {spark_checkpoint} runs micro-batch {batch_id}: Spark's checkpoint "
+            "is older than the state (reset or replaced); refusing to rewind the state. "
+            "Restore Spark's checkpoint, or start a new query with a new checkpoint_location."
+        )
+    expected = record.expected_before(batch_id)
+    if expected is None:
+        raise lost(f"the state's newest finished micro-batch is {record.batch}")
+    if planned is None:
+        return
+    found = _union(planned.values())
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append("these checkpoints are missing: " + ", ".join(missing))
+        if unexpected:
+            parts.append("these were not committed with it: " + ", ".join(unexpected))
+        raise lost("; ".join(parts))
+
+
+def relative_names(store: StateStore, handles: list[CheckpointHandle]) -> list[str]:
+    """``partition-<p>-of-<n>/chk-<id>`` of each handle (relative to the state root)."""
+    root = store.store().name_of("")
+    return [handle.path[len(root) :].strip("/").replace("\\", "/") for handle in handles]
+
+
+def _union(groups: Iterable[Iterable[str]]) -> tuple[str, ...]:
+    return tuple(sorted({name for group in groups for name in group}))
 
 
 def watermarks_name(checkpoint_id: int) -> str:
@@ -197,3 +388,34 @@ def load_watermarks(sources: list[CheckpointHandle], marks: BoundedOutOfOrdernes
         lowest = min(lowest, float(data["current"]))
     if sources:
         marks.max_timestamp, marks.current = highest, lowest
+
+
+def locations(location: Any, spark_location: Any) -> tuple[str, str]:
+    """The state location (path or URI) and Spark's checkpoint location of a
+    ``process_keyed_stream`` at ``location`` (``spark_location``: the one given, if any).
+
+    Raises ValueError for a missing location or an unresolvable URI scheme.
+    """
+    if location is None or not isinstance(location, (str, os.PathLike)) or not os.fspath(location):
+        raise ValueError(
+            "process_keyed_stream needs checkpoint_location: a directory or object-store URI "
+            f"for the partitions' state, got {location!r}"
+        )
+    text = os.fspath(location)
+    root = CheckpointStore.at(text)  # ValueError for a scheme pyarrow.fs cannot resolve
+    state = root.child("state").location
+    if spark_location is not None:
+        return state, os.fspath(spark_location)
+    if root.local:
+        return state, root.name_of("spark")
+    digest = hashlib.sha256(root.location.encode()).hexdigest()[:16]
+    return state, os.path.join(tempfile.gettempdir(), "aec-spark-checkpoints", digest)
+
+
+def batch_ids(directory: str) -> list[int]:
+    """The micro-batch ids logged in a local Spark checkpoint log directory (``offsets``,
+    ``commits``), ascending; none if it does not exist."""
+    try:
+        return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    except FileNotFoundError:
+        return []

@@ -2,8 +2,21 @@
 
 ``BatchTask.run`` is the ``mapInArrow`` function: restore the partition's state
 (the checkpoints the driver planned, ``stream_state.StateStore.sources``), feed
-the rows, end the micro-batch with a watermark, snapshot ``chk-<batch id>``,
-emit the outputs and a metrics row.
+the rows (after the initial state's, in a first start: ``spark_glue.initial_state``),
+end the micro-batch with a watermark, snapshot ``chk-<batch id>``, emit the outputs
+and a metrics row.
+
+Carried micro-batches. An operator whose checkpoints carry the records in flight
+(a ``DeclaringKeyedProcessFunction``: ``KeyedProcessOperator.carries_records``)
+ends its micro-batch without waiting for them: the snapshot stores them and they
+finish in the next micro-batch, their outputs going to that micro-batch's sink. Its
+end-of-micro-batch watermark would wait for them (in serial order a watermark
+leaves after every record before it), so it is held back: generated and saved with
+the watermark generator's progress, applied at the start of the next micro-batch
+after the carried records are back (a watermark still follows every record that
+arrived before it; its timers and output come one micro-batch later). A partition
+whose checkpoint holds such work runs the next micro-batch even without rows
+(``stream_state.HistoryRecord.pending_after``) and then drains it.
 
 Kept operators (per micro-batch cost flat in state size). For in-process
 backends (``MemoryBackend``: nothing on disk that another process could lock) a
@@ -18,6 +31,8 @@ leaves an operator behind.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +44,8 @@ from pyspark import TaskContext
 from aec.checkpoint import CheckpointHandle
 from aec.elements import Watermark
 from aec.keygroups import key_group_range_for
+from aec.timeouts import timeout_environment
+from spark_glue.initial_state import split
 from spark_glue.partition import PartitionJob, PartitionRun
 from spark_glue.routing import partition_of, untagged
 from spark_glue.stream_state import StateStore, load_watermarks, save_watermarks
@@ -42,10 +59,27 @@ _AWS = (
 _KEPT: dict[tuple[str, int, int], tuple[PartitionRun, CheckpointHandle]] = {}
 
 
-def driver_aws_environment() -> dict[str, str]:
-    """The driver's AWS variables, applied on executors that lack them (a local
-    Spark's workers inherit the JVM's environment, not the driver's later one)."""
-    return {name: os.environ[name] for name in _AWS if name in os.environ}
+def store_environment() -> dict[str, str]:
+    """This process's AWS variables and store timeouts (``aec.timeouts``), applied on
+    executors that lack them (a local Spark's workers inherit the JVM's environment,
+    not the driver's later one)."""
+    found = {name: os.environ[name] for name in _AWS if name in os.environ}
+    return {**found, **timeout_environment()}
+
+
+@contextlib.contextmanager
+def caller_environment(variables: dict[str, str]) -> Iterator[None]:
+    """Set, for one task, the caller's ``variables`` this process lacks; remove them
+    after it. A Python worker runs tasks of many queries and tests: values a task
+    brought must not outlive it (they would shadow the next caller's)."""
+    added = [name for name in variables if name not in os.environ]
+    for name in added:
+        os.environ[name] = variables[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 @dataclass(frozen=True)
@@ -64,12 +98,15 @@ class StreamTask:
         era_start: int,
         sources: dict[int, list[CheckpointHandle]],
         environment: dict[str, str],
+        pending: frozenset[int] = frozenset(),
     ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+        """The ``mapInArrow`` function of micro-batch ``batch_id``; the partitions in
+        ``pending`` (work carried by their checkpoint) run even without rows."""
         inherited = frozenset(
             p for p, handles in sources.items() if self.state.inherited(handles, p, partitions)
         )
         return BatchTask(
-            self, batch_id, partitions, era_start, sources, environment, inherited
+            self, batch_id, partitions, era_start, sources, environment, inherited | pending
         ).run
 
 
@@ -86,7 +123,8 @@ class BatchTask:
     def run(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Restore (or keep), process, snapshot, emit. A partition without rows does
         nothing (its newest checkpoint stays its state) unless its state is inherited
-        from an older era: then it restores and snapshots it (``stream_state``)."""
+        from an older era (then it restores and snapshots it, ``stream_state``) or its
+        checkpoint holds pending work (then it finishes that work)."""
         batches = iter(batches)
         first = next((b for b in batches if b.num_rows), None)
         if first is None:
@@ -96,39 +134,61 @@ class BatchTask:
                 return
         else:
             partition = partition_of(first)
-        for name, value in self.environment.items():
-            os.environ.setdefault(name, value)
+        with caller_environment(self.environment):
+            yield from self._run(partition, first, batches)
+
+    def _run(
+        self, partition: int, first: pa.RecordBatch | None, batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
         state = self.task.state
         directory = state.partition(partition, self.partitions)
         state.clear_attempt(partition, self.partitions, self.batch_id)  # again: a retried task
         sources = self.sources.get(partition, [])
         run, kept = self._operator(partition, sources)
+        operator = run.operator
+        initial_rows = 0
         try:
             run.next_batch()
-            if first is not None:
-                yield from run.feed(untagged(first, partition))
-            for batch in batches:
-                if batch.num_rows:
-                    yield from run.feed(untagged(batch, partition))
+            held = run.watermarks.current
+            if held > operator.watermark:  # held back at the end of the previous micro-batch
+                operator.process_watermark(Watermark(held))
+            for batch in itertools.chain([first] if first is not None else [], batches):
+                if not batch.num_rows:
+                    continue
+                initial, rows = split(untagged(batch, partition), self.task.job.keys)
+                for key, row in initial:  # sorted first: before any input record
+                    operator.process_initial(key, row)
+                initial_rows += len(initial)
+                yield from run.feed(rows) if rows.num_rows else run.drain()
             mark = run.watermarks.check_now()
-            if mark is not None:
-                run.operator.process_watermark(Watermark(mark))
+            if operator.carries_records:
+                # finish what runs in parallel, carry the hot keys' chains and hold the
+                # watermark back; without rows the partition runs to finish what it carried
+                operator.drain(chains_only=first is not None)
+            elif mark is not None:
+                operator.process_watermark(Watermark(mark))
+            run.samples.sample(operator, run.rows_in)
             save_watermarks(directory, self.batch_id, run.watermarks)
-            handle = run.operator.snapshot(self.batch_id, directory.location)
+            handle = operator.snapshot(self.batch_id, directory.location)
             yield from run.drain()
         except BaseException:
             run.__exit__(None, None, None)
             raise
+        held_back = run.watermarks.current > operator.watermark
         if self.task.keep:
             _KEPT[(self.task.token, self.partitions, partition)] = (run, handle)
         else:
             run.__exit__(None, None, None)
-        state.prune(partition, self.partitions, self.era_start)
+        state.prune(
+            partition, self.partitions, self.era_start, self.task.job.config.checkpoints_retained
+        )
         restored = [s.checkpoint_id for s in sources]
         yield run.metrics_batch(
             batch_id=self.batch_id,
             restored_from=None if not restored or kept else max(restored),
             kept_operator=kept,
+            initial_rows=initial_rows,
+            held_watermark=held_back,
         )
 
     def _operator(self, partition: int, sources: list[CheckpointHandle]) -> tuple[Any, bool]:

@@ -21,3 +21,31 @@ def driver_env(**extra: str) -> dict[str, str]:
     env["PYSPARK_PYTHON"] = sys.executable
     env.update(extra)
     return env
+
+
+FLIGHTS_DATASETS = (
+    "route_hourly", "late", "rotations", "no_tailnum", "aircraft_sessions", "late_sessions",
+)  # fmt: skip
+
+
+def flights_differences(first: str | Path, second: str | Path) -> list[str]:
+    """The ``aec flights`` datasets whose rows differ between two output directories
+    (row for row as multisets; a dataset missing from either counts as different)."""
+    from spark_glue.flights.job import dataset_rows
+
+    differing = []
+    for name in FLIGHTS_DATASETS:
+        a, b = Path(first) / name, Path(second) / name
+        if not (a.is_dir() and b.is_dir()) or dataset_rows(str(a)) != dataset_rows(str(b)):
+            differing.append(name)
+    return differing
+
+
+def aec_command(*args: str, env: dict[str, str] | None = None, timeout: float = 600):
+    """Run the ``aec`` console script of this environment (as a user does)."""
+    import subprocess
+
+    command = [str(Path(sys.executable).parent / "aec"), *args]
+    return subprocess.run(
+        command, env=env or driver_env(), capture_output=True, text=True, timeout=timeout
+    )

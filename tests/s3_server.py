@@ -12,6 +12,7 @@ gives each test a fresh bucket with the AWS variables set for the test only.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +62,7 @@ class S3Server:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        os.kill(process.pid, signal.SIGCONT)  # a paused server would not hear SIGTERM
         process.terminate()
         try:
             process.wait(10)
@@ -79,32 +81,51 @@ class S3Server:
             "AWS_ALLOW_HTTP": "true",  # SlateDB's object_store crate refuses http otherwise
         }
 
-    def create_bucket(self, name: str | None = None) -> str:
-        """A new, empty bucket; its name."""
+    def client(self):
+        """A boto3 S3 client of this server."""
         import boto3
 
-        name = name or f"aec-{uuid.uuid4().hex[:12]}"
-        client = boto3.client(
+        return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=ACCESS_KEY,
             aws_secret_access_key=SECRET_KEY,
             region_name=REGION,
         )
-        client.create_bucket(Bucket=name)
+
+    def create_bucket(self, name: str | None = None) -> str:
+        """A new, empty bucket; its name."""
+        name = name or f"aec-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
         return name
+
+    def delete_bucket(self, bucket: str) -> None:
+        """Delete every object of ``bucket``, then the bucket."""
+        client = self.client()
+        for key in self.list_keys(bucket):
+            client.delete_object(Bucket=bucket, Key=key)
+        client.delete_bucket(Bucket=bucket)
+
+    def get_object(self, bucket: str, key: str) -> bytes:
+        return self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def put_object(self, bucket: str, key: str, body: bytes) -> None:
+        self.client().put_object(Bucket=bucket, Key=key, Body=body)
+
+    def pause(self) -> None:
+        """Stop the server process (SIGSTOP by its PID): connections are accepted by
+        the kernel and never answered, a stalled store."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT by its PID)."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
 
     def list_keys(self, bucket: str, prefix: str = "") -> list[str]:
         """Every object key under ``prefix`` in ``bucket``, sorted."""
-        import boto3
-
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name=REGION,
-        )
+        client = self.client()
         keys: list[str] = []
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [item["Key"] for item in page.get("Contents", [])]

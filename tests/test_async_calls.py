@@ -145,6 +145,59 @@ def test_async_udf_rejects_bad_arguments_on_the_driver():
         async_udf("int")(lambda x: x)
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_batched_async_udf_sends_rows_in_batches_with_their_results_in_row_order(spark, ordered):
+    @async_udf("struct<doubled:int, size:int>", capacity=32, batch_size=8, ordered=ordered)
+    async def doubled(values):
+        await asyncio.sleep(0.002 * (values[0] % 3))  # batches finish out of order
+        return [{"doubled": 2 * v, "size": len(values)} for v in values]
+
+    rows = _numbers(spark).select("x", doubled("x").alias("r")).collect()
+    assert sorted(r.x for r in rows) == list(range(200))
+    assert all(r.r.doubled == 2 * r.x for r in rows)
+    sizes = [r.r.size for r in rows]
+    assert max(sizes) == 8, "no batch was full"  # 100 rows per task: mostly full batches
+    assert sum(1 / s for s in sizes) <= 200 / 4  # calls: far fewer than rows
+
+
+def test_batched_async_udf_with_several_columns_gets_tuples_and_retries_per_row(spark):
+    seen: set = set()  # per worker process
+
+    @async_udf(T.LongType(), capacity=12, batch_size=4, retry=FixedDelay(3, 0.0))
+    async def add(pairs):
+        if any(a == 5 for a, _ in pairs) and 5 not in seen:
+            seen.add(5)
+            raise ConnectionError("the batch holding 5 fails once")
+        return [None if b is None else a + b for a, b in pairs]
+
+    df = spark.createDataFrame(
+        [(i, None if i % 7 == 0 else 10 * i) for i in range(60)], "a long, b long"
+    ).repartition(2)
+    rows = df.select("a", "b", add("a", "b").alias("s")).collect()
+    assert len(rows) == 60
+    assert all(row.s == (None if row.b is None else row.a + row.b) for row in rows)
+
+
+def test_batched_async_udf_result_of_the_wrong_length_fails_the_job(spark):
+    @async_udf("int", capacity=8, batch_size=4)
+    async def short(values):
+        return values[1:]
+
+    with pytest.raises(Exception, match=r"short returned 3 results for a batch of 4 inputs"):
+        _numbers(spark, 8, partitions=1).select(short("x")).collect()
+
+
+def test_batched_async_udf_rejects_bad_batch_arguments():
+    with pytest.raises(ValueError, match="batch_size"):
+        async_udf("int", batch_size=0)
+    with pytest.raises(TypeError, match="batch_size"):
+        async_udf("int", batch_size=2.5)
+    with pytest.raises(ValueError, match="batch_timeout"):
+        async_udf("int", batch_size=4, batch_timeout=-1)
+    with pytest.raises(ValueError, match="batch_size too"):
+        async_udf("int", batch_timeout=0.1)
+
+
 async def _fan_out(row):
     """0, 1 or 2 output rows per input row, finishing out of order."""
     x = row["x"]

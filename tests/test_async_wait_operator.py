@@ -264,11 +264,20 @@ def expected_outputs(source: list[Any]) -> list[Any]:
     ]
 
 
-def run_with_crashes(source, snapshots, crashes, mode, capacity, seed, directory):
+def sleepy_operator(seed: int, calls: Any, mode: str, capacity: int) -> AsyncWaitOperator:
+    function = Sleepy(seed)
+    function.calls = calls
+    return make(function, mode, capacity)
+
+
+def run_with_crashes(source, snapshots, crashes, mode, capacity, seed, directory,
+                     build=sleepy_operator):  # fmt: skip
     """Feed ``source``, snapshotting at ``snapshots`` (outputs drained so far are
     committed with the checkpoint) and throwing the operator away at ``crashes``
     (uncommitted outputs are lost), restoring from the last checkpoint and replaying
-    the input after it. Returns the committed outputs and the calls per input."""
+    the input after it. ``build(seed, calls, mode, capacity)`` makes each operator,
+    its function counting calls per input in ``calls``. Returns the committed outputs
+    and the calls per input."""
     calls: collections.Counter[Any] = collections.Counter()
     committed: list[Any] = []
     uncommitted: list[Any] = []
@@ -277,9 +286,7 @@ def run_with_crashes(source, snapshots, crashes, mode, capacity, seed, directory
     checkpoint_id = 0
 
     def new_operator(seed: int) -> AsyncWaitOperator:
-        function = Sleepy(seed)
-        function.calls = calls
-        return make(function, mode, capacity)
+        return build(seed, calls, mode, capacity)
 
     op = new_operator(seed)
     position = 0

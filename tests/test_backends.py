@@ -441,7 +441,10 @@ CODEC_KEYS = st.recursive(
         st.binary(),
         st.booleans(),
         st.none(),
-        st.frozensets(st.integers(), max_size=2),
+        st.dates(),
+        st.datetimes(),
+        st.datetimes(timezones=st.timezones()),
+        st.decimals(allow_nan=False),
     ),
     lambda inner: st.tuples(inner, inner) | st.tuples(inner),
     max_leaves=6,
@@ -457,8 +460,13 @@ def test_key_codec_round_trips(key, key_group):
 
 @given(a=CODEC_KEYS, b=CODEC_KEYS)
 def test_key_codec_is_canonical_for_equality(a, b):
-    if type(a) is not frozenset and type(b) is not frozenset:  # pickled: not canonical
-        assert (encode_key(a) == encode_key(b)) == (a == b)
+    assert (encode_key(a) == encode_key(b)) == (a == b)
+
+
+@pytest.mark.parametrize("key", [frozenset({1}), object(), [1], ("a", frozenset())])
+def test_keys_without_a_stable_encoding_are_refused(key):
+    with pytest.raises(TypeError, match=f"{type(key).__name__ if not isinstance(key, tuple) else 'frozenset'}.*convert it"):
+        encode_key(key)
 
 
 @given(keys=st.lists(CODEC_KEYS, max_size=8))
@@ -469,13 +477,23 @@ def test_remembered_key_bytes_are_the_encoding(keys):
         assert encode_key(key) == keycodec._encode(key)
 
 
-def test_an_equal_key_of_another_type_is_not_given_a_plain_keys_bytes():
+def test_an_equal_key_of_another_type_shares_its_bytes():
     from decimal import Decimal
 
-    assert encode_key(1) == encode_key(1.0) == encode_key(True) == b"i1"
-    assert Decimal(1) == 1 and encode_key(Decimal(1)).startswith(b"p")  # pickled, not b"i1"
-    assert encode_key((Decimal(1), "a")) != encode_key((1, "a"))
+    assert encode_key(1) == encode_key(1.0) == encode_key(True) == encode_key(Decimal(1)) == b"i1"
+    assert encode_key(Decimal("1.5")) == encode_key(1.5)  # equal values, one key
+    assert encode_key((Decimal(1), "a")) == encode_key((1, "a"))
     assert decode_key(encode_key((Decimal(1), "a"))) == (1, "a")
+
+
+def test_a_decimal_key_keeps_every_digit_and_a_huge_one_is_refused():
+    from decimal import Decimal
+
+    long = Decimal("3.5245538770868666231190550347E-12")  # 29 digits: past the default 28
+    assert decode_key(encode_key(long)) == long
+    assert encode_key(Decimal("0.10")) == encode_key(Decimal("0.1000"))
+    with pytest.raises(ValueError, match="integer digits"):
+        encode_key(Decimal("1E+999999999"))  # would build a billion-digit int
 
 
 @given(keys=st.lists(CODEC_KEYS, max_size=8), groups=st.lists(st.integers(0, 65535), min_size=1))

@@ -334,7 +334,7 @@ def test_processing_time_timers_survive_restore(config, tmp_path):
     clock = ManualClock(clock.now())
     second = KeyedProcessOperator(Reminders(), MemoryBackend(), config, clock=clock)
     second.restore(handle)
-    assert len(second.processing_timers) > 0
+    assert len(second.timers.processing) > 0
     run(after, clock, second)
     second.finish()
     got += second.drain_outputs()
@@ -384,7 +384,7 @@ def test_layout_manifest_and_metadata(tmp_path):
     manifest = json.loads((tmp_path / "chk-12" / "MANIFEST.json").read_text())
     assert manifest["checkpoint_id"] == 12 and manifest["format"] == ckpt.FORMAT
     assert set(manifest["files"]) == {
-        "backend/memory-state.pickle", "operator.json", "timers.pickle",
+        "backend/memory-base.msgpack", "operator.json", "timers.msgpack",
     }  # fmt: skip
     for name, entry in manifest["files"].items():
         assert entry["size"] == os.path.getsize(tmp_path / "chk-12" / name)
@@ -446,11 +446,11 @@ def live_backend() -> MemoryBackend:
 
 def assert_untouched(operator: KeyedProcessOperator, backend: MemoryBackend) -> None:
     assert backend.state_items("count") == {"z": 1}
-    assert operator._state == "new" and len(operator.event_timers) == 0
-    assert operator._watermark == float("-inf")
+    assert operator.status == "new" and len(operator.timers.event) == 0
+    assert operator.watermark == float("-inf")
 
 
-@pytest.mark.parametrize("name", ["backend/memory-state.pickle", "timers.pickle", "operator.json"])
+@pytest.mark.parametrize("name", ["backend/memory-base.msgpack", "timers.msgpack", "operator.json"])
 def test_a_flipped_byte_is_detected_and_named(tmp_path, name):
     handle = snapshot_of_a_small_run(tmp_path)
     path = os.path.join(handle.path, name)
@@ -478,15 +478,15 @@ def test_a_missing_manifest_is_an_incomplete_checkpoint(tmp_path):
 
 def test_missing_truncated_and_unlisted_files_are_named(tmp_path):
     handle = snapshot_of_a_small_run(tmp_path)
-    timers = os.path.join(handle.path, "timers.pickle")
+    timers = os.path.join(handle.path, "timers.msgpack")
     content = open(timers, "rb").read()
     operator = KeyedProcessOperator(Windows(), MemoryBackend(), AecConfig())
     with open(timers, "wb") as out:
         out.write(content[:-1])
-    with pytest.raises(ValueError, match="timers.pickle has .* bytes"):
+    with pytest.raises(ValueError, match="timers.msgpack has .* bytes"):
         operator.restore(handle)
     os.remove(timers)
-    with pytest.raises(ValueError, match="timers.pickle is missing"):
+    with pytest.raises(ValueError, match="timers.msgpack is missing"):
         operator.restore(handle)
     with open(timers, "wb") as out:
         out.write(content)
@@ -496,7 +496,7 @@ def test_missing_truncated_and_unlisted_files_are_named(tmp_path):
         operator.restore(handle)
     os.remove(os.path.join(handle.path, "backend", "extra"))
     operator.restore(handle)  # intact again
-    assert len(operator.event_timers) == 3
+    assert len(operator.timers.event) == 3
 
 
 def test_restore_rejects_bad_handles_and_late_calls(tmp_path):

@@ -42,8 +42,8 @@ def test_same_key_waits_in_blocking_buffer_until_first_record_finishes():
     op.process(Record("b", "b1"))
     assert [e for e in log if e[0] == "start"] == [("start", "a", "a1"), ("start", "b", "b1")]
     controller = op.controller
-    assert list(controller.blocking.queues) == ["a"]
-    first = controller.keys.holders["a"]
+    assert controller.blocking.keys() == ["a"]
+    first = controller.keys.holder("a")
     assert first.value == "a1" and first.ref_count > 0
     # a1's read, then its write: only after a1 is fully done may a2 start
     controller.flush()
@@ -59,7 +59,7 @@ def test_same_key_waits_in_blocking_buffer_until_first_record_finishes():
     outputs = values(op.drain_outputs())
     assert [o for o in outputs if o[0] == "a"] == [("a", "a1"), ("a", "a2")]
     assert ("b", "b1") in outputs
-    assert op.controller.in_flight == 0 and not op.controller.keys.holders
+    assert op.controller.in_flight == 0 and not len(op.controller.keys)
 
 
 def test_different_keys_interleave():
@@ -156,7 +156,7 @@ def test_callbacks_before_and_after_completion_end_at_ref_count_zero(async_state
         want = [("before", None), ("inline", 1), ("after", None),
                 ("before", 1), ("inline", 2), ("after", 1)]  # fmt: skip
     assert values(op.drain_outputs()) == want
-    assert not op.controller.keys.holders
+    assert not len(op.controller.keys)
 
 
 def test_watermark_waits_for_earlier_records_and_its_timers():
@@ -389,7 +389,7 @@ def test_state_ordered_mode_overlaps_code_but_keeps_state_order():
     op.finish()
     # ... but its state request waited: a1's read-modify-write, then a2's
     assert log.index(("done", "a", "a1")) < log.index(("done", "a", "a2"))
-    assert op.controller.in_flight == 0 and not op.controller.keys.holders
+    assert op.controller.in_flight == 0 and not len(op.controller.keys)
     assert not op.controller.waiting_requests
 
 

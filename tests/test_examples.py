@@ -45,6 +45,8 @@ def test_every_example_is_tested():
         "spark_streaming.py",
         "windows_late_data.py",
         "external_call.py",
+        "spark_connect.py",
+        "state_as_data.py",
     }
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -98,4 +100,42 @@ def test_spark_streaming_continues_from_its_checkpoint(spark, capsys):
     assert out == [
         "first run:  [('ann', 1, 1), ('bob', 2, 1), ('ann', 3, 2)]",
         "second run: [('bob', 4, 2), ('ann', 5, 3)]",
+    ]
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(1800)  # three stream queries on a busy 2-core machine
+def test_state_as_data_reads_the_flights_stream_and_bootstraps_a_query(spark, capsys):
+    out = _run_in_process("state_as_data.py", spark, capsys)
+    schema = [line.strip() for line in out[: out.index("")] if line.strip()]
+    assert schema == [
+        "root",
+        "|-- key: string (nullable = true)",
+        "|-- key_group: integer (nullable = true)",
+        "|-- state: string (nullable = true)",
+        "|-- namespace: string (nullable = true)",
+        "|-- user_key: string (nullable = true)",
+        "|-- value: string (nullable = true)",
+        "|-- value_pickle: binary (nullable = true)",
+    ]
+    assert out[out.index("") + 1 :] == [
+        "aircraft in the rotations state: 508",
+        "where they landed last: ORD 36, ATL 32, LAX 28",
+        "next 300 departures: 300 rotations, 126 with a previous leg",
+        "first flights whose previous leg came from the checkpoint: 113",
+    ]
+
+
+@pytest.mark.spark
+@pytest.mark.connect
+def test_spark_connect_runs_on_a_local_connect_server():
+    # a child process: a Connect client turns the whole process to Connect mode
+    out = _run_script("spark_connect.py").splitlines()
+    assert out == [
+        "session: pyspark.sql.connect.session",
+        "ann 1 10",
+        "bob 2 5",
+        "ann 3 17",
+        "bob 4 6",
+        "ann 5 20",
     ]

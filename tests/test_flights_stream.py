@@ -80,6 +80,10 @@ def test_stream_equals_batch_when_nothing_is_late_across_a_rescale(spark, tmp_pa
     assert "All four datasets are identical" in summary
     assert "| route_hourly | 2 |" in summary and "| rotations | 2 |" in summary
     assert "restarted on 3 state partition(s) (from 2)" in summary
+    section = summary.split("## AEC metrics", 1)[1].split("\n## ", 1)[0]
+    assert "| route_hourly |" in section and "| rotations |" in section
+    assert "`route_hourly` 0 of 2 micro-batches" in section  # it drains: nothing carried
+    assert (out / "aec_metrics.png").read_bytes().startswith(b"\x89PNG")
     layout = out / "stream" / "checkpoint" / "rotations" / "state"
     assert {p.name for p in layout.iterdir() if p.name.startswith("partition-")} >= {
         "partition-0-of-2",

@@ -112,7 +112,7 @@ def test_a_snapshot_writes_only_the_changelog_and_links_the_base(tmp_path):
     operator.process(Record("k7", -1))
     second = operator.snapshot(2, tmp_path)
     base = os.path.join(second.path, "backend", memory_changelog.BASE)
-    delta = os.path.join(second.path, "backend", "memory-delta-0.pickle")
+    delta = os.path.join(second.path, "backend", "memory-delta-0.msgpack")
     assert os.stat(base).st_nlink >= 3  # private copy, chk-1 and chk-2: one inode
     assert os.path.samefile(base, os.path.join(first.path, "backend", memory_changelog.BASE))
     assert os.path.getsize(delta) * 100 < os.path.getsize(base)
@@ -134,8 +134,8 @@ def test_many_changes_rebase_and_a_long_changelog_is_folded(tmp_path):
         handle = operator.snapshot(number, tmp_path)
         listings.append(sorted(os.listdir(os.path.join(handle.path, "backend"))))
     deltas = [[n for n in names if n.startswith("memory-delta-")] for names in listings]
-    assert deltas == [["memory-delta-0.pickle"], ["memory-delta-0.pickle", "memory-delta-1.pickle"],
-                      ["memory-delta-0.pickle"]]  # fmt: skip
+    assert deltas == [["memory-delta-0.msgpack"], ["memory-delta-0.msgpack", "memory-delta-1.msgpack"],
+                      ["memory-delta-0.msgpack"]]  # fmt: skip
     for key in range(60):  # more than half the keys changed: the next snapshot is a base
         operator.process(Record(f"k{key}", None))
     handle = operator.snapshot(9, tmp_path)
@@ -172,8 +172,8 @@ def test_a_restored_backend_continues_the_chain(tmp_path):
     again.process(Record("k2", -6))
     second = again.snapshot(3, tmp_path)
     names = sorted(os.listdir(os.path.join(second.path, "backend")))
-    assert names == [memory_changelog.CHAIN, "memory-delta-0.pickle", "memory-delta-1.pickle",
-                     memory_changelog.BASE]  # fmt: skip
+    assert names == sorted([memory_changelog.CHAIN, "memory-delta-0.msgpack",
+                            "memory-delta-1.msgpack", memory_changelog.BASE])  # fmt: skip
     assert os.path.samefile(os.path.join(second.path, "backend", memory_changelog.BASE),
                             os.path.join(first.path, "backend", memory_changelog.BASE))  # fmt: skip
     final = MemoryBackend()

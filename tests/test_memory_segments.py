@@ -7,6 +7,7 @@ take the segmented path.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -53,15 +54,16 @@ def reads(monkeypatch):
     return seen
 
 
-def test_a_large_base_is_segmented_and_verified_by_the_backend(tmp_path):
+def test_a_large_base_is_segmented_and_listed_with_its_digest(tmp_path):
     handle, _ = filled(tmp_path)
     backend_dir = os.path.join(handle.path, "backend")
     assert os.listdir(backend_dir) == [memory_changelog.SEGMENTED_BASE]
     manifest = json.loads(open(os.path.join(handle.path, "MANIFEST.json")).read())
     entry = manifest["files"][f"backend/{memory_changelog.SEGMENTED_BASE}"]
-    assert entry == {"size": os.path.getsize(os.path.join(backend_dir, memory_changelog.SEGMENTED_BASE)),
-                     "verify": "backend"}  # fmt: skip
-    assert len(manifest["files"]["timers.pickle"]["sha256"]) == 64
+    path = os.path.join(backend_dir, memory_changelog.SEGMENTED_BASE)
+    assert entry == {"size": os.path.getsize(path),
+                     "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest()}  # fmt: skip
+    assert len(manifest["files"]["timers.msgpack"]["sha256"]) == 64
 
 
 def test_restore_reads_no_segment_and_a_record_reads_only_its_own(tmp_path, monkeypatch):
@@ -96,15 +98,30 @@ def test_segments_outlive_the_restored_directory(tmp_path):
     assert state_of(restored) == expected
 
 
-def test_a_corrupt_segment_fails_the_batch_that_reads_it(tmp_path):
+def flip(path, offset):
+    """Flip one bit of ``path`` in place (same inode and size, a new mtime)."""
+    with open(path, "r+b") as out:
+        out.seek(offset, os.SEEK_SET if offset >= 0 else os.SEEK_END)
+        byte = out.read(1)
+        out.seek(-1, os.SEEK_CUR)
+        out.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_a_corrupt_segment_is_refused_at_restore(tmp_path):
     handle, _ = filled(tmp_path)
     path = os.path.join(handle.path, "backend", memory_changelog.SEGMENTED_BASE)
-    data = bytearray(open(path, "rb").read())
-    data[-3] ^= 0x01  # inside the last segment, same size
-    with open(path, "wb") as out:
-        out.write(data)
+    flip(path, -3)  # inside the last segment
+    backend = MemoryBackend()
+    with pytest.raises(ValueError, match="memory-base.segments does not match its SHA-256"):
+        KeyedProcessOperator(Writes(), backend).restore(handle)
+    assert backend._tables == {} and backend._lazy is None
+
+
+def test_a_segment_corrupted_after_the_restore_fails_the_batch_that_reads_it(tmp_path):
+    handle, _ = filled(tmp_path)
     operator = KeyedProcessOperator(Writes(), MemoryBackend())
-    operator.restore(handle)  # the size matches: segments are checked when read
+    operator.restore(handle)  # verified; the base is linked, not read
+    flip(os.path.join(handle.path, "backend", memory_changelog.SEGMENTED_BASE), -3)
     with pytest.raises(JobFailure) as failure:
         for key in range(200):
             operator.process(Record(f"k{key}", 0))

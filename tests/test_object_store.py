@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import os
 
-import pyarrow.fs as pafs
 import pytest
+import store_faults
 from engine_helpers import AsyncCounter
 from s3_server import S3Server, _free_port
 
@@ -56,7 +56,7 @@ def test_snapshot_restore_round_trip_on_s3(s3):
     assert handle == CheckpointHandle(4, f"{uri}/chk-4")
     keys = server.list_keys(bucket, "jobs/one/")
     assert "jobs/one/chk-4/MANIFEST.json" in keys
-    assert {"jobs/one/chk-4/operator.json", "jobs/one/chk-4/timers.pickle"} <= set(keys)
+    assert {"jobs/one/chk-4/operator.json", "jobs/one/chk-4/timers.msgpack"} <= set(keys)
     assert any(k.startswith("jobs/one/chk-4/backend/") for k in keys)
     assert not os.path.exists("s3:")  # never a local directory named after the scheme
     assert latest_checkpoint(uri) == handle
@@ -143,76 +143,11 @@ def test_bad_credentials_are_a_clear_error(monkeypatch):
         server.stop()
 
 
-class FailingWrites(pafs.FileSystemHandler):
-    """A file system that delegates to ``inner`` and fails its ``fail_at``-th write."""
-
-    def __init__(self, inner: pafs.FileSystem, fail_at: int) -> None:
-        self.inner, self.fail_at, self.writes = inner, fail_at, 0
-
-    def open_output_stream(self, path, metadata):
-        self.writes += 1
-        if self.writes == self.fail_at:
-            raise OSError(f"injected failure on write {self.writes} ({path})")
-        return self.inner.open_output_stream(path, metadata=metadata)
-
-    def get_type_name(self):
-        return "failing-" + self.inner.type_name
-
-    def get_file_info(self, paths):
-        return self.inner.get_file_info(paths)
-
-    def get_file_info_selector(self, selector):
-        return self.inner.get_file_info(selector)
-
-    def create_dir(self, path, recursive):
-        self.inner.create_dir(path, recursive=recursive)
-
-    def delete_dir(self, path):
-        self.inner.delete_dir(path)
-
-    def delete_dir_contents(self, path, missing_dir_ok=False):
-        self.inner.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self):
-        self.inner.delete_dir_contents("/", accept_root_dir=True)
-
-    def delete_file(self, path):
-        self.inner.delete_file(path)
-
-    def move(self, src, dest):
-        self.inner.move(src, dest)
-
-    def copy_file(self, src, dest):
-        self.inner.copy_file(src, dest)
-
-    def open_input_stream(self, path):
-        return self.inner.open_input_stream(path)
-
-    def open_input_file(self, path):
-        return self.inner.open_input_file(path)
-
-    def open_append_stream(self, path, metadata):
-        return self.inner.open_append_stream(path, metadata=metadata)
-
-    def normalize_path(self, path):
-        return self.inner.normalize_path(path)
-
-    def equals(self, other):
-        return self is other
-
-
 @pytest.mark.parametrize("fail_at", [1, 2, 3, 4])
 def test_a_store_failing_on_the_kth_write_commits_nothing_and_keeps_state(s3, monkeypatch, fail_at):
     server, bucket = s3
     real = storage.resolve_filesystem
-    handler: list[FailingWrites] = []
-
-    def failing(uri):
-        fs, path = real(uri)
-        handler.append(FailingWrites(fs, fail_at))
-        return pafs.PyFileSystem(handler[-1]), path
-
-    monkeypatch.setattr(storage, "resolve_filesystem", failing)
+    handler = store_faults.install(monkeypatch, fail_at)
     backend = MemoryBackend()
     operator = operator_with([("a", 0), ("b", 0)], backend)
     uri = f"s3://{bucket}/f"

@@ -49,7 +49,7 @@ def test_engine_dependencies_stay_small():
     names = {
         dep.split(">")[0].split("[")[0].strip() for dep in PYPROJECT["project"]["dependencies"]
     }
-    assert names == {"sortedcontainers"}
+    assert names == {"sortedcontainers", "msgpack"}  # msgpack: the safe state serializer
     extras = PYPROJECT["project"]["optional-dependencies"]
     for extra in ("spark", "rocksdb", "redis", "slatedb", "s3", "http", "flights", "all", "test"):
         assert extra in extras, extra

@@ -15,8 +15,8 @@ import signal
 import threading
 import time
 import uuid
-import warnings
 
+import msgpack
 import pytest
 import redis
 from engine_helpers import Counter, Everything
@@ -52,7 +52,9 @@ from aec import (
     Watermark,
     run_keyed,
 )
+from aec.errors import StateReadError
 from aec.runtime.executor import ThreadPoolStateExecutor
+from aec.runtime.operator import KeyedProcessOperator
 from aec.state.memory import MemoryBackend
 from aec.state.requests import Op
 from aec.testing import assert_equivalent
@@ -69,25 +71,6 @@ __all__ = [  # the imported conformance tests, collected here against Redis
     "test_restore_refuses_bad_arguments_before_changing_anything",
     "test_restore_with_a_missing_snapshot_changes_nothing",
 ]  # fmt: skip
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    """One redis-server for the module; missing binary: fail in CI, loud skip locally."""
-    try:
-        server = LocalRedisServer().start()
-    except FileNotFoundError as exc:
-        if _in_ci():
-            raise
-        reason = f"!!! REDIS BACKEND TESTS SKIPPED: {exc} (they fail instead when CI=true)"
-        warnings.warn(reason, stacklevel=1)
-        pytest.skip(reason)
-    yield server
-    server.stop()
 
 
 def _prefix() -> str:
@@ -211,7 +194,8 @@ def test_a_batch_is_one_round_trip(redis_server, client, monkeypatch, transactio
     delta = _delta(before, _command_calls(client))
     assert delta.get("exec", 0) == (1 if transaction else 0)
     assert results[4::6] == list(range(100)) and results[5::6][1:] == [[i] for i in range(1, 100)]
-    # the keyed counter's batch (a read and a write per key): MGET + MSET, whatever its size
+    # the keyed counter's batch (a read and a write per key): MGET + MSET, whatever its
+    # size, after the GET of the fence
     counter = [
         r
         for i in range(500)
@@ -222,7 +206,7 @@ def test_a_batch_is_one_round_trip(redis_server, client, monkeypatch, transactio
     run(backend, *counter)
     assert sends.count == 1
     delta = _delta(before, _command_calls(client))
-    expected = {"mget": 1, "mset": 1} | ({"multi": 1, "exec": 1} if transaction else {})
+    expected = {"get": 1, "mget": 1, "mset": 1} | ({"multi": 1, "exec": 1} if transaction else {})
     assert delta == expected
     backend.clear()
     backend.close()
@@ -245,7 +229,7 @@ def test_reads_are_folded_only_without_a_write_between(backend, client):
     assert results == [1, True, 1, None, None, None, 2, False]
     delta = _delta(before, _command_calls(client))
     assert delta["hget"] == 2 and delta["hexists"] == 1 and delta["mget"] == 1
-    assert "get" not in delta and "exists" not in delta
+    assert delta["get"] == 1 and "exists" not in delta  # one GET: the fence
 
 
 def test_value_writes_inside_a_batch_keep_their_order(backend):
@@ -409,6 +393,91 @@ def test_killing_the_server_mid_run_fails_the_job(redis_server):
     assert "state backend failed" in message and "connection" in message.lower(), message
     assert isinstance(failure.value.__cause__, redis.ConnectionError)
     assert _io_threads() == []
+
+
+# --- fencing: a store that lost this backend's state fails the job ---------------------------
+
+
+def _count(operator, records) -> None:
+    for key, value in records:
+        operator.process(Record(key, value))
+
+
+@pytest.mark.parametrize("how", ["restart", "flush", "another backend"])
+def test_a_store_that_lost_the_state_fails_the_next_batch(redis_server, how):
+    server = LocalRedisServer().start()  # killed and restarted by PID below
+    prefix = _prefix()
+    backend = RedisBackend(server.url, prefix=prefix, connect_timeout=2.0)
+    operator = KeyedProcessOperator(Counter(), backend, AecConfig(async_state=False))
+    try:
+        _count(operator, [(i % 3, i) for i in range(9)])
+        if how == "restart":
+            server.restart()  # empty again, on the same port: clients reconnect silently
+        elif how == "flush":
+            redis.Redis.from_url(server.url).flushdb()
+        else:
+            newer = RedisBackend(server.url, prefix=prefix)  # a newer attempt of the task
+            newer.open()
+            newer.close()
+        with pytest.raises(JobFailure) as failure:
+            _count(operator, [(i % 3, i) for i in range(9)])
+        cause = failure.value.__cause__
+        assert isinstance(cause, StateReadError), cause
+        assert "lost its state" in str(cause) and f"127.0.0.1:{server.port}" in str(cause)
+    finally:
+        backend.close()
+        server.stop()
+
+
+def test_run_keyed_fails_when_the_server_restarts_empty_between_records(redis_server):
+    server = LocalRedisServer().start()
+
+    def source():
+        for i in range(600):
+            if i == 300:
+                server.restart()
+            yield Record(i % 7, i)
+
+    backend = RedisBackend(server.url, prefix=_prefix(), connect_timeout=2.0)
+    try:
+        with pytest.raises(JobFailure) as failure:
+            run_keyed(source(), Counter(), backend, AecConfig(buffer_size=20))
+        # a batch in flight at the restart may see the connection drop instead
+        assert isinstance(failure.value.__cause__, (StateReadError, redis.ConnectionError))
+    finally:
+        backend.close()
+        server.stop()
+
+
+def test_no_checkpoint_is_taken_of_a_store_that_lost_the_state(redis_server, tmp_path):
+    server = LocalRedisServer().start()
+    backend = RedisBackend(server.url, prefix=_prefix(), connect_timeout=2.0)
+    operator = KeyedProcessOperator(Counter(), backend, AecConfig(async_state=False))
+    try:
+        _count(operator, [("a", 1), ("b", 2)])
+        server.restart()
+        with pytest.raises(JobFailure, match="at checkpoint 1") as failure:
+            operator.snapshot(1, tmp_path)
+        assert isinstance(failure.value.__cause__, StateReadError)
+        assert os.listdir(tmp_path) == []  # nothing committed: no empty state checkpointed
+    finally:
+        backend.close()
+        server.stop()
+
+
+def test_a_value_planted_in_redis_decodes_as_data_or_fails_and_never_runs(backend, client, tmp_path):
+    run(backend, req(Op.VALUE_PUT, "v", "a", value=1))
+    planted = tmp_path / "ran"
+
+    class Plant:
+        def __reduce__(self):
+            return (open, (str(planted), "w"))
+
+    (key,) = client.keys(f"{backend.prefix}:0:*")
+    client.set(key, pickle.dumps(Plant()))
+    with pytest.raises(ValueError, match="not msgpack state bytes"):
+        run(backend, req(Op.VALUE_GET, "v", "a"))
+    assert not planted.exists()
 
 
 def test_a_dead_server_fails_fast(redis_server):
@@ -594,16 +663,16 @@ def test_restore_rejects_invalid_snapshots_and_keeps_live_state(backend, client,
     with pytest.raises(ValueError, match="checksum"):
         backend.restore(str(snap))
     # checksum right, dumps corrupt: the server rejects them before the switch
-    payload = pickle.loads(data)
+    payload = msgpack.unpackb(data)
     payload["entries"] = [(k, dump[:-3] + b"zzz") for k, dump in payload["entries"]]
-    bad = pickle.dumps(payload)
+    bad = msgpack.packb(payload)
     data_path.write_bytes(bad)
     import hashlib
 
     manifest_path.write_text(json.dumps(manifest | {"sha256": hashlib.sha256(bad).hexdigest()}))
     with pytest.raises(ValueError, match="does not restore"):
         backend.restore(str(snap))
-    assert not client.keys(f"{backend.prefix}:0~*")  # staged keys removed
+    assert not client.keys(f"{backend.prefix}:0~restore-*")  # staged keys removed
     manifest_path.write_text("{not json")
     with pytest.raises(ValueError, match="manifest"):
         backend.restore(str(snap))

@@ -260,7 +260,7 @@ def test_restored_watermark_is_the_minimum_and_metadata_records_the_range(tmp_pa
     high = snapshot_of(tmp_path, "b", key_groups=key_group_range_for(mp, 2, 1), wm=9.0)
     operator = KeyedProcessOperator(Count(), MemoryBackend(), AecConfig(max_parallelism=mp))
     operator.restore([high, low])
-    assert operator._watermark == 5.0
+    assert operator.watermark == 5.0
     with pytest.raises(ValueError, match="backwards"):
         operator.process_watermark(Watermark(4.0))
     import json
@@ -300,7 +300,7 @@ def test_restore_refuses_handles_that_do_not_fit_and_changes_nothing(tmp_path, c
     with pytest.raises(ValueError):
         operator.restore(handles)
     assert backend.state_items("count") == {"live": 1}
-    assert operator._state == "new"  # not even opened: restore can still be called
+    assert operator.status == "new"  # not even opened: restore can still be called
     operator.restore([a])
     assert backend.state_items("count") == {key: 1}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import random
 import sys
@@ -252,6 +253,9 @@ def test_encode_coerces_to_the_declared_types():
         (T.DoubleType(), "1.0", "expected a number"),
         (T.TimestampType(), "2013-01-01", "expected a datetime"),
         (T.BooleanType(), 1, "expected a boolean"),
+        (T.FloatType(), 1e300, "cannot hold 1e\\+300: it overflows"),  # not a silent inf
+        (T.FloatType(), -3.5e38, "overflows"),
+        (T.DoubleType(), 10**400, "field 'x'"),
     ],
 )
 def test_encode_rejects_values_naming_the_field(field, value, message):
@@ -259,6 +263,12 @@ def test_encode_rejects_values_naming_the_field(field, value, message):
     with pytest.raises(TypeError, match=message) as info:
         _encode([{"x": value}], schema)
     assert "'x'" in str(info.value)
+
+
+def test_encode_keeps_infinities_that_were_given():
+    schema = _schema([("x", T.FloatType(), True), ("y", T.DoubleType(), True)])
+    arrays = _encode([{"x": float("inf"), "y": 1e300}, {"x": -math.inf, "y": None}], schema)
+    assert [a.to_pylist() for a in arrays] == [[math.inf, -math.inf], [1e300, None]]
 
 
 def test_encode_checks_nullability_and_row_shapes():

@@ -305,8 +305,8 @@ class Unawaited(KeyedProcessFunction):
                 self.total.async_get(),  # sees both adds
                 self.mean.async_add(value),
                 self.mean.async_get(),
-                self.value.async_value(),  # a TTL read that may clean up ...
-                self.value.async_update(value),  # ... must not overwrite this write
+                self.value.async_value(),  # a TTL read ...
+                self.value.async_update(value),  # ... then a write of the same state
             ]
         ).then_accept(
             lambda results: ctx.output((ctx.current_key, results[2], results[4], results[5]))

@@ -352,10 +352,10 @@ class OperatorMachine(RuleBasedStateMachine):
     def _instrument(self) -> None:
         """Observe every finish: each context finishes once, with reference count 0.
 
-        Wraps the controller's ``on_context_finished`` on this instance (every
-        RecordContext is created with it as its ``on_finished``)."""
-        controller = self.op.controller
-        original = controller.on_context_finished
+        Wraps the operator's ``on_finished`` hook before any input (every
+        RecordContext is created with it; it is the controller's
+        ``on_context_finished``)."""
+        original = self.op._on_finished
         seen: set[int] = set()
 
         def on_context_finished(context):
@@ -369,7 +369,7 @@ class OperatorMachine(RuleBasedStateMachine):
             self.finished_contexts.append(context)
             original(context)
 
-        controller.on_context_finished = on_context_finished
+        self.op._on_finished = on_context_finished
 
     @contextmanager
     def adversary(self, data):
@@ -447,7 +447,7 @@ class OperatorMachine(RuleBasedStateMachine):
             else:
                 raise AssertionError("drain did not end after 100,000 steps")
         assert controller.in_flight == 0
-        assert not controller.keys.holders and not controller.blocking.queues
+        assert not len(controller.keys) and not controller.blocking.keys()
         assert not controller.ready and not controller.active.requests
         assert not self.executor.held and self.executor.pending == 0
         self.absorb()
@@ -473,8 +473,8 @@ class OperatorMachine(RuleBasedStateMachine):
             return
         assert not self.finish_problems, self.finish_problems
         controller = self.op.controller
-        holders = controller.keys.holders
-        queues = controller.blocking.queues
+        holders = dict(controller.keys.items())
+        queues = {key: controller.blocking.waiting(key) for key in controller.blocking.keys()}
         ready = list(controller.ready)
         ready_ids = {id(c) for c in ready}
         assert len(ready_ids) == len(ready), "a context is twice in the ready deque"

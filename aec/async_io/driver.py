@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from time import monotonic
-from typing import Any
+from typing import Any, cast
 
 from sortedcontainers import SortedList
 
-from aec.async_io.function import AsyncFunction, ResultFuture
+from aec.async_io.function import AsyncFunction, AsyncFunctionBase, ResultFuture
 from aec.async_io.queue import (
     BACKOFF,
     DONE,
@@ -50,7 +50,7 @@ from aec.async_io.queue import (
 from aec.elements import Watermark, check_key, check_timestamp
 from aec.errors import JobFailure, describe
 from aec.retry import RetryStrategy
-from aec.runtime.event_loop import EventLoopThread
+from aec.runtime.event_loop import Call, EventLoopThread
 from aec.runtime.mailbox import Mailbox
 
 __all__ = ["CallDriver", "Timers", "is_asyncio_style"]
@@ -109,7 +109,7 @@ class Timers:
         self._timers.clear()
 
 
-def is_asyncio_style(function: Any) -> bool:
+def is_asyncio_style(function: object) -> bool:
     """True if ``function.async_invoke`` is an ``async def`` (asyncio style).
 
     Raises:
@@ -150,23 +150,27 @@ class CallDriver:
     moves it to DONE in its queue.
 
     Args (validated by ``aec.async_io.operator``):
-        function: an ``AsyncFunction`` (either style).
+        function: an ``AsyncFunction`` (either style), or an ``AsyncBatchFunction``
+            for a subclass that overrides ``_call``.
         timeout: seconds from an input's first call to its timeout, or None.
         retry: the ``RetryStrategy``.
         queue: ``OrderedQueue`` or ``UnorderedQueue`` (emission order).
         key_selector: for key-ordered mode, ``value -> key``; None otherwise.
+        asyncio_style: whether ``function.async_invoke`` is an ``async def``.
     """
 
     def __init__(
         self,
-        function: AsyncFunction,
+        function: AsyncFunctionBase,
         timeout: float | None,
         retry: RetryStrategy,
         queue: OrderedQueue | UnorderedQueue,
-        key_selector: Callable[[Any], Any] | None = None,
+        key_selector: Callable[[Any], Hashable] | None = None,  # takes the function's IN
+        *,
+        asyncio_style: bool,
     ) -> None:
         self._function = function
-        self._asyncio = is_asyncio_style(function)
+        self._asyncio = asyncio_style
         self._timeout = timeout
         self._retry = retry
         self._max_attempts = retry.max_attempts
@@ -179,7 +183,7 @@ class CallDriver:
         self._watermark = -float("inf")
 
     # -- admission -----------------------------------------------------------------------
-    def _admit(self, element: Any, attempts: int = 0) -> AsyncEntry | Watermark:
+    def _admit(self, element: object, attempts: int = 0) -> AsyncEntry | Watermark:
         """Queue ``element`` and start its call (if its key is free); ``attempts``
         are calls made before a restore (they count against ``max_attempts``, but
         at least one call is made)."""
@@ -229,13 +233,22 @@ class CallDriver:
         self._invoke(entry)
 
     def _invoke(self, entry: AsyncEntry) -> None:
+        """Attempt ``entry.attempts + 1``: a fresh ResultFuture, then the call."""
         entry.attempts += 1
         entry.state = RUNNING
         future = ResultFuture(self._mailbox, entry)
         entry.future = future
+        self._call(entry, future)
+
+    def _call(self, entry: AsyncEntry, future: ResultFuture) -> None:
+        """Start one call of ``async_invoke`` for ``entry``, completing ``future``;
+        ``entry.task`` is what a timeout cancels (``cancel()``), if anything."""
+        function = cast(AsyncFunction, self._function)
         if self._asyncio:
             try:
-                coroutine = self._function.async_invoke(entry.value)  # type: ignore[call-arg]
+                # the asyncio style: async def async_invoke(self, value) -> results
+                coroutine: Call[Iterable[object]]
+                coroutine = function.async_invoke(entry.value)  # type: ignore[call-arg, assignment]
             except Exception as exc:  # raised before the coroutine existed
                 future.complete_exceptionally(exc)
                 return
@@ -244,7 +257,7 @@ class CallDriver:
             entry.task = self._loop.submit(coroutine, future)
         else:
             try:
-                returned = self._function.async_invoke(entry.value, future)
+                returned = function.async_invoke(entry.value, future)
             except Exception as exc:  # a raising call is a failed attempt
                 future.complete_exceptionally(exc)
                 return
@@ -265,11 +278,11 @@ class CallDriver:
     def _on_completion(
         self,
         future: ResultFuture,
-        results: list[Any] | None,
+        results: list[object] | None,
         error: BaseException | None,
         fatal: bool,
     ) -> None:
-        entry: AsyncEntry = future._entry
+        entry = future.entry
         if entry.future is not future:
             return  # a repeated completion, or one of an attempt that no longer counts
         entry.future = None
@@ -281,7 +294,7 @@ class CallDriver:
         self._finish(entry, results, error)
 
     def _schedule_retry(
-        self, entry: AsyncEntry, results: list[Any] | None, error: BaseException | None
+        self, entry: AsyncEntry, results: list[object] | None, error: BaseException | None
     ) -> bool:
         """Start the backoff of a retry if the strategy, the attempt budget and the
         deadline all allow it; True if a retry is scheduled."""
@@ -291,7 +304,7 @@ class CallDriver:
             if error is not None:
                 wanted = self._retry.should_retry_exception(error)
             else:
-                wanted = self._retry.should_retry_result(results)  # type: ignore[arg-type]
+                wanted = self._retry.should_retry_result(results)
             if not wanted:
                 return False
             delay = self._retry.backoff(entry.attempts)
@@ -307,7 +320,7 @@ class CallDriver:
         return True
 
     def _finish(
-        self, entry: AsyncEntry, results: list[Any] | None, error: BaseException | None
+        self, entry: AsyncEntry, results: list[object] | None, error: BaseException | None
     ) -> None:
         if error is not None:
             raise self._failure(entry, error) from error

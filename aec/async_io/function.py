@@ -18,17 +18,19 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Generic
 
+from aec.async_io.queue import AsyncEntry
 from aec.errors import describe
 from aec.runtime.mailbox import Mailbox
+from aec.state.typevars import IN, OUT
 
-__all__ = ["AsyncFunction", "ResultFuture"]
+__all__ = ["AsyncFunction", "AsyncFunctionBase", "ResultFuture"]
 
 
-class ResultFuture:
+class ResultFuture(Generic[OUT]):
     """Where one call of ``AsyncFunction.async_invoke`` (or ``timeout``) delivers its
-    outcome. Thread-safe; the first ``complete``/``complete_exceptionally`` wins, later
+    outcome, outputs ``OUT``. Thread-safe; the first ``complete``/``complete_exceptionally`` wins, later
     ones are ignored.
 
     Created by the wait call, never by users.
@@ -36,17 +38,23 @@ class ResultFuture:
 
     __slots__ = ("_mailbox", "_entry", "_done")
 
-    def __init__(self, mailbox: Mailbox, entry: Any) -> None:
+    def __init__(self, mailbox: Mailbox, entry: AsyncEntry) -> None:
         self._mailbox = mailbox
-        self._entry = entry  # the driver's AsyncEntry; read back on the mailbox thread
+        self._entry = entry
         self._done = False
+
+    @property
+    def entry(self) -> AsyncEntry:
+        """The queue entry whose attempt this future completes (the wait call reads it
+        back on the mailbox thread; users need not)."""
+        return self._entry
 
     @property
     def done(self) -> bool:
         """True once ``complete`` or ``complete_exceptionally`` was called."""
         return self._done
 
-    def complete(self, results: Iterable[Any]) -> None:
+    def complete(self, results: Iterable[OUT]) -> None:
         """Complete with ``results``: an iterable whose elements are emitted as outputs,
         in its order (an empty iterable emits nothing for this input).
 
@@ -94,7 +102,7 @@ class ResultFuture:
             return
         self._post(None, error, False)
 
-    def _post(self, results: list[Any] | None, error: BaseException | None, fatal: bool) -> None:
+    def _post(self, results: list[OUT] | None, error: BaseException | None, fatal: bool) -> None:
         # the mail the driver reads: (future, results, error, fatal); fatal skips retries
         self._mailbox.post((self, results, error, fatal))
 
@@ -102,14 +110,38 @@ class ResultFuture:
         return f"<ResultFuture {'done' if self._done else 'pending'}>"
 
 
-def _bad_results(results: Any) -> TypeError:
+def _bad_results(results: object) -> TypeError:
     return TypeError(
         f"ResultFuture.complete() takes an iterable of results, got {describe(results)} "
         f"({type(results).__name__}); wrap a single result in a list: complete([result])"
     )
 
 
-class AsyncFunction:
+class AsyncFunctionBase(Generic[IN, OUT]):
+    """What every async I/O function has: ``open``, ``close`` and ``timeout`` (the base
+    of ``AsyncFunction`` and ``aec.async_io.AsyncBatchFunction``; Flink's
+    ``RichAsyncFunction`` without the call). ``IN`` is the input values' type, ``OUT``
+    the outputs' (untyped when not given)."""
+
+    def open(self) -> None:
+        """Set up clients before the first call (mailbox thread)."""
+
+    def close(self) -> None:
+        """Release clients at the end of the wait call, also after a failure."""
+
+    def timeout(self, value: IN, result_future: ResultFuture[OUT]) -> None:
+        """Called once when ``value``'s timeout (seconds since its first call started,
+        spanning retries) expires. The default completes ``result_future``
+        exceptionally with ``TimeoutError``, so the job fails with ``JobFailure``
+        whose ``__cause__`` is that ``TimeoutError``. Override to complete with a
+        fallback, e.g. ``result_future.complete([])``.
+        """
+        result_future.complete_exceptionally(
+            TimeoutError(f"async call for input {describe(value)} timed out")
+        )
+
+
+class AsyncFunction(AsyncFunctionBase[IN, OUT]):
     """A function that looks up or computes each input asynchronously.
 
     Override ``async_invoke`` in one of two styles:
@@ -131,23 +163,6 @@ class AsyncFunction:
     Follows Flink's ``RichAsyncFunction``.
     """
 
-    def open(self) -> None:
-        """Set up clients before the first ``async_invoke`` (mailbox thread)."""
-
-    def close(self) -> None:
-        """Release clients at the end of the wait call, also after a failure."""
-
-    def async_invoke(self, value: Any, result_future: ResultFuture) -> Any:
+    def async_invoke(self, value: IN, result_future: ResultFuture[OUT]) -> object:
         """Start the call for ``value``; see the class docstring for both styles."""
         raise NotImplementedError(f"{type(self).__name__} must override async_invoke")
-
-    def timeout(self, value: Any, result_future: ResultFuture) -> None:
-        """Called once when ``value``'s timeout (seconds since its first call started,
-        spanning retries) expires. The default completes ``result_future``
-        exceptionally with ``TimeoutError``, so the job fails with ``JobFailure``
-        whose ``__cause__`` is that ``TimeoutError``. Override to complete with a
-        fallback, e.g. ``result_future.complete([])``.
-        """
-        result_future.complete_exceptionally(
-            TimeoutError(f"async call for input {describe(value)} timed out")
-        )

@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from time import monotonic
-from typing import Any, NoReturn
+from typing import Generic, NoReturn, Self
 
 from aec.async_io import snapshot as async_snapshot
 from aec.async_io.driver import CallDriver, is_asyncio_style
-from aec.async_io.function import AsyncFunction
+from aec.async_io.function import AsyncFunctionBase
 from aec.async_io.queue import AsyncEntry, OrderedQueue, UnorderedQueue
 from aec.checkpoint.files import CheckpointHandle
 from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore
 from aec.elements import Watermark
 from aec.errors import JobFailure
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
+from aec.state.typevars import IN, OUT
 
 __all__ = ["AsyncWaitOperator", "MODES"]
 
@@ -43,10 +44,10 @@ MODES = ("ordered", "unordered", "key_ordered")
 _NO_RETRY = NoRetry()
 
 
-class AsyncWaitOperator(CallDriver):
+class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
     """Calls ``function`` per input with at most ``capacity`` inputs admitted and not
     yet emitted (Flink's ``AsyncWaitOperator``, FLIP-12; retries FLIP-232;
-    ``key_ordered`` FLIP-519).
+    ``key_ordered`` FLIP-519). Inputs ``IN``, outputs ``OUT``: the function's.
 
     Args:
         function: an ``AsyncFunction`` (Flink style or asyncio style).
@@ -65,19 +66,22 @@ class AsyncWaitOperator(CallDriver):
         TypeError / ValueError: bad arguments (named).
     """
 
+    modes: tuple[str, ...] = MODES  # the modes this operator class takes
+
     def __init__(
         self,
-        function: AsyncFunction,
+        function: AsyncFunctionBase[IN, OUT],
         timeout: float | None,
         capacity: int,
         *,
         mode: str = "ordered",
         retry: RetryStrategy = _NO_RETRY,
-        key_selector: Callable[[Any], Any] | None = None,
+        key_selector: Callable[[IN], Hashable] | None = None,
     ) -> None:
-        timeout = check_arguments(function, timeout, capacity, retry)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        asyncio_style = self.check_function(function)
+        timeout = check_limits(timeout, capacity, retry)
+        if mode not in self.modes:
+            raise ValueError(f"mode must be one of {', '.join(self.modes)}, got {mode!r}")
         if mode == "key_ordered":
             if not callable(key_selector):
                 raise TypeError(
@@ -87,10 +91,10 @@ class AsyncWaitOperator(CallDriver):
         elif key_selector is not None:
             raise ValueError(f"key_selector is for mode='key_ordered' only, not {mode!r}")
         queue = OrderedQueue() if mode == "ordered" else UnorderedQueue()
-        super().__init__(function, timeout, retry, queue, key_selector)
+        super().__init__(function, timeout, retry, queue, key_selector, asyncio_style=asyncio_style)
         self.mode = mode
         self.capacity = capacity
-        self._outputs: list[Any] = []
+        self._outputs: list[OUT | Watermark] = []
         self._queued: dict[int, AsyncEntry | Watermark] = {}
         self._sequence = itertools.count()
         self._state = "new"  # new -> open -> finished | failed -> closed
@@ -99,6 +103,12 @@ class AsyncWaitOperator(CallDriver):
         self._records_out = 0
         self._restored = 0
         self._closed = False  # function.close() ran
+
+    @staticmethod
+    def check_function(function: object) -> bool:
+        """Check ``function`` for this operator; True if it is asyncio style.
+        Raises TypeError (see ``aec.async_io.driver.is_asyncio_style``)."""
+        return is_asyncio_style(function)
 
     # -- lifecycle -----------------------------------------------------------------------
     def open(self) -> None:
@@ -121,10 +131,10 @@ class AsyncWaitOperator(CallDriver):
         self._restorable = False
         try:
             while True:
-                self._advance()
+                self.advance()
                 if not self._queued:
                     break
-                self._wait()
+                self.wait()
         except BaseException as exc:
             self._fail(exc)
         self._state = "finished"
@@ -147,15 +157,15 @@ class AsyncWaitOperator(CallDriver):
         if error is not None:
             reason.add_note(f"AsyncFunction.close() also failed: {error!r}")
 
-    def __enter__(self) -> AsyncWaitOperator:
+    def __enter__(self) -> Self:
         self.open()
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- input ---------------------------------------------------------------------------
-    def process(self, value: Any) -> None:
+    def process(self, value: IN | Watermark) -> None:
         """Admit one input (a ``Watermark`` goes to ``process_watermark``), first
         waiting, while ``capacity`` elements are queued, for one to be emitted.
 
@@ -184,23 +194,23 @@ class AsyncWaitOperator(CallDriver):
             raise TypeError(f"expected an aec.Watermark, got {type(watermark).__name__}")
         self._push(watermark)
 
-    def _push(self, element: Any) -> None:
+    def _push(self, element: object) -> None:
         self._require_open()
         self._restorable = False
         try:
-            self._advance()
+            self.advance()
             while len(self._queue) >= self.capacity:
-                self._wait()
-                self._advance()
+                self.wait()
+                self.advance()
         except BaseException as exc:
             self._fail(exc)
         self._enqueue(element)
         try:
-            self._advance()
+            self.advance()
         except BaseException as exc:
             self._fail(exc)
 
-    def _enqueue(self, element: Any, attempts: int = 0) -> None:
+    def _enqueue(self, element: object, attempts: int = 0) -> None:
         """Admit ``element`` (no room check); boundary errors leave nothing changed."""
         try:
             admitted = self._admit(element, attempts)
@@ -214,14 +224,14 @@ class AsyncWaitOperator(CallDriver):
         self._queued[sequence] = admitted
 
     # -- output --------------------------------------------------------------------------
-    def drain_outputs(self) -> list[Any]:
+    def drain_outputs(self) -> list[OUT | Watermark]:
         """Results (each input's iterable, element by element) and ``Watermark``s emitted
         since the last call, in emission order."""
         outputs, self._outputs = self._outputs, []
         return outputs
 
     @property
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, float]:
         """Counters: records_in, records_out (results emitted), queued (elements
         admitted and not emitted), restored_inputs."""
         return {
@@ -231,10 +241,12 @@ class AsyncWaitOperator(CallDriver):
             "restored_inputs": self._restored,
         }
 
-    # -- the loop (also used by the iterator front-ends) ----------------------------------
-    def _advance(self) -> None:
+    # -- the loop: steps for front-ends that drive the operator without blocking in
+    # ``process`` (the wait iterators of ``aec.async_io.waits``) -------------------------
+    def advance(self) -> None:
         """Run completion mails, then due timers, then emit what the queue releases;
-        never blocks."""
+        never blocks. Raises JobFailure as ``process`` (without failing the operator:
+        the front-end calls ``abandon``)."""
         if self._mailbox:
             self._run_mails()
         if self._timers:
@@ -253,14 +265,20 @@ class AsyncWaitOperator(CallDriver):
                 del queued[next(iter(queued))]
                 outputs.append(element)
 
-    def _wait(self) -> None:
+    def wait(self) -> None:
         """Sleep until a completion mail arrives or the next timer is due."""
         self._mailbox.wait(self._timers.next_delay(monotonic()))
 
-    def _has_room(self) -> bool:
+    def has_room(self) -> bool:
+        """Whether ``process`` would admit an input without waiting (fewer than
+        ``capacity`` elements queued)."""
         return len(self._queue) < self.capacity
 
-    def _idle(self) -> bool:
+    def has_completions(self) -> bool:
+        """Whether completion mails wait for ``advance`` (they run before new input)."""
+        return bool(self._mailbox)
+
+    def idle(self) -> bool:
         """Nothing queued."""
         return not self._queued
 
@@ -359,19 +377,29 @@ class AsyncWaitOperator(CallDriver):
         return None
 
 
-def check_arguments(function: Any, timeout: Any, capacity: Any, retry: Any) -> float | None:
+def check_arguments(
+    function: object, timeout: object, capacity: object, retry: object
+) -> float | None:
     """Validate the shared arguments of async I/O; returns the timeout (None: none).
 
     Raises TypeError / ValueError naming the bad argument.
     """
     is_asyncio_style(function)  # raises TypeError for a function it cannot call
+    return check_limits(timeout, capacity, retry)
+
+
+def check_limits(timeout: object, capacity: object, retry: object) -> float | None:
+    """Validate ``timeout``, ``capacity`` and ``retry``; returns the timeout (None: none).
+
+    Raises TypeError / ValueError naming the bad argument.
+    """
     seconds = check_timeout(timeout)
     check_capacity(capacity)
     check_strategy(retry)
     return seconds
 
 
-def check_capacity(capacity: Any) -> int:
+def check_capacity(capacity: object) -> int:
     """Return ``capacity`` if it is an int >= 1; TypeError / ValueError otherwise."""
     if isinstance(capacity, bool) or not isinstance(capacity, int):
         raise TypeError(f"capacity must be an int >= 1, got {capacity!r}")

@@ -21,7 +21,8 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from collections.abc import Hashable
+from typing import Protocol, final
 
 from aec.elements import Watermark
 
@@ -35,6 +36,17 @@ TIMED_OUT = "timed_out"  # timeout() was called; ``future`` is the one handed to
 DONE = "done"  # ``results`` is final; waits in the queue to be emitted
 
 
+class Cancellable(Protocol):
+    """A running attempt a timeout cancels: an asyncio ``TaskHandle`` or a ``BatchItem``."""
+
+    def cancel(self) -> None: ...
+
+
+# a timeout or retry timer: (due, sequence, kind, entry, attempt) (``aec.async_io.driver``)
+Timer = tuple[float, int, int, "AsyncEntry", int]
+
+
+@final  # told apart from watermarks by ``type(element) is AsyncEntry``
 class AsyncEntry:
     """One input value's progress through its calls (Flink's ``StreamRecordQueueEntry``
     plus the retry state of ``RetryableResultHandlerDelegator``).
@@ -59,16 +71,16 @@ class AsyncEntry:
         "sequence",
     )
 
-    def __init__(self, value: Any, key: Any = None) -> None:
+    def __init__(self, value: object, key: Hashable = None) -> None:
         self.value = value
         self.key = key
         self.state = WAITING
         self.attempts = 0  # calls of async_invoke so far
         self.deadline: float | None = None  # monotonic seconds; set when the first call starts
-        self.future: Any = None
-        self.task: Any = None  # the asyncio TaskHandle of the running attempt, if any
-        self.timers: list[Any] = []  # this entry's live timers (timeout, retry)
-        self.results: list[Any] | None = None
+        self.future: object = None  # the ResultFuture accepted now (compared by identity)
+        self.task: Cancellable | None = None  # the running attempt, if any
+        self.timers: list[Timer] = []  # this entry's live timers (timeout, retry)
+        self.results: list[object] | None = None
         self.segment: _Segment | None = None  # unordered queues only
         self.sequence = 0  # arrival number in its operator (the snapshot's order)
 
@@ -185,7 +197,7 @@ class KeyGate:
     __slots__ = ("_waiting",)
 
     def __init__(self) -> None:
-        self._waiting: dict[Any, deque[AsyncEntry]] = {}
+        self._waiting: dict[Hashable, deque[AsyncEntry]] = {}
 
     def __len__(self) -> int:
         """Number of keys with a started, unfinished entry."""

@@ -22,7 +22,7 @@ import json
 import os
 import pickle
 from collections.abc import Iterable
-from typing import Any
+from typing import TypedDict
 
 from aec.async_io.queue import AsyncEntry
 from aec.checkpoint import files as checkpoint
@@ -36,9 +36,17 @@ KIND = "AsyncWaitOperator"
 INPUTS = "inputs.pickle"
 
 
-def encode(queued: Iterable[AsyncEntry | Watermark], watermark: float) -> dict[str, Any]:
+class Inputs(TypedDict):
+    """What ``inputs.pickle`` holds."""
+
+    # ("record", value, attempts) or ("watermark", timestamp), in arrival order
+    elements: list[tuple[str, object, int] | tuple[str, float]]
+    watermark: float
+
+
+def encode(queued: Iterable[AsyncEntry | Watermark], watermark: float) -> Inputs:
     """The picklable form of the queued elements, in arrival order."""
-    elements: list[tuple[Any, ...]] = []
+    elements: list[tuple[str, object, int] | tuple[str, float]] = []
     for element in queued:
         if isinstance(element, AsyncEntry):
             elements.append(("record", element.value, element.attempts))
@@ -47,7 +55,7 @@ def encode(queued: Iterable[AsyncEntry | Watermark], watermark: float) -> dict[s
     return {"elements": elements, "watermark": watermark}
 
 
-def files(mode: str, capacity: int, inputs: dict[str, Any]) -> dict[str, bytes]:
+def files(mode: str, capacity: int, inputs: Inputs) -> dict[str, bytes]:
     """``name -> bytes`` of the checkpoint (``aec.checkpoint.files.write_files``).
 
     Raises what pickling raises (an input value that cannot be pickled).
@@ -67,7 +75,7 @@ def files(mode: str, capacity: int, inputs: dict[str, Any]) -> dict[str, bytes]:
 
 def read(
     handle: CheckpointHandle | str | os.PathLike[str], mode: str
-) -> tuple[list[tuple[Any, int]], float]:
+) -> tuple[list[tuple[object, int]], float]:
     """Verify and parse an async I/O checkpoint taken in ``mode`` (a handle, or the
     path or URI of its ``chk-<id>``; a remote one is downloaded first).
 
@@ -100,7 +108,7 @@ def read(
             f"operator's mode is {mode!r} (restore into an operator of the same mode)"
         )
     try:
-        elements: list[tuple[Any, int]] = []
+        elements: list[tuple[object, int]] = []
         for element in inputs["elements"]:
             if element[0] == "record":
                 elements.append((element[1], int(element[2])))

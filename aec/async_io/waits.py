@@ -21,16 +21,20 @@ they are emitted. Decisions where the contract is silent: docs/async_io.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
+from aec.async_io.batch_function import AsyncBatchFunction
+from aec.async_io.batch_operator import AsyncBatchWaitOperator
 from aec.async_io.function import AsyncFunction, ResultFuture
 from aec.async_io.operator import AsyncWaitOperator, check_arguments
+from aec.elements import Watermark
 from aec.retry import NoRetry, RetryStrategy
+from aec.state.typevars import IN, OUT
 
 __all__ = [
     "AsyncFunction",
     "ResultFuture",
+    "batch_wait",
     "key_ordered_wait",
     "ordered_wait",
     "unordered_wait",
@@ -40,12 +44,12 @@ _NO_RETRY = NoRetry()
 
 
 def ordered_wait(
-    source: Iterable[Any],
-    function: AsyncFunction,
+    source: Iterable[IN | Watermark],
+    function: AsyncFunction[IN, OUT],
     timeout: float | None,
     capacity: int,
     retry: RetryStrategy = _NO_RETRY,
-) -> Iterator[Any]:
+) -> Iterator[OUT | Watermark]:
     """Call ``function`` for every value of ``source``; emit results in input order.
 
     Flink's ``AsyncDataStream.orderedWait`` (``OrderedStreamElementQueue``), with
@@ -82,12 +86,12 @@ def ordered_wait(
 
 
 def unordered_wait(
-    source: Iterable[Any],
-    function: AsyncFunction,
+    source: Iterable[IN | Watermark],
+    function: AsyncFunction[IN, OUT],
     timeout: float | None,
     capacity: int,
     retry: RetryStrategy = _NO_RETRY,
-) -> Iterator[Any]:
+) -> Iterator[OUT | Watermark]:
     """Like ``ordered_wait``, but results leave as their inputs complete.
 
     Watermarks are barriers: the results of every input before a watermark leave
@@ -102,14 +106,14 @@ def unordered_wait(
 
 
 def key_ordered_wait(
-    source: Iterable[Any],
-    function: AsyncFunction,
+    source: Iterable[IN | Watermark],
+    function: AsyncFunction[IN, OUT],
     timeout: float | None,
     capacity: int,
     retry: RetryStrategy = _NO_RETRY,
     *,
-    key_selector: Callable[[Any], Any],
-) -> Iterator[Any]:
+    key_selector: Callable[[IN], Hashable],
+) -> Iterator[OUT | Watermark]:
     """Like ``unordered_wait``, but an input's first call starts only after the
     previous input with the same key completed (all its attempts, or its timeout);
     different keys run concurrently (FLIP-519).
@@ -134,7 +138,66 @@ def key_ordered_wait(
     return _iterate(source, operator)
 
 
-def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any]:
+def batch_wait(
+    source: Iterable[IN | Watermark],
+    function: AsyncBatchFunction[IN, OUT],
+    *,
+    max_batch_size: int,
+    batch_timeout: float | None,
+    timeout: float | None,
+    capacity: int,
+    mode: str = "ordered",
+    retry: RetryStrategy = _NO_RETRY,
+) -> Iterator[OUT | Watermark]:
+    """Call ``function.async_invoke_batch`` with batches of the values of ``source``.
+
+    FLINK-38825's batched async I/O over ``AsyncBatchWaitOperator``: like
+    ``ordered_wait`` (``mode="ordered"``) or ``unordered_wait`` (``"unordered"``),
+    but inputs travel up to ``max_batch_size`` per call. A batch is sent when full,
+    when ``batch_timeout`` seconds passed since its first input, at once when a
+    watermark arrives behind it, and when nothing else can run (``capacity``
+    reached, end of input). Watermarks stay boundaries.
+
+    Args:
+        source: iterable of input values and ``aec.Watermark``s, pulled lazily while
+            fewer than ``capacity`` elements are admitted and not yet emitted.
+        function: an ``AsyncBatchFunction`` (``async def async_invoke_batch(self,
+            values) -> list``: one iterable of outputs per input, in order).
+        max_batch_size: inputs per call, at most (int >= 1).
+        batch_timeout: seconds a partial batch waits (>= 0), or None for no limit.
+        timeout: seconds per input from its admission, spanning every attempt
+            (finite and > 0), or None.
+        capacity: max elements admitted and not yet emitted (int >= 1).
+        mode: ``"ordered"`` or ``"unordered"``.
+        retry: an ``aec.retry`` strategy, per input: a retried input travels in a
+            later batch, possibly with others.
+
+    Returns:
+        A lazy iterator of outputs and watermarks, as ``ordered_wait``'s.
+
+    Raises:
+        TypeError / ValueError: bad arguments (at once), or while iterating a
+            regressing or non-numeric watermark.
+        JobFailure: while iterating, when an input's final outcome is an exception
+            (as in ``ordered_wait``), and at once for a batch result whose length
+            differs from the batch (its message names the function as
+            ``module.qualname`` and both lengths).
+    """
+    operator = AsyncBatchWaitOperator(
+        function,
+        max_batch_size=max_batch_size,
+        batch_timeout=batch_timeout,
+        timeout=timeout,
+        capacity=capacity,
+        mode=mode,
+        retry=retry,
+    )
+    return _iterate(source, operator)
+
+
+def _iterate(
+    source: Iterable[IN | Watermark], operator: AsyncWaitOperator[IN, OUT]
+) -> Iterator[OUT | Watermark]:
     """Drive ``operator`` over ``source``: completions first, then emission, then new
     input only while there is room (so ``source`` is never pulled ahead of capacity)."""
     try:
@@ -142,13 +205,13 @@ def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any
         elements = iter(source)
         exhausted = False
         while True:
-            operator._advance()
+            operator.advance()
             outputs = operator.drain_outputs()
             if outputs:
                 yield from outputs
                 continue  # mails may have arrived while the consumer ran
-            if not exhausted and operator._has_room():
-                if operator._mailbox:
+            if not exhausted and operator.has_room():
+                if operator.has_completions():
                     continue  # completions before new input
                 try:
                     element = next(elements)
@@ -157,9 +220,9 @@ def _iterate(source: Iterable[Any], operator: AsyncWaitOperator) -> Iterator[Any
                     continue
                 operator.process(element)
                 continue
-            if exhausted and operator._idle():
+            if exhausted and operator.idle():
                 break
-            operator._wait()
+            operator.wait()
         operator.finish()
     except BaseException as exc:  # GeneratorExit too: an abandoned iterator cleans up
         operator.abandon(exc)

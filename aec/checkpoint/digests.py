@@ -1,96 +1,131 @@
 """One checkpoint file's manifest entry: described when written, verified on restore.
 
-An entry is ``{"size": bytes, "sha256": hex}``, or ``{"size": bytes, "verify":
-"backend"}`` for a file the backend verifies itself whenever it reads it
-(``aec.state.backend.StateBackend.verified_by_backend``: RocksDB's SST files carry
-a checksum per block, MemoryBackend's segmented base a SHA-256 per segment). Such
-a file is never read here, on either side, so neither a checkpoint nor a restore
-costs time in proportion to state that is only linked (Flink does not re-read
-state files on restore either). Corruption in it fails the run when the backend
-reads it (``aec.JobFailure``), not the restore.
+An entry is ``{"size": bytes, "sha256": hex}`` for every file, whoever reads it
+later: no file of a checkpoint is exempt from its digest, so a manifest cannot
+let any byte through unchecked (an old ``"verify": "backend"`` entry, without a
+digest, is refused).
 
-A file hard-linked from an earlier checkpoint is the same inode with the same size
-and mtime: its entry is remembered by (device, inode, size, mtime), so linking a
-large file into every checkpoint costs one ``stat``.
+Verified once per process. Hashing every file at every restore would cost time
+in proportion to the state a checkpoint only links (RocksDB SST files, a
+MemoryBackend base: a RocksDB micro-batch, which restores the newest checkpoint,
+paid 18 ms at 2M keys). So the digest of a file this process wrote or verified
+is remembered by the file's identity, (device, inode, size, mtime), for files
+with more than one link (hard-linked between a live store and its checkpoints;
+a single-link file's inode may be reused once it is deleted): describing or
+verifying the same unchanged inode again costs one ``stat``. A file another
+process wrote (a restarted task, a download from an object store, which is a new
+inode) is hashed in full at its first restore, so corruption is refused there,
+before the backend reads a byte and before a new checkpoint could link it
+(corruption never propagates into later checkpoints). A file changed in place
+while this process runs changes its mtime, so it is hashed again; bytes that
+change without an mtime update (failing media) are caught when the backend reads
+them (RocksDB's block checksums, MemoryBackend's per-segment SHA-256), not here.
+File systems keep mtimes with a coarse clock (a few milliseconds), so a file
+changed right after it was hashed may keep its mtime: as git does with "racily
+clean" files, a digest is trusted only if it was taken ``_RACY_NS`` after the
+file's mtime; a younger one is hashed again (each file at most twice).
+``forget()`` empties the memory (what a new process sees).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping
 from typing import Any
 
-BY_BACKEND = "backend"
 _CHUNK = 1 << 20  # bytes hashed per read
-_CACHE = 4096  # hard-linked files whose entry is remembered
-_KNOWN: dict[tuple[int, int, int, int], dict[str, Any]] = {}
+_CACHE = 8192  # remembered files; cleared when full
+_RACY_NS = 100_000_000  # a digest taken sooner after the file's mtime is not trusted
+# identity -> (SHA-256 hex, when the hashing started, in time.time_ns())
+_KNOWN: dict[tuple[int, int, int, int], tuple[str, int]] = {}
 
 
-def matches(name: str, patterns: Sequence[str]) -> bool:
-    """Whether ``name`` matches one of the ``fnmatch`` ``patterns``."""
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-def describe(path: str, by_backend: bool = False) -> dict[str, Any]:
-    """The manifest entry of the file at ``path``, which is fsynced too (the backend
-    wrote it); ``by_backend``: size only, the file is not read."""
-    info = os.stat(path)
-    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-    known = _KNOWN.get(identity)
-    if (
-        known is not None
-        and info.st_nlink > 1
-        and (known.get("verify") == BY_BACKEND) == by_backend
-    ):
-        return dict(known)
-    if by_backend:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        described: dict[str, Any] = {"size": info.st_size, "verify": BY_BACKEND}
-    else:
-        digest = hashlib.sha256()
-        size = 0
-        with open(path, "rb") as src:
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-            os.fsync(src.fileno())
-        described = {"size": size, "sha256": digest.hexdigest()}
+def _remember(info: os.stat_result, sha256: str, hashed_at: int) -> None:
     if info.st_nlink > 1:
         if len(_KNOWN) >= _CACHE:
             _KNOWN.clear()
-        _KNOWN[identity] = described
-    return dict(described)
+        _KNOWN[_identity(info)] = (sha256, hashed_at)
 
 
-def verify(path: str, expected: dict[str, Any], keep: bool) -> bytes | None:
-    """Check the file at ``path`` against its manifest entry; its bytes if ``keep``
-    (read once, so what was verified is what gets parsed). A ``"verify": "backend"``
-    entry is checked for its size only, unless ``keep``.
-
-    Raises ValueError naming the file: a size or SHA-256 mismatch.
-    """
-    if expected.get("verify") == BY_BACKEND and not keep:
-        size = os.path.getsize(path)
-        if size != expected.get("size"):
-            raise ValueError(f"{path} has {size} bytes, the manifest says {expected.get('size')}")
+def _trusted(info: os.stat_result) -> str | None:
+    """The remembered digest of an unchanged multi-link file, if it is not racy."""
+    if info.st_nlink < 2:
         return None
+    known = _KNOWN.get(_identity(info))
+    if known is None or known[1] - info.st_mtime_ns < _RACY_NS:
+        return None
+    return known[0]
+
+
+def forget() -> None:
+    """Forget every remembered digest: the next restore hashes every file again, as
+    a new process would."""
+    _KNOWN.clear()
+
+
+def describe(path: str) -> dict[str, object]:
+    """The manifest entry of the file at ``path``, which is fsynced too (the backend
+    wrote it). A file this process described or verified before, unchanged, is not
+    read again."""
+    info = os.stat(path)
+    known = _trusted(info)
+    if known is not None:
+        return {"size": info.st_size, "sha256": known}
+    hashed_at = time.time_ns()
+    seen = info.st_nlink > 1 and _identity(info) in _KNOWN  # racy: hashed, and fsynced, before
+    digest, size = _hash(path, fsync=not seen)
+    _remember(info, digest.hexdigest(), hashed_at)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+def verify(path: str, expected: Mapping[str, object], keep: bool) -> bytes | None:
+    """Check the file at ``path`` against its manifest entry; its bytes if ``keep``
+    (read once, so what was verified is what gets parsed). A file this process
+    wrote or verified with that digest, unchanged since, is checked by ``stat``
+    only (unless ``keep``).
+
+    Raises ValueError naming the file: an entry without a SHA-256, or a size or
+    SHA-256 mismatch.
+    """
+    sha256 = expected.get("sha256")
+    if not isinstance(sha256, str):
+        raise ValueError(
+            f"the manifest entry of {path} has no SHA-256: every checkpoint file must "
+            "carry one (a checkpoint written by an older aec, or edited)"
+        )
+    info = os.stat(path)
+    if info.st_size != expected.get("size"):
+        raise ValueError(f"{path} has {info.st_size} bytes, the manifest says {expected.get('size')}")
+    if not keep and _trusted(info) == sha256:
+        return None
+    parts: list[bytes] | None = [] if keep else None
+    hashed_at = time.time_ns()
+    digest, size = _hash(path, parts=parts)
+    if size != expected.get("size"):  # changed while being read
+        raise ValueError(f"{path} has {size} bytes, the manifest says {expected.get('size')}")
+    if digest.hexdigest() != sha256:
+        raise ValueError(f"{path} does not match its SHA-256 checksum in the manifest")
+    _remember(info, sha256, hashed_at)
+    return b"".join(parts) if parts is not None else None
+
+
+def _hash(
+    path: str, fsync: bool = False, parts: list[bytes] | None = None
+) -> tuple[Any, int]:
     digest = hashlib.sha256()
     size = 0
-    parts = []
     with open(path, "rb") as src:
         while chunk := src.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
-            if keep:
+            if parts is not None:
                 parts.append(chunk)
-    if size != expected.get("size"):
-        raise ValueError(f"{path} has {size} bytes, the manifest says {expected.get('size')}")
-    if expected.get("verify") != BY_BACKEND and digest.hexdigest() != expected.get("sha256"):
-        raise ValueError(f"{path} does not match its SHA-256 checksum in the manifest")
-    return b"".join(parts) if keep else None
+        if fsync:
+            os.fsync(src.fileno())
+    return digest, size

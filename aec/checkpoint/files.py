@@ -11,9 +11,13 @@ checkpoint ``n`` under ``directory``::
 
     directory/chk-<n>/
         backend/        what ``backend.snapshot(dir)`` wrote (any files)
-        timers.pickle   event-time and processing-time timer queues (pickled)
-        operator.json   watermark, clock reading, epoch, counters, config, ...
-        MANIFEST.json   every other file: size and SHA-256; written last
+        timers.msgpack  event-time and processing-time timer queues (msgpack)
+        in-flight.msgpack  records a checkpoint that did not drain carries (only then)
+        operator.json   watermark, clock reading, epoch, states, counters, config, ...
+        MANIFEST.hmac   HMAC-SHA256 of the manifest (with AEC_CHECKPOINT_KEY set)
+        MANIFEST.json   every other file: size and SHA-256; written last (on an
+                        object store a backend file may be a reference to where an
+                        earlier checkpoint stored it: ``aec.checkpoint.shared``)
 
 Invariants:
 - A directory named ``chk-<n>`` exists only complete: files are written into
@@ -22,18 +26,21 @@ Invariants:
   within one file system). A failure before the rename removes the staging
   directory, so a failed snapshot leaves nothing that looks like a checkpoint.
 - A checkpoint is complete iff its manifest is present and every file it
-  lists has the listed size and checksum, and it has no unlisted files.
+  lists has the listed size and SHA-256, and it has no unlisted files.
   ``read`` checks all of this before it parses anything, and raises
-  ``ValueError`` naming the first bad file; it changes nothing. Files the
-  backend verifies itself on read (``StateBackend.verified_by_backend``:
-  RocksDB's SST files, MemoryBackend's segmented base) are checked for size
-  only, so a restore reads no state bytes it may never need.
+  ``ValueError`` naming the first bad file; it changes nothing. Every file
+  has a digest (none is left to the backend); a file this process wrote or
+  verified already is checked by identity (``aec.checkpoint.digests``).
 - An existing ``chk-<n>`` is never overwritten (checkpoint ids are unique,
   as in Flink): ``write`` (and ``storage.CheckpointStore.prepare``) raise
   ``FileExistsError``.
 - Object stores (no atomic rename) and listing: ``aec.checkpoint.storage``.
-- Checksums detect corruption, not tampering: ``timers.pickle`` is a pickle,
-  so restore only checkpoints you trust (as with any pickle).
+- Nothing the engine itself reads from a checkpoint can run code: the
+  manifest and ``operator.json`` are JSON, the timers msgpack (plain data
+  only, ``aec.state.serialization.SAFE``); state values are decoded with the
+  serializer each state is registered with (pickle only where a state opted
+  in). Checksums detect corruption; tampering is detected with a signing key
+  (``aec.checkpoint.signing``: refused before any byte is decoded).
 """
 
 from __future__ import annotations
@@ -42,21 +49,26 @@ import errno
 import json
 import math
 import os
-import pickle
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aec.checkpoint import digests
+from aec.checkpoint import digests, signing
+from aec.checkpoint.signing import SIGNATURE
+from aec.state.serialization import SAFE
 
-FORMAT = "aec-checkpoint/1"
+FORMAT = "aec-checkpoint/2"
 MANIFEST = "MANIFEST.json"
 METADATA = "operator.json"
-TIMERS = "timers.pickle"
+TIMERS = "timers.msgpack"
+IN_FLIGHT = "in-flight.msgpack"  # records a checkpoint that did not drain carries (optional)
 BACKEND_DIR = "backend"
+_OWN = frozenset({MANIFEST, SIGNATURE})  # the commit's own files, listed nowhere
+# marks manifest entries (in place) and returns more manifest fields
+Annotate = Callable[[dict[str, dict[str, Any]]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -89,12 +101,17 @@ class OperatorState:
         state_names: the states the function created in ``open()`` (states made later
             on demand, such as a window trigger's, are left out: they depend on the
             data seen); checkpoints merged by a restore must agree on them.
+        states: every state made so far, ``{name: {"type": ..., "serializer": ...,
+            "ttl": bool}}`` (``aec.checkpoint.state_meta``): a restore refuses a
+            live state of the same name with another type, serializer or TTL.
         config: the operator's ``AecConfig`` as a dict (informational).
         counts: records_in, records_out, timers_fired, ... (informational).
         backend: the backend's class name (informational).
         key_group_range: ``(start, end)`` of the key groups the operator owned
             (inclusive, ``aec.keygroups.KeyGroupRange``); None: every key group
             (and what a checkpoint written before rescaling existed reads as).
+        in_flight: the records a checkpoint that did not drain carries, as the
+            runtime serialized them (``aec.runtime.in_flight``); empty otherwise.
     """
 
     watermark: float
@@ -106,10 +123,12 @@ class OperatorState:
     event_timers: Any  # a TimerQueue: exported on write, loaded by ``load_timers``
     processing_timers: Any
     state_names: list[str] = field(default_factory=list)
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     backend: str = ""
     key_group_range: tuple[int, int] | None = None
+    in_flight: bytes = b""
 
 
 @dataclass
@@ -147,14 +166,22 @@ def checkpoint_path(directory: str | os.PathLike[str], checkpoint_id: int) -> st
 
 
 # -- writing -----------------------------------------------------------------------------------
-def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -> CheckpointHandle:
+def write(
+    target: str,
+    checkpoint_id: int,
+    backend: Any,
+    state: OperatorState,
+    annotate: Annotate | None = None,
+) -> CheckpointHandle:
     """Write a complete checkpoint to ``target`` (from ``prepare``) atomically.
 
-    Calls ``backend.snapshot(<staging>/backend)``, pickles the timers, writes
-    ``operator.json``, then the manifest, then renames the staging directory
-    to ``target``. The caller has drained the operator and flushed the backend.
+    Calls ``backend.snapshot(<staging>/backend)``, writes the timers (msgpack)
+    and ``operator.json``, then the manifest (signed with a key set), then
+    renames the staging directory to ``target``. The caller has drained the
+    operator and flushed the backend. ``annotate``: see ``commit``.
 
-    Raises whatever the backend, pickling or the file system raised (and
+    Raises whatever the backend, encoding (a timer key that is not plain data)
+    or the file system raised (and
     ``FileExistsError`` if ``target`` appeared meanwhile), after removing the
     staging directory: no ``target`` is left behind.
     """
@@ -167,11 +194,12 @@ def write(target: str, checkpoint_id: int, backend: Any, state: OperatorState) -
             "event": state.event_timers.export(),
             "processing": state.processing_timers.export(),
         }
-        _write_file(staging, TIMERS, pickle.dumps(timers, protocol=pickle.HIGHEST_PROTOCOL))
+        _write_file(staging, TIMERS, SAFE.dumps(timers))
+        if state.in_flight:
+            _write_file(staging, IN_FLIGHT, state.in_flight)
         _write_file(staging, METADATA, _json_bytes(_metadata(checkpoint_id, state)))
 
-    patterns = getattr(backend, "verified_by_backend", ())
-    return commit(target, checkpoint_id, fill, [f"{BACKEND_DIR}/{p}" for p in patterns])
+    return commit(target, checkpoint_id, fill, annotate)
 
 
 def write_files(target: str, checkpoint_id: int, contents: dict[str, bytes]) -> CheckpointHandle:
@@ -190,13 +218,14 @@ def commit(
     target: str,
     checkpoint_id: int,
     fill: Callable[[str], None],
-    verified_by_backend: Sequence[str] = (),
+    annotate: Annotate | None = None,
 ) -> CheckpointHandle:
     """Stage a checkpoint: ``fill(staging_dir)`` writes its files, then the manifest
-    (sizes, SHA-256) is written last and the staging directory renamed to ``target``.
-    Files matching a ``verified_by_backend`` pattern (``fnmatch``, relative to the
-    checkpoint) are listed with their size and ``"verify": "backend"``, no digest:
-    neither this write nor a restore reads them.
+    (size and SHA-256 of every file) is written last, after its signature when
+    ``AEC_CHECKPOINT_KEY`` is set (``aec.checkpoint.signing``), and the staging
+    directory is renamed to ``target``. ``annotate(entries)`` may mark manifest
+    entries and returns more manifest fields (an object store's shared files,
+    ``aec.checkpoint.shared``): the signature covers them too.
 
     Raises what ``fill`` or the file system raised (``FileExistsError`` if
     ``target`` appeared meanwhile), after removing the staging directory.
@@ -208,13 +237,16 @@ def commit(
     try:
         fill(staging)
         files = {
-            name: digests.describe(
-                os.path.join(staging, name), digests.matches(name, verified_by_backend)
-            )
-            for name in list_files(staging)
+            name: digests.describe(os.path.join(staging, name)) for name in list_files(staging)
         }
-        manifest = {"format": FORMAT, "checkpoint_id": checkpoint_id, "files": files}
-        _write_file(staging, MANIFEST, _json_bytes(manifest))  # last: the commit record
+        fields: dict[str, Any] = {"format": FORMAT, "checkpoint_id": checkpoint_id, "files": files}
+        if annotate is not None:
+            fields.update(annotate(files))
+        manifest = _json_bytes(fields)
+        key = signing.current_key()
+        if key is not None:
+            _write_file(staging, SIGNATURE, signing.sign(manifest, key))
+        _write_file(staging, MANIFEST, manifest)  # last: the commit record
         _fsync_directory(staging)
         if os.path.lexists(target):  # another writer won the id meanwhile
             raise FileExistsError(f"checkpoint {checkpoint_id} appeared at {target} meanwhile")
@@ -238,6 +270,7 @@ def _metadata(checkpoint_id: int, state: OperatorState) -> dict[str, Any]:
         "record_sequence": state.record_sequence,
         "max_parallelism": state.max_parallelism,
         "state_names": list(state.state_names),
+        "states": state.states,
         "config": {k: _encode_time(v) if type(v) is float else v for k, v in state.config.items()},
         "counts": {**state.counts, "event_timers": len(state.event_timers),
                    "processing_timers": len(state.processing_timers)},
@@ -284,16 +317,17 @@ def read(
         TypeError: ``handle`` is neither.
         FileNotFoundError: there is no directory at the path.
         ValueError: naming the file: no manifest (an incomplete checkpoint), a
-            listed file missing, an unlisted file, a size or checksum mismatch,
-            a manifest or metadata of another format, a handle whose id differs
-            from the manifest's, or timers that do not load.
+            missing or wrong signature (with ``AEC_CHECKPOINT_KEY`` set), a listed
+            file missing, an unlisted file, a size or checksum mismatch, a
+            manifest or metadata of another format (an older aec's checkpoint), a
+            handle whose id differs from the manifest's, or timers that do not load.
     """
-    handle, contents = read_files(handle, (METADATA, TIMERS))
+    handle, contents = read_files(handle, (METADATA, TIMERS), optional=(IN_FLIGHT,))
     path, checkpoint_id = handle.path, handle.checkpoint_id
     metadata = _parse(path, METADATA, contents[METADATA], json.loads)
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise ValueError(f"{os.path.join(path, METADATA)} is not {FORMAT} operator metadata")
-    timers = _parse(path, TIMERS, contents[TIMERS], pickle.loads)
+    timers = _parse(path, TIMERS, contents[TIMERS], SAFE.loads)
     try:
         state = OperatorState(
             watermark=_decode_time(metadata["watermark"]),
@@ -305,10 +339,12 @@ def read(
             event_timers=load_timers(timers["event"]),
             processing_timers=load_timers(timers["processing"]),
             state_names=list(metadata["state_names"]),
+            states=_states(metadata["states"]),
             config=dict(metadata["config"]),
             counts=dict(metadata["counts"]),
             backend=str(metadata["backend"]),
             key_group_range=_key_group_range(metadata.get("key_group_range")),
+            in_flight=contents.get(IN_FLIGHT, b""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: operator metadata or timers are malformed: {exc}") from exc
@@ -318,10 +354,13 @@ def read(
 
 
 def read_files(
-    handle: CheckpointHandle | str | os.PathLike[str], wanted: tuple[str, ...]
+    handle: CheckpointHandle | str | os.PathLike[str],
+    wanted: tuple[str, ...],
+    optional: tuple[str, ...] = (),
 ) -> tuple[CheckpointHandle, dict[str, bytes]]:
     """Verify a checkpoint (manifest, sizes, SHA-256, no unlisted file) and return its
-    handle and the contents of the ``wanted`` files, which it must list.
+    handle and the contents of the ``wanted`` files, which it must list, and of the
+    ``optional`` ones it lists.
 
     Raises TypeError, FileNotFoundError or ValueError as ``read`` does.
     """
@@ -342,7 +381,7 @@ def read_files(
             f"{os.path.join(path, MANIFEST)} is checkpoint {checkpoint_id}, "
             f"the handle says {expected_id}"
         )
-    contents = _verify_files(path, manifest["files"], wanted)
+    contents = _verify_files(path, manifest["files"], wanted + optional)
     return CheckpointHandle(checkpoint_id, path), contents
 
 
@@ -355,7 +394,30 @@ def _read_manifest(path: str, wanted: tuple[str, ...]) -> dict[str, Any]:
         raise ValueError(
             f"{file} is missing: {path} is an incomplete checkpoint (not committed)"
         ) from None
-    manifest = _parse(path, MANIFEST, data, json.loads)
+    signature = None
+    if signing.current_key() is not None:
+        try:
+            with open(os.path.join(path, SIGNATURE), "rb") as src:
+                signature = src.read()
+        except FileNotFoundError:
+            pass
+    return parse_manifest(path, data, signature, wanted)
+
+
+def parse_manifest(
+    where: str, data: bytes, signature: bytes | None, wanted: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``where`` from its bytes, checked: with
+    ``AEC_CHECKPOINT_KEY`` set, its ``signature`` (the bytes of ``MANIFEST.hmac``,
+    None when absent) first, before a byte is parsed; then its format, and that it
+    lists every file of ``wanted``.
+
+    Raises ValueError naming the checkpoint (unsigned, wrongly signed, not a
+    manifest of this format, a wanted file unlisted).
+    """
+    file = f"{where.rstrip('/')}/{MANIFEST}" if "://" in where else os.path.join(where, MANIFEST)
+    signing.check(where, data, signature, signing.current_key())  # before parsing
+    manifest = _parse(where, MANIFEST, data, json.loads)
     if not isinstance(manifest, dict):
         raise ValueError(f"{file} is not an {FORMAT} manifest")
     files = manifest.get("files")
@@ -376,9 +438,9 @@ def _read_manifest(path: str, wanted: tuple[str, ...]) -> dict[str, Any]:
 def _verify_files(path: str, listed: dict[str, Any], wanted: tuple[str, ...]) -> dict[str, bytes]:
     """Check every listed file's size and SHA-256 and that none is unlisted; return
     the contents of the small operator files (read once, so what was verified is
-    what gets parsed). A file marked ``"verify": "backend"`` is checked for its
-    size only (``aec.checkpoint.digests``)."""
-    present = set(list_files(path)) - {MANIFEST}
+    what gets parsed); a file this process wrote or verified, unchanged, by
+    identity only (``aec.checkpoint.digests``)."""
+    present = set(list_files(path)) - _OWN
     unlisted = sorted(present - set(listed))
     if unlisted:
         file = os.path.join(path, unlisted[0])
@@ -399,7 +461,7 @@ def _verify_files(path: str, listed: dict[str, Any], wanted: tuple[str, ...]) ->
 def _parse(path: str, name: str, data: bytes, loads: Any) -> Any:
     try:
         return loads(data)
-    except Exception as exc:  # json, pickle and their many error types
+    except Exception as exc:  # json, msgpack and their many error types
         raise ValueError(f"{os.path.join(path, name)} cannot be read: {exc}") from exc
 
 
@@ -422,6 +484,14 @@ def _json_bytes(value: Any) -> bytes:
 def _encode_time(value: float) -> float | str:
     """Strict JSON has no infinities: -inf/inf are stored as strings."""
     return value if math.isfinite(value) else str(value)
+
+
+def _states(value: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict) or not all(
+        isinstance(name, str) and isinstance(about, dict) for name, about in value.items()
+    ):
+        raise ValueError(f"not a state description: {value!r}")
+    return value
 
 
 def _key_group_range(value: Any) -> tuple[int, int] | None:

@@ -15,30 +15,59 @@ listed by ``latest``, refused by ``local_copy`` with ``ValueError``. A failed
 upload removes what it uploaded (best effort; without a manifest a leftover
 is inert anyway).
 
+Incremental checkpoints on object stores (``aec.checkpoint.shared``). The files a
+backend wrote are content-addressed objects under ``<location>/shared/``: one
+already in the store, verified by this process and unchanged since, is
+referenced by the new manifest instead of uploaded again. ``delete`` removes a
+checkpoint (its manifest first) and then every shared object no committed
+checkpoint references (``collect_garbage``); ``retain(n)`` keeps the newest
+``n``. ``local_copy`` downloads a checkpoint's own files and the objects it
+references (those this process holds already are linked from its object cache).
+
 A location string with a scheme (``name://``) is never taken as a local path:
 a scheme ``pyarrow.fs`` cannot resolve raises ``ValueError`` naming it.
+
+Bounded waits. Every object-store call goes through ``CheckpointStore._call``:
+an S3 file system gets the connect and request timeouts and the attempts of
+``aec.timeouts.store_timeouts()`` (pyarrow's ``S3FileSystem`` options), so a
+stalled store fails the call after about ``request * attempts`` seconds with a
+``CheckpointStorageError`` naming the store, the operation and the path; a call
+slower than ``slow_request`` seconds is logged (logger ``aec.checkpoint.storage``,
+WARNING). Other schemes keep their library's own timeouts.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
+import json
+import logging
 import os
 import re
 import shutil
-import tempfile
+import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
 
-from aec.checkpoint import files
+from aec.checkpoint import files, shared
 from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
+from aec.checkpoint.shared import SharedRegistry, Stamp
+from aec.checkpoint.signing import SIGNATURE
 from aec.errors import needs_extra
+from aec.state import scratch
+from aec.timeouts import StoreTimeouts, store_timeouts
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs  # type: ignore[import-untyped]  # pyarrow ships no type hints
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CHUNK = 1 << 20  # bytes per upload/download write
+# how pyarrow's S3 client (curl under the AWS SDK) reports a request that timed out
+_TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out", re.IGNORECASE)
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class CheckpointStorageError(OSError):
@@ -54,10 +83,14 @@ def is_uri(location: str | os.PathLike[str]) -> bool:
     return isinstance(location, str) and _SCHEME.match(location) is not None
 
 
-def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+def resolve_filesystem(
+    uri: str, timeouts: StoreTimeouts | None = None
+) -> tuple[pafs.FileSystem, str]:
     """``pyarrow.fs.FileSystem.from_uri(uri)``: the file system and the path in it.
 
-    Read on every call, so the AWS variables of the moment apply. Tests replace
+    Read on every call, so the AWS variables of the moment apply. An S3 file
+    system gets ``timeouts`` (default ``store_timeouts()``): connect and request
+    timeouts and a standard retry strategy of ``attempts`` tries. Tests replace
     it to wrap the file system (fault injection).
 
     Raises:
@@ -69,14 +102,41 @@ def resolve_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     with needs_extra("s3", f"checkpoints at {name}:// URIs", "pyarrow"):
         import pyarrow.fs as pafs
     try:
-        resolved: tuple[pafs.FileSystem, str] = pafs.FileSystem.from_uri(uri)
-        return resolved
+        fs, path = pafs.FileSystem.from_uri(uri)
     except (ValueError, OSError, TypeError) as exc:  # ArrowInvalid is a ValueError
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ValueError(
             f"checkpoint location {uri!r}: the scheme {name!r} cannot be resolved by "
-            f"pyarrow.fs ({first_line}); use a local path, file://, s3://, gs://, ..."
+            f"pyarrow.fs ({_first_line(exc)}); use a local path, file://, s3://, gs://, ..."
         ) from exc
+    if isinstance(fs, pafs.S3FileSystem):
+        fs = _s3_with_timeouts(fs, timeouts or store_timeouts())
+    return fs, path
+
+
+def _s3_with_timeouts(fs: pafs.S3FileSystem, timeouts: StoreTimeouts) -> pafs.S3FileSystem:
+    """The same S3 file system (endpoint, region, credentials as ``from_uri`` found
+    them) with bounded waits. ``from_uri`` takes no timeouts, so the options it
+    resolved (its pickling arguments) are passed to a new ``S3FileSystem``."""
+    import pyarrow.fs as pafs
+
+    options = dict(fs.__reduce__()[1][0])
+    proxy = options.pop("proxy_options", None) or {}
+    if proxy.get("host"):
+        options["proxy_options"] = proxy
+    for name in ("region", "role_arn", "session_name", "external_id", "tls_ca_file_path"):
+        if not options.get(name):
+            options.pop(name, None)  # unset: the SDK's own resolution
+    options.update(
+        connect_timeout=timeouts.connect,
+        request_timeout=timeouts.request,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=timeouts.attempts),
+    )
+    return pafs.S3FileSystem(**options)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class CheckpointStore:
@@ -87,13 +147,21 @@ class CheckpointStore:
         local: True for a local directory (atomic-rename commits).
     """
 
-    def __init__(self, location: str, fs: pafs.FileSystem | None, root: str, local: bool) -> None:
+    def __init__(
+        self,
+        location: str,
+        fs: pafs.FileSystem | None,
+        root: str,
+        local: bool,
+        timeouts: StoreTimeouts | None = None,
+    ) -> None:
         # a local directory is read and written with os (no pyarrow: the engine-only
         # install checkpoints locally); ``fs`` is the object store's file system
         self.location = location
         self.fs = fs
         self.root = root
         self.local = local
+        self.timeouts = timeouts or StoreTimeouts()  # what ``fs`` was built with
 
     @property
     def _remote(self) -> pafs.FileSystem:
@@ -117,10 +185,11 @@ class CheckpointStore:
             if text.lower().startswith("file://"):
                 path = os.path.abspath(unquote(urlparse(text).path))
                 return cls(path, None, path, True)
-            fs, root = resolve_filesystem(text)
+            timeouts = store_timeouts()
+            fs, root = resolve_filesystem(text, timeouts)
             if type(fs).__name__ == "LocalFileSystem":
                 return cls(os.path.abspath(root), None, os.path.abspath(root), True)
-            return cls(text.rstrip("/"), fs, root.rstrip("/"), False)
+            return cls(text.rstrip("/"), fs, root.rstrip("/"), False, timeouts)
         path = os.path.abspath(text)
         return cls(path, None, path, True)
 
@@ -136,12 +205,23 @@ class CheckpointStore:
 
     def child(self, *parts: str) -> CheckpointStore:
         """The store at a sub-directory."""
-        return CheckpointStore(self.name_of(*parts), self.fs, self._path(*parts), self.local)
+        return CheckpointStore(
+            self.name_of(*parts), self.fs, self._path(*parts), self.local, self.timeouts
+        )
 
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint_ids(self, complete: bool = True) -> list[int]:
         """Ids of the ``chk-<id>`` directories, ascending; with ``complete`` only those
-        with a manifest (the committed ones)."""
+        with a manifest (the committed ones). An object store answers with one listing."""
+        if complete and not self.local:
+            found = {
+                int(path[4 : -len(MANIFEST) - 1])
+                for path in self.stored_files()
+                if path.startswith("chk-")
+                and path.endswith(f"/{MANIFEST}")
+                and path[4 : -len(MANIFEST) - 1].isdigit()
+            }
+            return sorted(found)
         ids = []
         for name in self.list_names():
             number = name[4:] if name.startswith("chk-") else ""
@@ -177,61 +257,193 @@ class CheckpointStore:
         ``CheckpointStorageError`` when the upload fails (nothing committed).
         """
         return self._write_with(
-            checkpoint_id, lambda target: files.write(target, checkpoint_id, backend, state)
+            checkpoint_id,
+            lambda target, annotate: files.write(target, checkpoint_id, backend, state, annotate),
         )
 
     def write_files(self, checkpoint_id: int, contents: dict[str, bytes]) -> CheckpointHandle:
         """Write checkpoint ``checkpoint_id`` made of the given files (``name -> bytes``),
         committed like ``write`` (operators without keyed state: async I/O)."""
         return self._write_with(
-            checkpoint_id, lambda target: files.write_files(target, checkpoint_id, contents)
+            checkpoint_id,
+            lambda target, _: files.write_files(target, checkpoint_id, contents),
         )
 
     def _write_with(
-        self, checkpoint_id: int, write: Callable[[str], CheckpointHandle]
+        self,
+        checkpoint_id: int,
+        write: Callable[[str, files.Annotate | None], CheckpointHandle],
     ) -> CheckpointHandle:
-        """``write(local_target)`` commits locally; on an object store it stages in a
-        temporary directory, then the files are uploaded, the manifest last."""
+        """``write(local_target, annotate)`` commits locally; on an object store it
+        stages in a temporary directory, backend files that committed checkpoints
+        stored already referenced instead of uploaded (``aec.checkpoint.shared``), then
+        the rest is uploaded, the manifest last."""
         if self.local:
-            return write(files.checkpoint_path(self.location, checkpoint_id))
+            return write(files.checkpoint_path(self.location, checkpoint_id), None)
         name = f"chk-{checkpoint_id}"
-        with tempfile.TemporaryDirectory(prefix="aec-stage-") as staging:
-            local = write(os.path.join(staging, name))
-            self._upload(local.path, name)
+        registry = self.registry()
+        with registry.lock:
+            self._sync(registry)
+            reuse = registry.reusable(self.stamps(registry.candidates()))
+            staging = scratch.make("aec-stage-")  # swept after a kill (aec.state.scratch)
+            try:
+                local = write(
+                    os.path.join(staging, name), registry.annotate(checkpoint_id, reuse)
+                )
+                self._upload(local.path, name, checkpoint_id, registry)
+            finally:
+                scratch.remove(staging)
         return CheckpointHandle(checkpoint_id, self.name_of(name))
 
-    def _upload(self, source: str, name: str) -> None:
-        listed = [f for f in files.list_files(source) if f != MANIFEST]
+    def _upload(self, source: str, name: str, checkpoint_id: int, registry: SharedRegistry) -> None:
+        """Upload a staged checkpoint: its own files (but those its manifest references
+        elsewhere), the signature, then the manifest (the commit); the stamps of its
+        backend files are noted before the commit (``SharedRegistry.verified``). A
+        failure deletes what was uploaded and raises ``CheckpointStorageError``."""
+        with open(os.path.join(source, MANIFEST), "rb") as src:
+            manifest = json.loads(src.read())
+        entries = manifest["files"]
+        listed = [n for n in files.list_files(source) if n not in (MANIFEST, SIGNATURE)]
+        own = [n for n in listed if "object" not in entries.get(n, {})]
+        signature = [SIGNATURE] if os.path.exists(os.path.join(source, SIGNATURE)) else []
+        objects = shared.backend_objects(checkpoint_id, manifest)
+        uploads = {p: sha for p, sha in objects.items() if p.startswith(f"{name}/")}
         try:
-            for relative in [*listed, MANIFEST]:  # the manifest last: the commit
+            for relative in own:
+                self._put(os.path.join(source, relative), self._path(name, relative))
+            stamps = self.stamps(list(uploads))
+            for relative in [*signature, MANIFEST]:  # the manifest last: the commit
                 self._put(os.path.join(source, relative), self._path(name, relative))
         except Exception as exc:
             with contextlib.suppress(Exception):
-                self._remote.delete_dir(self._path(name))
+                path = self._path(name)
+                self._call("delete", path, functools.partial(self._remote.delete_dir, path))
             raise CheckpointStorageError(
                 f"uploading checkpoint {self.name_of(name)} failed, nothing committed: {exc}"
             ) from exc
+        registry.committed(checkpoint_id, objects)
+        for path, sha256 in uploads.items():
+            stamp = stamps.get(path)
+            if stamp is not None:
+                registry.verified[path] = (sha256, stamp)
+                local = os.path.join(source, *path[len(name) + 1 :].split("/"))
+                shared.CACHE.keep(self.location, sha256, local)
 
     def _put(self, source: str, path: str) -> None:
-        with open(source, "rb") as src, self._remote.open_output_stream(path) as out:
-            while chunk := src.read(_CHUNK):
-                out.write(chunk)
+        def put() -> None:
+            with open(source, "rb") as src, self._remote.open_output_stream(path) as out:
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
 
-    def delete(self, checkpoint_id: int) -> None:
+        self._call("upload", path, put)
+
+    # -- incremental checkpoints (aec.checkpoint.shared) -----------------------------------------
+    def registry(self) -> SharedRegistry:
+        """This process's registry of the checkpoint files stored at this location."""
+        return shared.registry(self.location)
+
+    def _sync(self, registry: SharedRegistry) -> None:
+        """Bring ``registry`` up to the committed checkpoints now in the store."""
+        registry.sync(self.checkpoint_ids(), self._manifest_of)
+
+    def _manifest_of(self, checkpoint_id: int) -> dict[str, Any]:
+        data = self.read_bytes(f"chk-{checkpoint_id}", MANIFEST)
+        try:
+            manifest = json.loads(data)
+        except ValueError as exc:
+            raise ValueError(f"not JSON: {exc}") from exc
+        if not isinstance(manifest, dict):
+            raise ValueError("not a manifest")
+        return manifest
+
+    def stored_files(self) -> dict[str, tuple[int, int]]:
+        """``{relative path: (size, mtime_ns)}`` of every file under this location, as
+        the store reports them (one recursive listing; {} when there is none)."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
+        infos = self._call("list", self.root, lambda: self._remote.get_file_info(selector))
+        return {
+            info.path[len(self.root) :].lstrip("/"): (info.size, info.mtime_ns)
+            for info in infos
+            if info.type == pafs.FileType.File
+        }
+
+    def collect_garbage(self) -> list[str]:
+        """Delete every file under a ``chk-<id>`` that is not committed (no manifest)
+        unless a committed checkpoint references it: what deleted checkpoints leave
+        and what an upload that never committed left. The paths deleted (relative).
+        Nothing is deleted while a committed manifest cannot be read (its references
+        are unknown). Local stores hold no references (they hard-link): [].
+        One writer per location at a time: an upload in progress elsewhere would lose
+        its files.
+
+        Raises CheckpointStorageError when the store fails.
+        """
+        if self.local:
+            return []
+        registry = self.registry()
+        with registry.lock:
+            self._sync(registry)
+            doomed = registry.garbage(self.stored_files())
+            for relative in doomed:
+                path = self._path(relative)
+                self._call("delete", path, functools.partial(self._remote.delete_file, path))
+                registry.forget(relative)
+            for checkpoint_id in {shared.checkpoint_of(p) for p in doomed}:
+                name = f"chk-{checkpoint_id}"
+                if not self.child(name).stored_files():  # nothing left: no empty marker
+                    self.delete_tree(name)
+            used = {sha for paths in registry.objects.values() for sha in paths.values()}
+            shared.CACHE.retain(self.location, used)
+        return doomed
+
+    def retain(self, keep: int) -> list[int]:
+        """Keep the newest ``keep`` committed checkpoints: delete the older ones, then
+        what no kept checkpoint references (``collect_garbage``: on an object store
+        also the leftovers of uploads that never committed; locally, directories
+        without a manifest older than the oldest kept). Flink's
+        ``state.checkpoints.num-retained``. The ids of the committed checkpoints deleted.
+
+        Raises ValueError for ``keep < 1``; CheckpointStorageError when the store fails.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+        committed = self.checkpoint_ids()
+        if len(committed) <= keep:
+            return []
+        doomed = committed[:-keep]
+        for checkpoint_id in doomed:
+            self.delete(checkpoint_id, collect=False)
+        if self.local:
+            for checkpoint_id in self.checkpoint_ids(complete=False):
+                if checkpoint_id < committed[-keep]:
+                    self.delete(checkpoint_id)
+        self.collect_garbage()
+        return doomed
+
+    def delete(self, checkpoint_id: int, collect: bool = True) -> None:
         """Remove ``chk-<id>`` (complete or not) if it exists; the manifest first, so a
-        half-deleted checkpoint is never taken for a complete one."""
+        half-deleted checkpoint is never taken for a complete one. On an object store
+        its files go then, but those a committed checkpoint references (they go with
+        their last reference: ``collect_garbage``, run here unless ``collect`` is
+        False: call it after a series of deletes)."""
         name = f"chk-{checkpoint_id}"
         if not self.exists(name):
             return
         self.delete_file(name, MANIFEST)
-        self.delete_tree(name)
+        if self.local:
+            self.delete_tree(name)
+        elif collect:
+            self.collect_garbage()
 
     def delete_tree(self, *parts: str) -> None:
         """Remove a directory and everything under it (a no-op when absent)."""
         if self.local:
             shutil.rmtree(self._path(*parts), ignore_errors=True)
         elif self.exists(*parts):
-            self._remote.delete_dir(self._path(*parts))
+            path = self._path(*parts)
+            self._call("delete", path, lambda: self._remote.delete_dir(path))
 
     # -- small files and listing --------------------------------------------------------------
     def list_names(self) -> list[str]:
@@ -241,7 +453,7 @@ class CheckpointStore:
         import pyarrow.fs as pafs
 
         selector = pafs.FileSelector(self.root, allow_not_found=True)
-        infos = self._guarded("list", lambda: self._remote.get_file_info(selector))
+        infos = self._call("list", self.root, lambda: self._remote.get_file_info(selector))
         return sorted(info.base_name for info in infos)
 
     def exists(self, *parts: str) -> bool:
@@ -249,7 +461,8 @@ class CheckpointStore:
             return os.path.exists(self._path(*parts))
         import pyarrow.fs as pafs
 
-        found = self._guarded("check", lambda: self._remote.get_file_info(self._path(*parts)).type)
+        path = self._path(*parts)
+        found = self._call("check", path, lambda: self._remote.get_file_info(path).type)
         return cast(bool, found != pafs.FileType.NotFound)
 
     def read_bytes(self, *parts: str) -> bytes:
@@ -259,9 +472,14 @@ class CheckpointStore:
         if self.local:
             with open(self._path(*parts), "rb") as local:
                 return local.read()
-        with self._remote.open_input_stream(self._path(*parts)) as src:
-            data: bytes = src.read()
-            return data
+        path = self._path(*parts)
+
+        def read() -> bytes:
+            with self._remote.open_input_stream(path) as src:
+                data: bytes = src.read()
+                return data
+
+        return self._call("read", path, read)
 
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """Write a whole file, replacing it atomically (a rename locally, one PUT on
@@ -274,8 +492,12 @@ class CheckpointStore:
                 out.write(data)
             os.replace(staging, path)
             return
-        with self._remote.open_output_stream(path) as out:
-            out.write(data)
+
+        def write() -> None:
+            with self._remote.open_output_stream(path) as out:
+                out.write(data)
+
+        self._call("write", path, write)
 
     def delete_file(self, *parts: str) -> None:
         """Remove a file if present."""
@@ -284,17 +506,121 @@ class CheckpointStore:
         if self.local:
             os.remove(self._path(*parts))
         else:
-            self._remote.delete_file(self._path(*parts))
+            path = self._path(*parts)
+            self._call("delete", path, lambda: self._remote.delete_file(path))
 
-    def _guarded(self, what: str, call: Any) -> Any:
-        if self.local:
-            return call()
+    def _call(self, operation: str, path: str, call: Callable[[], _T]) -> _T:
+        """One object-store request: timed (logged above ``timeouts.slow_request``),
+        its failure raised as ``CheckpointStorageError`` naming the store, the
+        operation and the path (a stalled store: "got no answer within ...").
+        ``FileNotFoundError`` passes through (absent is an answer)."""
+        started = time.monotonic()
         try:
             return call()
+        except FileNotFoundError:
+            raise
         except OSError as exc:
+            elapsed = time.monotonic() - started
+            if _TIMED_OUT.search(str(exc)):
+                raise CheckpointStorageError(
+                    f"checkpoint store {self.location} stalled: {operation} of {path} got no "
+                    f"answer within {self.timeouts.describe()} ({elapsed:.1f} s; "
+                    f"{_first_line(exc)})"
+                ) from exc
             raise CheckpointStorageError(
-                f"checkpoint store {self.location} is unreachable or refused access ({what}): {exc}"
+                f"checkpoint store {self.location} is unreachable or refused access "
+                f"({operation} {path}): {exc}"
             ) from exc
+        finally:
+            elapsed = time.monotonic() - started
+            if elapsed > self.timeouts.slow_request:
+                _log.warning(
+                    "slow checkpoint store request: %s of %s on %s took %.2f s (threshold %g s)",
+                    operation, path, self.location, elapsed, self.timeouts.slow_request,
+                )  # fmt: skip
+
+    def download(self, local: str, skip: tuple[str, ...] = ()) -> None:
+        """Copy every file under this location into the local directory ``local``
+        (but those named in ``skip``, relative paths)."""
+        import pyarrow.fs as pafs
+
+        selector = pafs.FileSelector(self.root, recursive=True)
+        for info in self._call("list", self.root, lambda: self._remote.get_file_info(selector)):
+            if info.type != pafs.FileType.File:
+                continue
+            relative = info.path[len(self.root) :].lstrip("/")
+            if relative in skip:
+                continue
+            destination = os.path.join(local, *relative.split("/"))
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            self._call(
+                "download", info.path, functools.partial(self._fetch, info.path, destination)
+            )
+
+    def _fetch(self, path: str, destination: str) -> None:
+        with self._remote.open_input_stream(path) as src, open(destination, "wb") as out:
+            while chunk := src.read(_CHUNK):
+                out.write(chunk)
+
+    def fetch_object(self, path: str, sha256: str, size: int, destination: str) -> None:
+        """Put the stored file ``path`` (relative to this location; ``size`` bytes with
+        SHA-256 ``sha256``) at the local path ``destination``: from this process's
+        object cache when it holds those bytes unchanged, else downloaded, hashed on
+        the way and cached (the registry notes it verified).
+
+        Raises ValueError naming the file when it is missing or does not match its
+        SHA-256 and size; CheckpointStorageError when the store fails.
+        """
+        if shared.CACHE.link(self.location, sha256, destination):
+            return
+        where, full = self.name_of(*path.split("/")), self._path(path)
+        stamp = self._stamp(full)
+        if stamp is None:
+            raise ValueError(f"{where} is missing: a file the checkpoint references was deleted")
+
+        def read(write: Callable[[bytes], None]) -> None:
+            with self._remote.open_input_stream(full) as src:
+                while chunk := src.read(_CHUNK):
+                    write(chunk)
+
+        shared.CACHE.fetch(
+            self.location, where, sha256, size,
+            lambda write: self._call("download", full, lambda: read(write)),
+        )  # fmt: skip
+        self.registry().verified[path] = (sha256, stamp)
+        if not shared.CACHE.link(self.location, sha256, destination):
+            raise CheckpointStorageError(f"{where}: keeping a local copy failed")
+
+    def _stamp(self, path: str) -> Stamp | None:
+        """A stored file's ``Stamp``: its size and ETag (S3: a digest of its bytes, so
+        any change of content changes it), or its mtime where the store has no ETag;
+        None when it is absent. One request (a HEAD on S3)."""
+        import pyarrow.fs as pafs
+
+        def head() -> Stamp | None:
+            try:
+                with self._remote.open_input_file(path) as src:
+                    size, metadata = src.size(), src.metadata()
+            except FileNotFoundError:
+                return None
+            etag = metadata.get("ETag") if metadata is not None else None
+            if etag:
+                return (size, etag.decode() if isinstance(etag, bytes) else str(etag))
+            info = self._remote.get_file_info(path)
+            if info.type != pafs.FileType.File:
+                return None
+            return (info.size, f"mtime:{info.mtime_ns}")
+
+        return self._call("check", path, head)
+
+    def stamps(self, paths: list[str]) -> dict[str, Stamp | None]:
+        """``{path: Stamp or None}`` of stored files (relative to this location), asked
+        concurrently (one request each)."""
+        if not paths:
+            return {}
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(paths))) as pool:
+            found = pool.map(lambda p: self._stamp(self._path(*p.split("/"))), paths)
+            return dict(zip(paths, found, strict=True))
 
 
 @contextlib.contextmanager
@@ -331,28 +657,27 @@ def local_copy(handle: CheckpointHandle | str | os.PathLike[str]) -> Iterator[st
             f"{store.name_of(MANIFEST)} is missing: {store.location} is an incomplete "
             "checkpoint (not committed)"
         )
-    target = tempfile.mkdtemp(prefix="aec-restore-")
+    data = store.read_bytes(MANIFEST)
+    signature = store.read_bytes(SIGNATURE) if store.exists(SIGNATURE) else None
+    manifest = files.parse_manifest(store.location, data, signature)  # signature first
+    parent_store = CheckpointStore.at(parent)
+    target = scratch.make("aec-restore-")  # swept after a kill (aec.state.scratch)
     try:
         local = os.path.join(target, name)
-        store._guarded("download", lambda: _download(store, local))
+        try:
+            objects = shared.backend_files(manifest)
+        except ValueError as exc:
+            raise ValueError(f"{store.name_of(MANIFEST)}: {exc}") from None
+        # a backend file (its own or another checkpoint's) through the object cache,
+        # hashed on the way; the rest downloaded as is; all verified by ``files.read``
+        store.download(local, skip=(MANIFEST, *objects))
+        with open(os.path.join(local, MANIFEST), "wb") as out:
+            out.write(data)  # the bytes checked above are the ones verified and parsed
+        for relative, (path, sha256, size) in objects.items():
+            parent_store.fetch_object(path, sha256, size, os.path.join(local, *relative.split("/")))
         yield local
     finally:
-        shutil.rmtree(target, ignore_errors=True)
-
-
-def _download(store: CheckpointStore, local: str) -> None:
-    import pyarrow.fs as pafs
-
-    selector = pafs.FileSelector(store.root, recursive=True)
-    for info in store._remote.get_file_info(selector):
-        if info.type != pafs.FileType.File:
-            continue
-        relative = info.path[len(store.root) :].lstrip("/")
-        destination = os.path.join(local, *relative.split("/"))
-        os.makedirs(os.path.dirname(destination), exist_ok=True)
-        with store._remote.open_input_stream(info.path) as src, open(destination, "wb") as out:
-            while chunk := src.read(_CHUNK):
-                out.write(chunk)
+        scratch.remove(target)
 
 
 def latest_checkpoint(directory: str | os.PathLike[str]) -> CheckpointHandle | None:

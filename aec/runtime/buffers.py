@@ -11,53 +11,109 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Hashable
+from time import monotonic
+from typing import TYPE_CHECKING
+
+from aec.runtime.metrics import HOT_KEYS_KEPT, keep_hottest
+
+if TYPE_CHECKING:
+    from aec.runtime.record_context import RecordContext
+    from aec.state.requests import StateRequest
 
 
 class ActiveBuffer:
-    """Requests ready to run, in submission order, with the time the oldest arrived."""
+    """Requests ready to run, in submission order, with the time the oldest arrived.
 
-    __slots__ = ("requests", "first_time")
+    Args:
+        capacity: requests that make the buffer full (``AecConfig.buffer_size``).
+        on_full: called when an ``add`` fills it (the AEC flushes a batch).
 
-    def __init__(self) -> None:
-        self.requests: list[Any] = []
-        self.first_time = 0.0  # monotonic seconds of the oldest buffered request
+    Attributes:
+        requests: the buffered requests, oldest first (read it; change it only
+            through the methods: ``take`` may replace the list).
+        first_time: monotonic seconds when the oldest buffered request arrived.
+    """
+
+    __slots__ = ("requests", "first_time", "capacity", "_on_full")
+
+    def __init__(self, capacity: int, on_full: Callable[[], None]) -> None:
+        self.requests: list[StateRequest] = []
+        self.first_time = 0.0
+        self.capacity = capacity
+        self._on_full = on_full
 
     def __len__(self) -> int:
         return len(self.requests)
 
-    def take(self, limit: int) -> list[Any]:
-        """Remove and return the oldest ``limit`` requests."""
+    def add(self, request: StateRequest) -> None:
+        """Buffer ``request``; a full buffer calls ``on_full``. O(1)."""
+        requests = self.requests
+        if not requests:
+            self.first_time = monotonic()
+        requests.append(request)
+        if len(requests) >= self.capacity:
+            self._on_full()
+
+    def take(self, limit: int) -> list[StateRequest]:
+        """Remove and return the oldest ``limit`` requests; what stays starts its
+        ``buffer_timeout`` again."""
         requests = self.requests
         if len(requests) <= limit:
             self.requests = []
             return requests
         head, self.requests = requests[:limit], requests[limit:]
+        self.first_time = monotonic()
         return head
 
-    def push_front(self, requests: list[Any]) -> None:
+    def push_front(self, requests: list[StateRequest]) -> None:
         """Put ``requests`` back ahead of everything buffered (they are older)."""
+        if not self.requests:
+            self.first_time = monotonic()
         self.requests[0:0] = requests
 
 
 class BlockingBuffer:
-    """Per-key FIFO queues of contexts waiting for their key."""
+    """Per-key FIFO queues of contexts waiting for their key.
 
-    __slots__ = ("queues", "size")
+    Attributes:
+        queues: key -> its FIFO of waiting contexts; only keys with waiters (read
+            it, e.g. ``key in queues``; change it only through the methods).
+        size: contexts waiting, all keys.
+        waits: key -> how many records waited for it so far (``hot_keys``; bounded:
+            past ``HOT_KEYS_KEPT`` keys only the hottest stay).
+    """
+
+    __slots__ = ("queues", "size", "waits")
 
     def __init__(self) -> None:
-        self.queues: dict[Any, deque[Any]] = {}
+        self.queues: dict[Hashable, deque[RecordContext]] = {}
         self.size = 0
+        self.waits: dict[Hashable, int] = {}
 
-    def add(self, context: Any) -> None:
-        queue = self.queues.get(context.key)
+    def add(self, context: RecordContext) -> None:
+        """Queue ``context`` behind the records of its key. O(1)."""
+        key = context.key
+        queue = self.queues.get(key)
         if queue is None:
-            self.queues[context.key] = deque((context,))
+            self.queues[key] = deque((context,))
         else:
             queue.append(context)
         self.size += 1
+        waits = self.waits  # count_wait, inline: most records of a skewed run wait here
+        waits[key] = waits.get(key, 0) + 1
+        if len(waits) > HOT_KEYS_KEPT:
+            keep_hottest(waits)
 
-    def pop_next(self, key: Any) -> Any | None:
+    def count_wait(self, key: Hashable) -> None:
+        """A record of ``key`` waits for it outside this buffer (a request's turn in
+        state-ordered mode): counted like a context ``add`` queues."""
+        waits = self.waits
+        waits[key] = waits.get(key, 0) + 1
+        if len(waits) > HOT_KEYS_KEPT:
+            keep_hottest(waits)
+
+    def pop_next(self, key: Hashable) -> RecordContext | None:
         """The oldest context waiting for ``key``, removed; None if none waits."""
         queue = self.queues.get(key)
         if queue is None:
@@ -67,6 +123,23 @@ class BlockingBuffer:
             del self.queues[key]
         self.size -= 1
         return context
+
+    def peek(self, key: Hashable) -> RecordContext | None:
+        """The oldest context waiting for ``key`` (not removed), or None."""
+        queue = self.queues.get(key)
+        return None if queue is None else queue[0]
+
+    def keys(self) -> list[Hashable]:
+        """Keys with at least one waiting context, in the order they first waited."""
+        return list(self.queues)
+
+    def waiting(self, key: Hashable) -> list[RecordContext]:
+        """The contexts waiting for ``key``, oldest first (a copy; for inspection)."""
+        return list(self.queues.get(key, ()))
+
+    def key_count(self) -> int:
+        """How many keys have waiting contexts (Flink's ``numBlockingKeys``). O(1)."""
+        return len(self.queues)
 
     def __len__(self) -> int:
         return self.size

@@ -21,17 +21,16 @@ the synchronous run stays per record, the reference (``aec.windowing.path``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aec.errors import describe
-from aec.functions import Context
 from aec.runtime.record_context import RecordContext
 
 if TYPE_CHECKING:
+    from aec.functions import Context
     from aec.runtime.controller import AsyncExecutionController
-    from aec.runtime.epochs import EpochManager
+    from aec.runtime.epochs import Epoch
 
 BUNDLE_LIMIT = 10_000  # records held before the bundle is folded whatever the time
 
@@ -84,12 +83,12 @@ class BundleContext(RecordContext):
 
     def __init__(
         self,
-        share: Any,
+        share: object,
         records: int,
-        key: Any,
+        key: Hashable,
         key_group: int,
         sequence: int,
-        epoch: Any,
+        epoch: Epoch,
         watermark: float,
         on_finished: Callable[[RecordContext], None],
         processing_time: float,
@@ -106,53 +105,37 @@ class BundleContext(RecordContext):
         return super().describe()
 
 
-class OperatorBundles:
-    """Flushing the function's bundle in ``KeyedProcessOperator`` (a mixin over its
-    fields; the operator offers records in ``process`` and folds in ``_run_entry``)."""
+class BundleFlusher:
+    """Folds the function's bundle into state for ``KeyedProcessOperator`` (its
+    collaborator; the operator offers records in ``process`` and runs each fold as
+    the entry of its ``BundleContext``).
 
-    _bundle: Bundle | None
-    controller: AsyncExecutionController
-    epochs: EpochManager
-    _sequence: int
-    _now: float
-    _watermark: float
+    Args:
+        bundle: the function's ``Bundle``.
+        controller: the AEC that admits the folds.
+        new_context: ``(key, share, records) -> BundleContext`` in the open epoch,
+            seeing the operator's current watermark and clock reading.
+    """
 
-    if TYPE_CHECKING:  # the operator's methods
+    __slots__ = ("bundle", "_controller", "_new_context")
 
-        def _key_group(self, key: Any) -> int: ...
+    def __init__(
+        self,
+        bundle: Bundle,
+        controller: AsyncExecutionController,
+        new_context: Callable[[Hashable, object, int], BundleContext],
+    ) -> None:
+        self.bundle = bundle
+        self._controller = controller
+        self._new_context = new_context
 
-        def _poll_clock(self) -> None: ...
-
-        def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn: ...
-
-    def _poll_clock_or_fail(self) -> None:
-        try:
-            self._poll_clock()
-        except BaseException as exc:
-            self._raise_failure(exc)
-
-    def _flush_bundle(self, watermark: float) -> None:
+    def flush(self, watermark: float) -> None:
         """Fold what the bundle holds that is due at ``watermark`` (inf: all) into
-        state: one derived context per key in the open epoch, seeing the current
-        watermark, admitted beyond the in-flight limit like a timer firing (it never
-        waits for capacity). Raises JobFailure on failure."""
-        bundle = self._bundle
-        if bundle is None or not bundle.size:
+        state: one derived context per key, admitted beyond the in-flight limit like
+        a timer firing (it never waits for capacity)."""
+        bundle = self.bundle
+        if not bundle.size:
             return
-        controller = self.controller
-        try:
-            epoch, now, mark = self.epochs.active, self._now, self._watermark
-            finished = controller.on_context_finished
-            for key, share, records in bundle.take(watermark):
-                self._sequence += 1
-                context = BundleContext(
-                    share, records, key, self._key_group(key), self._sequence, epoch, mark,
-                    finished, now,
-                )  # fmt: skip
-                controller.admit(context, inline=True)
-        except BaseException as exc:
-            self._raise_failure(exc)
-
-    def _drain(self) -> None:
-        self._flush_bundle(math.inf)  # a checkpoint holds every record before its barrier
-        super()._drain()  # type: ignore[misc]  # OperatorCheckpoints' (next in the MRO)
+        admit, new_context = self._controller.admit, self._new_context
+        for key, share, records in bundle.take(watermark):
+            admit(new_context(key, share, records), True)

@@ -1,16 +1,26 @@
 """AsyncExecutionController: the AEC of FLIP-425, one per operator.
 
-It owns key accounting, the active and blocking buffers, the in-flight count,
-epoch accounting and the mailbox loop; the operator owns user code and timers.
+It drives records through key accounting, the active and blocking buffers, the
+executor and the mailbox; the operator owns user code and timers. The parts own
+their state and the controller asks them (Flink's shape): ``KeyAccountingUnit``
+hands keys over, ``EpochManager`` counts records in and out of epochs,
+``RecordContext`` releases itself, the buffers hold requests and records, a
+``StateRequest`` completes its own future (``resolve``).
+
+The mode is chosen when the controller is built (``new_controller``), never
+tested per request: ``AsyncExecutionController`` is the record-ordered mode
+(docs/semantics.md, rule 2), ``SynchronousController`` runs every request at once
+(``async_state=False``), ``StateOrderedController`` is FLIP-425's state-ordered
+mode (``AecConfig.state_ordered``).
+
 Invariants (mailbox thread only):
 - ``in_flight`` = records and timer firings admitted and not finished; input
   is admitted only below ``in_flight_records_limit`` (timers overdraw).
-- A context starts (``start``) only while it holds its key; when its reference
-  count reaches 0 the key passes to the next waiting context of that key.
+- A context starts (``run_entry``) only while it holds its key; when its
+  reference count reaches 0 the key passes to the next waiting context of that
+  key (``on_context_finished``).
 - Completion mails are handled before waiting contexts start, and both before
-  the operator takes new input (DESIGN rule 6).
-- In synchronous mode (``async_state=False``) every request runs at once on
-  the mailbox thread and returns a completed future.
+  the operator takes new input (rule 6).
 - A hot key's records flow without a batch round trip each: a record that
   waited for its key runs its requests at once when the executor allows it
   (``StateExecutor.run_now``: a backend answering from memory), as a batch of
@@ -36,23 +46,37 @@ Invariants (mailbox thread only):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from time import monotonic
-from typing import Any, cast
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from aec.config import AecConfig
 from aec.runtime import lanes
 from aec.runtime.buffers import ActiveBuffer, BlockingBuffer
-from aec.runtime.epochs import OPEN, EpochManager
+from aec.runtime.epochs import EpochManager
 from aec.runtime.executor import StateExecutor
 from aec.runtime.key_accounting import KeyAccountingUnit
 from aec.runtime.mailbox import Mailbox
+from aec.runtime.metrics import RECORD_SAMPLE, hottest, latency_histogram, size_histogram
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
 from aec.state.requests import StateRequest
 
+if TYPE_CHECKING:
+    from aec.state.backend import StateBackend
+
+R = TypeVar("R")  # a future's result (wait_for)
 BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
-_REQUESTS_MOVED = object()  # _next_holder's answer when a waiting record took the key
+_SAMPLED = RECORD_SAMPLE - 1  # a record whose sequence & _SAMPLED is 0 has its latency measured
+
+Completion = tuple[list[StateRequest], BaseException | None]  # an executor's mail
+
+
+class Mail(Protocol):
+    """A mail other than a batch completion (``aec.runtime.external_calls``): it runs
+    on the mailbox thread with the controller."""
+
+    def run(self, controller: AsyncExecutionController) -> None: ...
 
 
 class BatchFailed(Exception):
@@ -68,7 +92,8 @@ class StuckError(RuntimeError):
 
 
 class AsyncExecutionController:
-    """Runs records' state requests in batches and keeps same-key order.
+    """Runs records' state requests in batches and keeps same-key order
+    (the record-ordered mode; ``new_controller`` picks the mode).
 
     Args:
         config: the operator's ``AecConfig``.
@@ -81,16 +106,27 @@ class AsyncExecutionController:
             key before any waiting record.
     """
 
+    synchronous = False  # requests run at once (SynchronousController)
+
+    # slots: the mailbox thread reads these per request (fixed offsets, no dict)
+    __slots__ = (
+        "buffer_size", "buffer_timeout", "backend", "executor", "_concurrent",
+        "_join_batches", "_complete_inline", "_blocked_since_flush", "mailbox", "mails",
+        "keys", "active", "blocking", "ready", "current", "completing", "in_flight",
+        "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_occupy",
+        "holding", "max_in_flight", "batches", "requests", "max_batch_size", "blocked",
+        "batch_sizes", "request_latency", "record_latency", "_sent",
+    )  # fmt: skip
+
     def __init__(
         self,
         config: AecConfig,
-        backend: Any,
+        backend: StateBackend,
         executor: StateExecutor,
         epochs: EpochManager,
         start: Callable[[RecordContext], None],
         timer_successor: Callable[[RecordContext], RecordContext | None],
     ) -> None:
-        self.synchronous = not config.async_state
         self.buffer_size = config.buffer_size
         self.buffer_timeout = config.buffer_timeout
         self.backend = backend
@@ -104,10 +140,8 @@ class AsyncExecutionController:
         self.mailbox = Mailbox()
         self.mails = self.mailbox.mails  # completion mails, popped on this thread only
         executor.start(backend, self.mailbox)
-        self.state_ordered = config.state_ordered and not self.synchronous
-        self.waiting_requests: dict[Any, deque[StateRequest]] = {}  # state-ordered mode
         self.keys = KeyAccountingUnit()
-        self.active = ActiveBuffer()
+        self.active = ActiveBuffer(config.buffer_size, self.flush)
         self.blocking = BlockingBuffer()
         self.ready: deque[RecordContext] = deque()  # contexts holding their key, not started
         self.current: RecordContext | None = None
@@ -117,143 +151,126 @@ class AsyncExecutionController:
         self.epochs = epochs
         self._start = start
         self._timer_successor = timer_successor
+        self._bind_mode()
+        # a checkpoint that does not drain holds buffered requests back (flush sends none)
+        self.holding = False
         # metrics
         self.max_in_flight = 0
         self.batches = 0
         self.requests = 0
         self.max_batch_size = 0
         self.blocked = 0
+        self.batch_sizes = size_histogram()  # batches handed to the executor
+        self.request_latency = latency_histogram()  # hand-off to completion, per request
+        self.record_latency = latency_histogram()  # admission to finish, sampled records
+        self._sent: dict[int, float] = {}  # id(batch) -> monotonic seconds at hand-off
+
+    def _bind_mode(self) -> None:
+        """The mode's rules, bound once (``StateOrderedController`` binds its own)."""
+        # whether requests made in callbacks of a completed batch may run at once:
+        # thread pools keep them batched (run at once, they would take the mailbox
+        # thread off its overlap with the I/O threads: measured on RocksDB sessions)
+        self._complete_inline = not self._concurrent
+        self._enqueue = self.active.add  # where a request goes when it may not run at once
+        self._occupy = self.keys.try_occupy  # whether an admitted context may start
 
     # -- admission -------------------------------------------------------------------------
     def admit(self, context: RecordContext, inline: bool) -> None:
         """Count ``context`` in flight and in its epoch; start it now (``inline``)
-        or soon if its key is free, else queue it in the blocking buffer."""
-        self.in_flight += 1
-        if self.in_flight > self.max_in_flight:
-            self.max_in_flight = self.in_flight
-        context.epoch.ongoing += 1
-        if self.state_ordered and context.timer is None:
-            # runs at once; its first state request takes the key (see submit)
+        or soon if its key is free, else queue it in the blocking buffer.
+
+        1. count it in; 2. key free? occupy it and start (now or from ``ready``);
+        3. else wait whole in the blocking buffer (Flink's sync point)."""
+        in_flight = self.in_flight = self.in_flight + 1
+        if in_flight > self.max_in_flight:
+            self.max_in_flight = in_flight
+        self.epochs.enter(context.epoch)
+        if not context.sequence & _SAMPLED:
+            context.admitted = monotonic()
+        if self._occupy(context):
             if inline:
                 self.run_entry(context)
             else:
                 self.ready.append(context)
             return
-        holders = self.keys.holders
-        if context.key not in holders:
-            holders[context.key] = context
-            if inline:
-                self.run_entry(context)
+        self.blocking.add(context)
+        self.blocked += 1
+        blocked = self._blocked_since_flush
+        if blocked is not None:
+            if blocked + 1 >= BLOCKED_FLUSH and self.active.requests:
+                self.flush()  # resets the count
             else:
-                self.ready.append(context)
-        else:
-            self.blocking.add(context)
-            self.blocked += 1
-            blocked = self._blocked_since_flush
-            if blocked is not None:
-                if blocked + 1 >= BLOCKED_FLUSH and self.active.requests:
-                    self.flush()  # resets the count
-                else:
-                    self._blocked_since_flush = blocked + 1
+                self._blocked_since_flush = blocked + 1
 
     def run_entry(self, context: RecordContext) -> None:
         """Run the user entry of ``context`` holding one reference meanwhile."""
         self.current = context
-        context.ref_count += 1
+        context.ref_count += 1  # the entry call's reference
         self._start(context)
         self.current = context  # callbacks run inside may have switched it
-        count = context.ref_count - 1
-        context.ref_count = count
-        if count == 0:
-            self.on_context_finished(context)
+        context.release()
 
     def on_context_finished(self, context: RecordContext) -> None:
-        """Reference count of ``context`` reached 0: pass its key on, leave its epoch."""
+        """Reference count of ``context`` reached 0 (its ``on_finished``): pass its
+        key on, count it out of its epoch."""
         self.in_flight -= 1
-        key = context.key
-        if context.timer is not None or self.state_ordered:
-            self._pass_key_on(context, key)
-        elif key in self.blocking.queues:
-            # a record (the per-record path): the oldest record blocked on its key runs next
-            successor = cast(RecordContext, self.blocking.pop_next(key))  # the key has a queue
-            successor.waited = True
-            self.keys.holders[key] = successor
-            self.ready.append(successor)
-        elif self.keys.holders.pop(key, None) is not context:
-            raise RuntimeError(f"{context.describe()} released a key it did not hold")
-        epoch = context.epoch
-        epoch.ongoing -= 1
-        if epoch.ongoing == 0 and epoch.status != OPEN:
-            self.epochs.advance()
-
-    def _pass_key_on(self, context: RecordContext, key: Any) -> None:
-        """``on_context_finished`` for a timer firing or in state-ordered mode: the
-        timer's successor, a state-ordered waiter or a blocked record gets the key."""
-        successor = None
-        if context.timer is not None:
-            successor = self._timer_successor(context)
+        if context.admitted:
+            self.record_latency.add(monotonic() - context.admitted)
+        if context.timer is None:
+            blocking = self.blocking
+            successor = blocking.pop_next(context.key) if context.key in blocking.queues else None
             if successor is not None:
-                self.in_flight += 1
-                if self.in_flight > self.max_in_flight:
-                    self.max_in_flight = self.in_flight
-                successor.epoch.ongoing += 1
-        holders = self.keys.holders
-        if self.state_ordered and holders.get(key) is not context:
-            successor = None  # a record that never made a state request holds nothing
-        elif successor is None and self.state_ordered and key in self.waiting_requests:
-            successor = self._next_holder(key)
-        elif successor is None and key in self.blocking.queues:
-            successor = self.blocking.pop_next(key)
-            if successor is not None:  # always, as the key has a queue
-                successor.waited = not self.state_ordered
+                successor.waited = True
+        else:
+            successor = self._timer_chain(context)
+            if successor is None:
+                successor = self.blocking.pop_next(context.key)
+                if successor is not None:
+                    successor.waited = True
         if successor is None:
-            if holders.get(key) is context:
-                del holders[key]
-            elif not self.state_ordered:
-                raise RuntimeError(f"{context.describe()} released a key it did not hold")
-        elif successor is not _REQUESTS_MOVED:
-            holders[key] = successor
+            self.keys.release(context)
+        else:
+            self.keys.transfer(context, successor)
             self.ready.append(successor)
+        self.epochs.complete_one(context.epoch)
+
+    def _timer_chain(self, context: RecordContext) -> RecordContext | None:
+        """The next firing of a finished timer's key chain, counted in (it replaces
+        the finished one: in flight stays below its maximum), or None."""
+        successor = self._timer_successor(context)
+        if successor is not None:
+            self.in_flight += 1
+            self.epochs.enter(successor.epoch)
+        return successor
 
     # -- state requests ---------------------------------------------------------------------
     def submit(
         self,
         op: int,
         state: str,
-        user_key: Any = None,
-        value: Any = None,
+        user_key: object = None,
+        value: object = None,
         kind: type[StateRequest] = StateRequest,
-    ) -> StateFuture:
+    ) -> StateRequest:
         """A state request of the current record; a future of its result.
 
+        1. a request of the running record; 2. may it run at once (see the module
+        invariants)? then it runs as a batch of one and is complete; 3. else it holds a reference and waits in
+        its read-modify-write lane or in the active buffer.
         ``kind`` is the request class (``DefaultedGet`` for reads with a default).
         Raises RuntimeError outside process_element, on_timer or their callbacks.
         """
         context = self.current
         if context is None:
-            raise RuntimeError(
-                "state accessed outside process_element, on_timer or their callbacks"
-            )
+            _outside_a_record()
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
-        if self.synchronous:
-            self.batches += 1
-            self.backend.execute_batch((request,))
-            if kind is StateRequest:
-                request._result = request.result
-            else:
-                request.complete(request.result)
-            return request
         if (
             (context.waited or self.completing)
             and not context.queued
             and context.lanes is None
             and not (self._join_batches and (self.ready or self.active.requests))
         ):
-            # a hot key's next record, or a record continuing in a callback of its
-            # completed request: it holds its key and none of its requests is still
-            # queued, so running this one at once keeps its order (see module doc);
-            # with others' requests to share a call with, it joins them instead
             try:
                 ran = self.executor.run_now((request,))
             except BaseException as exc:  # the job fails naming this record (rule 10)
@@ -262,80 +279,23 @@ class AsyncExecutionController:
                 self.batches += 1
                 if not self.max_batch_size:
                     self.max_batch_size = 1
-                if kind is StateRequest:  # nothing can be registered on it yet
-                    request._result = request.result
-                else:
-                    request.complete(request.result)
+                request.resolve()
                 return request
             context.waited = False  # from now on its requests keep their order via the buffer
-        context.ref_count += 1  # the pending future
+        context.ref_count += 1  # the pending request's reference, released in complete_batch
         context.queued += 1
-        if context.lanes is not None or (kind is not StateRequest and kind.read_modify_write):
-            if lanes.hold(self._enqueue, context, request, kind):
-                return request
-        if self.state_ordered:
+        if context.lanes is None and (kind is StateRequest or not kind.read_modify_write):
             self._enqueue(request)
-            return request
-        # _enqueue's common case, inlined: this is the per-request hot path
-        requests = self.active.requests
-        if not requests:
-            self.active.first_time = monotonic()
-        requests.append(request)
-        if len(requests) >= self.buffer_size:
-            self.flush()
+        elif not lanes.hold(self._enqueue, context, request, kind):
+            self._enqueue(request)
         return request
 
     def release_lane(self, state: str) -> None:
         """The running record's read-modify-write of ``state`` ended without a write."""
-        lanes.release(self._enqueue, cast(RecordContext, self.current), state)  # one runs
-
-    def _enqueue(self, request: StateRequest) -> None:
-        """Put a submitted request in the active buffer (or, in state-ordered mode,
-        behind the key's holder)."""
-        context = request._context
-        if self.state_ordered:
-            holders = self.keys.holders
-            holder = holders.get(context.key)
-            if holder is None:
-                holders[context.key] = context
-            elif holder is not context:  # wait, in order, for the key
-                queue = self.waiting_requests.get(context.key)
-                if queue is None:
-                    queue = self.waiting_requests[context.key] = deque()
-                queue.append(request)
-                self.blocked += 1
-                return
-        active = self.active
-        if not active.requests:
-            active.first_time = monotonic()
-        active.requests.append(request)
-        if len(active.requests) >= self.buffer_size:
-            self.flush()
-
-    def _next_holder(self, key: Any) -> Any:
-        """State-ordered mode: give the freed ``key`` to whoever waited first, a
-        timer firing (blocking buffer) or a record with queued requests; for the
-        latter, move its requests to the active buffer. Returns the timer context,
-        or ``_REQUESTS_MOVED``."""
-        queue = self.waiting_requests[key]
-        waiter = queue[0]._context
-        timers = self.blocking.queues.get(key)
-        if timers and timers[0].sequence < waiter.sequence:
-            return self.blocking.pop_next(key)
-        mine = [r for r in queue if r._context is waiter]
-        rest = deque(r for r in queue if r._context is not waiter)
-        if rest:
-            self.waiting_requests[key] = rest
-        else:
-            del self.waiting_requests[key]
-        self.keys.holders[key] = waiter
-        active = self.active
-        if not active.requests:
-            active.first_time = monotonic()
-        active.requests.extend(mine)
-        if len(active.requests) >= self.buffer_size:
-            self.flush()
-        return _REQUESTS_MOVED
+        context = self.current
+        if context is None:
+            raise RuntimeError("release_lane() outside a record")
+        lanes.release(self._enqueue, context, state)
 
     def flush(self) -> None:
         """Send up to ``buffer_size`` buffered requests to the executor as one batch.
@@ -345,26 +305,27 @@ class AsyncExecutionController:
         requests never run in two batches at once.
         """
         active = self.active
-        if not active.requests:
+        if not active.requests or self.holding:
             return
         batch = active.take(self.buffer_size)
         if self._blocked_since_flush is not None:
             self._blocked_since_flush = 0
         if self._concurrent:
             batch = self._hold_back_overlaps(batch)
-        if active.requests:
-            active.first_time = monotonic()
         if batch:
             self.batches += 1
-            if len(batch) > self.max_batch_size:
-                self.max_batch_size = len(batch)
+            size = len(batch)
+            if size > self.max_batch_size:
+                self.max_batch_size = size
+            self.batch_sizes.add(size)
+            self._sent[id(batch)] = monotonic()
             self.executor.submit(batch)
 
     def _hold_back_overlaps(self, requests: list[StateRequest]) -> list[StateRequest]:
         batch_id = self.batches
         batch = []
         for request in requests:
-            context = request._context
+            context: RecordContext = request.context  # type: ignore[assignment]  # a record's
             if context.deferred is not None or (
                 context.in_batches and context.batch_id != batch_id
             ):
@@ -380,49 +341,41 @@ class AsyncExecutionController:
 
     def flush_if_timed_out(self) -> None:
         """Flush a partial batch whose oldest request waited ``buffer_timeout`` seconds."""
-        if self.active.requests and monotonic() - self.active.first_time >= self.buffer_timeout:
+        active = self.active
+        if active.requests and monotonic() - active.first_time >= self.buffer_timeout:
             self.flush()
 
     # -- completions and the loop ---------------------------------------------------------------
-    def complete_batch(self, mail: tuple[list[StateRequest], BaseException | None]) -> None:
-        """Complete the futures of a finished batch, in request order."""
+    def complete_batch(self, mail: Completion) -> None:
+        """Complete the futures of a finished batch, in request order; each drops its
+        record's reference."""
         batch, error = mail
-        self.executor.pending -= 1
+        self.executor.completed()
+        sent = self._sent.pop(id(batch), None)
+        if sent is not None:
+            self.request_latency.add(monotonic() - sent, len(batch))
         if error is not None:
-            self.current = batch[0]._context if batch else None
+            self.current = _record_of(batch[0]) if batch else None
             raise BatchFailed(batch) from error
         concurrent = self._concurrent
-        # thread pools keep callbacks' requests batched: run at once, they would take the
-        # mailbox thread off its overlap with the I/O threads (measured on RocksDB sessions);
-        # a store preferring batches keeps them batched too when the rest of this batch's
-        # callbacks will make requests to share a call with
-        completing, self.completing = self.completing, not (
-            self.state_ordered or concurrent or (self._join_batches and len(batch) > 1)
+        # a store preferring batches keeps callbacks' requests batched when the rest of
+        # this batch's callbacks will make requests to share a call with
+        completing, self.completing = self.completing, self._complete_inline and not (
+            self._join_batches and len(batch) > 1
         )
         for request in batch:
-            context = request._context
+            context: RecordContext = request.context  # type: ignore[assignment]  # a record's
             self.current = context
             if concurrent:
                 context.in_batches -= 1
                 if context.in_batches == 0 and context.deferred is not None:
-                    self._release_deferred(context)
+                    self.active.push_front(context.deferred)
+                    context.deferred = None
             context.queued -= 1
-            if request._callbacks is None and type(request) is StateRequest:
-                request._result = request.result  # nothing to run (an unawaited write)
-            else:
-                request.complete(request.result)
-            count = context.ref_count - 1  # the request's own reference
-            context.ref_count = count
-            if count == 0:
-                self.on_context_finished(context)
+            request.resolve()
+            context.release()  # the reference the pending request held
         self.completing = completing
         self.current = None
-
-    def _release_deferred(self, context: RecordContext) -> None:
-        if not self.active.requests:
-            self.active.first_time = monotonic()
-        self.active.push_front(cast("list[Any]", context.deferred))  # checked by the caller
-        context.deferred = None
 
     def run_available(self) -> None:
         """Handle every completion mail and start every ready context; never blocks."""
@@ -466,20 +419,196 @@ class AsyncExecutionController:
             return True
         return False
 
-    def wait_for(self, future: StateFuture) -> Any:
-        """Run the mailbox until ``future`` completes (the blocking state API).
+    def finish_handed_over(self) -> None:
+        """Run completion mails until no batch is at the executor and no external
+        call is out, sending no batch (``holding``) and starting no waiting record:
+        what a checkpoint that does not drain waits for (its pause is one round
+        trip, not the longest same-key chain)."""
+        mails, executor = self.mails, self.executor
+        while True:
+            while mails:
+                mail = mails.popleft()
+                if type(mail) is tuple:
+                    self.complete_batch(mail)
+                else:  # an external call's CallCompletion
+                    mail.run(self)
+            if executor.pending:
+                executor.wait(None)
+            elif self.calls_in_flight:
+                self.mailbox.wait(None)
+            else:
+                break
+        self.current = None
+
+    def wait_for(self, future: StateFuture[R]) -> R:
+        """Run the mailbox until ``future`` completes (the blocking state API); its result.
 
         Raises StuckError if it can never complete.
         """
-        if future.is_done():
-            return future._result
-        current = self.current
-        while not future.is_done():
-            if not self.step():
-                raise StuckError("a blocking state call waits for a future nothing will complete")
+        current, holding = self.current, self.holding
+        self.holding = False  # a blocking call inside a checkpoint's wait needs its batch sent
+        try:
+            while not future.is_done():
+                if not self.step():
+                    raise StuckError(
+                        "a blocking state call waits for a future nothing will complete"
+                    )
+        finally:
+            self.holding = holding
         self.current = current
-        return future._result
+        return future.get()
 
-    def stuck_keys(self) -> list[Any]:
+    def gauges(self) -> dict[str, object]:
+        """Flink's AEC gauges now, and the histograms and hot keys so far (the
+        operator's ``metrics`` adds them)."""
+        return {
+            "num_in_flight_records": self.in_flight,
+            "active_buffer_size": len(self.active.requests),
+            "blocking_buffer_size": self.blocking.size,
+            "num_blocking_keys": self.blocking.key_count(),
+            "batch_size": self.batch_sizes.summary(),
+            "state_request_latency_s": self.request_latency.summary(),
+            "record_latency_s": self.record_latency.summary(),
+            "hot_keys": hottest(self.blocking.waits),
+        }
+
+    def stuck_keys(self) -> list[Hashable]:
         """Keys held by unfinished records (for the stuck-run error)."""
-        return list(self.keys.holders)
+        return self.keys.held_keys()
+
+
+class SynchronousController(AsyncExecutionController):
+    """``async_state=False``: every request runs at once on the mailbox thread and
+    returns a completed future, so each record finishes before the next arrives
+    (FLIP-425's "synchronous execution with async APIs"; the reference run)."""
+
+    synchronous = True
+    __slots__ = ()
+
+    def submit(
+        self,
+        op: int,
+        state: str,
+        user_key: object = None,
+        value: object = None,
+        kind: type[StateRequest] = StateRequest,
+    ) -> StateRequest:
+        context = self.current
+        if context is None:
+            _outside_a_record()
+        request = kind(op, state, context.key, context.key_group, user_key, value, context)
+        self.requests += 1
+        self.batches += 1
+        self.backend.execute_batch((request,))
+        request.resolve()
+        return request
+
+
+class StateOrderedController(AsyncExecutionController):
+    """FLIP-425's state-ordered mode (``AecConfig(state_ordered=True)``, advanced):
+    records start at once; a record takes its key with its first state request, and
+    requests of a record that does not hold the key wait in a per-key queue until
+    the holder finishes. Timer firings hold their key as in record order. Its
+    records never run a request at once (none waits for its key in the blocking
+    buffer, and ``completing`` stays off), so ``submit`` is the record-ordered one
+    with ``_enqueue`` bound to the per-key queues."""
+
+    __slots__ = ("waiting_requests",)
+
+    def _bind_mode(self) -> None:
+        self._complete_inline = False  # a callback's request may need to wait for its key
+        self._enqueue = self._enqueue_in_key_order
+        self._occupy = self._occupy_for_timers
+        self.waiting_requests: dict[Hashable, deque[StateRequest]] = {}
+
+    def _occupy_for_timers(self, context: RecordContext) -> bool:
+        """A record starts at once (its first state request takes the key); a timer
+        firing holds its key as in record order."""
+        return context.timer is None or self.keys.try_occupy(context)
+
+    def _enqueue_in_key_order(self, request: StateRequest) -> None:
+        """Into the active buffer if the request's record holds (or takes) its key,
+        else behind the key's holder, in order."""
+        context = _record_of(request)
+        holder = self.keys.holder(context.key)
+        if holder is None:
+            self.keys.occupy(context)
+        elif holder is not context:
+            queue = self.waiting_requests.get(context.key)
+            if queue is None:
+                queue = self.waiting_requests[context.key] = deque()
+            queue.append(request)
+            self.blocked += 1
+            self.blocking.count_wait(context.key)
+            return
+        self.active.add(request)
+
+    def on_context_finished(self, context: RecordContext) -> None:
+        self.in_flight -= 1
+        if context.admitted:
+            self.record_latency.add(monotonic() - context.admitted)
+        if self.keys.holder(context.key) is context:  # a record that made no request holds nothing
+            successor = self._timer_chain(context) if context.timer is not None else None
+            moved = False
+            if successor is None:
+                successor, moved = self._next_holder(context)
+            if successor is None:
+                if not moved:
+                    self.keys.release(context)
+            else:
+                self.keys.transfer(context, successor)
+                self.ready.append(successor)
+        self.epochs.complete_one(context.epoch)
+
+    def _next_holder(self, context: RecordContext) -> tuple[RecordContext | None, bool]:
+        """Whoever waited first for the key ``context`` frees: ``(timer, False)`` for
+        a timer firing of the blocking buffer (to start), ``(None, True)`` when a
+        record with queued requests took the key (its requests moved to the active
+        buffer), ``(None, False)`` if nobody waits."""
+        key = context.key
+        queue = self.waiting_requests.get(key)
+        if queue is None:
+            return self.blocking.pop_next(key), False
+        waiter = _record_of(queue[0])
+        timer = self.blocking.peek(key)
+        if timer is not None and timer.sequence < waiter.sequence:
+            return self.blocking.pop_next(key), False
+        rest = deque(r for r in queue if r.context is not waiter)
+        if rest:
+            self.waiting_requests[key] = rest
+        else:
+            del self.waiting_requests[key]
+        self.keys.transfer(context, waiter)
+        for request in queue:
+            if request.context is waiter:
+                self.active.add(request)
+        return None, True
+
+
+def new_controller(
+    config: AecConfig,
+    backend: StateBackend,
+    executor: StateExecutor,
+    epochs: EpochManager,
+    start: Callable[[RecordContext], None],
+    timer_successor: Callable[[RecordContext], RecordContext | None],
+) -> AsyncExecutionController:
+    """The controller of ``config``'s mode: synchronous, state-ordered or record-ordered."""
+    if not config.async_state:
+        kind: type[AsyncExecutionController] = SynchronousController
+    elif config.state_ordered:
+        kind = StateOrderedController
+    else:
+        kind = AsyncExecutionController
+    return kind(config, backend, executor, epochs, start, timer_successor)
+
+
+def _outside_a_record() -> NoReturn:
+    raise RuntimeError("state accessed outside process_element, on_timer or their callbacks")
+
+
+def _record_of(request: StateRequest) -> RecordContext:
+    """The record a request belongs to (every request the controller makes has one)."""
+    context = request.context
+    assert isinstance(context, RecordContext)
+    return context

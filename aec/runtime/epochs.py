@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aec.elements import ClockTick, Watermark
 
 OPEN, CLOSED, FIRING = 0, 1, 2
 
@@ -35,7 +38,8 @@ class Epoch:
 
     def __init__(self, sequence: int) -> None:
         self.sequence = sequence
-        self.watermark: Any = None
+        # the element that closed it (set by ``close``, before anything reads it)
+        self.watermark: Watermark | ClockTick = None  # type: ignore[assignment]
         self.processing_time = 0.0
         self.ongoing = 0
         self.status = OPEN
@@ -45,10 +49,12 @@ class Epoch:
 
 
 class EpochManager:
-    """Finishes closed epochs in order.
+    """Counts records in and out of epochs and finishes closed epochs in order.
 
-    The AEC counts each context in ``context.epoch.ongoing`` on admission and
-    calls ``advance()`` when a closed epoch's count drops to 0.
+    The AEC calls ``enter(context.epoch)`` when it admits a context and
+    ``complete_one(context.epoch)`` when the context finished (Flink's
+    ``EpochManager.onRecord`` / ``completeOneRecord``); only this class edits an
+    epoch's count and status.
 
     Args:
         on_records_done: ``fn(epoch)`` when the head closed epoch's records are
@@ -69,7 +75,7 @@ class EpochManager:
         self._on_epoch_done = on_epoch_done
         self._advancing = False
 
-    def close(self, watermark: Any, processing_time: float = 0.0) -> Epoch:
+    def close(self, watermark: Watermark | ClockTick, processing_time: float = 0.0) -> Epoch:
         """Close the open epoch with ``watermark``; open the next one."""
         epoch = self.active
         epoch.watermark = watermark
@@ -79,6 +85,25 @@ class EpochManager:
         self.active = Epoch(epoch.sequence + 1)
         self.advance()
         return epoch
+
+    def restart_at(self, sequence: int) -> None:
+        """A restored operator continues the epoch its checkpoint was taken in
+        (before any input; nothing is closed yet)."""
+        if self.closed or self.active.ongoing:
+            raise RuntimeError("restart_at() on epochs that have seen input")
+        self.active = Epoch(sequence)
+
+    def enter(self, epoch: Epoch) -> None:
+        """A record or timer firing counting in ``epoch`` was admitted. O(1)."""
+        epoch.ongoing += 1
+
+    def complete_one(self, epoch: Epoch) -> None:
+        """A record or timer firing of ``epoch`` finished; a closed epoch whose count
+        reaches 0 lets the epochs advance (fire its timers, emit its watermark)."""
+        count = epoch.ongoing - 1
+        epoch.ongoing = count
+        if count == 0 and epoch.status != OPEN:
+            self.advance()
 
     def all_closed_done(self) -> bool:
         """True when every closed epoch has finished (its watermark has left)."""

@@ -1,19 +1,21 @@
 """The one asyncio event loop of an operator, on one background thread.
 
-asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``) and the calls
-of ``Context.call_async`` run here, off the mailbox thread (DESIGN: no asyncio on
-the caller's thread, no per-record threads). Completions go back through the
-``future`` handed to ``submit`` (an object with ``complete`` and
-``complete_exceptionally``), which posts a mail to the owner's ``Mailbox``.
+asyncio-style ``AsyncFunction``s (``async def async_invoke(value)``), the calls
+of ``Context.call_async`` and the batches of batched calls run here, off the
+mailbox thread (DESIGN: no asyncio on the caller's thread, no per-record threads).
+Completions go back through the ``future`` handed to ``submit`` (an object with
+``complete`` and ``complete_exceptionally``), which posts a mail to the owner's
+``Mailbox``; ``call_soon`` hands plain functions over (the batch queues' inputs).
 
 Invariants:
 - Started lazily by the first ``submit``; ``stop`` ends it within a bounded time.
 - Task objects are touched only on the loop thread: the owner (mailbox thread)
-  hands coroutines over through ``_inbox`` (a deque: atomic append/popleft) and
-  wakes the loop with ``call_soon_threadsafe`` only when no wake-up is pending, so
-  a burst of submissions costs one wake-up (one self-pipe write), not one each.
-  ``_wake_pending`` is cleared on the loop thread *before* it drains the inbox, so
-  a coroutine appended meanwhile is either drained now or gets its own wake-up.
+  hands coroutines over through ``_inbox`` and functions through ``_calls`` (deques:
+  atomic append/popleft) and wakes the loop with ``call_soon_threadsafe`` only when
+  no wake-up is pending, so a burst of submissions costs one wake-up (one self-pipe
+  write), not one each. ``_wake_pending`` is cleared on the loop thread *before* it
+  drains them, so an item appended meanwhile is either drained now or gets its own
+  wake-up. Functions run in the order they were handed over.
 - Every submitted coroutine completes its future exactly once (result, exception,
   or ``CancelledError`` when cancelled), unless the loop is stopped first.
 """
@@ -24,12 +26,25 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
-__all__ = ["EventLoopThread", "TaskHandle"]
+__all__ = ["Completable", "EventLoopThread", "TaskHandle"]
+
+R = TypeVar("R")
+R_contra = TypeVar("R_contra", contravariant=True)
+# a coroutine returning R (its yield and send types are asyncio's business)
+Call = Coroutine[Any, Any, R]
 
 _names = itertools.count(1)
+
+
+class Completable(Protocol[R_contra]):
+    """Where a submitted coroutine's outcome goes: an async I/O ``ResultFuture`` or an
+    external call's ``CallCompletion`` (either completes from any thread)."""
+
+    def complete(self, result: R_contra, /) -> None: ...
+    def complete_exceptionally(self, error: BaseException, /) -> None: ...
 
 
 class TaskHandle:
@@ -57,6 +72,18 @@ class TaskHandle:
         if self._task is not None:
             self._task.cancel()
 
+    def start(self, coro: Call[R], future: Completable[R]) -> None:
+        """On the loop thread: run ``coro`` as a task delivering to ``future``, unless
+        it was cancelled before it started (then it never runs)."""
+        if self._cancelled:
+            coro.close()
+            future.complete_exceptionally(asyncio.CancelledError())
+            return
+        task = asyncio.get_running_loop().create_task(_deliver(coro, future))
+        # a task cancelled before its first step never awaits coro: close it quietly
+        task.add_done_callback(lambda _: coro.close())
+        self._task = task
+
 
 class EventLoopThread:
     """One event loop on one daemon thread, owned by one operator.
@@ -73,7 +100,9 @@ class EventLoopThread:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._inbox: deque[tuple[TaskHandle, Coroutine[Any, Any, Any], Any]] = deque()
+        # (handle, coroutine, its Completable): each pair agrees on the result type
+        self._inbox: deque[tuple[TaskHandle, Call[Any], Completable[Any]]] = deque()
+        self._calls: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
         self._wake_pending = False
 
     @property
@@ -81,7 +110,7 @@ class EventLoopThread:
         """The loop's thread, or None before the first ``submit``."""
         return self._thread
 
-    def submit(self, coro: Coroutine[Any, Any, Any], future: Any) -> TaskHandle:
+    def submit(self, coro: Call[R], future: Completable[R]) -> TaskHandle:
         """Run ``coro`` on the loop; complete ``future`` (a ``ResultFuture``) with its
         return value, or exceptionally with what it raised. Returns at once."""
         if self._loop is None:
@@ -89,12 +118,25 @@ class EventLoopThread:
         assert self._loop is not None
         handle = TaskHandle(self._loop)
         self._inbox.append((handle, coro, future))
-        if not self._wake_pending:
-            self._wake_pending = True
-            self._loop.call_soon_threadsafe(self._start_tasks)
+        self._wake()
         return handle
 
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
+        """Run ``fn(*args)`` on the loop thread soon, after every function handed over
+        before it (from any thread; returns at once). An exception it raises goes to
+        the loop's exception handler (logged) and does not stop the functions after it."""
+        if self._loop is None:
+            self._start()
+        self._calls.append((fn, args))
+        self._wake()
+
+    def _wake(self) -> None:
+        if not self._wake_pending:
+            self._wake_pending = True
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._start_tasks)
+
+    def run(self, coro: Call[R]) -> R:
         """Run ``coro`` on the loop and block the calling thread until it finished;
         its return value, or raises what it raised (synchronous mode)."""
         if self._loop is None:
@@ -115,6 +157,7 @@ class EventLoopThread:
         thread.join(self._grace * 2)
         while self._inbox:  # handed over after the loop stopped: never started
             self._inbox.popleft()[1].close()
+        self._calls.clear()
         self._wake_pending = False
 
     # -- loop thread --------------------------------------------------------------------
@@ -136,20 +179,19 @@ class EventLoopThread:
 
     def _start_tasks(self) -> None:
         self._wake_pending = False
+        calls = self._calls
+        while calls:
+            fn, args = calls.popleft()
+            try:
+                fn(*args)
+            except Exception as exc:  # reported like any callback's; the rest still run
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": f"exception in {fn!r} handed to the loop", "exception": exc}
+                )
         inbox = self._inbox
         while inbox:
-            self._start_task(*inbox.popleft())
-
-    @staticmethod
-    def _start_task(handle: TaskHandle, coro: Coroutine[Any, Any, Any], future: Any) -> None:
-        if handle._cancelled:  # cancelled before it started: never run it
-            coro.close()
-            future.complete_exceptionally(asyncio.CancelledError())
-            return
-        task = asyncio.get_running_loop().create_task(_deliver(coro, future))
-        # a task cancelled before its first step never awaits coro: close it quietly
-        task.add_done_callback(lambda _: coro.close())
-        handle._task = task
+            handle, coro, future = inbox.popleft()
+            handle.start(coro, future)
 
     async def _shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
         current = asyncio.current_task()
@@ -166,7 +208,7 @@ class EventLoopThread:
             loop.stop()
 
 
-async def _deliver(coro: Coroutine[Any, Any, Any], future: Any) -> None:
+async def _deliver(coro: Call[R], future: Completable[R]) -> None:
     """Await ``coro`` and hand its outcome to ``future`` (on the loop thread)."""
     try:
         results = await coro

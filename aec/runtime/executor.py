@@ -8,13 +8,19 @@ futures or user code: completing futures is the mailbox thread's job.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Sized
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
-from typing import Any, cast
+from typing import Protocol, cast
 
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.mailbox import Mailbox
+from aec.state.backend import StateBackend
+from aec.state.requests import StateRequest
+
+Batch = Sequence[StateRequest]
+# the completion mail of a batch: the batch and what the backend raised (None: it ran)
+Post = Callable[[tuple[Batch, BaseException | None]], None]
 
 # Larger batches always go to a thread: there RocksDB-like stores release the GIL and
 # overlap the mailbox thread, and several batches in flight run side by side. 64 made
@@ -22,6 +28,14 @@ from aec.runtime.mailbox import Mailbox
 # lost that overlap); 8 sent too many of a Zipf hot key's batches to threads; 32 kept both.
 INLINE_MAX_REQUESTS = 32
 _NOW_SAMPLE = 8  # run_now asks the cost model once per this many calls
+
+
+class Buffering(Protocol):
+    """What ``StateExecutor.tick`` sees of the AEC: its active buffer, and a flush."""
+
+    @property
+    def active(self) -> Sized: ...
+    def flush(self) -> None: ...
 
 
 class StateExecutor:
@@ -45,17 +59,21 @@ class StateExecutor:
     def __init__(self) -> None:
         self.pending = 0
         self.inline_batches = 0  # batches run on the mailbox thread (metric ``inline_batches``)
-        self._backend: Any = None
+        self._backend: StateBackend = cast(StateBackend, None)  # set by start(), before any use
         self._mailbox: Mailbox = cast(Mailbox, None)  # set by start(), before any use
 
-    def start(self, backend: Any, mailbox: Mailbox) -> None:
+    def start(self, backend: StateBackend, mailbox: Mailbox) -> None:
         self._backend = backend
         self._mailbox = mailbox
 
-    def submit(self, batch: Sequence[Any]) -> None:
+    def submit(self, batch: Batch) -> None:
         raise NotImplementedError
 
-    def run_now(self, batch: Sequence[Any]) -> bool:
+    def completed(self) -> None:
+        """The AEC took the completion mail of a submitted batch."""
+        self.pending -= 1
+
+    def run_now(self, batch: Batch) -> bool:
         """Run a one-request ``batch`` on the mailbox thread at once, if this executor's
         policy allows it; True if it ran (no mail is posted: the AEC completes it).
         The backend's error propagates. Default: never (completions stay scripted)."""
@@ -65,7 +83,7 @@ class StateExecutor:
         """Block until a completion mail may be there or ``timeout`` seconds pass."""
         self._mailbox.wait(timeout)
 
-    def tick(self, controller: Any) -> None:
+    def tick(self, controller: Buffering) -> None:
         """Called by the operator before each input element with its
         ``AsyncExecutionController``; scripted executors act here (complete held
         batches, flush the active buffer early)."""
@@ -73,7 +91,7 @@ class StateExecutor:
     def close(self) -> None:
         pass
 
-    def _run(self, batch: Sequence[Any], post: Any) -> None:
+    def _run(self, batch: Batch, post: Post) -> None:
         try:
             self._backend.execute_batch(batch)
         except BaseException as exc:  # handed to the mailbox thread, which fails the job
@@ -96,12 +114,12 @@ class InlineExecutor(StateExecutor):
         super().__init__()
         self.prefers_batches = prefers_batches
 
-    def submit(self, batch: Sequence[Any]) -> None:
+    def submit(self, batch: Batch) -> None:
         self.pending += 1
         self.inline_batches += 1
         self._run(batch, self._mailbox.post_local)
 
-    def run_now(self, batch: Sequence[Any]) -> bool:
+    def run_now(self, batch: Batch) -> bool:
         self.inline_batches += 1
         self._backend.execute_batch(batch)
         return True
@@ -136,7 +154,7 @@ class ThreadPoolStateExecutor(StateExecutor):
         self._now_calls = -1  # run_now calls; the first one asks the cost model
         self._now_inline = False  # run_now's last answer from the cost model
 
-    def submit(self, batch: Sequence[Any]) -> None:
+    def submit(self, batch: Batch) -> None:
         cost = self.cost
         inline = (
             cost is not None
@@ -168,7 +186,7 @@ class ThreadPoolStateExecutor(StateExecutor):
         if cost is not None:  # waking an I/O thread may hand it the GIL: part of the hand-off
             self._submit_cost = perf_counter() - start
 
-    def run_now(self, batch: Sequence[Any]) -> bool:
+    def run_now(self, batch: Batch) -> bool:
         """Inline when the cost model finds a one-request batch cheaper than a hand-off.
 
         A hot key calls this once per request, so the model is asked (and the run
@@ -193,11 +211,11 @@ class ThreadPoolStateExecutor(StateExecutor):
         self._now_inline = cost.cheaper_inline(1)
         return True
 
-    def _run_timed(self, batch: Sequence[Any], submitted: float) -> None:
+    def _run_timed(self, batch: Batch, submitted: float) -> None:
         self._queue_delay = perf_counter() - submitted
         post = self._mailbox.post
 
-        def timed_post(mail: Any) -> None:
+        def timed_post(mail: tuple[Batch, BaseException | None]) -> None:
             self._posted_at = perf_counter()
             post(mail)
 

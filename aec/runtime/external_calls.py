@@ -1,4 +1,5 @@
-"""External calls inside keyed functions: ``Context.call_async`` (beyond Flink).
+"""External calls inside keyed functions: ``Context.call_async`` and
+``Context.call_batched`` (beyond Flink).
 
 Flink 2.x lets a keyed function await state, not a service; enrichment that needs
 per-key state takes an ``AsyncWaitOperator`` and a shuffle. Here a call is one more
@@ -13,32 +14,55 @@ thing a record waits for, like a state request (FLIP-425's reference counting):
   (the only cross-thread hand-off); the controller runs it on the mailbox thread.
 - In synchronous mode (``async_state=False``) the call runs to completion on the
   loop thread before ``call`` returns a completed future.
+- ``ExternalCalls.call_batched`` hands its argument to the ``BatchQueue`` of its
+  ``aec.async_io.Batcher`` (one per batcher and operator, on the same loop thread),
+  so the calls of every in-flight record of every key share batch calls. Retries and
+  the timeout are per argument (``aec.runtime.batched_calls``, on the loop thread):
+  a retried argument joins whatever batch is pending then. Its outcome comes back
+  through the same ``CallCompletion`` mail as a single call's. Before the mailbox thread sleeps
+  (``Mailbox.before_sleep``) every queue sends the partial batch it holds: nothing
+  else can run, so nothing more would join it. In synchronous mode a batch of one is
+  sent and awaited before ``call_batched`` returns.
 
-Invariants: ``controller.calls_in_flight`` counts calls whose mail has not run; a
-timed-out call is cancelled (``asyncio.timeout``); ``close`` cancels what is left
-and stops the thread without waiting for abandoned calls to finish.
+Invariants: ``controller.calls_in_flight`` counts calls (single or batched) whose
+mail has not run; a timed-out call is cancelled (``asyncio.timeout``; a batch call
+once none of its arguments is waited for); ``close`` cancels what is left and stops
+the thread without waiting for abandoned calls to finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Awaitable, Callable, Generator
+from time import monotonic
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from aec.errors import describe
+from aec.errors import describe, qualified_name
+from aec.functions import BatchCalls
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
+from aec.runtime.batch_queue import BatchItem, BatchQueue
+from aec.runtime.batched_calls import BatchedCall, call_entered, deliver_to_calls
 from aec.runtime.event_loop import EventLoopThread
+from aec.runtime.mailbox import Mailbox
+from aec.runtime.record_context import RecordContext
 from aec.state.future import _PENDING, StateFuture
+from aec.state.typevars import IN, OUT, T
 
-__all__ = ["CallCompletion", "CallFuture", "ExternalCalls"]
+if TYPE_CHECKING:
+    from aec.runtime.controller import AsyncExecutionController
+
+__all__ = ["CallCompletion", "CallCompletions", "CallFuture", "ExternalCalls"]
+
+R = TypeVar("R")
 
 _NO_RETRY = NoRetry()
 _CLOSE_GRACE = 0.5  # seconds close() gives cancelled calls to unwind
 
 
-class CallFuture(StateFuture):
-    """The ``StateFuture`` of one external call: it may carry an exception.
+class CallFuture(StateFuture[T]):
+    """The ``StateFuture`` of one external call (of result ``T``): it may carry an
+    exception.
 
     ``await`` raises the call's exception inside the user's coroutine (which may
     catch it); a chained callback (``then_apply``, ...) or ``get()`` re-raises it,
@@ -46,39 +70,49 @@ class CallFuture(StateFuture):
     """
 
     __slots__ = ("_error",)
+    # a pending call holds a reference on its record (released after completion):
+    # callbacks ride on it
+    callbacks_hold_record = False
 
-    def __init__(self, context: Any = None) -> None:
+    def __init__(self, context: RecordContext | None = None) -> None:
         super().__init__(context)
         self._error: BaseException | None = None
 
     def fail(self, error: BaseException) -> None:
         """Complete with ``error`` (engine use; mailbox thread)."""
         self._error = error
-        self.complete(None)
+        self.complete(None)  # type: ignore[arg-type]  # never read: get() raises the error
 
-    def get(self) -> Any:
+    def settle(self, result: T | None, error: BaseException | None) -> None:
+        """Complete a future nothing is registered on yet with ``result`` or ``error``
+        (synchronous mode: the call ran before the future was returned; with an error,
+        ``result`` is None and never read)."""
+        self._error = error
+        self._result = None if error is not None else result  # type: ignore[assignment]
+
+    def get(self) -> T:
         if self._error is not None:
             raise self._error
         return super().get()
 
-    def __await__(self) -> Generator[StateFuture, Any, Any]:
+    def __await__(self) -> Generator[StateFuture[T], T, T]:
         if self._result is _PENDING:
             yield self
         if self._error is not None:
             raise self._error
         return self._result
 
-    def then_apply(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_apply(self, fn: Callable[[T], R]) -> StateFuture[R]:
         return super().then_apply(self._checked(fn))
 
-    def then_accept(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_accept(self, fn: Callable[[T], object]) -> StateFuture[None]:
         return super().then_accept(self._checked(fn))
 
-    def then_compose(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_compose(self, fn: Callable[[T], object]) -> StateFuture[Any]:  # as StateFuture's
         return super().then_compose(self._checked(fn))
 
-    def _checked(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def run(result: Any) -> Any:
+    def _checked(self, fn: Callable[[T], R]) -> Callable[[T], R]:
+        def run(result: T) -> R:
             if self._error is not None:
                 raise self._error
             return fn(result)
@@ -90,64 +124,97 @@ class CallCompletion:
     """The mail that hands a call's outcome to the mailbox thread; any thread may
     ``complete`` it (the loop thread does), the first outcome wins."""
 
-    __slots__ = ("future", "result", "error", "_mailbox", "_posted")
+    __slots__ = ("future", "result", "error", "fatal", "_mailbox", "_posted")
 
-    def __init__(self, future: CallFuture, mailbox: Any) -> None:
-        self.future = future
-        self.result: Any = None
+    def __init__(self, future: CallFuture[Any], mailbox: Mailbox) -> None:
+        self.future = future  # of any result type: the call's outcome completes it
+        self.result: object = None
         self.error: BaseException | None = None
+        self.fatal = False  # the error fails the job when the mail runs
         self._mailbox = mailbox
         self._posted = False
 
-    def complete(self, result: Any) -> None:
-        if not self._posted:
-            self._posted = True
-            self.result = result
+    def complete(self, result: object) -> None:
+        if self.settle(result, None, False):
             self._mailbox.post(self)
 
     def complete_exceptionally(self, error: BaseException) -> None:
-        if not self._posted:
-            self._posted = True
-            self.error = error
+        if self.settle(None, error, False):
             self._mailbox.post(self)
 
-    def run(self, controller: Any) -> None:
-        """On the mailbox thread: complete the future, drop the call's reference."""
+    def abort(self, error: BaseException) -> None:
+        """Complete with an ``error`` no coroutine may catch: running the mail fails
+        the job naming the call's record (a misused batch function)."""
+        if self.settle(None, error, True):
+            self._mailbox.post(self)
+
+    def settle(self, result: object, error: BaseException | None, fatal: bool) -> bool:
+        """Record the outcome without posting it; False if one was recorded before
+        (the first wins). The caller posts it (``post_together``)."""
+        if self._posted:
+            return False
+        self._posted = True
+        self.result = result
+        self.error = error
+        self.fatal = fatal
+        return True
+
+    def post_together(self, others: list[CallCompletion]) -> None:
+        """Post this settled completion and ``others`` (same mailbox) as one mail:
+        a batch call's results cost one hand-off, not one each."""
+        self._mailbox.post(CallCompletions([self, *others]) if others else self)
+
+    def run(self, controller: AsyncExecutionController) -> None:
+        """On the mailbox thread: complete the future, drop the call's reference.
+
+        Raises the error of an ``abort``ed call (the job fails, rule 10)."""
         controller.calls_in_flight -= 1
         future = self.future
-        context = future._context
+        context = cast(RecordContext, future.context)  # a call's future is its record's
         controller.current = context
+        if self.fatal:
+            raise cast(BaseException, self.error)
         if self.error is not None:
             future.fail(self.error)
         else:
             future.complete(self.result)
-        count = context.ref_count - 1
-        context.ref_count = count
-        if count == 0:
-            controller.on_context_finished(context)
+        context.release()  # the call's reference, after its callbacks ran
         controller.current = None
 
 
+class CallCompletions(list[CallCompletion]):
+    """Several settled ``CallCompletion``s handed over as one mail."""
+
+    __slots__ = ()
+
+    def run(self, controller: AsyncExecutionController) -> None:
+        for completion in self:
+            completion.run(controller)
+
+
 class ExternalCalls:
-    """The external calls of one operator.
+    """The external calls of one operator: single calls and batched calls.
 
     Args:
         controller: the operator's ``AsyncExecutionController`` (its mailbox, the
-            current record, ``calls_in_flight``).
+            current record, ``calls_in_flight``, ``synchronous``).
     """
 
-    def __init__(self, controller: Any) -> None:
+    def __init__(self, controller: AsyncExecutionController) -> None:
         self._controller = controller
         self._loop: EventLoopThread | None = None
-        self.calls = 0  # calls started (metrics)
+        # id(Batcher) -> (the Batcher, kept so its id stays its own; its queue)
+        self._queues: dict[int, tuple[BatchCalls[Any, Any], BatchQueue[BatchedCall]]] = {}
+        self.calls = 0  # call_async calls started (metrics)
+        self.batched_calls = 0  # call_batched calls started (metrics)
 
     def call(
         self,
-        fn: Any,
-        args: tuple[Any, ...],
-        timeout: Any = None,
+        fn: Callable[..., Awaitable[R]],
+        args: tuple[object, ...],
+        timeout: float | None = None,
         retry: RetryStrategy = _NO_RETRY,
-    ) -> CallFuture:
+    ) -> CallFuture[R]:
         """Start ``fn(*args)`` for the current record; see ``Context.call_async``.
 
         Raises TypeError (a non-callable ``fn``, a bad timeout or retry) or
@@ -157,43 +224,146 @@ class ExternalCalls:
             raise TypeError(f"call_async takes an async function, got {describe(fn)}")
         seconds = check_timeout(timeout)
         check_strategy(retry)
+        context = self._current_record("call_async")
         controller = self._controller
-        context = controller.current
-        if context is None:
-            raise RuntimeError(
-                "call_async() outside a record: call it in process_element, on_timer or "
-                "their callbacks (not in open() or after finish())"
-            )
-        if self._loop is None:
-            self._loop = EventLoopThread(grace=_CLOSE_GRACE, name="aec-call-loop")
+        loop = self._event_loop()
         self.calls += 1
-        future = CallFuture(context)
+        future: CallFuture[R] = CallFuture(context)
         coroutine = _call(fn, args, seconds, retry)
         if controller.synchronous:
             try:
-                result = self._loop.run(coroutine)
+                result = loop.run(coroutine)
             except Exception as exc:
-                future._error = exc
-                future._result = None
+                future.settle(None, exc)
             else:
-                future._result = result
+                future.settle(result, None)
             return future
-        context.ref_count += 1  # the pending call, like a pending state request
-        controller.calls_in_flight += 1
-        self._loop.submit(coroutine, CallCompletion(future, controller.mailbox))
+        self._count_pending(context)
+        loop.submit(coroutine, CallCompletion(future, controller.mailbox))
         return future
+
+    def call_batched(
+        self,
+        batcher: BatchCalls[IN, OUT],
+        arg: IN,
+        timeout: float | None = None,
+        retry: RetryStrategy = _NO_RETRY,
+    ) -> CallFuture[OUT]:
+        """Hand ``arg`` to ``batcher``'s batch calls for the current record; see
+        ``Context.call_batched``.
+
+        Raises TypeError (not a ``Batcher``, a bad timeout or retry), ValueError (a
+        timeout <= 0), RuntimeError outside a record.
+        """
+        known = self._queues.get(id(batcher))
+        if known is None:
+            _check_batcher(batcher)
+        seconds = check_timeout(timeout)
+        check_strategy(retry)
+        context = self._current_record("call_batched")
+        controller = self._controller
+        queue = self._queue(batcher) if known is None else known[1]
+        self.batched_calls += 1
+        future: CallFuture[OUT] = CallFuture(context)
+        deadline = None if seconds is None else monotonic() + seconds
+        if controller.synchronous:
+            mailbox = Mailbox()
+            # read below, not from the mail: the mail may hold it in a group of one
+            completion = CallCompletion(future, mailbox)
+            call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
+            queue.submit(cast("BatchItem[BatchedCall]", call.first))
+            queue.flush()  # a batch of one: the mailbox thread waits for nothing else
+            while not mailbox:
+                mailbox.wait(None)
+            future.settle(completion.result, completion.error)  # type: ignore[arg-type]
+            if completion.fatal:
+                # a misused batch function fails the job even if the caller catches
+                # the error: its mail runs next on the operator's mailbox, as in async
+                # mode (run() raises it, naming this record)
+                controller.calls_in_flight += 1
+                controller.mailbox.post_local(completion)
+            return future
+        self._count_pending(context)
+        completion = CallCompletion(future, controller.mailbox)
+        call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
+        queue.submit(cast("BatchItem[BatchedCall]", call.first))
+        return future
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """``call_async`` calls, ``call_batched`` calls, the batch calls they made, the
+        arguments those carried and the largest batch (counters of this operator)."""
+        queues = [queue for _, queue in self._queues.values()]
+        batches = sum(q.calls for q in queues)
+        items = sum(q.items for q in queues)
+        return {
+            "external_calls": self.calls,
+            "batched_calls": self.batched_calls,
+            "call_batches": batches,
+            "call_batch_max_size": max((q.largest for q in queues), default=0),
+            "call_batch_mean_size": items / batches if batches else 0.0,
+        }
 
     def close(self) -> None:
         """Cancel every running call and stop the loop thread (bounded, ~1 s at most:
         abandoned calls are not waited for). Idempotent."""
         loop, self._loop = self._loop, None
+        if self._queues:
+            self._controller.mailbox.before_sleep = None
         if loop is not None:
             loop.stop()
 
+    # -- helpers ----------------------------------------------------------------------------
+    def _current_record(self, what: str) -> RecordContext:
+        context = self._controller.current
+        if context is None:
+            raise RuntimeError(
+                f"{what}() outside a record: call it in process_element, on_timer or "
+                "their callbacks (not in open() or after finish())"
+            )
+        return context
+
+    def _count_pending(self, context: RecordContext) -> None:
+        """The pending call holds its record like a pending state request does."""
+        context.retain()
+        self._controller.calls_in_flight += 1
+
+    def _event_loop(self) -> EventLoopThread:
+        if self._loop is None:
+            self._loop = EventLoopThread(grace=_CLOSE_GRACE, name="aec-call-loop")
+        return self._loop
+
+    def _queue(self, batcher: BatchCalls[Any, Any]) -> BatchQueue[BatchedCall]:
+        """The batch queue of ``batcher`` in this operator, made at its first call."""
+        queue = BatchQueue(
+            self._event_loop(), batcher.fn, batcher.max_batch_size, batcher.max_wait,
+            deliver_to_calls, call_entered,
+        )  # fmt: skip
+        if not self._queues and not self._controller.synchronous:
+            # nothing else can run once the mailbox thread sleeps: partial batches go
+            self._controller.mailbox.before_sleep = self._flush
+        self._queues[id(batcher)] = (batcher, queue)
+        return queue
+
+    def _flush(self) -> None:
+        for _, queue in self._queues.values():
+            queue.flush()
+
+
+def _check_batcher(batcher: object) -> None:
+    if not all(hasattr(batcher, name) for name in ("fn", "max_batch_size", "max_wait")):
+        raise TypeError(
+            f"call_batched takes an aec.async_io.Batcher(fn, max_batch_size=, max_wait=), "
+            f"got {describe(batcher, 80)}"
+        )
+
 
 async def _call(
-    fn: Callable[..., Any], args: tuple[Any, ...], timeout: float | None, retry: RetryStrategy
-) -> Any:
+    fn: Callable[..., Awaitable[R]],
+    args: tuple[object, ...],
+    timeout: float | None,
+    retry: RetryStrategy,
+) -> R:
     """``fn(*args)`` with retries; ``timeout`` spans every attempt and backoff and
     cancels the running attempt (``TimeoutError``)."""
     if timeout is None:
@@ -202,14 +372,16 @@ async def _call(
         return await _attempts(fn, args, retry)
 
 
-async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], retry: RetryStrategy) -> Any:
+async def _attempts(
+    fn: Callable[..., Awaitable[R]], args: tuple[object, ...], retry: RetryStrategy
+) -> R:
     attempt = 0
     while True:
         attempt += 1
         awaitable = fn(*args)
         if not inspect.isawaitable(awaitable):
             raise TypeError(
-                f"call_async: {_name(fn)} returned {describe(awaitable, 80)}, not an "
+                f"call_async: {qualified_name(fn)} returned {describe(awaitable, 80)}, not an "
                 "awaitable: pass an `async def` function (or one returning an awaitable)"
             )
         try:
@@ -223,11 +395,3 @@ async def _attempts(fn: Callable[..., Any], args: tuple[Any, ...], retry: RetryS
             await asyncio.sleep(retry.backoff(attempt))
             continue
         return result
-
-
-def _name(fn: Any) -> str:
-    """``module.qualname`` of a function, else its short repr (for messages)."""
-    qualname = getattr(fn, "__qualname__", None)
-    if isinstance(qualname, str):
-        return f"{getattr(fn, '__module__', '?')}.{qualname}"
-    return describe(fn, 80)

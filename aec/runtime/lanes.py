@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from aec.runtime.record_context import RecordContext
 from aec.state.requests import RmwRead, RmwWrite, StateRequest
@@ -47,7 +46,7 @@ def hold(enqueue: Enqueue, context: RecordContext, request: StateRequest, kind: 
 def release(enqueue: Enqueue, context: RecordContext, state: str) -> None:
     """Close ``context``'s lane of ``state``: its held requests are enqueued in
     order until one is a read-modify-write read, which keeps the rest held."""
-    lanes: dict[str, Any] | None = context.lanes
+    lanes: dict[str, deque[StateRequest]] | None = context.lanes
     held = None if lanes is None else lanes.pop(state, None)
     while held:
         request = held.popleft()

@@ -1,8 +1,8 @@
-"""Checkpoints of a ``KeyedProcessOperator`` (DESIGN rule 9): drain, then snapshot or restore.
-
-The file format is ``aec.checkpoint.files``'s; this module is the operator's side:
-the barrier (drain to zero in-flight records), what operator state goes in, and
-how a restored checkpoint replaces the live state.
+"""The checkpoint side of a ``KeyedProcessOperator`` (docs/semantics.md, rule 9):
+reading, checking and merging the checkpoints a restore names, and restoring the
+backend from them. The operator drains and decides when; the file format is
+``aec.checkpoint.files``'s, where checkpoints live ``aec.checkpoint.storage``'s,
+the merge of several ``aec.runtime.operator_rescale``'s.
 """
 
 from __future__ import annotations
@@ -10,233 +10,107 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from aec.checkpoint import files as checkpoint
-from aec.checkpoint.files import CheckpointHandle, OperatorState
-from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore, local_copy
+from aec.checkpoint import state_meta
+from aec.checkpoint.files import CheckpointHandle
+from aec.checkpoint.storage import local_copy
 from aec.keygroups import KeyGroupRange
-from aec.runtime.epochs import Epoch
-from aec.runtime.operator_rescale import merge
+from aec.runtime.operator_rescale import MergedCheckpoint, merge
 from aec.runtime.timers import TimerQueue
 
 if TYPE_CHECKING:
     from aec.config import AecConfig
-    from aec.functions import KeyedProcessFunction
-    from aec.runtime.controller import AsyncExecutionController, StuckError
-    from aec.runtime.epochs import EpochManager
+    from aec.state.backend import StateBackend
+    from aec.state.descriptors import StateDescriptor
+    from aec.state.serialization import Serializer
 
 HandleLike = CheckpointHandle | str | os.PathLike[str]
 
 
-class OperatorCheckpoints:
-    """``snapshot`` / ``restore`` of ``KeyedProcessOperator`` (a mixin: it reads the
-    operator's fields; see that class for them)."""
+@contextlib.contextmanager
+def read_checkpoints(
+    handle: HandleLike | Sequence[HandleLike],
+    max_parallelism: int,
+    key_group_range: KeyGroupRange,
+    check_state_names: Callable[[list[str]], None] | None = None,
+) -> Iterator[tuple[MergedCheckpoint, str, list[checkpoint.RestoredCheckpoint]]]:
+    """Verify every checkpoint ``handle`` names (manifest, sizes, SHA-256), check
+    that they fit together and into an operator owning ``key_group_range``, and
+    yield ``(merged, where, restored)`` while their local copies exist (``where``
+    names them for messages, ``restored`` are the checkpoints one by one). Nothing
+    live changes here.
 
-    _state: str
-    _restorable: bool
-    _records_in: int
-    backend: Any
-    config: AecConfig
-    controller: AsyncExecutionController
-    epochs: EpochManager
-    _timers_fired: int
-    _records_out: int
-    _watermarks_out: int
-    _watermark: float
-    _now: float
-    _poll: bool
-    _sequence: int
-    event_timers: TimerQueue
-    processing_timers: TimerQueue
-    function: KeyedProcessFunction
-    declared_states: list[str]
-    key_group_range: KeyGroupRange
+    ``check_state_names`` (the function's ``check_restore``) may refuse the stored
+    state names with ValueError.
 
-    if TYPE_CHECKING:  # the operator's methods (KeyedProcessOperator, OperatorFailures)
-
-        def open(self) -> None: ...
-
-        def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn: ...
-
-        def _stuck(self) -> StuckError: ...
-
-    def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
-        """Take checkpoint ``checkpoint_id`` into ``directory/chk-<id>``; its handle.
-
-        ``directory`` is a local path or a URI (``file://``, ``s3://bucket/prefix``,
-        whatever ``pyarrow.fs`` resolves; ``aec.checkpoint.storage``): on an object
-        store the checkpoint is staged locally, uploaded, and its manifest uploaded
-        last (the commit).
-
-        A checkpoint barrier between the input before it and after it: first
-        runs the mailbox until every in-flight record, every callback and every
-        timer firing due so far have finished and every closed epoch's watermark
-        has left (FLIP-425 drains before the snapshot; Flink's
-        ``AbstractAsyncStateStreamOperator``), then ``backend.flush()``, then
-        writes backend state, timers, watermark, clock reading and metadata
-        with a checksummed manifest (``aec.checkpoint.files``), committed atomically.
-        Outputs emitted while draining are in ``drain_outputs()``, not in the
-        checkpoint. The epoch open at the barrier stays open: nothing after the
-        barrier has started, and a restored operator continues that epoch.
-
-        Raises:
-            TypeError / ValueError: ``checkpoint_id`` is not an int >= 0,
-                ``directory`` is not a path, or its URI scheme cannot be resolved
-                (the operator stays usable).
-            FileExistsError: ``chk-<id>`` exists already (ids are never reused).
-            CheckpointStorageError (an OSError): the object store cannot be
-                reached, refuses access, or an upload fails; no manifest is
-                written and the operator stays usable (its state is unchanged;
-                Flink declines the checkpoint likewise).
-            RuntimeError: the operator failed, finished or was closed.
-            JobFailure: user code or the backend failed while draining, or the
-                backend's snapshot or the writing failed; no checkpoint is left
-                and the operator is failed.
-        """
-        store = CheckpointStore.at(directory)
-        store.prepare(checkpoint_id)
-        if self._state != "open":
-            if self._state != "new":
-                raise RuntimeError(
-                    f"cannot take checkpoint {checkpoint_id}: the operator is {self._state}"
-                    + (" (a failed run commits no checkpoint)" if self._state == "failed" else "")
-                )
-            self.open()
-        self._restorable = False
-        try:
-            self._drain()
-            flush = getattr(self.backend, "flush", None)
-            if flush is not None:
-                flush()
-            return store.write(checkpoint_id, self.backend, self._checkpoint_state())
-        except CheckpointStorageError:
-            raise  # the upload failed: nothing committed, the drained operator goes on
-        except BaseException as exc:
-            self._raise_failure(exc, f"checkpoint {checkpoint_id}")
-
-    def restore(self, handle: HandleLike | Sequence[HandleLike]) -> None:
-        """Replace state, timers, watermark and clock reading with a checkpoint's, or
-        with the union of several (rescaling, Flink's restore from key-group ranges).
-
-        Call it on a new operator (it opens it: the backend, then the function)
-        or right after ``open()``, before any record, watermark or snapshot,
-        then replay the input that came after the checkpoint. Every checkpoint is
-        verified (manifest, sizes, SHA-256) and the set is checked to fit
-        together before anything live changes. Only the key groups of this
-        operator's ``key_group_range`` are kept (state and timers), also from a
-        single checkpoint. Merge rules (``aec.runtime.operator_rescale``): the
-        watermark is the minimum of the checkpoints', the clock reading the
-        maximum; key groups of the range that no checkpoint holds start empty.
-        Metrics start from zero. (Flink: ``initializeState`` on restore.)
-
-        Args:
-            handle: a ``CheckpointHandle`` from ``snapshot``, the path or URI of a
-                ``chk-<id>`` directory, or a list of those (the checkpoints of
-                every operator of the previous run).
-
-        Raises:
-            RuntimeError: the operator took input already, was restored, or is
-                not usable.
-            TypeError: a handle that is none of the above.
-            FileNotFoundError: no checkpoint directory at a handle's location.
-            ValueError: an empty list; a missing manifest (incomplete checkpoint),
-                a corrupt, missing or unlisted file (named); a ``max_parallelism``
-                other than this operator's; checkpoints of different state names
-                or overlapping key-group ranges; an unresolvable URI scheme; a
-                backend snapshot this backend cannot read; nothing changed.
-            CheckpointStorageError: an object store could not be read.
-            JobFailure: the backend failed otherwise while restoring.
-        """
-        if not self._restorable or self._records_in or self._state not in ("new", "open"):
-            raise RuntimeError(
-                f"restore() needs a fresh operator (the operator is {self._state} and has "
-                "taken input, a snapshot or a restore): restore before processing"
-            )
-        handles = _handle_list(handle)
-        with contextlib.ExitStack() as copies:
-            restored = []
-            for original in handles:
-                local = copies.enter_context(local_copy(original))
-                item = checkpoint.read(_relocated(original, local), TimerQueue.from_export)
-                restored.append(dataclasses.replace(item, handle=_named(original, item.handle)))
-            plan = merge(restored, self.config.max_parallelism, self.key_group_range)
-            check = getattr(self.function, "check_restore", None)  # e.g. windows: same assigner
-            if check is not None:
-                check(plan.state.state_names)  # raises ValueError before anything live changes
-            self.open()
-            where = ", ".join(item.handle.path for item in restored)
-            try:
-                if len(plan.backend_dirs) == 1 and plan.key_groups is None:
-                    self.backend.restore(plan.backend_dirs[0])
-                else:
-                    self.backend.restore(
-                        plan.backend_dirs, plan.key_groups, self.config.max_parallelism
-                    )
-            except (FileNotFoundError, ValueError) as exc:  # backends leave live state untouched
-                raise ValueError(
-                    f"the backend state of checkpoint {where} does not restore "
-                    f"into {self.backend!r}: {exc}"
-                ) from exc
-            except BaseException as exc:
-                self._raise_failure(exc, f"restore of {where}")
-        state = plan.state
-        self._restorable = False
-        self.event_timers = state.event_timers
-        self.processing_timers = state.processing_timers
-        self._watermark = state.watermark
-        self._now = max(self._now, state.processing_time)
-        self._poll = self._poll or state.poll_clock or len(self.processing_timers) > 0
-        self.epochs.active = Epoch(state.epoch)
-        self._sequence = state.record_sequence
-
-    def _drain(self) -> None:
-        """Run the mailbox until nothing is in flight and every closed epoch has left."""
-        controller = self.controller
-        while controller.in_flight or not self.epochs.all_closed_done():
-            if not controller.step():
-                raise self._stuck()
-        controller.current = None  # nothing runs now: a failure from here on is the checkpoint's
-
-    def _checkpoint_state(self) -> OperatorState:
-        return OperatorState(
-            watermark=self._watermark,
-            processing_time=self._now,
-            poll_clock=self._poll,
-            epoch=self.epochs.active.sequence,
-            record_sequence=self._sequence,
-            max_parallelism=self.config.max_parallelism,
-            event_timers=self.event_timers,
-            processing_timers=self.processing_timers,
-            state_names=self.declared_states,
-            config=dataclasses.asdict(self.config),
-            counts={
-                "records_in": self._records_in,
-                "records_out": self._records_out,
-                "timers_fired": self._timers_fired,
-                "watermarks_out": self._watermarks_out,
-            },
-            backend=type(self.backend).__name__,
-            key_group_range=(self.key_group_range.start, self.key_group_range.end),
-        )
+    Raises:
+        TypeError: a handle that is not a handle, path or URI.
+        FileNotFoundError: no checkpoint directory at a handle's location.
+        ValueError: an empty list; an incomplete, corrupt or incompatible checkpoint;
+            checkpoints that do not fit together (``operator_rescale.merge``).
+        CheckpointStorageError: an object store could not be read.
+    """
+    handles: list[HandleLike] = (
+        list(handle) if isinstance(handle, (list, tuple)) else [handle]  # type: ignore[list-item]
+    )
+    with contextlib.ExitStack() as copies:
+        restored = []
+        for original in handles:
+            local = copies.enter_context(local_copy(original))
+            item = checkpoint.read(_relocated(original, local), TimerQueue.from_export)
+            restored.append(dataclasses.replace(item, handle=_named(original, item.handle)))
+        plan = merge(restored, max_parallelism, key_group_range)
+        if check_state_names is not None:
+            check_state_names(plan.state.state_names)
+        yield plan, ", ".join(item.handle.path for item in restored), restored
 
 
-def _handle_list(handle: Any) -> list[Any]:
-    """One handle, path or URI, or a list/tuple of them, as a list."""
-    if isinstance(handle, (list, tuple)):
-        return list(handle)
-    return [handle]
+def check_states(
+    restored: Sequence[checkpoint.RestoredCheckpoint],
+    descriptors: Sequence[StateDescriptor],
+    config: AecConfig,
+    backend: StateBackend,
+) -> None:
+    """Refuse checkpoints whose states the function (``descriptors``, made in
+    ``open``) now makes differently: another type, serializer or TTL under a stored
+    name (ValueError naming it, before anything live changes); tell ``backend`` the
+    serializer of stored states the function makes later, on demand."""
+    live = state_meta.describe(descriptors, config)
+    later: dict[str, Serializer] = {}
+    for item in restored:
+        later.update(state_meta.check(item.state.states, live, config, item.handle.path))
+    for name, serializer in later.items():
+        backend.register_state(name, serializer)
 
 
-def _relocated(original: Any, local: str) -> Any:
+def restore_backend(
+    backend: StateBackend, plan: MergedCheckpoint, where: str, max_parallelism: int
+) -> None:
+    """Restore ``backend`` from ``plan``'s directories (filtered to its key groups
+    when needed). A backend that cannot read them raises ValueError naming
+    ``where``; backends leave live state untouched then. Other errors propagate."""
+    try:
+        if len(plan.backend_dirs) == 1 and plan.key_groups is None:
+            backend.restore(plan.backend_dirs[0])
+        else:
+            backend.restore(plan.backend_dirs, plan.key_groups, max_parallelism)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ValueError(
+            f"the backend state of checkpoint {where} does not restore into {backend!r}: {exc}"
+        ) from exc
+
+
+def _relocated(original: HandleLike, local: str) -> CheckpointHandle | str:
     """What ``files.read`` takes for ``original`` now at ``local`` (the id is kept)."""
     if isinstance(original, CheckpointHandle):
         return CheckpointHandle(original.checkpoint_id, local)
     return local
 
 
-def _named(original: Any, read: CheckpointHandle) -> CheckpointHandle:
+def _named(original: HandleLike, read: CheckpointHandle) -> CheckpointHandle:
     """The handle as the user knows it (its URI, not the download directory)."""
     if isinstance(original, CheckpointHandle):
         return original

@@ -28,8 +28,7 @@ Merge rules (``docs/checkpoints.md``):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
 
 from aec.checkpoint.files import OperatorState, RestoredCheckpoint
 from aec.keygroups import KeyGroupRange, key_group_for
@@ -45,11 +44,14 @@ class MergedCheckpoint:
         backend_dirs: the backend directories, in handle order.
         key_groups: the key-group range the backend must filter to, or None when
             every stored key belongs to the operator (no filtering needed).
+        in_flight: each checkpoint's carried records (``OperatorState.in_flight``),
+            for the operator to decode and keep its key groups' of.
     """
 
     state: OperatorState
     backend_dirs: list[str]
     key_groups: KeyGroupRange | None
+    in_flight: list[bytes] = dataclasses.field(default_factory=list)
 
 
 def stored_range(state: OperatorState) -> KeyGroupRange:
@@ -121,16 +123,20 @@ def merge(
         event_timers=event,
         processing_timers=processing,
         key_group_range=(own.start, own.end),
+        in_flight=b"",
     )
     return MergedCheckpoint(
-        merged, [item.backend_dir for item in restored], None if inside else own
+        merged,
+        [item.backend_dir for item in restored],
+        None if inside else own,
+        [s.in_flight for s in states if s.in_flight],
     )
 
 
-def _keeps(own: KeyGroupRange, max_parallelism: int) -> Any:
-    cache: dict[Any, bool] = {}
+def _keeps(own: KeyGroupRange, max_parallelism: int) -> Callable[[Hashable], bool]:
+    cache: dict[Hashable, bool] = {}
 
-    def keep(key: Any) -> bool:
+    def keep(key: Hashable) -> bool:
         kept = cache.get(key)
         if kept is None:
             kept = cache[key] = key_group_for(key, max_parallelism) in own

@@ -1,125 +1,151 @@
 """Timers of a ``KeyedProcessOperator``: registration per key, firing per epoch.
 
 Event-time timers fire when a watermark closes their epoch, processing-time timers
-when a ``ClockTick`` does (DESIGN rule 8). Flink: ``InternalTimerServiceAsyncImpl``.
+when a ``ClockTick`` does (docs/semantics.md, rule 8). Flink:
+``InternalTimerServiceAsyncImpl``. The operator's collaborator: it owns the two
+``TimerQueue``s and makes timer firings records of their key through the AEC.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Container
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Container, Hashable
 
 from aec.elements import ClockTick, Watermark
-from aec.runtime.epochs import Epoch, EpochManager
+from aec.runtime.controller import AsyncExecutionController
+from aec.runtime.epochs import Epoch
 from aec.runtime.record_context import RecordContext
 from aec.runtime.timers import TimerQueue
 
-if TYPE_CHECKING:
-    from aec.runtime.controller import AsyncExecutionController
+EVENT = "event-time"
+PROCESSING = "processing-time"
 
-_EVENT = "event-time"
-_PROCESSING = "processing-time"
+# (domain, key, timestamp, epoch) -> the firing's RecordContext (the operator numbers it)
+TimerContextFactory = Callable[[str, Hashable, float, Epoch], RecordContext]
 
 
 class OperatorTimers:
-    """Timer registration and firing of ``KeyedProcessOperator`` (a mixin over its fields)."""
+    """The operator's timer service (mailbox thread only).
 
-    event_timers: TimerQueue
-    processing_timers: TimerQueue
-    synchronous: bool
-    controller: AsyncExecutionController
-    epochs: EpochManager
-    _sequence: int
-    _poll: bool
-    _timers_fired: int
+    Args:
+        controller: the AEC that admits firings (``admit``; firings overdraw the
+            in-flight limit).
+        synchronous: fire one timer at a time in (timestamp, registration) order
+            (the reference run) instead of per-key chains.
+        new_context: makes the ``RecordContext`` of a firing.
+        current: the running record's context (whose key registers timers).
+        on_processing_time: called when a processing-time timer is registered
+            (the operator then reads its clock per input element).
 
-    if TYPE_CHECKING:  # the operator's methods
+    Attributes:
+        event, processing: the ``TimerQueue`` of each domain.
+    """
 
-        def current_context(self) -> RecordContext: ...
+    __slots__ = (
+        "event", "processing", "_controller", "_new_context", "_current",
+        "_on_processing_time", "_chains", "fire",
+    )  # fmt: skip
 
-        def _key_group(self, key: Any) -> int: ...
+    def __init__(
+        self,
+        controller: AsyncExecutionController,
+        synchronous: bool,
+        new_context: TimerContextFactory,
+        current: Callable[[], RecordContext],
+        on_processing_time: Callable[[], None],
+    ) -> None:
+        self.event = TimerQueue()
+        self.processing = TimerQueue()
+        self._controller = controller
+        self._new_context = new_context
+        self._current = current
+        self._on_processing_time = on_processing_time
+        # the firing strategy of the run's mode, chosen once
+        self._chains = not synchronous
+        self.fire: Callable[[Epoch], None] = (
+            self._fire_in_order if synchronous else self._fire_per_key
+        )
 
-    def _close_epoch(self, element: Watermark | ClockTick, now: float) -> None:
-        """Close the open epoch with ``element``; its domain's timers note the boundary."""
-        domain = _EVENT if type(element) is Watermark else _PROCESSING
-        self._timer_queue(domain).boundary(self.epochs.active.sequence)
-        self.epochs.close(element, now)
+    def queue(self, domain: str) -> TimerQueue:
+        """The queue of ``domain`` (``"event-time"`` or ``"processing-time"``)."""
+        return self.event if domain == EVENT else self.processing
 
-    def register_timer(self, domain: str, timestamp: float) -> None:
-        """Register a timer of the current key in ``domain`` (event or processing time)."""
-        context = self.current_context()
-        if domain == _PROCESSING:
-            self._poll = True
-        self._timer_queue(domain).register(
+    def replace(self, event: TimerQueue, processing: TimerQueue) -> None:
+        """Take restored queues (before any input)."""
+        self.event, self.processing = event, processing
+
+    def close_epoch(self, open_epoch: Epoch, element: Watermark | ClockTick) -> None:
+        """``element`` closes ``open_epoch``: its domain's queue notes the boundary
+        (the epochs that can fire its timers)."""
+        domain = EVENT if type(element) is Watermark else PROCESSING
+        self.queue(domain).boundary(open_epoch.sequence)
+
+    # -- the running key's timers (TimerService) ------------------------------------------
+    def register(self, domain: str, timestamp: float) -> None:
+        """Register a timer of the current key in ``domain``."""
+        context = self._current()
+        if domain == PROCESSING:
+            self._on_processing_time()
+        self.queue(domain).register(
             context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
         )
 
-    def delete_timer(self, domain: str, timestamp: float) -> None:
+    def delete(self, domain: str, timestamp: float) -> None:
         """Delete the current key's timer at ``timestamp`` in ``domain`` (no-op if absent)."""
-        context = self.current_context()
-        self._timer_queue(domain).delete(
+        context = self._current()
+        self.queue(domain).delete(
             context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
         )
 
-    def timer_times(self, domain: str) -> Container[float]:
+    def times(self, domain: str) -> Container[float]:
         """Timestamps of the current key's timers in ``domain`` (``TimerQueue.timestamps``)."""
-        return self._timer_queue(domain).timestamps(self.current_context().key)
+        return self.queue(domain).timestamps(self._current().key)
 
-    def due_timers(self, domain: str, until: float) -> list[float]:
+    def due(self, domain: str, until: float) -> list[float]:
         """The current key's timer timestamps in ``domain`` at or before ``until``,
         ascending (``TimerQueue.due``)."""
-        return self._timer_queue(domain).due(self.current_context().key, until)
+        return self.queue(domain).due(self._current().key, until)
 
-    def _timer_queue(self, domain: str) -> TimerQueue:
-        return self.event_timers if domain == _EVENT else self.processing_timers
+    # -- firing -------------------------------------------------------------------------------
+    def _fire_in_order(self, epoch: Epoch) -> None:
+        """Synchronous mode: one timer at a time in (timestamp, registration) order,
+        each run to completion (Flink's timer service)."""
+        domain, limit, timers = self._due_in(epoch)
+        admit = self._controller.admit
+        while (due := timers.pop_earliest(limit)) is not None:
+            admit(self._new_context(domain, due[1], due[0], epoch), True)
 
-    def _timer_context(
-        self, domain: str, key: Any, timestamp: float, epoch: Epoch
-    ) -> RecordContext:
-        self._sequence += 1
-        element = epoch.watermark
-        watermark = element.timestamp if domain == _EVENT else element.watermark
-        return RecordContext(
-            None, key, self._key_group(key), timestamp, self._sequence, epoch, watermark,
-            self.controller.on_context_finished, (domain, timestamp), epoch.processing_time,
-        )  # fmt: skip
-
-    def _fire_timers(self, epoch: Epoch) -> None:
-        """The head epoch's records are done: fire the timers its closing element
-        (a Watermark: event time; a ClockTick: processing time) makes due.
-
-        Synchronous mode fires one timer at a time in (timestamp, registration)
-        order, like Flink's timer service. Async mode fires each key's timers as a
-        chain (the next starts when the previous finished), keys in parallel, so a
-        timer registered by ``on_timer`` at or below the limit still fires in
-        timestamp order within its key.
-        """
-        domain = _EVENT if type(epoch.watermark) is Watermark else _PROCESSING
-        limit = epoch.watermark.timestamp
-        timers = self._timer_queue(domain)
-        controller = self.controller
-        if self.synchronous:
-            while (due := timers.pop_earliest(limit)) is not None:
-                context = self._timer_context(domain, due[1], due[0], epoch)
-                controller.admit(context, inline=True)
-            return
+    def _fire_per_key(self, epoch: Epoch) -> None:
+        """Async mode: each key's due timers fire as a chain (the next starts when
+        the previous finished: ``next_in_chain``), keys in parallel, so a timer
+        registered by ``on_timer`` at or below the limit still fires in timestamp
+        order within its key."""
+        domain, limit, timers = self._due_in(epoch)
+        admit = self._controller.admit
         for key in timers.due_keys(limit, epoch.sequence):
-            # a due key has a due timer: never None here
-            timestamp = cast(float, timers.pop_next_for_key(key, limit, epoch.sequence))
-            controller.admit(self._timer_context(domain, key, timestamp, epoch), inline=False)
+            timestamp = timers.pop_next_for_key(key, limit, epoch.sequence)
+            if timestamp is not None:  # a due key has a due timer
+                admit(self._new_context(domain, key, timestamp, epoch), False)
 
-    def _next_timer(self, context: RecordContext) -> RecordContext | None:
-        if self.synchronous:
+    def next_in_chain(self, context: RecordContext) -> RecordContext | None:
+        """The firing after ``context`` (a finished firing) of its key, or None
+        (the AEC's ``timer_successor``; synchronous runs have no chains)."""
+        timer = context.timer
+        if timer is None or not self._chains:
             return None
-        domain = cast("tuple[str, float]", context.timer)[0]  # a timer's context: never None
-        epoch = context.epoch
-        timestamp = self._timer_queue(domain).pop_next_for_key(
+        domain, epoch = timer[0], context.epoch
+        timestamp = self.queue(domain).pop_next_for_key(
             context.key, epoch.watermark.timestamp, epoch.sequence
         )
         if timestamp is None:
             return None
-        return self._timer_context(domain, context.key, timestamp, epoch)
+        return self._new_context(domain, context.key, timestamp, epoch)
+
+    def _due_in(self, epoch: Epoch) -> tuple[str, float, TimerQueue]:
+        """The domain the epoch's closing element fires, its limit and queue."""
+        element = epoch.watermark
+        domain = EVENT if type(element) is Watermark else PROCESSING
+        return domain, element.timestamp, self.queue(domain)
 
 
 def _arrival_limit(context: RecordContext, domain: str) -> float:
@@ -128,4 +154,4 @@ def _arrival_limit(context: RecordContext, domain: str) -> float:
     -inf for timer code, whose firing's due timers are all still to fire."""
     if context.timer is not None:
         return -math.inf
-    return context.watermark if domain == _EVENT else context.processing_time
+    return context.watermark if domain == EVENT else context.processing_time

@@ -16,8 +16,13 @@ After Flink's ``RecordContext``/``ReferenceCounted`` (FLIP-425). Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aec.runtime.epochs import Epoch
+    from aec.state.requests import StateRequest
 
 
 class RecordContext:
@@ -38,17 +43,17 @@ class RecordContext:
     __slots__ = (
         "value", "key", "key_group", "timestamp", "sequence", "epoch", "timer",
         "watermark", "processing_time", "ref_count", "in_batches", "batch_id", "deferred",
-        "on_finished", "lanes", "waited", "queued",
+        "on_finished", "lanes", "waited", "queued", "admitted",
     )  # fmt: skip
 
     def __init__(
         self,
-        value: Any,
-        key: Any,
+        value: object,
+        key: Hashable,
         key_group: int,
         timestamp: float | None,
         sequence: int,
-        epoch: Any,
+        epoch: Epoch,
         watermark: float,
         on_finished: Callable[[RecordContext], None],
         timer: tuple[str, float] | None = None,
@@ -66,15 +71,23 @@ class RecordContext:
         self.ref_count = 0
         self.in_batches = 0
         self.batch_id = -1
-        self.deferred: list[Any] | None = None
+        self.deferred: list[StateRequest] | None = None
         self.on_finished = on_finished
         # state name -> requests held behind an unfinished read-modify-write (see RmwRead)
-        self.lanes: dict[str, Any] | None = None
+        self.lanes: dict[str, deque[StateRequest]] | None = None
         self.waited = False  # it waited for its key (see the AEC's invariants)
         self.queued = 0  # see the module invariants
+        self.admitted = 0.0  # monotonic seconds of admission, for sampled records only
+
+    def retain(self) -> None:
+        """One more thing this record waits for (the engine's hottest sites add to
+        ``ref_count`` directly: the entry call, a pending request, a callback)."""
+        self.ref_count += 1
 
     def release(self) -> None:
-        """Drop one reference; at 0 the record is finished."""
+        """Drop one reference; at 0 the record is finished (``on_finished`` runs:
+        the controller passes its key on and counts it out of its epoch).
+        Raises RuntimeError below 0."""
         count = self.ref_count - 1
         self.ref_count = count
         if count == 0:

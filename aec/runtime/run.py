@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,7 @@ from aec.elements import Record, Watermark
 from aec.functions import KeyedProcessFunction
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
+from aec.state.backend import StateBackend
 from aec.state.memory import MemoryBackend
 
 
@@ -29,13 +30,13 @@ class RunResult:
         state_names: names of the states the function created.
     """
 
-    outputs: list[Any]
-    side_outputs: dict[Any, list[Any]]
-    metrics: dict[str, Any]
+    outputs: list[Any]  # Any: each function knows its own outputs' types
+    side_outputs: dict[Hashable, list[Any]]
+    metrics: dict[str, Any]  # numbers, and summaries / lists for the histograms and hot keys
     state_names: list[str] = field(default_factory=list)
 
 
-def default_backend() -> Any:
+def default_backend() -> MemoryBackend:
     """A fresh ``MemoryBackend``: the engine's own in-memory state (DESIGN's default)."""
     return MemoryBackend()
 
@@ -43,7 +44,7 @@ def default_backend() -> Any:
 def run_keyed(
     source: Iterable[Record | Watermark],
     function: KeyedProcessFunction,
-    backend: Any = None,
+    backend: StateBackend | None = None,
     config: AecConfig | None = None,
     executor: StateExecutor | None = None,
     clock: Clock | None = None,

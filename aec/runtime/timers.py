@@ -22,12 +22,22 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Container
-from typing import Any
+from collections.abc import Container, Hashable, Mapping
+from typing import Any, TypedDict
 
 from sortedcontainers import SortedList
 
 _NONE: frozenset[float] = frozenset()
+_TIMES = (int, float)  # a restored timestamp's types (bool excluded)
+
+
+class ExportedTimers(TypedDict):
+    """A ``TimerQueue`` as plain data (``TimerQueue.export``)."""
+
+    timers: list[tuple[float, int, Hashable, int]]  # (timestamp, sequence, key, epoch)
+    sequence: int
+    rearmed: list[tuple[Hashable, float, list[int]]]  # (key, timestamp, epochs)
+    boundaries: list[int]
 
 
 class TimerQueue:
@@ -37,13 +47,13 @@ class TimerQueue:
 
     def __init__(self) -> None:
         self._order = SortedList()  # (timestamp, sequence, key)
-        self._by_key: dict[Any, dict[float, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
+        self._by_key: dict[Hashable, dict[float, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
         # key -> its timestamps, ascending: a key's next timer without scanning all of
         # them (a window with allowed lateness holds a cleanup timer per open window)
-        self._times: dict[Any, list[float]] = {}
+        self._times: dict[Hashable, list[float]] = {}
         self._sequence = 0
         # (key, t) -> epochs of registrations waiting for the current one to fire
-        self._rearmed: dict[tuple[Any, float], list[int]] = {}
+        self._rearmed: dict[tuple[Hashable, float], list[int]] = {}
         self._boundaries: list[int] = []  # epochs closed by this domain, ascending
 
     def boundary(self, epoch: int) -> None:
@@ -55,7 +65,7 @@ class TimerQueue:
         return len(self._order)
 
     def register(
-        self, key: Any, timestamp: float, epoch: int, arrival_watermark: float = -math.inf
+        self, key: Hashable, timestamp: float, epoch: int, arrival_watermark: float = -math.inf
     ) -> bool:
         """Add a timer registered by code of ``epoch``; ``arrival_watermark`` is the
         registering record's (-inf for timer code). False if it is a duplicate."""
@@ -75,13 +85,13 @@ class TimerQueue:
         self._order.add((timestamp, self._sequence, key))
         return True
 
-    def timestamps(self, key: Any) -> Container[float]:
+    def timestamps(self, key: Hashable) -> Container[float]:
         """The timestamps of ``key``'s registered timers, for membership tests: a live
         view while the key has timers; an empty container (not live) when it has none."""
         timers = self._by_key.get(key)
         return _NONE if timers is None else timers
 
-    def due(self, key: Any, until: float) -> list[float]:
+    def due(self, key: Hashable, until: float) -> list[float]:
         """``key``'s timer timestamps at or before ``until``, ascending (a copy)."""
         times = self._times.get(key)
         if times is None:
@@ -89,7 +99,7 @@ class TimerQueue:
         return times[: bisect_right(times, until)]
 
     def delete(
-        self, key: Any, timestamp: float, epoch: int = 0, arrival_watermark: float = -math.inf
+        self, key: Hashable, timestamp: float, epoch: int = 0, arrival_watermark: float = -math.inf
     ) -> bool:
         """Remove a timer as seen by code of ``epoch`` (see ``register``); False if
         there was none to remove."""
@@ -109,7 +119,7 @@ class TimerQueue:
 
     def _fired_before(
         self,
-        key: Any,
+        key: Hashable,
         timestamp: float,
         timers: dict[float, tuple[int, int]],
         epoch: int,
@@ -126,7 +136,7 @@ class TimerQueue:
         index = bisect_left(boundaries, latest)
         return index < len(boundaries) and boundaries[index] < epoch
 
-    def _remove(self, key: Any, timestamp: float, timers: dict[float, tuple[int, int]]) -> None:
+    def _remove(self, key: Hashable, timestamp: float, timers: dict[float, tuple[int, int]]) -> None:
         sequence, _ = timers.pop(timestamp)
         if not timers:
             del self._by_key[key]
@@ -136,7 +146,7 @@ class TimerQueue:
             del times[bisect_left(times, timestamp)]
         self._order.remove((timestamp, sequence, key))
 
-    def _fired(self, key: Any, timestamp: float) -> None:
+    def _fired(self, key: Hashable, timestamp: float) -> None:
         self._remove(key, timestamp, self._by_key[key])
         if self._rearmed:
             rearmed = self._rearmed.get((key, timestamp))
@@ -150,7 +160,7 @@ class TimerQueue:
         """The earliest registered timestamp, or None."""
         return self._order[0][0] if self._order else None
 
-    def pop_earliest(self, limit: float) -> tuple[float, Any] | None:
+    def pop_earliest(self, limit: float) -> tuple[float, Hashable] | None:
         """Remove and return the earliest ``(timestamp, key)`` with timestamp <= limit."""
         if not self._order or self._order[0][0] > limit:
             return None
@@ -158,10 +168,10 @@ class TimerQueue:
         self._fired(key, timestamp)
         return timestamp, key
 
-    def due_keys(self, limit: float, max_epoch: int) -> list[Any]:
+    def due_keys(self, limit: float, max_epoch: int) -> list[Hashable]:
         """Keys with a timer due at ``limit`` registered in an epoch <= ``max_epoch``,
         in the order of their earliest such timer."""
-        keys: dict[Any, None] = {}
+        keys: dict[Hashable, None] = {}
         for timestamp, _, key in self._order.irange(maximum=(limit, float("inf"))):
             if timestamp > limit:
                 break
@@ -169,7 +179,7 @@ class TimerQueue:
                 keys[key] = None
         return list(keys)
 
-    def pop_next_for_key(self, key: Any, limit: float, max_epoch: int) -> float | None:
+    def pop_next_for_key(self, key: Hashable, limit: float, max_epoch: int) -> float | None:
         """Remove and return ``key``'s earliest timer <= ``limit`` registered in an
         epoch <= ``max_epoch``; None if it has none."""
         times = self._times.get(key)
@@ -184,13 +194,15 @@ class TimerQueue:
                 return timestamp
         return None
 
-    def items(self) -> list[tuple[Any, float]]:
+    def items(self) -> list[tuple[Hashable, float]]:
         """All ``(key, timestamp)`` in timestamp order (for snapshots and tests)."""
         return [(key, timestamp) for timestamp, _, key in self._order]
 
     # -- checkpoints (aec.checkpoint.files) ------------------------------------------------------------
-    def export(self) -> dict[str, Any]:
-        """The full queue as plain data for a checkpoint (pickled with the keys).
+    def export(self) -> ExportedTimers:
+        """The full queue as plain data for a checkpoint (msgpack, with the keys: plain
+        data only, ``aec.state.serialization.SAFE``; a key is one of the stable key
+        types, ``aec.keygroups``).
 
         Shape: ``{"timers": [(timestamp, sequence, key, epoch), ...]`` in firing
         order, ``"sequence"``: the registration counter, ``"rearmed"``:
@@ -207,22 +219,27 @@ class TimerQueue:
         }
 
     @classmethod
-    def from_export(cls, data: dict[str, Any]) -> TimerQueue:
-        """A new queue holding an ``export()``ed queue's timers (ValueError when malformed)."""
+    def from_export(cls, data: Mapping[str, Any]) -> TimerQueue:
+        """A new queue holding an ``export()``ed queue's timers (ValueError when malformed:
+        ``data`` comes from a checkpoint file, so its shape is checked, not trusted)."""
         queue = cls()
         queue.load(data)
         return queue
 
-    def load(self, data: dict[str, Any]) -> None:
+    def load(self, data: Mapping[str, Any]) -> None:  # untrusted: checked below
         """Replace every timer with an ``export()``ed queue.
 
         Raises ValueError (leaving this queue unchanged) when ``data`` is not of
         the shape ``export`` returns.
         """
         order = SortedList()
-        by_key: dict[Any, dict[float, tuple[int, int]]] = {}
+        by_key: dict[Hashable, dict[float, tuple[int, int]]] = {}
         try:
             for timestamp, sequence, key, epoch in data["timers"]:
+                if type(timestamp) not in _TIMES or type(sequence) is not int or (
+                    type(epoch) is not int
+                ):
+                    raise ValueError(f"timer {(timestamp, sequence, key, epoch)!r}")
                 by_key.setdefault(key, {})[timestamp] = (sequence, epoch)
                 order.add((timestamp, sequence, key))
             rearmed = {(key, t): list(epochs) for key, t, epochs in data["rearmed"]}

@@ -13,6 +13,8 @@ from typing import Any
 
 from aec.keygroups import KeyGroupRange
 from aec.state.requests import StateRequest
+from aec.state.serialization import Serializer, StateSerializers
+from aec.state.ttl_cleanup import TtlCleanup
 
 
 class BackendSpec(ABC):
@@ -41,20 +43,79 @@ class StateBackend(ABC):
             run at once (a hot key's next record) joins the records' batch when
             other records have requests waiting; False (a dict in memory) runs
             such requests at once. Default True.
-        verified_by_backend: ``fnmatch`` patterns (relative to the snapshot
-            directory) of snapshot files whose content the backend verifies itself
-            whenever it reads them (RocksDB's block checksums, a per-file digest).
-            A checkpoint restore checks only their size, so it does not read state
-            bytes it may never need; corruption in them fails the run when read
-            (``JobFailure``) instead of failing the restore. Default: none.
+        ttl_sweep_chunk: the fewest entries a TTL sweep examines (its fixed cost is
+            spread over them); 0: ``aec.state.ttl_cleanup.SWEEP_CHUNK``.
+
+    Values are stored with the serializer each state is registered with
+    (``register_state``; ``aec.state.serialization``); a state never registered
+    uses the safe default. A backend decodes stored bytes only with the registered
+    serializer, never with one the bytes (or a snapshot file) name.
+
+    TTL states (``register_ttl``) store values with their expiry time; the engine
+    tells the backend how far it may remove expired ones (``expire``), and the
+    backend does so without a record reading them (``aec.state.ttl_cleanup``).
     """
 
     blocking: bool = True
     prefers_batches: bool = True
-    verified_by_backend: tuple[str, ...] = ()
+    ttl_sweep_chunk: int = 0  # entries a TTL sweep takes at least (0: the default)
 
     def open(self) -> None:
         """Acquire resources; called once before the first batch."""
+
+    @property
+    def serializers(self) -> StateSerializers:
+        """The serializer of every registered state (made on first use)."""
+        found: StateSerializers | None = self.__dict__.get("_state_serializers")
+        if found is None:
+            found = self.__dict__["_state_serializers"] = StateSerializers()
+        return found
+
+    def register_state(self, name: str, serializer: Serializer) -> None:
+        """Store state ``name``'s values with ``serializer`` from now on.
+
+        The engine calls it when a state's handle is made (before any request of
+        that state) and, on restore, for every state the checkpoint records, before
+        ``restore``. Wrapping backends pass it on to the backend they wrap.
+
+        Raises ValueError when ``name`` is registered with another serializer.
+        """
+        self.serializers.register(name, serializer)
+
+    @property
+    def ttl_cleanup(self) -> TtlCleanup:
+        """The TTL states and how far their expired entries may go (made on first use)."""
+        found: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if found is None:
+            found = self.__dict__["_ttl_cleanup"] = TtlCleanup(self.ttl_sweep_chunk)
+        return found
+
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        """State ``name`` stores its values with expiry times (``aec.state.ttl``): ``ttl``
+        seconds of processing time, ``kind`` ``"value"``, ``"list"`` or ``"map"``
+        (``aec.state.ttl_cleanup.TtlState``). The engine calls it when the state's
+        handle is made, after ``register_state``. Wrapping backends pass it on.
+
+        Raises ValueError for an unknown kind or a TTL that is not > 0.
+        """
+        self.ttl_cleanup.register(name, ttl, kind)
+
+    def expire(self, now: float) -> None:
+        """Entries of TTL states that expired at or before ``now`` (processing-time
+        seconds) may be removed: no record that reads state from here on has an
+        earlier processing time. Called by the engine on the mailbox thread (when
+        an epoch finishes, and after a checkpoint's drain), possibly while batches
+        run; it must be cheap: backends sweep in their own batches. Wrapping backends
+        pass it on."""
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if cleanup is not None:
+            cleanup.advance(now)
+
+    def stored_entries(self, state: str) -> int:
+        """How many entries the store holds for ``state``, expired ones not removed
+        yet included (keys; map entries on RocksDB, SlateDB and Redis count one each
+        on the first two, one per key on Redis). For tests and benchmarks: O(state)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot count state")
 
     @abstractmethod
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
@@ -116,5 +177,7 @@ class StateBackend(ABC):
 
     def state_items(self, state: str) -> dict[Any, Any]:
         """All ``key -> stored value`` of state ``state`` (lists and dicts for list and
-        map state); for tests and equivalence checks, not for the hot path."""
+        map state); for tests and equivalence checks, not for the hot path. For a TTL
+        state, as a read at the last ``expire`` time would see it: entries expired by
+        then are left out, whether a sweep removed them yet or not."""
         raise NotImplementedError(f"{type(self).__name__} cannot list state")

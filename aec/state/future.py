@@ -4,42 +4,72 @@ Invariants (all on the mailbox thread):
 - A future completes once. Callbacks registered while it is pending run when it
   completes, in registration order; registered on a completed future they run
   inline, at once.
-- Reference counting (DESIGN rule 3): a pending callback holds one reference on
-  the future's ``RecordContext`` from registration until it has run. The state
-  request behind a future holds its own reference (taken by the controller).
+- Reference counting (docs/semantics.md, rule 3): a pending callback holds one
+  reference on the future's ``context`` (a ``RecordContext``: +1 when it is
+  registered, ``release()`` after it ran). A state request (or external call)
+  holds its own reference, taken by the controller and released only after its
+  callbacks ran, so callbacks registered on it ride on that one
+  (``callbacks_hold_record = False``).
 - An exception raised by a callback propagates to whoever completed the future:
   the engine's loop, which fails the job (rule 10). Futures never carry errors.
+
+The engine side of a future is ``complete``, ``subscribe`` and the ``context``
+attribute; the runtime reads nothing else of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from typing import Any, Final, Generic, Protocol, TypeVar, overload
 
-_PENDING = object()
+from aec.state.typevars import T
+
+R = TypeVar("R")  # what a chained function returns
+S = TypeVar("S")  # the other future's result (then_combine)
+
+# what ``_result`` holds until completion: typed as every T, compared by identity only
+_PENDING: Final[Any] = object()
 
 
-class StateFuture:
-    """A value that a state access delivers later, on the mailbox thread.
+class Owner(Protocol):
+    """The record a future belongs to (the runtime's ``RecordContext``): a pending
+    callback keeps it unfinished (``ref_count`` + 1 when it is registered,
+    ``release()`` after it ran)."""
+
+    ref_count: int
+
+    def release(self) -> None:
+        """One thing less; at zero the record is finished."""
+
+
+class StateFuture(Generic[T]):
+    """A value of type ``T`` that a state access delivers later, on the mailbox thread.
 
     Create futures through the state API or ``completed_future``; the engine
     completes them. Chaining methods follow Flink's ``StateFuture``; each returns
     a new ``StateFuture`` bound to the same record context.
     """
 
-    __slots__ = ("_result", "_callbacks", "_context")
+    __slots__ = ("_result", "_callbacks", "context")
+    # whether a pending callback holds its own reference on the record: a future that
+    # itself holds one until its callbacks ran (a state request, an external call)
+    # lets them ride on it
+    callbacks_hold_record = True
 
-    def __init__(self, context: Any = None) -> None:
-        self._result: Any = _PENDING
-        self._callbacks: Any = None  # None, one callable, or a list of them
-        self._context = context  # the RecordContext whose reference count callbacks hold
+    def __init__(self, context: Owner | None = None, result: T = _PENDING) -> None:
+        self._result: T = result  # _PENDING until completed
+        # None, one callable, or a list of them
+        self._callbacks: Callable[[T], object] | list[Callable[[T], object]] | None = None
+        # engine side: the record whose reference count pending callbacks hold (None
+        # for a future made outside a record until a coroutine awaits it: subscribe)
+        self.context = context
 
     # -- state -------------------------------------------------------------------------
     def is_done(self) -> bool:
         """True once completed."""
         return self._result is not _PENDING
 
-    def get(self) -> Any:
+    def get(self) -> T:
         """The result of a completed future. Raises RuntimeError while pending
         (use a callback, ``await``, or the blocking state API instead)."""
         if self._result is _PENDING:
@@ -52,7 +82,7 @@ class StateFuture:
         return f"<StateFuture done: {self._result!r}>"
 
     # -- engine side ---------------------------------------------------------------------
-    def complete(self, result: Any) -> None:
+    def complete(self, result: T) -> None:
         """Set the result and run the pending callbacks (engine use; mailbox thread).
 
         Raises RuntimeError if already complete; a callback's exception propagates.
@@ -64,85 +94,106 @@ class StateFuture:
         if callbacks is None:
             return
         self._callbacks = None
-        context = self._context
+        context = self.context if self.callbacks_hold_record else None
         if type(callbacks) is not list:  # one callback is stored bare: the common case
-            callbacks(result)
+            callbacks(result)  # type: ignore[operator]  # a callable: type() is no list
             if context is not None:
-                count = context.ref_count - 1
-                context.ref_count = count
-                if count == 0:
-                    context.on_finished(context)
+                context.release()
             return
         for callback in callbacks:
             callback(result)
             if context is not None:
-                count = context.ref_count - 1
-                context.ref_count = count
-                if count == 0:
-                    context.on_finished(context)
+                context.release()
 
-    def on_complete(self, callback: Callable[[Any], None]) -> None:
+    def pending_callbacks(self) -> int:
+        """Engine side: how many callbacks wait for this future (0 once complete)."""
+        callbacks = self._callbacks
+        if callbacks is None:
+            return 0
+        return len(callbacks) if type(callbacks) is list else 1
+
+    def subscribe(self, callback: Callable[[T], object], context: Owner | None) -> bool:
+        """Engine side (the coroutine driver): run ``callback(result)`` on completion,
+        holding a reference on the future's record; a future made outside a record
+        becomes ``context``'s (the record now waits for it). False, registering
+        nothing, when the future is already complete."""
+        if self._result is not _PENDING:
+            return False
+        if self.context is None:
+            self.context = context
+        self._register(callback)
+        return True
+
+    def on_complete(self, callback: Callable[[T], object]) -> None:
         """Run ``callback(result)`` on completion, inline if already complete."""
         if self._result is not _PENDING:
             callback(self._result)
             return
         self._register(callback)
 
-    def _register(self, callback: Callable[[Any], None]) -> None:
+    def _register(self, callback: Callable[[T], object]) -> None:
         """Add ``callback`` to this pending future, holding a context reference."""
-        context = self._context
-        if context is not None:
-            context.ref_count += 1
+        context = self.context
+        if context is not None and self.callbacks_hold_record:
+            context.ref_count += 1  # released in complete, after the callback ran
         callbacks = self._callbacks
         if callbacks is None:
             self._callbacks = callback
         elif type(callbacks) is list:
             callbacks.append(callback)
         else:
-            self._callbacks = [callbacks, callback]
+            self._callbacks = [callbacks, callback]  # type: ignore[list-item]  # a callable
 
     # -- chaining (Flink's StateFuture API) ------------------------------------------------
-    def then_apply(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_apply(self, fn: Callable[[T], R]) -> StateFuture[R]:
         """A future of ``fn(result)``."""
         if self._result is not _PENDING:
-            return _done(fn(self._result), self._context)
-        out = StateFuture(self._context)
+            return _done(fn(self._result), self.context)
+        out: StateFuture[R] = StateFuture(self.context)
 
-        def apply(r: Any) -> None:
+        def apply(r: T) -> None:
             out.complete(fn(r))
 
         self._register(apply)
         return out
 
-    def then_accept(self, fn: Callable[[Any], Any]) -> StateFuture:
+    def then_accept(self, fn: Callable[[T], object]) -> StateFuture[None]:
         """Run ``fn(result)``; a future of None once it ran."""
         if self._result is not _PENDING:
             fn(self._result)
-            return _done(None, self._context)
-        out = StateFuture(self._context)
+            return _DONE_NONE
+        out: StateFuture[None] = StateFuture(self.context)
 
-        def run(r: Any) -> None:
+        def run(r: T) -> None:
             fn(r)
             out.complete(None)
 
         self._register(run)
         return out
 
-    def then_compose(self, fn: Callable[[Any], Any]) -> StateFuture:
+    # fn returns a future (the usual case), a future or None, or a plain value
+    @overload
+    def then_compose(self, fn: Callable[[T], StateFuture[R]]) -> StateFuture[R]: ...
+    @overload
+    def then_compose(self, fn: Callable[[T], StateFuture[R] | None]) -> StateFuture[R | None]: ...
+    @overload
+    def then_compose(self, fn: Callable[[T], StateFuture[R] | R]) -> StateFuture[R]: ...
+
+    def then_compose(self, fn: Callable[[T], object]) -> StateFuture[Any]:
         """A future of the result of the future ``fn(result)`` returns.
 
         A plain (non-future) return value is taken as an already-complete result.
         """
         if self._result is not _PENDING:
-            return _as_future(fn(self._result), self._context)
-        out = StateFuture(self._context)
+            return _as_future(fn(self._result), self.context)
+        out: StateFuture[object] = StateFuture(self.context)
 
-        def forward(r: Any) -> None:
+        def forward(r: T) -> None:
             value = fn(r)
             if type(value) is StateFuture or isinstance(value, StateFuture):
-                result = value._result
+                result = value._result  # noqa: SLF001 (a StateFuture's own field, this class)
                 if result is _PENDING:
-                    value._register(out.complete)
+                    value._register(out.complete)  # noqa: SLF001 (this class)
                     return
                 value = result
             out.complete(value)
@@ -150,21 +201,21 @@ class StateFuture:
         self._register(forward)
         return out
 
-    def then_combine(self, other: StateFuture, fn: Callable[[Any, Any], Any]) -> StateFuture:
+    def then_combine(self, other: StateFuture[S], fn: Callable[[T, S], R]) -> StateFuture[R]:
         """A future of ``fn(self_result, other_result)`` once both are complete."""
         return self.then_compose(lambda a: other.then_apply(lambda b: fn(a, b)))
 
     def then_conditionally_apply(
         self,
-        condition: Callable[[Any], bool],
-        if_true: Callable[[Any], Any],
-        if_false: Callable[[Any], Any] | None = None,
-    ) -> StateFuture:
+        condition: Callable[[T], bool],
+        if_true: Callable[[T], R],
+        if_false: Callable[[T], R] | None = None,
+    ) -> StateFuture[tuple[bool, R | None]]:
         """A future of ``(flag, value)``: flag is ``condition(result)``; value is
         ``if_true(result)`` or ``if_false(result)`` (None without ``if_false``).
         As Flink's ``thenConditionallyApply`` (a ``Tuple2<Boolean, Object>``)."""
 
-        def branch(r: Any) -> tuple[bool, Any]:
+        def branch(r: T) -> tuple[bool, R | None]:
             if condition(r):
                 return True, if_true(r)
             return False, (if_false(r) if if_false is not None else None)
@@ -173,13 +224,13 @@ class StateFuture:
 
     def then_conditionally_accept(
         self,
-        condition: Callable[[Any], bool],
-        if_true: Callable[[Any], Any],
-        if_false: Callable[[Any], Any] | None = None,
-    ) -> StateFuture:
+        condition: Callable[[T], bool],
+        if_true: Callable[[T], object],
+        if_false: Callable[[T], object] | None = None,
+    ) -> StateFuture[None]:
         """Run ``if_true(result)`` or ``if_false(result)`` by ``condition``; a future of None."""
 
-        def branch(r: Any) -> None:
+        def branch(r: T) -> None:
             if condition(r):
                 if_true(r)
             elif if_false is not None:
@@ -189,45 +240,54 @@ class StateFuture:
 
     def then_conditionally_compose(
         self,
-        condition: Callable[[Any], bool],
-        if_true: Callable[[Any], Any],
-        if_false: Callable[[Any], Any] | None = None,
-    ) -> StateFuture:
+        condition: Callable[[T], bool],
+        if_true: Callable[[T], StateFuture[R] | R],
+        if_false: Callable[[T], StateFuture[R] | R] | None = None,
+    ) -> StateFuture[tuple[bool, R | None]]:
         """A future of ``(flag, value)`` where value is the result of the future
         the chosen branch returns (None without ``if_false``)."""
 
-        def branch(r: Any) -> StateFuture:
+        def branch(r: T) -> StateFuture[tuple[bool, R | None]]:
             if condition(r):
-                return _as_future(if_true(r), self._context).then_apply(lambda v: (True, v))
+                return _as_future(if_true(r), self.context).then_apply(lambda v: (True, v))
             if if_false is None:
-                return _done((False, None), self._context)
-            return _as_future(if_false(r), self._context).then_apply(lambda v: (False, v))
+                return _done((False, None), self.context)
+            return _as_future(if_false(r), self.context).then_apply(lambda v: (False, v))
 
         return self.then_compose(branch)
 
-    def __await__(self) -> Generator[StateFuture, Any, Any]:
+    def __await__(self) -> Generator[StateFuture[T], T, T]:
         """``await future`` inside ``async def`` user code; the engine drives the coroutine."""
         if self._result is _PENDING:
             return (yield self)
         return self._result
 
 
-def _done(value: Any, context: Any) -> StateFuture:
-    future = StateFuture(context)
-    future._result = value
-    return future
+# what a callback chained on a completed future returns when it has no value: a done
+# future holds no reference and takes no callback, so one serves every record
+_DONE_NONE: StateFuture[None] = StateFuture(None, None)
 
 
-def _as_future(value: Any, context: Any) -> StateFuture:
-    return value if isinstance(value, StateFuture) else _done(value, context)
+def _done(value: R, context: Owner | None) -> StateFuture[R]:
+    return StateFuture(context, value)
 
 
-def completed_future(value: Any = None) -> StateFuture:
+def _as_future(value: StateFuture[R] | R, context: Owner | None) -> StateFuture[R]:
+    return value if isinstance(value, StateFuture) else StateFuture(context, value)
+
+
+@overload
+def completed_future() -> StateFuture[None]: ...
+@overload
+def completed_future(value: R) -> StateFuture[R]: ...
+
+
+def completed_future(value: object = None) -> StateFuture[Any]:
     """A future already complete with ``value``."""
     return _done(value, None)
 
 
-def combine_all(futures: Iterable[StateFuture]) -> StateFuture:
+def combine_all(futures: Iterable[StateFuture[R]]) -> StateFuture[list[R]]:
     """A future of the list of results of ``futures``, in their order, once all are complete.
 
     Raises TypeError if an element is not a StateFuture.
@@ -238,20 +298,20 @@ def combine_all(futures: Iterable[StateFuture]) -> StateFuture:
     for future in futures:
         if not isinstance(future, StateFuture):
             raise TypeError(f"combine_all takes StateFutures, got {type(future).__name__}")
-        if future._result is _PENDING:
+        if not future.is_done():
             pending += 1
-            context = context or future._context
+            context = context or future.context
     if not pending:
         return _done([f.get() for f in futures], None)
-    out = StateFuture(context)
+    out: StateFuture[list[R]] = StateFuture(context)
     remaining = [pending]
 
-    def one_done(_: Any) -> None:
+    def one_done(_: object) -> None:
         remaining[0] -= 1
         if remaining[0] == 0:
             out.complete([f.get() for f in futures])
 
     for future in futures:
-        if future._result is _PENDING:
+        if not future.is_done():
             future.on_complete(one_done)
     return out

@@ -10,9 +10,11 @@ from typing import Any
 from aec.keygroups import KeyGroupRange, key_group_for
 from aec.state import memory_changelog as changelog
 from aec.state.backend import BackendSpec, StateBackend
-from aec.state.memory_changelog import SEGMENTED_BASE, Changelog
+from aec.state.memory_changelog import Changelog
 from aec.state.memory_segments import LazyBase
 from aec.state.requests import Op, StateRequest, op_table
+from aec.state.serialization import StateSerializers
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, alive, prune
 
 _WRITES = Op.WRITES
 
@@ -26,18 +28,27 @@ class MemoryBackend(StateBackend):
     changelog after ``max_deltas`` snapshots (``aec.state.memory_changelog``).
     Values are stored by reference, as in Flink's heap backend: mutate a value
     read from state only through the state API. Reads of list and map state
-    return fresh containers.
+    return fresh containers. Serialization happens at snapshots only, each
+    state's values by its registered serializer (``register_state``; the safe
+    msgpack one by default: a value it cannot store fails the snapshot with a
+    ``TypeError`` naming the state, and restoring decodes nothing with pickle
+    unless the state opted in).
 
     A large base is written segmented (``aec.state.memory_segments``); restoring
     one snapshot without key-group filtering then reads only the segment index
     and the changelog, and a segment is merged into the live tables the first
     time a request touches one of its keys (``state_items`` and a new base merge
     them all). A corrupt segment fails the batch that reads it (``ValueError``).
+
+    TTL state (``aec.state.ttl_cleanup``): after a batch whose writes earned a
+    sweep, expired entries are removed from a copy of each TTL state's key list,
+    continued from batch to batch (removals go into the next snapshot's delta like
+    any write); segments of a restored base not merged yet are merged as the sweep
+    goes, so they are swept too.
     """
 
     blocking = False
     prefers_batches = False  # a call costs what its requests cost: nothing to share
-    verified_by_backend = (SEGMENTED_BASE,)  # its header and each segment carry a SHA-256
 
     def __init__(self, *, incremental: bool = True, max_deltas: int = 16) -> None:
         self._tables: dict[str, dict[Any, Any]] = {}
@@ -51,6 +62,7 @@ class MemoryBackend(StateBackend):
             self._settle()
         tables = self._tables
         dirty = self._changelog.dirty
+        writes = 0
         for request in requests:
             table = tables.get(request.state)
             if table is None:
@@ -59,6 +71,50 @@ class MemoryBackend(StateBackend):
             _APPLY[op](table, request)
             if op in _WRITES:
                 dirty.add((request.state, request.key))
+                writes += 1
+        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        if writes and cleanup is not None and (budget := cleanup.charge(writes)):
+            self._sweep(cleanup, budget)
+
+    def _sweep(self, cleanup: TtlCleanup, budget: int) -> None:
+        """Remove expired TTL entries, ``budget`` entries examined at most."""
+        if self._lazy is not None:  # a restored base: swept as its segments come in
+            self._lazy.load_some(self._tables, budget)
+            self._settle()
+        cleanup.sweep(budget, self._sweep_step)
+
+    def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
+        """``TtlCleanup.sweep``'s step: ``cursor`` is ``[keys, position]`` (a copy of the
+        table's keys made when the round began)."""
+        table = self._tables.get(state.name)
+        if not table:
+            return 0, None
+        if cursor is None:
+            cursor = [list(table), 0]
+        keys, start = cursor
+        end = min(len(keys), start + limit)
+        get, kind, name, dirty = table.get, state.kind, state.name, self._changelog.dirty
+        if kind == "value":  # most TTL state: a pair per key, dropped whole
+            for key in [k for k in islice(keys, start, end) if (p := get(k)) and not alive(p, now)]:
+                del table[key]
+                dirty.add((name, key))
+        else:
+            for key in islice(keys, start, end):
+                stored = get(key)
+                if stored is None or (kept := prune(kind, stored, now)) is stored:
+                    continue
+                if kept is None:
+                    del table[key]
+                else:
+                    table[key] = kept
+                dirty.add((name, key))
+        cursor[1] = end
+        return end - start, (cursor if end < len(keys) else None)
+
+    def stored_entries(self, state: str) -> int:
+        """Keys holding ``state`` (a restored base's segments are merged first)."""
+        self._load_all()
+        return len(self._tables.get(state, ()))
 
     def snapshot(self, directory: str) -> None:
         """Write the state into ``directory``: incrementally (a base plus the
@@ -66,7 +122,7 @@ class MemoryBackend(StateBackend):
         ``incremental=False``, as one full pickle."""
         if not self.incremental:
             self._changelog.reset()
-        self._changelog.snapshot(self._tables, directory, self._lazy)
+        self._changelog.snapshot(self._tables, directory, self.serializers, self._lazy)
         self._settle()
         if not self.incremental:
             self._changelog.close()
@@ -102,7 +158,8 @@ class MemoryBackend(StateBackend):
 
         Raises:
             FileNotFoundError: a directory without a snapshot.
-            ValueError: a file that is not a MemoryBackend snapshot, ``key_groups``
+            ValueError: a file that is not a MemoryBackend snapshot, a state stored
+                with a serializer other than its registered one, ``key_groups``
                 without ``max_parallelism``, or a key stored in two snapshots.
         """
         directories = [directory] if isinstance(directory, (str, os.PathLike)) else list(directory)
@@ -111,9 +168,12 @@ class MemoryBackend(StateBackend):
         touched: set[tuple[str, Any]] = set()
         whole = len(directories) == 1 and key_groups is None
         if whole:  # a segmented base is merged on first access
-            merged, lazy = changelog.load(os.fspath(directories[0]), touched, lazy=True)
+            merged, lazy = changelog.load(
+                os.fspath(directories[0]), self.serializers, touched, lazy=True
+            )
         else:
-            merged, lazy = _merged(directories, key_groups, max_parallelism, touched), None
+            merged = _merged(directories, key_groups, max_parallelism, touched, self.serializers)
+            lazy = None
         try:
             if self.incremental and whole:
                 self._changelog.adopt(os.fspath(directories[0]), touched)
@@ -125,13 +185,15 @@ class MemoryBackend(StateBackend):
             raise
         self._drop_lazy()
         self._tables, self._lazy = merged, lazy
+        self.ttl_cleanup.restart()
 
     def spec(self) -> BackendSpec:
         return MemorySpec(self.incremental, self._changelog.max_deltas)
 
     def state_items(self, state: str) -> dict[Any, Any]:
         self._load_all()
-        return {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
+        items = {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
+        return self.ttl_cleanup.visible(state, items)
 
 
 def _merged(
@@ -139,13 +201,14 @@ def _merged(
     key_groups: KeyGroupRange | None,
     max_parallelism: int | None,
     touched: set[tuple[str, Any]],
+    serializers: StateSerializers,
 ) -> dict[str, dict[Any, Any]]:
     """The union of the snapshots in ``directories``, filtered to ``key_groups``.
 
     Raises ValueError: a key stored in two of the snapshots."""
     merged: dict[str, dict[Any, Any]] = {}
     for source in directories:
-        tables, _ = changelog.load(os.fspath(source), touched)
+        tables, _ = changelog.load(os.fspath(source), serializers, touched)
         if key_groups is not None:
             tables = _only(tables, key_groups, max_parallelism)
         if len(directories) == 1:

@@ -6,7 +6,7 @@ changes since the last one, against a periodically materialized base. Here:
 - ``Changelog.written(state, key)`` records every key a write touched since the
   previous snapshot (the backend calls it per write request).
 - ``snapshot(tables, directory)`` writes one new immutable file: either a full
-  base (``memory-state.pickle``: every table) or a delta (the current value, or a
+  base (``memory-base.msgpack``: every table) or a delta (the current value, or a
   deletion, of each key touched since the previous snapshot), into a private
   directory of this backend, and then puts the whole chain (base, deltas in
   order) into ``directory`` by hard links (a copy where links are impossible)
@@ -19,16 +19,24 @@ changes since the last one, against a periodically materialized base. Here:
   since the base exceed ``rebase_ratio`` times the state's keys, the next
   snapshot writes a new base. A base costs O(state), but only after that many
   changed keys, so the amortized cost per changed key is constant.
+- Files hold each state's values encoded by the serializer the state is
+  registered with (``aec.state.memory_format``); ``load`` decodes a state only
+  with its registered serializer.
+- The chain's files are immutable: each one's size and mtime are noted when it is
+  written or adopted, and a snapshot refuses to link one that changed since
+  (``ValueError``: changed in place, so corrupt): corruption of a live file never
+  reaches a later checkpoint.
 - ``load(directory)`` = base + every delta in order. After an unfiltered restore
   of one snapshot the backend ``adopt``s its chain (links it), so the first
   snapshot after a restore is a delta, not a new base.
 - A base of more than ``memory_segments.INLINE_ENTRIES`` entries is written
   segmented (``memory-base.segments``, ``aec.state.memory_segments``) instead of
-  as one pickle; ``load(directory, lazy=True)`` then reads only its header and
+  as one file; ``load(directory, lazy=True)`` then reads only its header and
   applies the deltas, and the backend merges a segment on first access.
 
-The base and the deltas live in the private directory (``tempfile``, removed by
-``close``) and, linked, in each checkpoint; the chain survives as long as any
+The base and the deltas live in the private directory (``aec.state.scratch``:
+removed by ``close``, at exit, or after a kill by the next backend's first
+snapshot) and, linked, in each checkpoint; the chain survives as long as any
 checkpoint that lists it.
 """
 
@@ -36,18 +44,21 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
-import tempfile
 from typing import Any
 
+from aec.state import memory_format, scratch
 from aec.state import memory_segments as segments
 from aec.state.memory_segments import LazyBase, SegmentedBase
+from aec.state.serialization import StateSerializers
 
-BASE = "memory-state.pickle"
+BASE = "memory-base.msgpack"
 SEGMENTED_BASE = "memory-base.segments"  # a large base (``aec.state.memory_segments``)
 CHAIN = "memory-chain.json"
-_FORMAT = "aec-memory-chain/1"
+DELTA_PREFIX = "memory-delta-"
+DELTA = DELTA_PREFIX + "{}.msgpack"
+SCRATCH = "aec-memory-chain-"  # the private directory's prefix (``aec.state.scratch``)
+_FORMAT = "aec-memory-chain/2"
 
 
 class Changelog:
@@ -61,6 +72,7 @@ class Changelog:
         self._private: str | None = None
         self._base: str | None = None  # private path of the base; None: next snapshot is a base
         self._deltas: list[str] = []
+        self._stamps: dict[str, tuple[int, int]] = {}  # chain file -> (size, mtime) when made
         self._written = 0
 
     def reset(self) -> None:
@@ -83,82 +95,120 @@ class Changelog:
         for name in names:
             self._written += 1
             if self._private is None:
-                self._private = tempfile.mkdtemp(prefix="aec-memory-chain-")
-            suffix = os.path.splitext(name)[1]  # .pickle or .segments: the base's format
+                self._private = scratch.make(SCRATCH)
+            suffix = os.path.splitext(name)[1]  # .msgpack or .segments: the base's format
             paths.append(os.path.join(self._private, f"{self._written}{suffix}"))
             _link(os.path.join(directory, name), paths[-1])
+            self._stamp(paths[-1])
         self._base, self._deltas, self._since_base = paths[0], paths[1:], set(touched)
 
     def snapshot(
-        self, tables: dict[str, dict[Any, Any]], directory: str, lazy: LazyBase | None = None
+        self,
+        tables: dict[str, dict[Any, Any]],
+        directory: str,
+        serializers: StateSerializers,
+        lazy: LazyBase | None = None,
     ) -> None:
-        """Write the next link of the chain and put the chain into ``directory``.
+        """Write the next link of the chain and put the chain into ``directory``,
+        each state's values encoded by its serializer in ``serializers``.
         ``lazy``: segments of a restored base not merged into ``tables`` yet (a new
-        base merges them first)."""
+        base merges them first).
+
+        Raises TypeError naming the state when a value cannot be encoded by its
+        state's serializer (nothing is added to the chain then)."""
         os.makedirs(directory, exist_ok=True)
         self._since_base |= self.dirty
         size = sum(len(table) for table in tables.values()) + (lazy.unloaded if lazy else 0)
         if self._base is None or len(self._since_base) > self.rebase_ratio * max(size, 1):
             if lazy is not None:
                 lazy.load_all(tables)
-            self._base = self._write_base(tables)
+            self._base = self._write_base(tables, serializers)
             self._deltas, self._since_base = [], set()
         elif len(self._deltas) >= self.max_deltas:
-            self._deltas = [self._write(_delta(tables, self._since_base))]
+            delta = memory_format.encode_delta(_delta(tables, self._since_base), serializers)
+            self._deltas = [self._write(delta)]
         elif self.dirty:
-            self._deltas.append(self._write(_delta(tables, self.dirty)))
+            delta = memory_format.encode_delta(_delta(tables, self.dirty), serializers)
+            self._deltas.append(self._write(delta))
         self.dirty = set()
+        self._check_unchanged()
         for name in os.listdir(directory):  # a snapshot into the same directory replaces it
-            if name in (BASE, SEGMENTED_BASE, CHAIN) or name.startswith("memory-delta-"):
+            if name in (BASE, SEGMENTED_BASE, CHAIN) or name.startswith(DELTA_PREFIX):
                 os.remove(os.path.join(directory, name))  # a name only: links survive
         large = self._base.endswith(".segments")
         _link(self._base, os.path.join(directory, SEGMENTED_BASE if large else BASE))
         names = []
         for index, path in enumerate(self._deltas):
-            names.append(f"memory-delta-{index}.pickle")
+            names.append(DELTA.format(index))
             _link(path, os.path.join(directory, names[-1]))
         if names:
             data = json.dumps({"format": _FORMAT, "deltas": names}).encode()
             with open(os.path.join(directory, CHAIN), "wb") as out:
                 out.write(data)
 
-    def _write(self, payload: Any, suffix: str = ".pickle") -> str:
+    def _next_path(self, suffix: str) -> str:
         if self._private is None:
-            self._private = tempfile.mkdtemp(prefix="aec-memory-chain-")
+            self._private = scratch.make(SCRATCH)
         self._written += 1
-        path = os.path.join(self._private, f"{self._written}{suffix}")
-        if suffix == ".segments":
-            segments.write(payload, path)
-        else:
-            with open(path, "wb") as out:
-                pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
+        return os.path.join(self._private, f"{self._written}{suffix}")
+
+    def _write(self, data: bytes) -> str:
+        path = self._next_path(".msgpack")
+        with open(path, "wb") as out:
+            out.write(data)
+        return self._stamp(path)
+
+    def _stamp(self, path: str) -> str:
+        info = os.stat(path)
+        self._stamps[path] = (info.st_size, info.st_mtime_ns)
         return path
 
-    def _write_base(self, tables: dict[str, dict[Any, Any]]) -> str:
-        return self._write(tables, ".segments" if segments.is_large(tables) else ".pickle")
+    def _check_unchanged(self) -> None:
+        """Raise ValueError naming a chain file changed since it was made (it would
+        carry corruption into the checkpoint about to link it)."""
+        chain = [self._base, *self._deltas] if self._base is not None else []
+        for path in chain:
+            info = os.stat(path)
+            if (info.st_size, info.st_mtime_ns) != self._stamps.get(path):
+                raise ValueError(
+                    f"{path} changed since it was written (MemoryBackend snapshot files "
+                    "never change): refusing to link it into a new checkpoint"
+                )
+        self._stamps = {path: self._stamps[path] for path in chain}
+
+    def _write_base(self, tables: dict[str, dict[Any, Any]], serializers: StateSerializers) -> str:
+        if segments.is_large(tables):
+            path = self._next_path(".segments")
+            segments.write(tables, path, serializers)
+            return self._stamp(path)
+        return self._write(memory_format.encode_tables(tables, serializers))
 
     def close(self) -> None:
         """Remove the private directory (checkpoints keep their links)."""
         private, self._private = self._private, None
         self._base, self._deltas = None, []
-        if private is not None:
-            shutil.rmtree(private, ignore_errors=True)
+        scratch.remove(private)
 
 
 def load(
-    directory: str, touched: set[tuple[str, Any]] | None = None, lazy: bool = False
+    directory: str,
+    serializers: StateSerializers,
+    touched: set[tuple[str, Any]] | None = None,
+    lazy: bool = False,
 ) -> tuple[dict[str, dict[Any, Any]], LazyBase | None]:
     """The tables of a snapshot: its base with every delta applied in order; the
     ``(state, key)`` pairs the deltas change are added to ``touched``. With ``lazy``
     a segmented base is not read: the tables hold the deltas' keys only, and the
-    returned ``LazyBase`` (else None) merges the base's segments on demand.
+    returned ``LazyBase`` (else None) merges the base's segments on demand. Each
+    state is decoded with its serializer in ``serializers``.
 
-    Raises FileNotFoundError (no base) or ValueError (not a MemoryBackend snapshot).
+    Raises FileNotFoundError (no base) or ValueError (not a MemoryBackend snapshot,
+    or a state stored with a serializer other than its registered one).
     """
     name = _base_name(directory)
     pending = None
     if name == SEGMENTED_BASE:
-        base = SegmentedBase(os.path.join(directory, name))
+        base = SegmentedBase(os.path.join(directory, name), serializers)
         tables: dict[str, dict[Any, Any]] = {state: {} for state in base.states}
         # lazily, the deltas' keys are also the keys whose base value is stale
         skip = (set() if touched is None else touched) if lazy else set()
@@ -170,11 +220,10 @@ def load(
                 pending.close()
             pending = None
     else:
-        tables = _read(os.path.join(directory, BASE))
-        if not isinstance(tables, dict):
-            raise ValueError(f"{os.path.join(directory, BASE)} is not a MemoryBackend snapshot")
+        path = os.path.join(directory, BASE)
+        tables = memory_format.decode_tables(_read(path), serializers, path)
     try:
-        _apply_chain(directory, tables, touched if pending is None else pending.skip)
+        _apply_chain(directory, tables, serializers, touched if pending is None else pending.skip)
     except BaseException:
         if pending is not None:
             pending.close()
@@ -189,17 +238,30 @@ def _base_name(directory: str) -> str:
 
 
 def _apply_chain(
-    directory: str, tables: dict[str, dict[Any, Any]], touched: set[tuple[str, Any]] | None
+    directory: str,
+    tables: dict[str, dict[Any, Any]],
+    serializers: StateSerializers,
+    touched: set[tuple[str, Any]] | None,
 ) -> None:
     chain = os.path.join(directory, CHAIN)
     if not os.path.exists(chain):
         return
     with open(chain, "rb") as src:
-        names = json.loads(src.read()).get("deltas")
-    if not isinstance(names, list):
-        raise ValueError(f"{chain} is not a MemoryBackend chain")
+        try:
+            listed = json.loads(src.read())
+        except ValueError as exc:
+            raise ValueError(f"{chain} is not a MemoryBackend chain: {exc}") from exc
+    names = listed.get("deltas") if isinstance(listed, dict) else None
+    if (
+        not isinstance(listed, dict)
+        or listed.get("format") != _FORMAT
+        or not isinstance(names, list)
+        or not all(isinstance(n, str) and os.path.basename(n) == n for n in names)
+    ):
+        raise ValueError(f"{chain} is not a MemoryBackend chain of format {_FORMAT}")
     for name in names:
-        delta = _read(os.path.join(directory, name))
+        path = os.path.join(directory, name)
+        delta = memory_format.decode_delta(_read(path), serializers, path)
         for state, (updates, deletions) in delta.items():
             if touched is not None:
                 touched.update((state, key) for key in deletions)
@@ -224,12 +286,9 @@ def _delta(tables: dict[str, dict[Any, Any]], keys: set[tuple[str, Any]]) -> dic
     return delta
 
 
-def _read(path: str) -> Any:
+def _read(path: str) -> bytes:
     with open(path, "rb") as src:
-        try:
-            return pickle.load(src)
-        except Exception as exc:
-            raise ValueError(f"{path} is not a MemoryBackend snapshot: {exc}") from exc
+        return src.read()
 
 
 def _link(source: str, target: str) -> None:

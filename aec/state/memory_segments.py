@@ -4,9 +4,10 @@ A base of more than ``INLINE_ENTRIES`` entries (``(state, key)`` pairs) is writt
 as one file of segments instead of one pickle: the keys are spread over
 ``entries // SEGMENT_ENTRIES`` segments by ``aec.keygroups.key_group_for(key,
 segments)`` (a stable hash, the same in every process), and each segment holds
-``{state: {key: value}}`` of its keys, pickled, with its own SHA-256. Layout::
+``{state: {key: value}}`` of its keys (``aec.state.memory_format``: each state's
+values by its serializer), with its own SHA-256. Layout::
 
-    MAGIC | segments, len(states) (2 x uint64) | pickled state names
+    MAGIC | segments, len(states) (2 x uint64) | state names (msgpack)
           | index: per segment offset, length, entries (3 x uint64), SHA-256 (32 bytes)
           | SHA-256 of everything above | segment 0 | segment 1 | ...
 
@@ -16,22 +17,25 @@ segment is read, checked against its SHA-256 and merged into the live tables
 the first time a request touches one of its keys (``LazyBase``), as Flink 2.0's
 disaggregated state restores without downloading state. The price moves to
 the first micro-batches after a restore (``perf/bench_checkpoint.py`` measures
-both). The checkpoint's manifest lists the file as verified by the backend
-(``aec.checkpoint.digests``): the header's digest is checked at restore, each
-segment's when it is read; a mismatch raises ``ValueError`` naming the file.
+both). The checkpoint's manifest holds the file's SHA-256 like any other's
+(``aec.checkpoint.digests``: checked at a restore in a process that did not
+write it); the header's digest is checked when it is opened, each segment's
+when it is read (so a byte that changes later is still caught); a mismatch
+raises ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
 
 import hashlib
-import pickle
 import struct
 from collections.abc import Iterable
 from typing import Any
 
 from aec.keygroups import key_group_for
+from aec.state import memory_format
+from aec.state.serialization import SAFE, StateSerializers
 
-MAGIC = b"aec-memory-segments/1\n"
+MAGIC = b"aec-memory-segments/2\n"
 INLINE_ENTRIES = 16_384  # a base up to this size stays one pickle, loaded at restore
 SEGMENT_ENTRIES = 1_024  # entries per segment, on average
 _COUNTS = struct.Struct(">QQ")
@@ -44,8 +48,9 @@ def is_large(tables: dict[str, dict[Any, Any]]) -> bool:
     return sum(len(table) for table in tables.values()) > INLINE_ENTRIES
 
 
-def write(tables: dict[str, dict[Any, Any]], path: str) -> None:
-    """Write ``tables`` to ``path`` as a segmented base (O(state), as any base)."""
+def write(tables: dict[str, dict[Any, Any]], path: str, serializers: StateSerializers) -> None:
+    """Write ``tables`` to ``path`` as a segmented base (O(state), as any base), each
+    state's values by its serializer in ``serializers``."""
     entries = sum(len(table) for table in tables.values())
     count = max(1, entries // SEGMENT_ENTRIES)
     buckets: list[dict[str, dict[Any, Any]]] = [{} for _ in range(count)]
@@ -56,12 +61,12 @@ def write(tables: dict[str, dict[Any, Any]], path: str) -> None:
             if found is None:
                 found = bucket[state] = {}
             found[key] = value
-    states = pickle.dumps(list(tables), protocol=pickle.HIGHEST_PROTOCOL)
+    states = SAFE.dumps([str(name) for name in tables])
     index = bytearray()
     payloads = []
     offset = 0
     for bucket in buckets:
-        data = pickle.dumps(bucket, protocol=pickle.HIGHEST_PROTOCOL)
+        data = memory_format.encode_tables(bucket, serializers)
         size = sum(len(table) for table in bucket.values())
         index += _ENTRY.pack(offset, len(data), size, hashlib.sha256(data).digest())
         payloads.append(data)
@@ -80,12 +85,14 @@ class SegmentedBase:
     may go (a downloaded copy is removed after the restore; old checkpoints are
     pruned) while segments are still to be read.
 
-    Raises ValueError (``__init__``, ``read``): not a segmented base, or a header
-    or segment that does not match its SHA-256.
+    Raises ValueError (``__init__``, ``read``): not a segmented base, a header or
+    segment that does not match its SHA-256, or a state stored with a serializer
+    other than the one it is registered with in ``serializers``.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, serializers: StateSerializers) -> None:
         self.path = path
+        self.serializers = serializers
         self._file = open(path, "rb")  # noqa: SIM115 - kept open until close()
         try:
             self._read_header()
@@ -104,7 +111,10 @@ class SegmentedBase:
             hashlib.sha256(header).digest() != digest
         ):
             raise ValueError(f"{self.path}: the segment index does not match its SHA-256")
-        self.states: list[str] = pickle.loads(rest[:states_size])
+        states = SAFE.loads(rest[:states_size])
+        if not isinstance(states, list) or not all(isinstance(s, str) for s in states):
+            raise ValueError(f"{self.path}: the segment index names no states")
+        self.states: list[str] = states
         self.count: int = count
         self._index = memoryview(rest)[states_size : states_size + count * _ENTRY.size]
         self._data = len(header) + _DIGEST
@@ -120,8 +130,7 @@ class SegmentedBase:
         data = self._file.read(size)
         if len(data) != size or hashlib.sha256(data).digest() != digest:
             raise ValueError(f"{self.path}: segment {segment} does not match its SHA-256")
-        loaded: dict[str, dict[Any, Any]] = pickle.loads(data)
-        return loaded
+        return memory_format.decode_tables(data, self.serializers, f"{self.path} segment {segment}")
 
     def close(self) -> None:
         self._file.close()
@@ -153,6 +162,15 @@ class LazyBase:
             segment = key_group_for(key, count)
             if segment in pending:
                 self._merge(segment, tables)
+
+    def load_some(self, tables: dict[str, dict[Any, Any]], entries: int) -> None:
+        """Merge pending segments into ``tables`` until about ``entries`` entries came
+        in (at least one segment while any is pending)."""
+        for segment in sorted(self.pending):
+            if entries <= 0:
+                return
+            entries -= self.base.entries(segment)
+            self._merge(segment, tables)
 
     def load_all(self, tables: dict[str, dict[Any, Any]]) -> None:
         """Merge every pending segment into ``tables``."""

@@ -10,10 +10,10 @@ backend that applies each batch in list order gives the sequential answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from aec.state.future import _PENDING, StateFuture
+from aec.state.future import _PENDING, Owner, StateFuture
 
 
 class Op:
@@ -56,14 +56,14 @@ class Op:
     WRITES = frozenset({1, 2, 4, 5, 6, 7, 9, 10, 11, 15})
 
 
-def op_table(namespace: Mapping[str, Any]) -> tuple[Callable[..., Any], ...]:
+def op_table(namespace: Mapping[str, Any]) -> tuple[Callable[..., object], ...]:
     """A backend's handlers indexed by ``Op`` code, found by name in ``namespace``
     (the backend module's ``globals()``): ``_value_get`` for VALUE_GET and so on;
     VALUE_CLEAR, LIST_CLEAR and MAP_CLEAR fall back to ``_clear``.
 
     Raises LookupError naming every op without a handler.
     """
-    table: list[Callable[..., Any]] = []
+    table: list[Callable[..., object]] = []
     missing: list[str] = []
     for name in Op.NAMES:
         handler = namespace.get("_" + name.lower())
@@ -93,24 +93,30 @@ class StateRequest(StateFuture):
         value: the payload for writes, else None.
         result: filled by the backend for reads.
         context: the engine's ``RecordContext`` (backends must not touch it).
+
+    The engine completes the request's future with ``resolve()`` once the backend
+    has run it (on the mailbox thread).
     """
 
     __slots__ = ("op", "state", "key", "key_group", "user_key", "value", "result")
+    # a pending request holds a reference on its record (the AEC's) until its
+    # callbacks ran: they need none of their own
+    callbacks_hold_record = False
     read_modify_write = False  # RmwRead and RmwWrite: the AEC's lanes hold requests behind it
 
     def __init__(
         self,
         op: int,
         state: str,
-        key: Any,
+        key: Hashable,
         key_group: int,
         user_key: Any = None,
         value: Any = None,
-        context: Any = None,
+        context: Owner | None = None,
     ) -> None:
         self._result = _PENDING
         self._callbacks = None
-        self._context = context
+        self.context = context
         self.op = op
         self.state = state
         self.key = key
@@ -119,9 +125,13 @@ class StateRequest(StateFuture):
         self.value = value
         self.result: Any = None
 
-    @property
-    def context(self) -> Any:
-        return self._context
+    def resolve(self) -> None:
+        """Engine side: complete this future with the ``result`` the backend stored
+        (the pending callbacks run now, on the mailbox thread)."""
+        if self._callbacks is None:  # nothing waits (an unawaited write, a fresh request)
+            self._result = self.result
+        else:
+            self.complete(self.result)
 
     @property
     def future(self) -> StateFuture:
@@ -156,5 +166,6 @@ class DefaultedGet(StateRequest):
 
     __slots__ = ()
 
-    def complete(self, result: Any) -> None:
-        StateFuture.complete(self, self.value if result is None else result)
+    def resolve(self) -> None:
+        result = self.result
+        self.complete(self.value if result is None else result)

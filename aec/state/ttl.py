@@ -3,9 +3,10 @@
 Like Flink's ``StateTtlConfig`` with ``OnCreateAndWrite`` updates and
 ``NeverReturnExpired`` visibility (Spark's ``ttlDurationMs`` is the same idea):
 each value (each list element, each map entry) is stored with its expiry time
-``written_at + ttl``; reads drop expired ones and clean them up in the same
-record (a clear, put or remove request), so expiry never scans other keys.
-Keys that are never read again keep their expired bytes until overwritten.
+``written_at + ttl``, as a ``(value, expiry)`` pair; reads leave expired ones out.
+Reads do not write: the backend removes expired entries itself, whether a record
+reads them again or not (``aec.state.ttl_cleanup``), so a TTL read costs a plain
+read and a job writing ever new keys keeps a bounded state.
 Time is the record's arrival reading of the operator clock (``aec.clock``).
 """
 
@@ -15,17 +16,21 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from aec.state.descriptors import StateDescriptor
-from aec.state.future import StateFuture, _done
+from aec.state.future import StateFuture
 from aec.state.handles import (
     AggregatingState,
     ListState,
     MapState,
     ReducingState,
     StateIterator,
+    Submit,
     ValueState,
+    Wait,
     _Handle,
+    handle_class,
 )
 from aec.state.requests import Op, RmwRead, RmwWrite, StateRequest
+from aec.state.ttl_cleanup import alive
 
 
 class _Ttl:
@@ -41,45 +46,54 @@ class _Ttl:
         return (value, self.now() + self.ttl)
 
     def alive(self, pair: Any) -> bool:
-        return pair is not None and pair[1] > self.now()
+        return pair is not None and alive(pair, self.now())
 
 
-class TtlValueState(ValueState):
-    __slots__ = ("_ttl",)
+class TtlGet(StateRequest):
+    """A VALUE_GET or MAP_GET of TTL state whose future completes with the stored
+    value when it is alive, else with the default: ``value`` is ``(default, now)``,
+    ``now`` the record's processing time (taken when it asked). No extra future per
+    read (``aec.state.requests.DefaultedGet`` does the same for defaults)."""
+
+    __slots__ = ()
+
+    def resolve(self) -> None:
+        pair = self.result
+        default, now = self.value
+        self.complete(pair[0] if pair is not None and alive(pair, now) else default)
+
+
+class _Expiring:
+    """What every TTL handle adds: its ``_Ttl`` (a slot of the concrete class)."""
+
+    __slots__ = ()
     _ttl: _Ttl
 
+    def bind_ttl(self, ttl: _Ttl) -> None:
+        """Set the expiry rule (once, right after construction by ``with_ttl``)."""
+        self._ttl = ttl  # type: ignore[misc]  # the slot is the concrete class's
+
+
+class TtlValueState(_Expiring, ValueState):
+    __slots__ = ("_ttl",)
+
     def async_value(self) -> StateFuture:
-        default, ttl, submit, name = self.descriptor.default, self._ttl, self._submit, self._name
-
-        def read(pair: Any) -> Any:
-            if pair is None or ttl.alive(pair):
-                self._release(name)
-                return _done(default if pair is None else pair[0], None)
-            return submit(Op.VALUE_CLEAR, name, None, None, RmwWrite).then_apply(lambda _: default)
-
-        return submit(Op.VALUE_GET, name, None, None, RmwRead).then_compose(read)
+        asked = (self.descriptor.default, self._ttl.now())
+        return self._submit(Op.VALUE_GET, self._name, None, asked, TtlGet)
 
     def async_update(self, value: Any) -> StateFuture:
         stored = None if value is None else self._ttl.stamp(value)
         return self._submit(Op.VALUE_PUT, self._name, None, stored)
 
 
-class TtlListState(ListState):
+class TtlListState(_Expiring, ListState):
     __slots__ = ("_ttl",)
-    _ttl: _Ttl
 
     def async_get(self) -> StateFuture:
-        ttl, submit, name = self._ttl, self._submit, self._name
-
-        def read(pairs: list[Any]) -> Any:
-            alive = [p for p in pairs if ttl.alive(p)]
-            iterator = StateIterator([p[0] for p in alive])
-            if len(alive) == len(pairs):
-                self._release(name)
-                return _done(iterator, None)
-            return submit(Op.LIST_PUT, name, None, alive, RmwWrite).then_apply(lambda _: iterator)
-
-        return submit(Op.LIST_GET, name, None, None, RmwRead).then_compose(read)
+        ttl = self._ttl
+        return self._submit(Op.LIST_GET, self._name, None, None).then_apply(
+            lambda pairs: StateIterator([p[0] for p in pairs if ttl.alive(p)])
+        )
 
     def async_add(self, value: Any) -> StateFuture:
         return self._submit(Op.LIST_ADD, self._name, None, self._ttl.stamp(value))
@@ -93,20 +107,11 @@ class TtlListState(ListState):
         return self._submit(Op.LIST_PUT, self._name, None, stamped)
 
 
-class TtlMapState(MapState):
+class TtlMapState(_Expiring, MapState):
     __slots__ = ("_ttl",)
-    _ttl: _Ttl
 
     def async_get(self, user_key: Any) -> StateFuture:
-        ttl, submit, name = self._ttl, self._submit, self._name
-
-        def read(pair: Any) -> Any:
-            if pair is None or ttl.alive(pair):
-                self._release(name)
-                return _done(None if pair is None else pair[0], None)
-            return submit(Op.MAP_REMOVE, name, user_key, None, RmwWrite).then_apply(lambda _: None)
-
-        return submit(Op.MAP_GET, name, user_key, None, RmwRead).then_compose(read)
+        return self._submit(Op.MAP_GET, self._name, user_key, (None, self._ttl.now()), TtlGet)
 
     def async_put(self, user_key: Any, value: Any) -> StateFuture:
         return self._submit(Op.MAP_PUT, self._name, user_key, self._ttl.stamp(value))
@@ -119,22 +124,11 @@ class TtlMapState(MapState):
         return self.async_get(user_key).then_apply(lambda v: v is not None)
 
     def _alive_entries(self) -> StateFuture:
-        """A future of the alive ``(user_key, value)`` list; removes expired entries."""
-        ttl, submit, name = self._ttl, self._submit, self._name
-
-        def read(entries: list[Any]) -> Any:
-            alive = [(k, p[0]) for k, p in entries if ttl.alive(p)]
-            if len(alive) == len(entries):
-                self._release(name)
-                return _done(alive, None)
-            dead = [
-                submit(Op.MAP_REMOVE, name, k, None, RmwWrite)
-                for k, p in entries
-                if not ttl.alive(p)
-            ]
-            return dead[-1].then_apply(lambda _: alive)
-
-        return submit(Op.MAP_ITER, name, None, None, RmwRead).then_compose(read)
+        """A future of the alive ``(user_key, value)`` list."""
+        ttl = self._ttl
+        return self._submit(Op.MAP_ITER, self._name, None, None).then_apply(
+            lambda entries: [(k, p[0]) for k, p in entries if ttl.alive(p)]
+        )
 
     def async_is_empty(self) -> StateFuture:
         return self._alive_entries().then_apply(lambda alive: not alive)
@@ -167,7 +161,7 @@ class _TtlFolding(_Handle[Any]):
         return self._submit(Op.VALUE_PUT, self._name, None, self._ttl.stamp(value), RmwWrite)
 
 
-class TtlReducingState(_TtlFolding, ReducingState):
+class TtlReducingState(_Expiring, _TtlFolding, ReducingState):
     __slots__ = ("_ttl",)
 
     def async_get(self) -> StateFuture:
@@ -180,7 +174,7 @@ class TtlReducingState(_TtlFolding, ReducingState):
         )
 
 
-class TtlAggregatingState(_TtlFolding, AggregatingState):
+class TtlAggregatingState(_Expiring, _TtlFolding, AggregatingState):
     __slots__ = ("_ttl",)
 
     def async_get(self) -> StateFuture:
@@ -208,17 +202,30 @@ TTL_HANDLES: dict[type[_Handle[Any]], Callable[..., TtlHandle]] = {
 }
 
 
-def with_ttl(
-    handle: _Handle[Any], descriptor: StateDescriptor, now: Callable[[], float]
-) -> TtlHandle:
-    """The TTL variant of ``handle`` (same descriptor, submit and wait).
+def ttl_kind(descriptor: StateDescriptor) -> str:
+    """How a TTL state stores expiry times (``aec.state.ttl_cleanup.TtlState.kind``):
+    ``"list"``, ``"map"``, or ``"value"`` (value, reducing and aggregating state).
 
-    Raises ValueError if ``descriptor`` has no ``ttl``.
+    Raises TypeError for an unknown descriptor type."""
+    kind = handle_class(descriptor)
+    return "list" if kind is ListState else "map" if kind is MapState else "value"
+
+
+def with_ttl(
+    descriptor: StateDescriptor,
+    submit: Submit,
+    wait: Wait,
+    release: Callable[[str], None] | None,
+    now: Callable[[], float],
+) -> TtlHandle:
+    """The TTL handle for ``descriptor`` (``make_handle``'s arguments, plus ``now``:
+    the running record's processing time, seconds).
+
+    Raises ValueError if ``descriptor`` has no ``ttl``, TypeError for an unknown
+    descriptor type.
     """
     if descriptor.ttl is None:
         raise ValueError(f"state {descriptor.name!r} has no ttl")
-    ttl_handle = TTL_HANDLES[type(handle)](
-        descriptor, handle._submit, handle._wait, handle._release
-    )
-    ttl_handle._ttl = _Ttl(descriptor.ttl, now)
-    return ttl_handle
+    handle = TTL_HANDLES[handle_class(descriptor)](descriptor, submit, wait, release)
+    handle.bind_ttl(_Ttl(descriptor.ttl, now))
+    return handle

@@ -10,14 +10,12 @@ Modules: ``reference`` (``run_sync``), ``scripted`` (``ScriptedExecutor``),
 ``configs``; needs hypothesis, so imported lazily).
 """
 
-from typing import Any
-
 from aec.testing.checker import DEFAULT_CONFIGS, assert_equivalent
 from aec.testing.reference import run_sync
 from aec.testing.scripted import ScriptedExecutor
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # the hypothesis strategies, re-exported lazily: hypothesis is optional for aec
     if name in ("keyed_streams", "configs"):
         from aec.testing import strategies

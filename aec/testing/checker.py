@@ -13,8 +13,8 @@ each output's position relative to the watermarks, and the final state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from aec.clock import ScriptedClock
 from aec.config import AecConfig
@@ -22,8 +22,15 @@ from aec.elements import Record, Watermark
 from aec.functions import KeyedProcessFunction
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
+from aec.runtime.output import Trace
 from aec.runtime.run import default_backend
+from aec.state.backend import StateBackend
 from aec.testing.scripted import ScriptedExecutor
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import DataObject
+
+Element = Record | Watermark
 
 DEFAULT_CONFIGS = (
     AecConfig(buffer_size=2, in_flight_records_limit=8),
@@ -41,11 +48,12 @@ class _Observed:
     watermark's timers of the same key.
     """
 
-    def __init__(self, trace: list[Any], backend: Any, state_names: list[str]) -> None:
-        self.watermarks: list[Any] = []
-        self.per_key: dict[tuple[Any, ...], list[Any]] = {}
-        self.per_origin: dict[tuple[Any, ...], list[Any]] = {}
-        self.positions: list[tuple[int, int, Any]] = []  # (epoch, epochs done before, value)
+    def __init__(self, trace: Trace, backend: StateBackend, state_names: list[str]) -> None:
+        self.watermarks: list[float] = []
+        # (kind, tag, key) and, per origin, + (epoch, from a timer) -> outputs
+        self.per_key: dict[tuple[Hashable, ...], list[object]] = {}
+        self.per_origin: dict[tuple[Hashable, ...], list[object]] = {}
+        self.positions: list[tuple[int, int, object]] = []  # (epoch, epochs done before, value)
         boundaries = 0  # epochs finished so far: watermarks and processing-time ticks
         for kind, context, value in trace:
             if kind == "watermark" or kind == "tick":
@@ -62,7 +70,7 @@ class _Observed:
         self.state = {name: _state_items(backend, name) for name in state_names}
 
 
-def _state_items(backend: Any, name: str) -> Any:
+def _state_items(backend: StateBackend, name: str) -> object:
     try:
         return backend.state_items(name)
     except NotImplementedError:
@@ -70,7 +78,8 @@ def _state_items(backend: Any, name: str) -> Any:
 
 
 def _observe(
-    source: Sequence[Any], function: KeyedProcessFunction, backend: Any, config: AecConfig,
+    source: Sequence[Element], function: KeyedProcessFunction, backend: StateBackend,
+    config: AecConfig,
     executor: StateExecutor | None, clock_advances: Sequence[float],
 ) -> _Observed:  # fmt: skip
     clock = ScriptedClock(clock_advances)
@@ -132,9 +141,9 @@ def assert_equivalent(
     function_factory: Callable[[], KeyedProcessFunction],
     source: Iterable[Record | Watermark],
     *,
-    backend_factory: Callable[[], Any] | None = None,
+    backend_factory: Callable[[], StateBackend] | None = None,
     configs: Iterable[AecConfig] | None = None,
-    data: Any = None,
+    data: DataObject | None = None,
     seeds: Iterable[int] = (0, 1, 2),
     executor_factory: Callable[[int | None], StateExecutor] | None = None,
     clock_advances: Sequence[float] = (),
@@ -164,7 +173,7 @@ def assert_equivalent(
     backend_factory = backend_factory or default_backend
 
     def problem_with(
-        elements: list[Any], config: AecConfig, seed: int | None
+        elements: list[Element], config: AecConfig, seed: int | None
     ) -> tuple[str | None, StateExecutor]:
         reference = _observe(
             elements, function_factory(), backend_factory(), AecConfig(async_state=False), None,
@@ -192,7 +201,7 @@ def assert_equivalent(
             smallest = source
             if data is None:  # hypothesis shrinks its own draws; shrink seeded runs here
 
-                def fails(e: list[Any], c: AecConfig = config, s: int | None = seed) -> bool:
+                def fails(e: list[Element], c: AecConfig = config, s: int | None = seed) -> bool:
                     return bool(problem_with(e, c, s)[0])
 
                 smallest = _shrink(source, fails)
@@ -207,7 +216,9 @@ def assert_equivalent(
             )
 
 
-def _shrink(source: list[Any], fails: Callable[[list[Any]], bool], budget: int = 200) -> list[Any]:
+def _shrink(
+    source: list[Element], fails: Callable[[list[Element]], bool], budget: int = 200
+) -> list[Element]:
     """A smaller input that still ``fails``: drop ever smaller slices while the
     failure remains, trying at most ``budget`` candidates (a simple ddmin)."""
     current = list(source)

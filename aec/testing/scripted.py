@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from aec.runtime.executor import StateExecutor
+from aec.runtime.executor import Batch, Buffering, StateExecutor
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import DataObject
 
 
 class ScriptedExecutor(StateExecutor):
@@ -21,12 +23,12 @@ class ScriptedExecutor(StateExecutor):
     ``("complete", index, held)``, which with the seed replays the run.
     """
 
-    def __init__(self, seed: int | None = 0, *, data: Any = None) -> None:
+    def __init__(self, seed: int | None = 0, *, data: DataObject | None = None) -> None:
         super().__init__()
         self._rng = random.Random(seed)
         self._data = data
-        self._held: list[Any] = []
-        self.schedule: list[tuple[Any, ...]] = []
+        self._held: list[Batch] = []
+        self.schedule: list[tuple[str, int] | tuple[str, int, int]] = []
 
     def _integer(self, high: int) -> int:
         if self._data is not None:
@@ -36,7 +38,7 @@ class ScriptedExecutor(StateExecutor):
             return drawn
         return self._rng.randint(0, high)
 
-    def submit(self, batch: Sequence[Any]) -> None:
+    def submit(self, batch: Batch) -> None:
         self.pending += 1
         self._held.append(batch)
 
@@ -47,7 +49,7 @@ class ScriptedExecutor(StateExecutor):
             raise RuntimeError("ScriptedExecutor: no operator attached its mailbox yet")
         self._run(self._held.pop(index), self._mailbox.post_local)
 
-    def tick(self, controller: Any) -> None:
+    def tick(self, controller: Buffering) -> None:
         buffered = len(controller.active)
         if buffered and self._integer(3) == 0:
             self.schedule.append(("flush", buffered))

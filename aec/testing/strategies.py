@@ -20,8 +20,7 @@ Importing this module without hypothesis raises ImportError saying so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
 
 from aec.errors import needs_extra
 
@@ -34,13 +33,13 @@ from aec.elements import Record, Watermark
 __all__ = ["DEFAULT_KEYS", "configs", "keyed_streams"]
 
 #: Keys ``keyed_streams`` draws from by default: few, of mixed types (str, int, tuple).
-DEFAULT_KEYS: tuple[Any, ...] = ("a", "b", "c", 1, (2, "x"))
+DEFAULT_KEYS: tuple[Hashable, ...] = ("a", "b", "c", 1, (2, "x"))
 
 _WATERMARK_MODES = ("serial", "parallel")
 
 
 def keyed_streams(
-    keys: Sequence[Any] = DEFAULT_KEYS,
+    keys: Sequence[Hashable] = DEFAULT_KEYS,
     max_size: int = 40,
     max_value: int = 30,
     *,
@@ -92,7 +91,9 @@ def keyed_streams(
 
 
 @st.composite
-def _streams(draw: Any, elements: st.SearchStrategy) -> list[Record | Watermark]:
+def _streams(
+    draw: st.DrawFn, elements: st.SearchStrategy[list[tuple[int, Hashable, int, int]]]
+) -> list[Record | Watermark]:
     # composite rather than .map(), so failing examples print as Records and Watermarks
     stream: list[Record | Watermark] = []
     watermark = -1

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from aec.state.serialization import register_type
+
 
 class Window(Protocol):
     """What the package reads of any window (``TimeWindow``, ``GlobalWindow``, a custom
@@ -112,3 +114,9 @@ def window_key(window: object) -> object:
     if type(window) is GlobalWindow:
         return "global"
     return window
+
+
+# Windows are state (session sets, timer indexes): the safe serializer stores them as
+# plain data and rebuilds them through their checks (aec.state.serialization).
+register_type(TimeWindow, 32, lambda w: (w.start, w.end), lambda p: TimeWindow(*p))
+register_type(GlobalWindow, 33, lambda w: None, lambda p: GlobalWindow())

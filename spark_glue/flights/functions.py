@@ -223,13 +223,16 @@ class Rotations(KeyedProcessFunction):
             ctx.side_output("no_tailnum", _no_tailnum_row(flight, timestamp))
             return
         previous = await self.previous.async_value()
-        ctx.output(_rotation_row(flight, timestamp, previous))
+        ctx.output(rotation_row(flight, timestamp, previous))
         # not awaited: the record holds its aircraft until the write lands (a pending
         # request counts like an awaited one), and nothing follows it here
         self.previous.async_update((timestamp, flight["origin"], flight["dest"], flight["arr_delay"]))
 
 
-def _rotation_row(flight: dict[str, Any], event_time: float, previous: tuple | None) -> dict:
+def rotation_row(flight: dict[str, Any], event_time: float, previous: tuple | None) -> dict:
+    """One ``ROTATIONS_SCHEMA`` row: ``flight`` (a row dict) at ``event_time`` (seconds)
+    after ``previous`` (the aircraft's last flight as stored by ``Rotations``, or None
+    for its first); shared with the enriched job and the Spark comparison in perf."""
     if previous is None:
         return {
             "tailnum": flight["tailnum"],

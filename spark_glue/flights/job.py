@@ -113,6 +113,7 @@ class FlightsOptions:
     enrich: bool = False  # --enrich: see spark_glue.flights.enrich
     service_latency: float = 0.005  # seconds per answer of the enrichment service
     service_failure_rate: float = 0.01  # share of its requests answered 503
+    enrich_batch_size: int = 32  # lookups per request (batch endpoints); 0: one each
 
 
 @dataclass
@@ -228,6 +229,9 @@ def validate(options: FlightsOptions) -> None:
             "service_latency must be finite seconds >= 0 and service_failure_rate in [0, 1), "
             f"got {options.service_latency!r} and {options.service_failure_rate!r}"
         )
+    size = options.enrich_batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"enrich_batch_size must be an int >= 0 (0: no batches), got {size!r}")
     if options.object_store is not None:
         if options.backend != "slatedb":
             raise ValueError("object_store applies to the slatedb backend only")

@@ -3,8 +3,10 @@
 Reads the datasets back with pandas (so the report checks what was written),
 then writes ``summary.md`` (the backend, wall time, with ``--compare-sync`` the
 sync-vs-async table, row counts, the ten routes with the worst mean departure
-delay, the delay propagation rate, engine metrics) and ``delay_by_hour.png`` (mean departure delay by scheduled hour, one line per
-origin, over departures per hour).
+delay, the delay propagation rate, engine metrics, the AEC metrics of
+``spark_glue.flights.metrics_report``) and two plots: ``delay_by_hour.png`` (mean
+departure delay by scheduled hour, one line per origin, over departures per hour) and
+``aec_metrics.png`` (records in flight and blocking keys over the run).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # type: ignore[import-untyped]  # noqa: E402  # pandas ships no type hints (no pandas-stubs)
 
 from spark_glue.flights import enrich as flights_enrich  # noqa: E402
-from spark_glue.flights import sessions_report  # noqa: E402
+from spark_glue.flights import metrics_report, sessions_report  # noqa: E402
 from spark_glue.flights.functions import DELAYED_MINUTES  # noqa: E402
 from spark_glue.flights.job import (  # noqa: E402
     SYNC_DIR,
@@ -43,6 +45,7 @@ def write(run: FlightsRun) -> tuple[str, str]:
     rotations = _read(run, "rotations")
     plot_path = os.path.join(out, PLOT_FILE)
     plot_delay_by_hour(hourly, plot_path)
+    metrics_report.plot(run, os.path.join(out, metrics_report.PLOT_FILE))
     summary_path = os.path.join(out, SUMMARY_FILE)
     sessions: list[str] = []
     if any("aircraft_sessions" in stage.outputs for stage in run.stages):
@@ -178,7 +181,8 @@ def render(
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [_metrics_row(stage) for stage in run.stages]
-    lines += [""] + flights_enrich.summary(
+    lines += ["", *metrics_report.section(run)]
+    lines += flights_enrich.summary(
         run.enrichment, options.service_latency, options.service_failure_rate
     )
     lines += ["## Plot", "", f"![mean departure delay by scheduled hour]({PLOT_FILE})", ""]

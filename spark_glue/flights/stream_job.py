@@ -81,6 +81,7 @@ class QueryStats:
     batch_s: list[float] = field(default_factory=list)  # per micro-batch after the first
     wall_s: float = 0.0
     partitions: list[int] = field(default_factory=list)  # num_partitions per phase
+    micro_batches: list[dict[str, Any]] = field(default_factory=list)  # merged metrics each
 
 
 @dataclass
@@ -344,6 +345,7 @@ def _run_query(
         num_partitions=partitions,
         side_outputs={op.side: op.side_schema},
         trigger={"availableNow": True},
+        metrics_listener=lambda _, merged: stats.micro_batches.append(merged),
     )
     query.awaitTermination()
     stats.wall_s += time.perf_counter() - started

@@ -1,7 +1,9 @@
 """Driver of tests/test_crash.py: a file-source ``process_keyed_stream`` query that kills
 its own process group (driver, JVM, Python workers: SIGKILL) at chosen crash points.
 
-Usage: ``python crash_driver.py WORKDIR BACKEND PARTITIONS POINTS``; ``POINTS`` is a
+Usage: ``python crash_driver.py WORKDIR BACKEND PARTITIONS POINTS``; ``BACKEND`` is
+``memory``, ``rocksdb`` or ``declared`` (the count declared, ``DeclaredCount``, over a
+modelled slow store: its micro-batches carry records in flight to the next one); ``POINTS`` is a
 comma-separated list of crash points, each firing at most once per WORKDIR (a marker
 file in ``WORKDIR/fired`` is created, exclusively, before the kill):
 
@@ -16,16 +18,22 @@ file in ``WORKDIR/fired`` is created, exclusively, before the kill):
 The query runs with ``trigger availableNow`` over ``WORKDIR/input`` (one file per
 micro-batch) and exits 0 when everything there is processed; its sink writes each
 micro-batch to ``WORKDIR/out/batch-<id>.parquet`` atomically (idempotent by batch id).
+With ``declared``, a run whose last micro-batch carried records adds a file with one
+row of key ``idle-<p>`` for each state partition ``p`` in turn and runs again, so every
+partition gets a micro-batch without rows, in which it finishes what it carried.
 Functions defined here travel to the executors by value (``__main__``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
 
 from aec import KeyedProcessFunction, ValueStateDescriptor
+from aec.declare import DeclaringKeyedProcessFunction
 
 IN_DDL = "k string, seq long, x long"
 OUT_DDL = "k string, seq long, count long, total long"
@@ -64,6 +72,56 @@ class CrashingCount(KeyedProcessFunction):
         ctx.output({"k": ctx.current_key, "seq": value["seq"], "count": count, "total": total})
 
 
+class DeclaredCount(DeclaringKeyedProcessFunction):
+    """``CrashingCount`` declared: read the count, write it, read the total, write it
+    and emit; crashes at ``record:<seq>`` points in its first step."""
+
+    def __init__(self, workdir: str, armed: frozenset[str]) -> None:
+        self.workdir = workdir
+        self.armed = armed
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+        self.total = ctx.get_state(ValueStateDescriptor("total", default=0))
+
+    def declare_process(self, d):
+        row = d.declare_variable("row")
+        count = d.declare_variable("count")
+
+        def read_count(value, ctx):
+            crash(self.workdir, f"record:{value['seq']}", self.armed)
+            row.set(value)
+            return self.count.async_value()
+
+        def write_count(n, ctx):
+            count.set(n + 1)
+            return self.count.async_update(n + 1)
+
+        def read_total(_, ctx):
+            return self.total.async_value()
+
+        def write_total(total, ctx):
+            value = row.get()
+            ctx.output({"k": ctx.current_key, "seq": value["seq"], "count": count.get(),
+                        "total": total + value["x"]})  # fmt: skip
+            return self.total.async_update(total + value["x"])
+
+        return d.chain(
+            d.declare("read-count", read_count), d.declare("write-count", write_count),
+            d.declare("read-total", read_total), d.declare("write-total", write_total),
+        )  # fmt: skip
+
+
+def idle_key(partition: int, partitions: int) -> str:
+    """A key that state partition ``partition`` of ``partitions`` owns."""
+    from aec.keygroups import key_group_for, operator_index_for
+
+    return next(
+        f"idle-{i}" for i in range(10_000)
+        if operator_index_for(key_group_for(f"idle-{i}", 128), 128, partitions) == partition
+    )  # fmt: skip
+
+
 def main(workdir: str, backend: str, partitions: int, points: str) -> None:
     os.environ["AEC_CRASH_PGID"] = str(os.getpgid(0))  # before the JVM starts: workers see it
     armed = frozenset(p for p in points.split(",") if p)
@@ -75,7 +133,7 @@ def main(workdir: str, backend: str, partitions: int, points: str) -> None:
     from pyspark.sql.streaming import StreamingQueryListener
 
     import spark_glue  # noqa: F401  (PYSPARK_PYTHON)
-    from backends import RocksDBBackend
+    from backends import LatencyBackend, MemoryBackend, RocksDBBackend
     from spark_glue import process_keyed_stream
 
     spark = (
@@ -112,24 +170,46 @@ def main(workdir: str, backend: str, partitions: int, points: str) -> None:
         crash(workdir, f"sink-after:{batch_id}", armed)
 
     spec = None
+    function: KeyedProcessFunction = CrashingCount(workdir, armed)
     if backend == "rocksdb":
         spec = RocksDBBackend(os.path.join(workdir, "rocksdb")).spec()
-    query = process_keyed_stream(
-        spark.readStream.option("maxFilesPerTrigger", 1)
-        .schema(IN_DDL)
-        .json(os.path.join(workdir, "input")),
-        CrashingCount(workdir, armed),
-        "k",
-        OUT_DDL,
-        checkpoint_location=os.path.join(workdir, "ckpt"),
-        sink=sink,
-        order_by="seq",
-        backend=spec,
-        num_partitions=partitions,
-        trigger={"availableNow": True},
-    )
-    query.awaitTermination()
+    elif backend == "declared":
+        spec = LatencyBackend(MemoryBackend(), 0.03).spec()
+        function = DeclaredCount(workdir, armed)
+    input_dir = os.path.join(workdir, "input")
+    for attempt in range(partitions + 2):
+        query = process_keyed_stream(
+            spark.readStream.option("maxFilesPerTrigger", 1).schema(IN_DDL).json(input_dir),
+            function,
+            "k",
+            OUT_DDL,
+            checkpoint_location=os.path.join(workdir, "ckpt"),
+            sink=sink,
+            order_by="seq",
+            backend=spec,
+            num_partitions=partitions,
+            trigger={"availableNow": True},
+        )
+        query.awaitTermination()
+        pending = pending_partitions(os.path.join(workdir, "ckpt", "state"))
+        if not pending:
+            break
+        # a row for a partition without pending work: the pending ones run without rows
+        free = [p for p in range(partitions) if p not in pending] or [0]
+        name = os.path.join(input_dir, f"idle-{time.time_ns()}.json")  # newest: read last
+        with open(name + ".tmp", "w") as out:
+            out.write(json.dumps({"k": idle_key(free[0], partitions), "seq": -1 - attempt, "x": 0}))
+        os.replace(name + ".tmp", name)
     spark.stop()
+
+
+def pending_partitions(state: str) -> tuple[int, ...]:
+    """The partitions whose newest checkpoint holds carried work (``layout.json``)."""
+    from aec.checkpoint import CheckpointStore
+    from spark_glue.stream_state import Layout
+
+    layout = Layout.load(CheckpointStore.at(state))
+    return () if layout is None or layout.last is None else layout.last.pending_after
 
 
 if __name__ == "__main__":

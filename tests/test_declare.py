@@ -1,0 +1,417 @@
+"""Declared processing (FLIP-455) and checkpoints that do not drain (FLIP-425's
+"Faster Checkpoint Drain"): the declarations, the records a checkpoint carries,
+and the crash property: snapshot at any point under any completion schedule,
+throw the operator away, restore (also rescaled 2 -> 3) and replay: per key the
+same outputs, watermarks and final state as an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aec import (
+    AecConfig,
+    JobFailure,
+    KeyedProcessOperator,
+    MapStateDescriptor,
+    Record,
+    ValueStateDescriptor,
+    Watermark,
+    run_keyed,
+)
+from aec.declare import DeclarationContext, DeclaredVariable, DeclaringKeyedProcessFunction
+from aec.keygroups import key_group_for, key_group_range_for, operator_index_for
+from aec.testing import ScriptedExecutor, assert_equivalent, run_sync
+from aec.testing.strategies import keyed_streams
+from backends import MemoryBackend, RocksDBBackend, SlateDBBackend
+
+
+class Counter(DeclaringKeyedProcessFunction):
+    """The contract's example: read, write n + 1 (remembering it), emit."""
+
+    def open(self, ctx):
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def declare_process(self, d: DeclarationContext):
+        seen = d.declare_variable("seen", default=0)
+
+        def read(value, ctx):
+            return self.count.async_value()
+
+        def write(n, ctx):
+            seen.set(n + 1)
+            return self.count.async_update(n + 1)
+
+        def emit(_, ctx):
+            ctx.output((ctx.current_key, seen.get()))
+
+        return d.chain(d.declare("read", read), d.declare("write", write), d.declare("emit", emit))
+
+
+class Dedup(DeclaringKeyedProcessFunction):
+    """A conditional step: values seen before are counted as repeats, new ones
+    stored; every record emits what it found. A timer per record fires declared."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(MapStateDescriptor("seen"))
+        self.repeats = ctx.get_state(ValueStateDescriptor("repeats", default=0))
+
+    def declare_process(self, d: DeclarationContext):
+        value_of: DeclaredVariable = d.declare_variable("value")
+
+        def look(value, ctx):
+            value_of.set(value)
+            if ctx.timestamp is not None:
+                ctx.timer_service.register_event_time_timer(ctx.timestamp + 5)
+            return self.seen.async_contains(value)
+
+        def store(_, ctx):
+            return self.seen.async_put(value_of.get(), ctx.timestamp)
+
+        def told_new(_, ctx):
+            ctx.output((ctx.current_key, "new", value_of.get()))
+
+        def read_repeats(_, ctx):
+            return self.repeats.async_value()
+
+        def count_repeat(n, ctx):
+            ctx.output((ctx.current_key, "repeat", value_of.get(), n + 1))
+            return self.repeats.async_update(n + 1)
+
+        new = d.chain(d.declare("store", store), d.declare("told-new", told_new))
+        repeat = d.chain(d.declare("read-repeats", read_repeats), d.declare("count", count_repeat))
+        return d.chain(
+            d.declare("look", look),
+            d.branch("known?", lambda found, ctx: found, repeat, new),
+        )
+
+    def declare_on_timer(self, d: DeclarationContext):
+        def read(timestamp, ctx):
+            return self.repeats.async_value()
+
+        def emit(n, ctx):
+            ctx.output((ctx.current_key, "timer", ctx.timestamp, n))
+
+        return d.chain(d.declare("timer-read", read), d.declare("timer-emit", emit))
+
+
+class DerivedWait(Counter):
+    """Waits for a future a callback derives: its checkpoints drain."""
+
+    def declare_process(self, d: DeclarationContext):
+        def read(value, ctx):
+            return self.count.async_value().then_apply(lambda n: n + 1)
+
+        def write(n, ctx):
+            ctx.output((ctx.current_key, n))
+            return self.count.async_update(n)
+
+        return d.chain(d.declare("read", read), d.declare("write", write))
+
+
+FUNCTIONS = {"counter": Counter, "dedup": Dedup, "derived": DerivedWait}
+
+
+# -- declarations ---------------------------------------------------------------------------------
+class Twice(Counter):
+    def declare_process(self, d):
+        d.declare("read", lambda v, ctx: None)
+        return d.chain(d.declare("read", lambda v, ctx: None))
+
+
+class TwiceAcrossTimer(Counter):
+    def declare_on_timer(self, d):
+        return d.chain(d.declare("write", lambda t, ctx: None))
+
+
+class VariableNamedLikeAStep(Counter):
+    def declare_process(self, d):
+        d.declare_variable("emit")
+        return super().declare_process(d)
+
+
+class PlacedTwice(Counter):
+    def declare_process(self, d):
+        step = d.declare("only", lambda v, ctx: None)
+        return d.chain(step, step)
+
+
+@pytest.mark.parametrize(
+    "function, name",
+    [(Twice, "read"), (TwiceAcrossTimer, "write"), (VariableNamedLikeAStep, "emit"),
+     (PlacedTwice, "only")],
+)  # fmt: skip
+def test_a_name_declared_twice_fails_open_with_the_name_unwrapped(function, name):
+    operator = KeyedProcessOperator(function(), MemoryBackend())
+    with pytest.raises(ValueError, match=repr(name)) as raised:
+        operator.open()
+    assert not isinstance(raised.value, JobFailure)
+    assert operator.status == "failed"
+
+
+def test_declared_processing_gives_the_synchronous_answer():
+    source = [Record(k, i, timestamp=i) for i, k in enumerate("aabacabbbcaaab")]
+    source.insert(6, Watermark(4))
+    for function in FUNCTIONS.values():
+        assert_equivalent(function, source, seeds=range(6))
+
+
+def test_process_element_is_not_the_entry_of_a_declaring_function():
+    with pytest.raises(TypeError, match="declare_process"):
+        Counter().process_element(1, None)
+
+
+# -- checkpoints that do not drain ---------------------------------------------------------------
+def test_a_hot_keys_blocked_records_stay_pending_across_the_snapshot(tmp_path):
+    """Fails if the snapshot drains: with batches held by a scripted executor, the
+    hot key's records are still in flight when snapshot returns."""
+    executor = ScriptedExecutor(seed=3)
+    operator = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig(), executor)
+    operator.open()
+    for i in range(50):
+        operator.process(Record("hot", i))
+    operator.process(Record("cold", 0))
+    in_flight = operator.controller.in_flight
+    handle = operator.snapshot(1, tmp_path)
+    assert operator.controller.in_flight == in_flight > 1  # nothing was drained
+    assert operator.metrics["checkpoint_pending_records"] == in_flight
+    assert operator.metrics["checkpoint_pause_s"] >= 0
+    before = [o for o in operator.drain_outputs() if o[0] == "hot"]
+    assert len(before) < 50
+    operator.finish()
+    assert operator.drain_outputs()[-2] == ("hot", 50)
+
+    restored = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig())
+    restored.restore(handle)
+    restored.finish()
+    after = [o for o in restored.drain_outputs() if type(o) is tuple and o[0] == "hot"]
+    assert before + after == [("hot", n) for n in range(1, 51)]
+
+
+def test_a_checkpoint_of_derived_waits_drains_and_stays_exact(tmp_path):
+    operator = KeyedProcessOperator(
+        DerivedWait(), MemoryBackend(), AecConfig(), ScriptedExecutor(seed=1)
+    )
+    operator.open()
+    for i in range(10):
+        operator.process(Record("k", i))
+    handle = operator.snapshot(1, tmp_path)
+    assert operator.controller.in_flight == 0
+    assert operator.metrics["checkpoint_pending_records"] == 0
+    restored = KeyedProcessOperator(DerivedWait(), MemoryBackend(), AecConfig())
+    restored.restore(handle)
+    restored.process(Record("k", 10))
+    restored.finish()
+    assert restored.drain_outputs()[:-1] == [("k", 11)]
+
+
+class Unpicklable(Counter):
+    def declare_process(self, d):
+        lock = d.declare_variable("lock")
+
+        def read(value, ctx):
+            import threading
+
+            lock.set(threading.Lock())
+            return self.count.async_value()
+
+        def write(n, ctx):
+            return self.count.async_update(n + 1)
+
+        def done(_, ctx):
+            lock.set(None)
+
+        return d.chain(d.declare("read", read), d.declare("write", write), d.declare("done", done))
+
+
+def test_an_unpicklable_declared_variable_fails_the_snapshot_naming_it(tmp_path):
+    operator = KeyedProcessOperator(
+        Unpicklable(), MemoryBackend(), AecConfig(), ScriptedExecutor(seed=0)
+    )
+    operator.open()
+    for i in range(5):
+        operator.process(Record("k", i))
+    with pytest.raises(ValueError, match="declared variable 'lock'"):
+        operator.snapshot(1, tmp_path)
+    assert not (tmp_path / "chk-1").exists()
+    operator.finish()  # it goes on as if no snapshot had been asked
+    assert operator.backend.state_items("count") == {"k": 5}
+
+
+class Renamed(Counter):
+    def declare_process(self, d):
+        def read(value, ctx):
+            return self.count.async_value()
+
+        def write(n, ctx):
+            return self.count.async_update(n + 1)
+
+        return d.chain(d.declare("read", read), d.declare("store", write))
+
+
+def test_a_checkpoint_naming_an_undeclared_step_is_refused_before_state_changes(tmp_path):
+    operator = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig(), ScriptedExecutor(0))
+    operator.open()
+    for i in range(20):
+        operator.process(Record("k", i))
+    handle = operator.snapshot(1, tmp_path)
+    assert operator.metrics["checkpoint_pending_records"] > 0
+    backend = MemoryBackend()
+    restored = KeyedProcessOperator(Renamed(), backend, AecConfig())
+    with pytest.raises(ValueError, match="'write'"):
+        restored.restore(handle)
+    assert backend.state_items("count") == {}
+
+
+# -- the crash property ----------------------------------------------------------------------
+BACKENDS = {
+    "memory": lambda directory, name: MemoryBackend(),
+    "rocksdb": lambda directory, name: RocksDBBackend(os.path.join(directory, name)),
+    "slatedb": lambda directory, name: SlateDBBackend(f"file://{directory}/slate", name),
+}
+
+
+def _route(operators, elements, mp):
+    for element in elements:
+        if type(element) is Watermark:
+            for operator in operators:
+                operator.process_watermark(element)
+        else:
+            operators[operator_index_for(key_group_for(element.key, mp), mp, len(operators))].process(
+                element
+            )
+
+
+def _collect(operator, per_key, segment):
+    for kind, context, value in operator.trace:
+        if kind == "watermark":
+            segment += 1
+        elif kind == "out":
+            per_key.setdefault(context.key, []).append((segment, value))
+    operator.trace = []
+    operator.drain_outputs()
+
+
+def _state(backends, names):
+    state: dict[str, dict[Any, Any]] = {name: {} for name in names}
+    for backend in backends:
+        for name in names:
+            state[name].update(backend.state_items(name))
+    return state
+
+
+def check_crash(data, source, backend_kind):
+    name = data.draw(st.sampled_from(sorted(FUNCTIONS)), label="function")
+    p, q = data.draw(st.sampled_from([(1, 1), (2, 3), (2, 1)]), label="parallelism")
+    config = AecConfig(
+        buffer_size=data.draw(st.integers(1, 8), label="buffer_size"),
+        in_flight_records_limit=data.draw(st.integers(1, 30), label="in_flight"),
+        max_parallelism=16,
+    )
+    cut = data.draw(st.integers(0, len(source)), label="cut")
+    make = BACKENDS[backend_kind]
+    made = []
+    with tempfile.TemporaryDirectory() as directory:
+
+        def backend(tag):
+            made.append(make(directory, tag))
+            return made[-1]
+
+        try:
+            whole = KeyedProcessOperator(FUNCTIONS[name](), backend("whole"), config)
+            whole.trace = []
+            whole.open()
+            _route([whole], source, 16)
+            whole.finish()
+            expected: dict[Any, list] = {}
+            _collect(whole, expected, 0)
+            expected_state = _state([whole.backend], whole.state_names)
+
+            got: dict[Any, list] = {}
+            first = [
+                KeyedProcessOperator(
+                    FUNCTIONS[name](), backend(f"p{i}"), config,
+                    ScriptedExecutor(data=data), key_group_range=key_group_range_for(16, p, i),
+                )
+                for i in range(p)
+            ]  # fmt: skip
+            for operator in first:
+                operator.trace = []
+                operator.open()
+            _route(first, source[:cut], 16)
+            handles = [op.snapshot(7, os.path.join(directory, f"c{i}")) for i, op in enumerate(first)]
+            for operator in first:
+                _collect(operator, got, 0)
+                operator.close()
+            done = sum(type(e) is Watermark for e in source[:cut])
+            second = [
+                KeyedProcessOperator(
+                    FUNCTIONS[name](), backend(f"q{i}"), config,
+                    ScriptedExecutor(data=data), key_group_range=key_group_range_for(16, q, i),
+                )
+                for i in range(q)
+            ]  # fmt: skip
+            for operator in second:
+                operator.trace = []
+                operator.restore(handles)
+            _route(second, source[cut:], 16)
+            for operator in second:
+                operator.finish()
+                _collect(operator, got, done)
+            got_state = _state([op.backend for op in second], whole.state_names)
+        finally:
+            for each in made:
+                each.close()
+    assert got == expected
+    assert got_state == expected_state
+
+
+SKEWED = ("hot", "hot", "hot", "a", "b")
+
+
+@given(source=keyed_streams(keys=SKEWED, max_size=40), data=st.data())
+def test_crash_restore_and_replay_equals_an_uninterrupted_run_memory(source, data):
+    check_crash(data, source, "memory")
+
+
+@given(source=keyed_streams(keys=SKEWED, max_size=25), data=st.data())
+def test_crash_restore_and_replay_equals_an_uninterrupted_run_rocksdb(source, data):
+    check_crash(data, source, "rocksdb")
+
+
+@settings(max_examples=10)  # each example opens several SlateDB databases
+@given(source=keyed_streams(keys=SKEWED, max_size=20), data=st.data())
+def test_crash_restore_and_replay_equals_an_uninterrupted_run_slatedb(source, data):
+    check_crash(data, source, "slatedb")
+
+
+def test_run_sync_and_run_keyed_agree_on_the_contract_example():
+    source = [Record("a", 1), Record("b", 1), Record("a", 2)]
+    assert run_keyed(source, Counter()).outputs == run_sync(source, Counter()).outputs
+
+
+class Opaque:
+    """A record value the safe serializer cannot store."""
+
+    def __init__(self, n):
+        self.n = n
+
+
+def test_records_the_serializer_cannot_store_make_the_checkpoint_drain(tmp_path):
+    operator = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig(), ScriptedExecutor(2))
+    operator.open()
+    for i in range(30):
+        operator.process(Record("k", Opaque(i)))
+    handle = operator.snapshot(1, tmp_path)
+    assert operator.controller.in_flight == 0  # drained instead of failing
+    assert operator.metrics["checkpoint_pending_records"] == 0
+    restored = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig())
+    restored.restore(handle)
+    restored.process(Record("k", Opaque(30)))
+    restored.finish()
+    assert restored.drain_outputs()[:-1] == [("k", 31)]

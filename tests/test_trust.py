@@ -1,0 +1,513 @@
+"""Nothing run: the trust boundary of checkpoints and stored state (``docs/security.md``).
+
+State values go through a serializer chosen per state and per job, with a safe
+default; checkpoint metadata is never pickled; a signed manifest is checked before
+any byte is decoded; keys have one encoding in every process; a state name reused
+for another kind of state is refused. Crafted pickles assert that nothing ran: each
+payload would create a file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aec import (
+    AecConfig,
+    JobFailure,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    Record,
+    ValueStateDescriptor,
+    run_keyed,
+)
+from aec.checkpoint import signing
+from aec.config import STATE_SERIALIZERS
+from aec.keygroups import key_group_for
+from aec.runtime.operator import KeyedProcessOperator
+from aec.state import serialization
+from aec.state.serialization import PICKLE, SAFE, SERIALIZERS
+from backends import MemoryBackend, RocksDBBackend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Point:
+    """Not plain data: the safe serializer refuses it; pickle takes it."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Point) and other.x == self.x
+
+    def __hash__(self) -> int:
+        return hash(self.x)
+
+
+class Counter(KeyedProcessFunction):
+    def __init__(self, kind: str = "value", serializer: str | None = None, ttl=None) -> None:
+        self.kind, self.serializer, self.ttl = kind, serializer, ttl
+
+    def open(self, ctx):
+        make = {"value": ValueStateDescriptor, "map": MapStateDescriptor}[self.kind]
+        self.count = ctx.get_state(make("count", ttl=self.ttl, serializer=self.serializer))
+
+    async def process_element(self, value, ctx):
+        if self.kind == "map":
+            n = (await self.count.async_get("n") or 0) + 1
+            await self.count.async_put("n", n)
+        else:
+            n = (await self.count.async_value() or 0) + 1
+            await self.count.async_update(n)
+        ctx.output((ctx.current_key, n))
+
+
+class Stores(KeyedProcessFunction):
+    """Stores the record's value as the key's state (and a list of them)."""
+
+    def __init__(self, serializer: str | None = None) -> None:
+        self.serializer = serializer
+
+    def open(self, ctx):
+        self.value = ctx.get_state(ValueStateDescriptor("value", serializer=self.serializer))
+        self.values = ctx.get_state(ListStateDescriptor("values", serializer=self.serializer))
+
+    async def process_element(self, value, ctx):
+        await self.value.async_update(value)
+        await self.values.async_add(value)
+        ctx.output(await self.value.async_value())
+
+
+def backends_for(tmp_path):
+    return {"memory": MemoryBackend(), "rocksdb": RocksDBBackend(tmp_path / "db")}
+
+
+# --- the serializers ------------------------------------------------------------------------
+
+plain = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text()
+    | st.binary()
+    | st.dates()
+    | st.datetimes()
+    | st.datetimes(timezones=st.just(datetime.UTC))
+    | st.times()
+    | st.timedeltas()
+    | st.decimals(allow_nan=False),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.tuples(inner, inner)
+    | st.dictionaries(st.integers() | st.text() | st.tuples(st.integers()), inner, max_size=4)
+    | st.frozensets(st.integers(), max_size=3)
+    | st.sets(st.text(), max_size=3),
+    max_leaves=12,
+)
+
+
+def same(a, b) -> bool:
+    """Equal, and of the same types all the way down (a tuple stays a tuple)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+@given(value=plain)
+def test_plain_data_round_trips_with_its_types(value):
+    assert same(SAFE.loads(SAFE.dumps(value)), value)
+
+
+@given(data=st.binary(max_size=64))
+def test_arbitrary_bytes_decode_as_plain_data_or_fail_with_a_value_error(data):
+    try:
+        decoded = SAFE.loads(data)
+    except ValueError:
+        return
+    assert same(SAFE.loads(SAFE.dumps(decoded)), decoded)
+
+
+@pytest.mark.parametrize("value", [Point(1), object(), [1, Point(2)], {"a": {1, 2, Point(3)}}])
+def test_the_safe_serializer_refuses_other_objects_naming_their_type(value):
+    with pytest.raises(TypeError, match="cannot store a .*(Point|object).*serializer='pickle'"):
+        SAFE.dumps(value)
+
+
+def test_serializers_are_chosen_by_name_and_the_config_knows_the_names():
+    assert set(SERIALIZERS) == set(STATE_SERIALIZERS)
+    assert ValueStateDescriptor("v", serializer="pickle").serializer is PICKLE
+    assert ValueStateDescriptor("v").serializer is None
+    with pytest.raises(ValueError, match="state 'v': unknown state serializer 'json'"):
+        ValueStateDescriptor("v", serializer="json")
+    with pytest.raises(ValueError, match="state_serializer must be one of"):
+        AecConfig(state_serializer="json")
+
+
+@pytest.mark.parametrize("backend_name", ["memory", "rocksdb"])
+def test_the_default_refuses_objects_and_pickle_is_an_opt_in(tmp_path, backend_name):
+    records = [Record("a", Point(1)), Record("a", Point(2))]
+    backend = backends_for(tmp_path)[backend_name]
+    operator = KeyedProcessOperator(Stores(), backend)
+    with pytest.raises(JobFailure) as failure:  # RocksDB: the batch; memory: the snapshot
+        for record in records:
+            operator.process(record)
+        operator.snapshot(1, tmp_path / "refused")
+    assert isinstance(failure.value.__cause__, TypeError)
+    assert "Point" in str(failure.value.__cause__)
+    assert not os.path.exists(tmp_path / "refused" / "chk-1")
+    backend.close()
+    for config, function in [
+        (AecConfig(), Stores(serializer="pickle")),  # per state
+        (AecConfig(state_serializer="pickle"), Stores()),  # per job
+    ]:
+        backend = backends_for(tmp_path / f"{id(config)}")[backend_name]
+        operator = KeyedProcessOperator(function, backend, config)
+        for record in records:
+            operator.process(record)
+        handle = operator.snapshot(1, tmp_path / f"ok-{id(config)}")
+        assert operator.drain_outputs() == [Point(1), Point(2)]
+        restored_backend = backends_for(tmp_path / f"r{id(config)}")[backend_name]
+        restored = KeyedProcessOperator(type(function)(function.serializer), restored_backend, config)
+        restored.restore(handle)
+        assert restored_backend.state_items("values") == {"a": [Point(1), Point(2)]}
+        backend.close()
+        restored_backend.close()
+
+
+# --- crafted pickles: nothing runs -----------------------------------------------------------
+
+
+class _Plant:
+    """Unpickling this creates ``path``: proof that a pickle ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def payload(path) -> bytes:
+    return pickle.dumps(_Plant(str(path)))
+
+
+def rewrite(checkpoint: str, name: str, data: bytes) -> None:
+    """Replace a checkpoint file and its manifest entry, as someone who can write the
+    checkpoint location but holds no key would."""
+    with open(os.path.join(checkpoint, name), "wb") as out:
+        out.write(data)
+    manifest_path = os.path.join(checkpoint, "MANIFEST.json")
+    manifest = json.loads(open(manifest_path).read())
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with open(manifest_path, "w") as out:
+        out.write(json.dumps(manifest))
+
+
+def counted(tmp_path, backend=None, function=None):
+    operator = KeyedProcessOperator(function or Counter(), backend or MemoryBackend())
+    for key in ("a", "b", "a"):
+        operator.process(Record(key, 1, 1.0))
+    return operator.snapshot(1, tmp_path / "ckpt")
+
+
+def test_crafted_timers_are_refused_and_never_run(tmp_path):
+    handle = counted(tmp_path)
+    planted = tmp_path / "ran"
+    rewrite(handle.path, "timers.msgpack", payload(planted))
+    with pytest.raises(ValueError, match="timers.msgpack cannot be read"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+    assert not planted.exists()
+
+
+def test_an_old_pickled_checkpoint_is_refused_and_never_run(tmp_path):
+    handle = counted(tmp_path)
+    planted = tmp_path / "ran"
+    os.remove(os.path.join(handle.path, "timers.msgpack"))
+    manifest_path = os.path.join(handle.path, "MANIFEST.json")
+    manifest = json.loads(open(manifest_path).read())
+    del manifest["files"]["timers.msgpack"]
+    manifest["format"] = "aec-checkpoint/1"
+    with open(manifest_path, "w") as out:
+        out.write(json.dumps(manifest))
+    rewrite(handle.path, "timers.pickle", payload(planted))
+    with pytest.raises(ValueError, match="MANIFEST.json is not an aec-checkpoint/2 manifest"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+    assert not planted.exists()
+
+
+def test_no_manifest_entry_can_skip_a_files_digest(tmp_path):
+    handle = counted(tmp_path)
+    manifest_path = os.path.join(handle.path, "MANIFEST.json")
+    manifest = json.loads(open(manifest_path).read())
+    name = "backend/memory-base.msgpack"
+    manifest["files"][name] = {"size": manifest["files"][name]["size"], "verify": "backend"}
+    with open(manifest_path, "w") as out:
+        out.write(json.dumps(manifest))
+    with pytest.raises(ValueError, match="memory-base.msgpack has no SHA-256"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+
+
+@pytest.mark.parametrize("claims", ["backend only", "backend and operator.json"])
+def test_a_state_file_naming_pickle_is_never_unpickled(tmp_path, claims):
+    handle = counted(tmp_path)
+    planted = tmp_path / "ran"
+    container = {
+        "format": "aec-memory/2",
+        "kind": "tables",
+        "states": {"count": ["pickle", payload(planted)]},
+    }
+    rewrite(handle.path, "backend/memory-base.msgpack", msgpack.packb(container))
+    if claims == "backend and operator.json":
+        metadata = json.loads(open(os.path.join(handle.path, "operator.json")).read())
+        metadata["states"]["count"]["serializer"] = "pickle"
+        rewrite(handle.path, "operator.json", json.dumps(metadata).encode())
+    with pytest.raises(ValueError, match="'count'.*'pickle'"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+    assert not planted.exists()
+
+
+def test_rocksdb_values_written_by_someone_else_decode_as_data_or_fail(tmp_path):
+    from rocksdict import Options, Rdict
+
+    path = str(tmp_path / "db")
+    writer = RocksDBBackend(path)
+    run_keyed([Record("a", 1)], Counter(), writer)
+    writer.close()
+    planted = tmp_path / "ran"
+    options = Options(raw_mode=True)
+    names = [n for n in Rdict.list_cf(path, options) if n != "default"]
+    db = Rdict(path, options, column_families={n: Options(raw_mode=True) for n in names})
+    table = db.get_column_family("state/count")
+    for db_key in list(table.keys()):
+        table.put(db_key, payload(planted))  # a pickle where a count was
+    table.close()
+    db.close()
+    backend = RocksDBBackend(path)
+    with pytest.raises(JobFailure) as failure:
+        run_keyed([Record("a", 1)], Counter(), backend)
+    assert "not msgpack state bytes" in str(failure.value.__cause__)
+    assert not planted.exists()
+    backend.close()
+
+
+# --- signed manifests -----------------------------------------------------------------------
+
+
+def test_a_signed_checkpoint_restores_and_any_change_is_refused_before_parsing(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv(signing.KEY_VARIABLE, "a secret only the job holds")
+    handle = counted(tmp_path)
+    assert os.path.exists(os.path.join(handle.path, signing.SIGNATURE))
+    restored = KeyedProcessOperator(Counter(), MemoryBackend())
+    restored.restore(handle)  # signed with the key: fine
+    planted = tmp_path / "ran"
+    rewrite(handle.path, "timers.msgpack", payload(planted))  # digests recomputed, no key
+    with pytest.raises(ValueError, match="signature .* does not match"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+    with open(os.path.join(handle.path, "MANIFEST.json"), "w") as out:
+        out.write("{ not even json")  # refused for its signature, before it is parsed
+    with pytest.raises(ValueError, match="signature"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+    os.remove(os.path.join(handle.path, signing.SIGNATURE))
+    with pytest.raises(ValueError, match="is not signed"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+    assert not planted.exists()
+
+
+def test_unsigned_or_otherwise_signed_checkpoints_are_refused_when_a_key_is_set(
+    tmp_path, monkeypatch
+):
+    unsigned = counted(tmp_path / "unsigned")
+    monkeypatch.setenv(signing.KEY_VARIABLE, "key one")
+    other = counted(tmp_path / "one")
+    monkeypatch.setenv(signing.KEY_VARIABLE, "key two")
+    for handle, message in [(unsigned, "is not signed"), (other, "does not match")]:
+        with pytest.raises(ValueError, match=message):
+            KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+    monkeypatch.delenv(signing.KEY_VARIABLE)
+    KeyedProcessOperator(Counter(), MemoryBackend()).restore(other)  # no key: checksums only
+
+
+# --- keys: one encoding in every process ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [(frozenset({1, 2}), "frozenset"), (object(), "object"), (("a", frozenset()), "frozenset")],
+)
+def test_a_key_without_a_stable_encoding_is_refused_at_the_boundary(key, named):
+    operator = KeyedProcessOperator(Counter(), MemoryBackend())
+    with pytest.raises(TypeError, match=f"builtins.{named} has no encoding .*convert it"):
+        operator.process(Record(key, 1))
+    operator.process(Record("fine", 1))  # the operator stays usable
+    operator.finish()
+    assert operator.drain_outputs()[0] == ("fine", 1)
+
+
+def test_distinct_objects_are_never_merged_into_one_key(tmp_path):
+    backend = RocksDBBackend(tmp_path / "db")
+    with pytest.raises(TypeError, match="compares by identity"):
+        run_keyed([Record(object(), 1), Record(object(), 1)], Counter(), backend)
+    backend.close()
+
+
+def test_equal_keys_of_different_types_are_one_key_on_every_backend(tmp_path):
+    keys = [1, 1.0, True, decimal.Decimal(1), ("a", 2), ("a", 2.0)]
+    for backend in backends_for(tmp_path).values():
+        result = run_keyed([Record(k, 1) for k in keys], Counter(), backend)
+        assert sorted(n for _, n in result.outputs[:-1]) == [1, 1, 2, 2, 3, 4]
+        assert backend.state_items("count") == {1: 4, ("a", 2): 2}
+        backend.close()
+
+
+_GROUPS = textwrap.dedent(
+    """
+    import datetime, decimal, json, sys
+    from aec.keygroups import key_group_for
+    from aec import Record
+    from aec.runtime.operator import KeyedProcessOperator
+    from backends import RocksDBBackend
+    sys.path.insert(0, sys.argv[3])
+    from test_trust import Counter
+
+    keys = ["flight", b"raw", 7, 2.5, ("JFK", "LAX", 2013), ("a", None, (1, "b")),
+            datetime.date(2013, 1, 1), datetime.datetime(2013, 1, 1, 6, 30),
+            decimal.Decimal("12.34"), frozenset({"x", "y", "z"})]
+    groups = []
+    for key in keys:
+        try:
+            groups.append(key_group_for(key, 128))
+        except TypeError as exc:
+            groups.append(type(exc).__name__)
+    operator = KeyedProcessOperator(Counter(), RocksDBBackend(sys.argv[1]))
+    if sys.argv[2] != "-":
+        operator.restore(sys.argv[2])
+    for key in keys[:-1]:
+        operator.process(Record(key, 1))
+    handle = operator.snapshot(1, sys.argv[1] + "-ckpt")
+    print(json.dumps({"groups": groups, "counts": [n for _, n in operator.drain_outputs()],
+                      "checkpoint": handle.path}))
+    """
+)
+
+
+def _in_process(seed: str, directory: str, restore: str) -> dict:
+    env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": ROOT}
+    done = subprocess.run(
+        [sys.executable, "-c", _GROUPS, directory, restore, os.path.dirname(__file__)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_key_groups_and_restored_state_do_not_depend_on_the_hash_seed(tmp_path):
+    first = _in_process("1", str(tmp_path / "one"), "-")
+    second = _in_process("2", str(tmp_path / "two"), first["checkpoint"])
+    assert first["groups"] == second["groups"]
+    assert first["groups"][-1] == "TypeError"  # a frozenset: refused in both processes
+    assert first["counts"] == [1] * 9
+    assert second["counts"] == [2] * 9  # every key found its state in the other process
+    assert first["groups"][0] == key_group_for("flight", 128)  # and this process's seed
+
+
+# --- state metadata is checked on restore ---------------------------------------------------
+
+
+@pytest.mark.parametrize("backend_name", ["memory", "rocksdb"])
+@pytest.mark.parametrize(
+    ("before", "after", "message"),
+    [
+        ({}, {"kind": "map"}, "was a value state .* now makes a map state"),
+        ({}, {"serializer": "pickle"}, "was .* with 'msgpack', .* now makes .* with 'pickle'"),
+        ({}, {"ttl": 60.0}, "was a value state stored .* now makes a value state with TTL"),
+    ],
+)
+def test_a_state_name_reused_for_another_kind_is_refused(tmp_path, backend_name, before, after, message):
+    handle = counted(tmp_path, backends_for(tmp_path / "w")[backend_name], Counter(**before))
+    backend = backends_for(tmp_path / "r")[backend_name]
+    operator = KeyedProcessOperator(Counter(**after), backend)
+    with pytest.raises(ValueError, match=f"state 'count' {message}"):
+        operator.restore(handle)
+    assert backend.state_items("count") == {}  # nothing restored
+    again = KeyedProcessOperator(Counter(**before), backends_for(tmp_path / "ok")[backend_name])
+    again.restore(handle)  # the same kind restores
+    again.process(Record("a", 1))
+    again.finish()
+    assert again.drain_outputs()[:-1] == [("a", 3)]
+
+
+def test_states_made_later_are_decoded_with_the_jobs_serializer_only(tmp_path):
+    handle = counted(tmp_path, function=Counter(serializer="pickle"))
+
+    class Later(Counter):
+        def open(self, ctx):
+            self.ctx = ctx  # makes its state on first use, as a window trigger does
+
+        async def process_element(self, value, ctx):
+            self.count = self.ctx.get_state(ValueStateDescriptor("count", serializer="pickle"))
+            return await super().process_element(value, ctx)
+
+    with pytest.raises(ValueError, match="make the state in open"):
+        KeyedProcessOperator(Later(), MemoryBackend()).restore(handle)
+    job = AecConfig(state_serializer="pickle")
+    operator = KeyedProcessOperator(Later(), MemoryBackend(), job)
+    operator.restore(handle)  # the job stores states it makes later with pickle: allowed
+    operator.process(Record("a", 1))
+    operator.finish()
+    assert operator.drain_outputs()[:-1] == [("a", 3)]
+
+
+# --- SlateDB replies are checked ------------------------------------------------------------
+
+
+def test_slatedb_replies_outside_the_range_or_out_of_order_fail(monkeypatch):
+    from backends import slatedb_store
+    from backends.keycodec import key_prefix
+
+    prefix = slatedb_store.state_prefix("count")
+    rows = [(prefix + key_prefix(3, "a"), b"\x01"), (prefix + key_prefix(5, "b"), b"\x02")]
+
+    class Iterator:
+        def __init__(self, found):
+            self.found = found
+
+        async def next_batch(self, want):
+            found, self.found = self.found[:want], self.found[want:]
+            return [type("KV", (), {"key": k, "value": v}) for k, v in found]
+
+    class Db:
+        def __init__(self, found):
+            self.found = found
+
+        async def scan(self, _range):
+            return Iterator(list(self.found))
+
+    import asyncio
+
+    assert asyncio.run(slatedb_store.scan(Db(rows), prefix)) == rows
+    for bad in (rows[::-1], [(b"elsewhere", b"\x01")], [(rows[0][0], "text")]):
+        with pytest.raises(Exception, match="SlateDB gave a reply .*state 'count'|outside"):
+            asyncio.run(slatedb_store.scan(Db(bad), prefix))
+    with pytest.raises(Exception, match="state 'count', key group 3: a str"):
+        slatedb_store.checked_value(rows[0][0], "not bytes")
+    assert serialization.SAFE.loads(rows[0][1]) == 1

@@ -1,0 +1,322 @@
+"""TTL cleanup: expired entries are removed without being read (``aec.state.ttl_cleanup``),
+so a job writing ever new keys under a TTL keeps a bounded state, on every backend;
+removing them never changes an answer (the async run with a sweep in every batch
+equals the synchronous run without any sweep).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_time import Expiring
+
+from aec import (
+    AecConfig,
+    KeyedProcessFunction,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    Record,
+    ValueStateDescriptor,
+    Watermark,
+    run_keyed,
+)
+from aec.clock import ManualClock, ScriptedClock, SystemClock
+from aec.runtime.executor import ThreadPoolStateExecutor
+from aec.state import ttl_cleanup
+from aec.state.ttl_cleanup import TtlCleanup, prune
+from aec.testing import assert_equivalent
+from backends import MemoryBackend, RocksDBBackend
+from backends.sweep_gate import SweepGate
+
+TTL = 10.0
+
+
+@contextlib.contextmanager
+def sweeps(how: str):
+    """``"always"``: every batch sweeps every TTL entry it may; ``"never"``: no sweep
+    at all (what a backend without cleanup does); ``"default"``: as shipped."""
+    with pytest.MonkeyPatch.context() as patch:
+        if how == "always":
+            patch.setattr(ttl_cleanup, "CLEANUP_SIZE", 1_000_000)
+            patch.setattr(ttl_cleanup, "SWEEP_CHUNK", 1)
+        elif how == "never":
+            patch.setattr(TtlCleanup, "charge", lambda self, requests: 0)
+        yield
+
+
+def make_backend(kind: str, tmp_path, name: str = "db"):
+    if kind == "memory":
+        return MemoryBackend()
+    if kind == "rocksdb":
+        return RocksDBBackend(str(tmp_path / name))
+    from backends.slatedb import SlateDBBackend
+
+    return SlateDBBackend(f"file://{tmp_path / 'slate'}", name)
+
+
+# -- the rule --------------------------------------------------------------------------------
+def test_prune_keeps_what_is_alive_and_the_same_object_when_nothing_expired():
+    pair = ("v", 10.0)
+    assert prune("value", pair, 9.9) is pair
+    assert prune("value", pair, 10.0) is None  # alive while expiry > now
+    stored = [("a", 5.0), ("b", 12.0)]
+    assert prune("list", stored, 4.0) is stored
+    assert prune("list", stored, 5.0) == [("b", 12.0)]
+    assert prune("list", stored, 12.0) is None
+    entries = {"x": (1, 5.0), "y": (2, 7.0)}
+    assert prune("map", entries, 1.0) is entries
+    assert prune("map", entries, 6.0) == {"y": (2, 7.0)}
+    assert prune("map", entries, 7.0) is None
+
+
+def test_a_round_waits_until_time_moves_on_and_budgets_come_from_writes(monkeypatch):
+    monkeypatch.setattr(ttl_cleanup, "SWEEP_CHUNK", 8)
+    monkeypatch.setattr(ttl_cleanup, "CLEANUP_SIZE", 4)
+    cleanup = TtlCleanup()
+    assert cleanup.charge(100) == 0  # no TTL state
+    cleanup.register("s", 5.0, "value")
+    assert cleanup.charge(100) == 0  # no expire() yet: nothing may go
+    cleanup.advance(3.0)
+    assert cleanup.charge(1) == 0 and cleanup.charge(1) == 8  # 4 entries per write
+    calls = []
+
+    def step(state, cursor, limit, now):
+        calls.append((state.name, cursor, limit, now))
+        return (limit, "more") if cursor is None else (1, None)
+
+    assert cleanup.sweep(8, step) == 8
+    assert cleanup.sweep(8, step) == 1  # the rest of the round
+    assert cleanup.sweep(8, step) == 0  # the round used now=3: nothing new expired
+    cleanup.advance(4.0)
+    assert cleanup.sweep(8, step) == 8
+    assert calls == [("s", None, 8, 3.0), ("s", "more", 8, 3.0), ("s", None, 8, 4.0)]
+    with pytest.raises(ValueError, match="kind"):
+        cleanup.register("t", 1.0, "set")
+    with pytest.raises(ValueError, match="ttl"):
+        cleanup.register("t", 0, "value")
+
+
+# -- never a different answer ------------------------------------------------------------------
+@given(
+    rows=st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 9)), max_size=30),
+    advances=st.lists(st.sampled_from([0, 0, 1, 4, 6, 11]), max_size=30),
+    data=st.data(),
+)
+def test_sweeping_every_batch_never_changes_an_answer(rows, advances, data):
+    source = [Record(k, v) for k, v in rows]
+    with sweeps("never"):
+        reference = run_keyed(source, Expiring(), config=AecConfig(async_state=False),
+                              clock=ScriptedClock(advances))  # fmt: skip
+    with sweeps("always"):
+        swept = run_keyed(source, Expiring(), config=AecConfig(async_state=False),
+                          clock=ScriptedClock(advances))  # fmt: skip
+        assert swept.outputs == reference.outputs
+        assert_equivalent(Expiring, source, data=data, clock_advances=advances)
+
+
+@pytest.mark.parametrize("kind", ["rocksdb", "slatedb"])
+def test_byte_stores_sweeping_every_batch_give_the_sync_answer(kind, tmp_path):
+    """Real I/O threads for SlateDB (sweeps and batches kept apart by the gate)."""
+    rows = [(f"k{i % 37}", i) for i in range(400)]
+    advances = [3.0 if i % 23 == 0 else 0.0 for i in range(400)]
+    source = [Record(k, v) for k, v in rows]
+    with sweeps("never"):
+        reference = run_keyed(source, Expiring(), config=AecConfig(async_state=False),
+                              clock=ScriptedClock(advances))  # fmt: skip
+    names = iter(range(100))
+    with sweeps("always"):
+        assert_equivalent(
+            Expiring, source, clock_advances=advances, seeds=(0,),
+            backend_factory=lambda: make_backend(kind, tmp_path, f"db{next(names)}"),
+            executor_factory=(lambda seed: ThreadPoolStateExecutor(4)) if kind == "slatedb" else None,
+        )  # fmt: skip
+        backend = make_backend(kind, tmp_path, "last")
+        swept = run_keyed(source, Expiring(), backend, AecConfig(executor_threads=4),
+                          clock=ScriptedClock(advances))  # fmt: skip
+    assert swept.outputs == reference.outputs
+    assert backend.state_items("map") == reference_state(source, advances, "map")
+    backend.close()
+
+
+def reference_state(source, advances, name):
+    backend = MemoryBackend()
+    with sweeps("never"):
+        run_keyed(source, Expiring(), backend, AecConfig(async_state=False),
+                  clock=ScriptedClock(advances))  # fmt: skip
+    return backend.state_items(name)
+
+
+# -- bounded state -----------------------------------------------------------------------------
+class Writes(KeyedProcessFunction):
+    """Writes each record's key once into a TTL state of ``kind`` (a new key per record)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def open(self, ctx):
+        make = {"value": ValueStateDescriptor, "list": ListStateDescriptor,
+                "map": MapStateDescriptor}[self.kind]  # fmt: skip
+        self.state = ctx.get_state(make("s", ttl=TTL))
+
+    def process_element(self, value, ctx):
+        if self.kind == "value":
+            return self.state.async_update(value)
+        if self.kind == "list":
+            return self.state.async_add(value)
+        return self.state.async_put(value % 3, value)
+
+
+def writing(clock: ManualClock, records: int, per_second: int):
+    """A new key per record, the clock moving one second every ``per_second`` records."""
+    for i in range(records):
+        if i and i % per_second == 0:
+            clock.advance(1.0)
+        yield Record(i, i)
+
+
+@pytest.mark.parametrize("state_kind", ["value", "list", "map"])
+@pytest.mark.parametrize("kind", ["memory", "rocksdb", "slatedb"])
+def test_ttl_state_of_ever_new_keys_stays_bounded(kind, state_kind, tmp_path, monkeypatch):
+    records, per_second = 6_000, 50  # 120 s; a TTL of 10 s keeps the last 500 keys
+    if kind == "slatedb":  # its default chunk (4,096 entries) is most of this state
+        from backends.slatedb import SlateDBBackend
+
+        monkeypatch.setattr(SlateDBBackend, "ttl_sweep_chunk", ttl_cleanup.SWEEP_CHUNK)
+    live = int(TTL) * per_second
+    found = {}
+    for how in ("default", "never"):
+        clock = ManualClock(0)
+        backend = make_backend(kind, tmp_path, how)
+        with sweeps(how):
+            run_keyed(writing(clock, records, per_second), Writes(state_kind), backend,
+                      AecConfig(), clock=clock)  # fmt: skip
+        found[how] = backend.stored_entries("s")
+        visible = backend.state_items("s")
+        backend.close()
+        # what a read sees is the same either way: the keys of the last TTL
+        assert sorted(visible) == list(range(records - live, records))
+    assert found["never"] == records  # without cleanup every key stays
+    # c / (c - 1) times the live keys, plus a sweep chunk's worth of slack
+    c = ttl_cleanup.CLEANUP_SIZE
+    assert found["default"] <= live * c / (c - 1) + ttl_cleanup.SWEEP_CHUNK, found
+
+
+def test_a_restored_memory_base_is_swept_too(tmp_path):
+    clock = ManualClock(0)
+    from aec import KeyedProcessOperator
+
+    first = KeyedProcessOperator(Writes("value"), MemoryBackend(), AecConfig(), clock=clock)
+    for record in writing(clock, 20_000, 1000):  # a segmented base (> 16,384 entries)
+        first.process(record)
+    handle = first.snapshot(1, tmp_path)
+    first.close()
+    backend = MemoryBackend()
+    restored = KeyedProcessOperator(Writes("value"), backend, AecConfig(), clock=clock)
+    restored.restore(handle)
+    clock.advance(2 * TTL)  # everything restored has expired
+    for record in writing(ManualClock(0), 2_000, 2_000):  # new keys 0..1999 (same time)
+        restored.process(Record(record.key + 100_000, 0))
+    restored.process_watermark(Watermark(1.0))
+    for i in range(5_000):
+        restored.process(Record(200_000 + i, 0))
+    restored.finish()
+    assert backend.stored_entries("s") < 10_000  # of 20,000 restored + 7,000 new
+    assert len(backend.state_items("s")) == 7_000
+
+
+def test_redis_expires_ttl_keys_on_its_own(redis_server):
+    from backends.redis import TTL_FACTOR, RedisBackend
+
+    backend = RedisBackend(redis_server.url, prefix="ttl")
+    ttl = 0.3  # the server drops a key TTL_FACTOR * ttl after its last write
+    clock = SystemClock(granularity=0.01)
+
+    class Writer(Writes):
+        def open(self, ctx):
+            self.state = ctx.get_state(ValueStateDescriptor("s", ttl=ttl))
+
+    written = []
+
+    def paced(seconds: float, per_second: int):
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            written.append(len(written))
+            yield Record(written[-1], 0)
+            time.sleep(1 / per_second)
+
+    seconds = 3.0
+    run_keyed(paced(seconds, 400), Writer("value"), backend, AecConfig(), clock=clock)
+    stored = backend.stored_entries("s")
+    # the keys of the last TTL_FACTOR * ttl = 0.6 s (a fifth of all), with time for
+    # Redis's active expiry; without it, every key written
+    assert 0 < stored < len(written) * (TTL_FACTOR * ttl + 0.6) / seconds, (stored, len(written))
+    time.sleep(TTL_FACTOR * ttl + 1.0)  # Redis's active expiry samples 10 times a second
+    assert backend.stored_entries("s") == 0
+    backend.clear()
+    backend.close()
+
+
+def test_a_redis_restore_sets_the_expiry_of_ttl_keys(redis_server, tmp_path):
+    import redis as redis_py
+
+    from aec import KeyedProcessOperator
+    from backends.redis import RedisBackend
+
+    clock = ManualClock(0)
+    source = RedisBackend(redis_server.url, prefix="ttl-src")
+    operator = KeyedProcessOperator(Writes("value"), source, AecConfig(), clock=clock)
+    for i in range(50):
+        operator.process(Record(i, i))
+    handle = operator.snapshot(1, tmp_path)
+    operator.close()
+    target = RedisBackend(redis_server.url, prefix="ttl-dst")
+    KeyedProcessOperator(Writes("value"), target, AecConfig(), clock=clock).restore(handle)
+    client = redis_py.Redis.from_url(redis_server.url)
+    keys = list(client.scan_iter(match=b"ttl-dst:*:s:*"))
+    assert len(keys) == 50
+    limit = math.ceil(TTL * 2 * 1000)
+    assert all(0 < client.pttl(key) <= limit for key in keys)
+    assert len(target.state_items("s")) == 50
+    for backend in (source, target):
+        backend.clear()
+        backend.close()
+
+
+def test_the_sweep_gate_lets_a_sweep_run_alone():
+    gate = SweepGate()
+    inside = threading.Event()
+    release = threading.Event()
+    order = []
+
+    def batch():
+        with gate.batch():
+            inside.set()
+            release.wait(5)
+            order.append("batch")
+
+    worker = threading.Thread(target=batch)
+    worker.start()
+    inside.wait(5)
+    sweeper_done = threading.Event()
+
+    def sweep():
+        with gate.sweep() as alone:
+            order.append(("sweep", alone))
+        sweeper_done.set()
+
+    sweeper = threading.Thread(target=sweep)
+    sweeper.start()
+    time.sleep(0.1)
+    assert order == []  # the sweep waits for the batch inside
+    with gate.sweep() as alone:  # a second sweep while one waits: nothing to do
+        assert alone is False
+    release.set()
+    worker.join(5)
+    sweeper.join(5)
+    assert order == ["batch", ("sweep", True)]
