@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 
 class JobFailure(Exception):
-    """A run failed: user code or a backend raised (DESIGN rule 10).
+    """A run failed: user code or a backend raised (docs/semantics.md rule 10).
 
     The message names the key and the record being processed; the original
     exception is ``__cause__``. Raised by ``run_keyed`` and every

@@ -75,7 +75,7 @@ def test_running_total_on_any_stream(
 ) -> None:
     # records with event times and watermarks, small async configs. Serial watermark
     # mode only: on_timer reads state that later records of its key write, which the
-    # "parallel" mode may let run first (DESIGN rule 11); configs() would find that.
+    # "parallel" mode may let run first (docs/semantics.md rule 11); configs() would find that.
     assert_equivalent(RunningTotal, source, configs=[config], data=data)
 
 

@@ -1,6 +1,6 @@
 """Async I/O benchmark: waits, async UDFs in Spark, the asyncio floor, threads; call_async.
 
-Part 1 (issue 10, section 4). ``--inputs`` inputs (20,000), each a call of a service
+Part 1. ``--inputs`` inputs (20,000), each a call of a service
 whose latency is drawn per input, uniform in ``--latency-low``..``--latency-high``
 seconds (5-20 ms, seeded), at most ``--capacity`` (100) calls in flight:
 

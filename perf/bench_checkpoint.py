@@ -30,7 +30,7 @@ median over ``--repeats`` rounds (min kept in the JSON). Also measured:
   snapshot, without a restore of its own), then reading all state back
   (``state_items``: every key).
 
-Goals (issue 12): a micro-batch with 2M keys of state costs at most 1.3x the same with
+Goals: a micro-batch with 2M keys of state costs at most 1.3x the same with
 2k keys (per backend); restore at 1M keys takes at most 2x restore at 10k keys.
 
 ``--store s3``: the checkpoints go to an object store, moto's S3 server started

@@ -19,7 +19,7 @@ best of ``--repeats`` (median, samples and records per CPU-second in the JSON). 
 covers ``run_keyed``; source generation, DB creation and the final-state check (every run's
 final state is checked against the expected counts) are outside it.
 
-Goals (issue 9; ratios of best-of figures from this one run): Zipf(1.1) RocksDB async/sync
+Goals (ratios of best-of figures from this one run): Zipf(1.1) RocksDB async/sync
 >= 1.0x; Zipf(1.1) Memory sync/async cost <= 1.3x; uniform Memory cost <= 1.15x; uniform
 RocksDB async/sync >= 1.3x; Memory sync >= 200,000 records/s. A missed goal's async
 variant is profiled once (cProfile, every thread) into ``bench_core_profile.txt``.

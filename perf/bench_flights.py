@@ -17,7 +17,7 @@ alternated round by round. The outputs of every run are compared with the first
 ``this`` run's (all six datasets as multisets of rows): a run that wrote other rows
 fails the benchmark.
 
-Goal (issue 9, section 2): job wall time (session start excluded) <= 20 s.
+Goal: job wall time (session start excluded) <= 20 s.
 
 Usage::
 

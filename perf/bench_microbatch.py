@@ -8,11 +8,11 @@ before the clock starts; the first snapshot (the base) is outside the clock. Two
 variants side by side in one run (micro-batches interleaved, the order rotating):
 ``incremental`` (the default MemoryBackend:
 changelog against a hard-linked base) and ``full`` (``incremental=False``: a full
-pickle per micro-batch, the behaviour before issue 12). Each figure is the median
+pickle per micro-batch). Each figure is the median
 of ``--batches`` micro-batches. Also: restore time of the last checkpoint (a worker
 that did not keep the operator).
 
-Goal (issue 12): the micro-batch with the largest state costs at most 1.3x the one
+Goal: the micro-batch with the largest state costs at most 1.3x the one
 with the smallest (``incremental``).
 
 Usage::

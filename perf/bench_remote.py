@@ -1,4 +1,4 @@
-"""Remote-state benchmark: sync vs async on slow state backends (issue 4, section 3).
+"""Remote-state benchmark: sync vs async on slow state backends.
 
 Workload: the keyed counter of ``bench_core`` (one read, one write, one output per record,
 callback style), ``--records`` records over ``--keys`` uniform int keys (seeded), run by

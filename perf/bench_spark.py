@@ -21,7 +21,7 @@ temp directory). Variants, interleaved per round (``perf/harness.py``):
   the partition writes its output as Parquet, no output row goes back to the JVM), timed
   the same way.
 
-Goal (issue 9, section 2): engine records/s of one partition through ``process_keyed``
+Goal: engine records/s of one partition through ``process_keyed``
 (rows / partition ``elapsed_s``) >= 0.6x in-process ``run_keyed``, measured side by side.
 
 Usage::

@@ -18,7 +18,7 @@ load than wall time), records/s, and the entries the store holds at the end
 two TTLs. One more, untimed, ``ttl`` run per backend samples the stored entries
 every simulated minute for the plot.
 
-Goals (issue 29): the ``ttl`` run ends holding at most the keys of the last
+Goals: the ``ttl`` run ends holding at most the keys of the last
 2 minutes (two TTLs of 60 s); per-record cost with TTL <= 1.2x without.
 
 Usage::

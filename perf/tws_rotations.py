@@ -1,4 +1,4 @@
-"""The flights job's ``rotations`` on Spark's own keyed state, next to aec's (issue 9).
+"""The flights job's ``rotations`` on Spark's own keyed state, next to aec's.
 
 Spark 4's ``transformWithStateInPandas`` (arbitrary state API v2) runs a
 ``StatefulProcessor`` per key with a ``ValueState``. ``TwsRotations`` does what
@@ -57,7 +57,7 @@ from spark_glue.session import DEFAULT_JAVA_OPTIONS  # noqa: E402
 _EPOCH = dt.datetime(1970, 1, 1)
 STATE = "prev_time double, prev_origin string, prev_dest string, prev_arr_delay double"
 WARM_UP_ROWS = 2_000
-GOAL = 20.0  # aec >= 20x faster on the full year (issue 9)
+GOAL = 20.0  # aec >= 20x faster on the full year
 JIT = {"jvm": None, "c1": DEFAULT_JAVA_OPTIONS}  # --jit: the driver JVM's Java options
 JIT_NAMES = {"jvm": "the JVM's own (C1 and C2)", "c1": "C1 only (the aec command's)"}
 

@@ -159,7 +159,7 @@ def process_keyed(
         num_partitions=num_partitions,
         side_outputs=side_outputs,
     )
-    # Batch keeps Spark's hash partitioning by key (the first wave's placement): which
+    # Batch keeps Spark's hash partitioning by key (where earlier versions placed records): which
     # records are late depends on each partition's watermark cadence, so the outputs
     # stay those of earlier versions. Key-group routing is for state that outlives the
     # job (process_keyed_stream), where a restart may change the partition count.

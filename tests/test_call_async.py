@@ -1,4 +1,4 @@
-"""Context.call_async: external calls inside keyed functions (DESIGN, Wave 2)."""
+"""Context.call_async: external calls inside keyed functions."""
 
 from __future__ import annotations
 

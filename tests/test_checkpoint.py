@@ -1,11 +1,11 @@
-"""Checkpoints (DESIGN rule 9): snapshot, restore, replay == the uninterrupted run.
+"""Checkpoints (docs/semantics.md rule 9): snapshot, restore, replay == the uninterrupted run.
 
 The property: cut a random keyed stream at a random position, run the prefix,
 snapshot, throw the operator away, restore into a new operator and backend,
 replay the suffix and finish. The outputs drained before the snapshot plus
 the outputs after the restore, and the final state, equal the uninterrupted
 run's: exactly in synchronous mode; per key and watermark segment in serial
-async mode; per (key, epoch, record-or-timer) in parallel mode (DESIGN rule
+async mode; per (key, epoch, record-or-timer) in parallel mode (docs/semantics.md rule
 11's granularity, since async runs interleave keys differently anyway).
 """
 

@@ -1,4 +1,4 @@
-"""Contract tests: DESIGN.md "Wave 2 additions", async I/O as an operator with
+"""Contract tests: async I/O as an operator with
 checkpoints (FLIP-12 ``AsyncWaitOperator``). Black-box, public names only."""
 
 from __future__ import annotations

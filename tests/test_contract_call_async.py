@@ -1,4 +1,4 @@
-"""Contract tests: DESIGN.md "Wave 2 additions", ``Context.call_async`` (external calls
+"""Contract tests: ``Context.call_async`` (external calls
 inside keyed functions). Black-box, public names only."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Contract tests: DESIGN.md "Wave 2 additions", checkpoint storage on object stores.
+"""Contract tests: checkpoint storage on object stores.
 
 Black-box against a real S3 API (the ``s3`` fixture: a moto server on loopback).
 """

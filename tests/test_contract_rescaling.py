@@ -1,4 +1,4 @@
-"""Contract tests: DESIGN.md "Wave 2 additions", rescaling by key group.
+"""Contract tests: rescaling by key group.
 
 Black-box: only public names (``aec``, ``aec.keygroups``, ``backends``), read
 sentence by sentence from the contract.

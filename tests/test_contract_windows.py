@@ -1,4 +1,4 @@
-"""Contract tests: DESIGN.md "Wave 2 additions", windows on async state (Flink's
+"""Contract tests: windows on async state (Flink's
 WindowOperator semantics, PyFlink's names). Black-box against a reference model
 (tests/contract_window_model.py) and hand-computed Flink answers."""
 

@@ -1,4 +1,4 @@
-"""The AEC's mechanisms, one scenario each (issue 2, section 6)."""
+"""The AEC's mechanisms, one scenario each."""
 
 from __future__ import annotations
 
@@ -367,7 +367,7 @@ def test_an_awaitable_yielding_a_completed_future_resumes_with_its_result():
     for config in (AecConfig(), AecConfig(async_state=False)):
         outputs = [o for o in run_keyed(source, AwaitsDone(), config=config).outputs
                    if not isinstance(o, Watermark)]  # fmt: skip
-        # keys may interleave (DESIGN rule 2); a key's records keep their order
+        # keys may interleave (docs/semantics.md rule 2); a key's records keep their order
         assert sorted(outputs) == [("j", 3, 30, 1), ("k", 1, 10, 1), ("k", 2, 20, 2)]
         assert [o for o in outputs if o[0] == "k"] == [("k", 1, 10, 1), ("k", 2, 20, 2)]
 

@@ -1,4 +1,4 @@
-"""Property: the async run gives the synchronous answer (DESIGN rule 11).
+"""Property: the async run gives the synchronous answer (docs/semantics.md rule 11).
 
 Random keyed streams with watermarks over few keys (to force collisions),
 random configs, and batch completion orders drawn by hypothesis; plus real

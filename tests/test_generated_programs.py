@@ -1,4 +1,4 @@
-"""Property: generated keyed functions give the synchronous answer (issue 3, section 2).
+"""Property: generated keyed functions give the synchronous answer.
 
 Not one hand-written function: hypothesis draws *programs*, lists of steps that
 read and write Value/List/Map/Reducing/Aggregating state, chain with

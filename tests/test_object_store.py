@@ -1,4 +1,4 @@
-"""Checkpoints on an object store (DESIGN "Checkpoint storage on object stores"),
+"""Checkpoints on an object store,
 against a real S3 API server on loopback (moto in server mode, the ``s3`` fixture).
 
 The manifest, uploaded last, is the commit: listing ignores a directory without

@@ -1,4 +1,4 @@
-"""Rescaling by key group (DESIGN "Wave 2 additions"): snapshot at parallelism p,
+"""Rescaling by key group: snapshot at parallelism p,
 restore at q, replay == the uninterrupted run, per key; and every bad input.
 
 The property: a random keyed stream is cut at a random position. The prefix runs

@@ -1,4 +1,4 @@
-"""Property: one KeyedProcessOperator driven step by step by hypothesis (issue 3, section 2).
+"""Property: one KeyedProcessOperator driven step by step by hypothesis.
 
 A ``RuleBasedStateMachine`` plays the outside world of one operator: records and
 watermarks arrive, held state batches complete in an order hypothesis chooses,
@@ -9,7 +9,7 @@ watermark drains) the executor completes a batch hypothesis chooses too.
 After every step the engine's internals are checked against the invariants
 their module docstrings promise (key accounting, blocking FIFO, reference
 counts, in-flight and overdraft, epochs), and the outputs drained so far are
-replayed through a model of DESIGN rules 7 and 8 (watermark order, outputs and
+replayed through a model of docs/semantics.md rules 7 and 8 (watermark order, outputs and
 timers relative to watermarks). At the end the operator finishes and its
 answer is compared with ``run_sync`` on the same input.
 
@@ -166,7 +166,7 @@ class HeldExecutor(StateExecutor):
         self.held.clear()
 
 
-# -- a model of what may leave when (DESIGN rules 7, 8) -----------------------------------------
+# -- a model of what may leave when (docs/semantics.md rules 7, 8) -----------------------------------------
 
 
 class OutputModel:

@@ -7,7 +7,7 @@ for FLIP-232 retries) and FLIP-519's key-ordered mode, on aec's mailbox model:
   Flink-style ``async_invoke``, ``timeout``, the key selector and the retry
   predicates run there.
 - Completions come from any thread as mails in one ``Mailbox`` (deque + Event).
-  Mails run before new input is admitted (DESIGN rule 6).
+  Mails run before new input is admitted (docs/semantics.md rule 6).
 - Timeouts and retry delays are timers in one ``SortedList``; the driver sleeps on
   the mailbox until the next mail or the next timer.
 - asyncio-style functions run on one ``EventLoopThread``, started at the first

@@ -1,4 +1,4 @@
-"""Checkpoints: the format of a keyed operator's snapshot (DESIGN rule 9) and where it lives.
+"""Checkpoints: the format of a keyed operator's snapshot (docs/semantics.md rule 9) and where it lives.
 
 ``files`` stages, checksums and commits a checkpoint and verifies it on read;
 ``storage`` puts it in a local directory or on an object store (``pyarrow.fs``

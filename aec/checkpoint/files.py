@@ -1,4 +1,4 @@
-"""Checkpoints of a ``KeyedProcessOperator``: the on-disk format (DESIGN rule 9).
+"""Checkpoints of a ``KeyedProcessOperator``: the on-disk format (docs/semantics.md rule 9).
 
 The operator drains itself (FLIP-425: in-flight records to zero before the
 snapshot, like Flink's ``AbstractAsyncStateStreamOperator`` before its

@@ -66,7 +66,7 @@ class CallFuture(StateFuture[T]):
 
     ``await`` raises the call's exception inside the user's coroutine (which may
     catch it); a chained callback (``then_apply``, ...) or ``get()`` re-raises it,
-    which fails the job (DESIGN rule 10).
+    which fails the job (docs/semantics.md rule 10).
     """
 
     __slots__ = ("_error",)

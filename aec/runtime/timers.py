@@ -1,6 +1,6 @@
 """Timer queues: per-key timers of one time domain, in timestamp order.
 
-Backed by sortedcontainers (DESIGN rule 8). Invariants:
+Backed by sortedcontainers (docs/semantics.md rule 8). Invariants:
 - A (key, timestamp) pair is registered at most once (duplicates fire once).
 - ``pop_earliest`` yields timers in (timestamp, registration) order across keys.
 - Each timer remembers the epoch that registered it, so a firing can skip

@@ -6,7 +6,7 @@ executor, and the equivalence check (the async run gives the sync answer).
 
 ``assert_equivalent`` runs ``function_factory()`` synchronously (the
 reference, ``async_state=False``) and asynchronously under scripted batch
-completion orders, and compares what DESIGN rule 11 promises: the output
+completion orders, and compares what docs/semantics.md rule 11 promises: the output
 sequence per key (and per side-output tag and key), the watermark sequence,
 each output's position relative to the watermarks, and the final state.
 """

@@ -1,4 +1,4 @@
-"""The synchronous reference run (DESIGN rule 11): ``async_state=False``."""
+"""The synchronous reference run (docs/semantics.md rule 11): ``async_state=False``."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ class HourlyRows(ProcessWindowFunction):
         return [_window_row(origin, dest, context.window().start, elements[0])]
 
 
-def RouteHourly() -> KeyedProcessFunction:  # noqa: N802 (the operator's name since wave 1)
+def RouteHourly() -> KeyedProcessFunction:  # noqa: N802 (the operator's published name)
     """Hourly departures per route: ``TumblingEventTimeWindows.of(3600)`` with
     ``HourlyAggregate``; late records to ``late`` as ``LATE_SCHEMA`` rows."""
     return window(
