@@ -192,9 +192,8 @@ class KeyedProcessOperator:
     def _check_function(function: object) -> None:
         """Raise TypeError unless ``function`` is a ``KeyedProcessFunction``."""
         if not isinstance(function, KeyedProcessFunction):
-            raise TypeError(
-                f"function must be a KeyedProcessFunction, got {type(function).__name__}"
-            )
+            name = type(function).__name__
+            raise TypeError(f"function must be a KeyedProcessFunction, got {name}")
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -468,10 +467,9 @@ class KeyedProcessOperator:
 
     def _flush_bundle(self, watermark: float) -> None:
         """Fold the function's bundle up to ``watermark`` (inf: all); JobFailure on failure."""
-        if self._bundles is None:
-            return
         try:
-            self._bundles.flush(watermark)
+            if self._bundles is not None:
+                self._bundles.flush(watermark)
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -626,11 +624,8 @@ class KeyedProcessOperator:
             )
         config = self.config
         check = getattr(self.function, "check_restore", None)  # e.g. windows: same assigner
-        with read_checkpoints(handle, config.max_parallelism, self.key_group_range, check) as (
-            plan,
-            where,
-            restored,
-        ):
+        reading = read_checkpoints(handle, config.max_parallelism, self.key_group_range, check)
+        with reading as (plan, where, restored):
             carried = decode(plan.in_flight, where, self.key_group_range, self._serializer())
             self.open()
             check_states(restored, self._descriptors(), config, self.backend)
