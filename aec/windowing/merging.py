@@ -46,8 +46,8 @@ def _insert(sessions: list[TimeWindow], window: TimeWindow) -> None:
 def decode_sessions(held: tuple[object, ...] | None) -> list[TimeWindow]:
     """The session set as stored (``window-sessions``) -> a list of windows.
 
-    Stored as ``(start, end)`` pairs (``encode_sessions``): pickling plain tuples is
-    C work, a frozen dataclass's state is not (on RocksDB a third of the set's cost).
+    Stored as ``(start, end)`` pairs (``encode_sessions``): plain tuples encode
+    cheaply, a frozen dataclass does not (pickled on RocksDB: a third of the set's cost).
     Sets written as ``TimeWindow`` objects (checkpoints of earlier versions) still read.
     """
     if not held:

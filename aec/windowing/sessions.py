@@ -3,7 +3,7 @@
 
 ValueState ``window-sessions-contents`` (``STATE``) holds the key's sessions sorted
 by start, each with its contents, as ``(start, end, contents)`` triples (plain tuples:
-pickling them is C work). Most keys hold one or two sessions, so reading them all
+cheap to encode). Most keys hold one or two sessions, so reading them all
 costs less than a second round trip:
 
 * a record reads the value, places its window (``place``: new, inside a session, or
