@@ -51,6 +51,8 @@ class Bundle(Protocol):
         to let it run as a record of its own. Never raises."""
         ...
 
+    # the share is Any: each bundle has its own share type, which an ``object`` parameter
+    # of ``fold`` would refuse (a protocol's parameters are contravariant)
     def take(self, watermark: float) -> list[tuple[Hashable, Any, int]]:
         """Remove and return ``(key, share, records)`` for what must be in state
         before ``watermark`` leaves (``math.inf``: everything), one entry per key."""
