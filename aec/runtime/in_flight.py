@@ -106,21 +106,34 @@ class Unserializable(ValueError):
 
 
 def carry(
-    controller: AsyncExecutionController, epochs: EpochManager, program: DeclaredProgram
-) -> list[CarriedRecord] | None:
+    controller: AsyncExecutionController,
+    epochs: EpochManager,
+    program: DeclaredProgram,
+    serializer: Serializer,
+) -> tuple[list[CarriedRecord] | None, bytes]:
     """The checkpoint side of a declaring function's operator: wait only for the
     work handed out (the AEC holds its buffered requests back meanwhile), then
-    ``capture``. None (the AEC no longer holding) when the checkpoint must drain:
-    a closed epoch is still finishing, or a record cannot be carried. The caller
+    ``capture`` and ``encode``: the carried records and their bytes. ``(None, b"")``
+    (the AEC no longer holding) when the checkpoint must drain: a closed epoch is
+    still finishing, a record cannot be carried, or a record's own value is one
+    ``serializer`` cannot store. A declared variable it cannot store raises
+    ``Unserializable`` (the contract: declared variables are storable). The caller
     sets ``controller.holding`` back to False once the checkpoint is written."""
     if not epochs.all_closed_done():
-        return None
+        return None, b""
     controller.holding = True
     controller.finish_handed_over()
     carried = capture(controller, program) if epochs.all_closed_done() else None
-    if carried is None:
+    if not carried:
+        controller.holding = carried is not None
+        return carried, b""
+    try:
+        return carried, encode(carried, serializer)
+    except Unserializable as exc:
+        if exc.variable is not None:
+            raise
         controller.holding = False
-    return carried
+        return None, b""
 
 
 def capture(

@@ -43,12 +43,10 @@ from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
 from aec.runtime.external_calls import ExternalCalls
 from aec.runtime.in_flight import (
-    CarriedRecord,
     Unserializable,
     carry,
     check_steps,
     decode,
-    encode,
     readmitted,
 )
 from aec.runtime.operator_checkpoints import (
@@ -519,7 +517,12 @@ class KeyedProcessOperator:
         self._restorable = False
         started = time.perf_counter()
         try:
-            carried, in_flight = self._carry()
+            program = self._program if self.carries_records else None
+            carried, in_flight = (
+                carry(self.controller, self.epochs, program, self._serializer())
+                if program is not None
+                else (None, b"")
+            )
             if carried is None:
                 self._drain()
             state = self._checkpoint_state(in_flight)
@@ -564,25 +567,6 @@ class KeyedProcessOperator:
         """Whether a checkpoint may carry the records in flight instead of draining: an
         open operator running a declaring function, asynchronous and record-ordered."""
         return self._program is not None and not self.synchronous and not self.config.state_ordered
-
-    def _carry(self) -> tuple[list[CarriedRecord] | None, bytes]:
-        """A declaring function's checkpoint does not drain (``in_flight.carry``): the
-        carried records and their bytes; None: it drains (not a declaring function,
-        a run that cannot carry, or records holding values the job's serializer
-        cannot store). A declared variable it cannot store is ``Unserializable``."""
-        program = self._program
-        if program is None or not self.carries_records:
-            return None, b""
-        carried = carry(self.controller, self.epochs, program)
-        if not carried:
-            return carried, b""
-        try:
-            return carried, encode(carried, self._serializer())
-        except Unserializable as exc:
-            if exc.variable is not None:
-                raise  # the contract: a declared variable must be storable
-            self.controller.holding = False  # a record's own value: drain instead
-            return None, b""
 
     def restore(self, handle: HandleLike | Sequence[HandleLike]) -> None:
         """Replace state, timers, watermark and clock reading with a checkpoint's, or
