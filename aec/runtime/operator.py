@@ -37,13 +37,7 @@ from aec.errors import JobFailure
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext
 from aec.keygroups import KeyGroupRange, key_group_for, owned_range
 from aec.runtime import interpreter_tuning
-from aec.runtime.bundle import (
-    BUNDLE_LIMIT,
-    Bundle,
-    BundleContext,
-    BundleFlusher,
-    bundles,
-)
+from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, BundleFlusher
 from aec.runtime.controller import StuckError, new_controller
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
@@ -196,9 +190,8 @@ class KeyedProcessOperator:
     def _check_function(function: object) -> None:
         """Raise TypeError unless ``function`` is a ``KeyedProcessFunction``."""
         if not isinstance(function, KeyedProcessFunction):
-            raise TypeError(
-                f"function must be a KeyedProcessFunction, got {type(function).__name__}"
-            )
+            name = type(function).__name__
+            raise TypeError(f"function must be a KeyedProcessFunction, got {name}")
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -216,7 +209,7 @@ class KeyedProcessOperator:
             self.function.open(RuntimeContext(self))
             self.declared_states = list(self._handles)
             make_bundle = getattr(self.function, "open_bundle", None)
-            if make_bundle is not None and bundles(self.config):
+            if make_bundle is not None:  # offered only to runs that may bundle
                 bundle: Bundle | None = make_bundle()
                 if bundle is not None:
                     self._bundles = BundleFlusher(bundle, self.controller, self._bundle_context)
@@ -472,10 +465,9 @@ class KeyedProcessOperator:
 
     def _flush_bundle(self, watermark: float) -> None:
         """Fold the function's bundle up to ``watermark`` (inf: all); JobFailure on failure."""
-        if self._bundles is None:
-            return
         try:
-            self._bundles.flush(watermark)
+            if self._bundles is not None:
+                self._bundles.flush(watermark)
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -616,11 +608,8 @@ class KeyedProcessOperator:
             )
         config = self.config
         check = getattr(self.function, "check_restore", None)  # e.g. windows: same assigner
-        with read_checkpoints(handle, config.max_parallelism, self.key_group_range, check) as (
-            plan,
-            where,
-            restored,
-        ):
+        reading = read_checkpoints(handle, config.max_parallelism, self.key_group_range, check)
+        with reading as (plan, where, restored):
             carried = decode(plan.in_flight, where, self.key_group_range, self._serializer())
             self.open()
             check_states(restored, self._descriptors(), config, self.backend)
