@@ -214,6 +214,12 @@ class RuntimeContext:
     def max_parallelism(self) -> int:
         return self._operator.config.max_parallelism
 
+    @property
+    def config(self) -> AecConfig:
+        """The running operator's configuration (read it; a function may choose how it
+        runs by it, e.g. whether it can hold records in a mini-batch)."""
+        return self._operator.config
+
     def call_async(self, fn: object, *args: object, **kwargs: object) -> NoReturn:
         """Always raises RuntimeError: external calls belong to a record
         (``Context.call_async`` in ``process_element`` / ``on_timer``), not to ``open``."""
@@ -264,15 +270,16 @@ class TimerService:
         """Forget this key's processing-time timer at ``timestamp`` (no-op if absent)."""
         self._operator.delete_timer("processing-time", _checked(timestamp, "processing-time"))
 
-    def _registered(self, domain: str) -> Container[float]:
-        """aec-internal: timestamps of this key's timers in ``domain`` (``"event-time"``
-        or ``"processing-time"``), for membership tests before many deletes; valid
-        until a timer of the key is registered."""
+    def timer_times(self, domain: str) -> Container[float]:
+        """The timestamps of this key's registered timers in ``domain``
+        (``"event-time"`` or ``"processing-time"``), for membership tests (aec
+        extension: a function deleting many timers skips those it never set). A live
+        view, valid until a timer of the key is registered; O(1) per test."""
         return self._operator.timer_times(domain)
 
-    def _due(self, domain: str, until: float) -> list[float]:
-        """aec-internal: timestamps of this key's timers in ``domain`` at or before
-        ``until``, ascending (a copy)."""
+    def due_timers(self, domain: str, until: float) -> list[float]:
+        """The timestamps of this key's timers in ``domain`` at or before ``until``
+        (seconds), ascending, as a new list (aec extension). O(log n + due)."""
         return self._operator.due_timers(domain, until)
 
     def current_watermark(self) -> float:

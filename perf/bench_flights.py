@@ -4,7 +4,7 @@ Each run is a fresh driver process (``perf/flights_run.py`` with ``PYTHONPATH`` 
 the checkout): it starts the command's SparkSession (``spark_glue.session``, 2
 partitions, ``local[*]``), which is timed apart, then ``spark_glue.flights.job.run``
 on the full year (or ``--limit``) with its default backend (RocksDB), and prints the
-job's figures as JSON: wall time excluding the session start (the issue-9 goal), the
+job's figures as JSON: wall time excluding the session start (the goal: <= 20 s), the
 load step, each step's wall time, each operator's engine seconds (slowest partition)
 and the Python workers' CPU seconds, with the CPU seconds of the whole
 process tree (driver, JVM, Python workers; read from ``/proc``,

@@ -1,5 +1,5 @@
 """Windows benchmark: ``aec.windowing`` against the hand-written window it replaces,
-sliding vs tumbling, open windows, and async vs sync (issue 14, section 5).
+sliding vs tumbling (dense and sparse keys), open windows, and async vs sync.
 
 Measures, each a ratio of two variants timed side by side in interleaved rounds (the
 variant order rotates per round; each figure is the best of ``--repeats``):
@@ -18,6 +18,10 @@ variant order rotates per round; each figure is the best of ``--repeats``):
   sessions (records/s on the wall clock, best of ``--repeats``). Goal: >= 100x.
 * ``memory``/``rocksdb``: async / sync records/s on Memory and RocksDB, tumbling and
   sessions. Goal: >= 1.0x.
+* ``sparse keys``: ``--sparse-records`` (60,000) over ``--sparse-keys`` (2,000), about 30
+  per key over 8 hours, so most of a record's 12 sliding windows fire alone: sliding
+  1 h / 5 min, its cost per emitted result, vs tumbling 1 h, its cost per record or
+  result (goal <= 3x); async / sync sessions on Memory (goal >= 1.0x).
 
 Cost and memory/RocksDB rows are judged on process CPU seconds (the machine is shared
 with other jobs; wall clock is in the JSON too); the latency rows on wall clock.
@@ -32,6 +36,13 @@ Usage::
     .venv/bin/python perf/bench_windows.py --quick    # smoke run into a temp dir
 
     .venv/bin/python perf/bench_windows.py --pyflink /work/pyflink-venv/bin/python
+    .venv/bin/python perf/bench_windows.py --base /tmp/aec-base   # against another checkout
+
+``--base DIR`` (a checkout of another commit: ``git archive <commit> | tar -x -C DIR``;
+the venv is this one's) runs every row in fresh processes on this checkout and on
+``DIR`` alternately, one round each per ``--repeats``, and reports each row's figure
+and each variant's records/s on both side by side (``bench_windows_base.{json,md}``):
+``this/base`` >= 0.95 is "no loss of speed".
 
 Outputs: bench_windows.json, bench_windows.md, bench_windows.png in ``--out``.
 The PyFlink peer (``perf/bench_windows_pyflink.py``: the tumbling aggregate on the same
@@ -58,11 +69,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+PERF = Path(__file__).resolve().parent
+# the checkout under test: this one, or a base checkout's worker (see --base)
+ROOT = Path(os.environ.get("AEC_CHECKOUT") or PERF.parent)
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
+sys.path.insert(0, str(PERF))
 
+import harness as h  # noqa: E402
 from windows_data import synthetic_rows  # noqa: E402
+from windows_report import judge, markdown, plot, row_line, side_by_side  # noqa: E402
 
 from aec import (  # noqa: E402
     AecConfig,
@@ -89,7 +104,7 @@ from spark_glue.flights.functions import (  # noqa: E402
     _window_row,
 )
 
-DEFAULT_OUT = ROOT / "perf" / "results"
+DEFAULT_OUT = PERF / "results"
 SYNC, ASYNC = AecConfig(async_state=False), AecConfig()
 
 
@@ -170,6 +185,18 @@ def _canonical(result: Any) -> tuple:
     return out, side
 
 
+def _results(result: Any) -> int:
+    return sum(1 for o in result.outputs if type(o) is not Watermark)
+
+
+# what a cost row divides a variant's seconds by
+UNITS: dict[str, Callable[[list, Any], int]] = {
+    "records": lambda source, result: _records(source),
+    "results": lambda source, result: _results(result),
+    "records+results": lambda source, result: _records(source) + _results(result),
+}
+
+
 def timed(make: Callable[[], Any], source: list, config: AecConfig, backend: Callable) -> tuple:
     b = backend()
     started, cpu = time.perf_counter(), time.process_time()
@@ -181,11 +208,15 @@ def timed(make: Callable[[], Any], source: list, config: AecConfig, backend: Cal
 
 
 def compare(name: str, goal: str, threshold: float, variants: dict, repeats: int,
-            ratio_of: str, same_outputs: bool = True, clock: str = "cpu") -> dict:  # fmt: skip
-    """Time ``variants`` (label -> (make, source, config, backend)) in interleaved rounds."""
+            ratio_of: str, same_outputs: bool = True, clock: str = "cpu",
+            units: dict[str, str] | None = None) -> dict:  # fmt: skip
+    """Time ``variants`` (label -> (make, source, config, backend)) in interleaved rounds.
+    A cost row divides each variant's seconds by its ``units`` (``UNITS``; default:
+    records)."""
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}
     outputs: dict[str, Any] = {}
+    counts: dict[str, int] = {}
     labels = list(variants)
     for round_ in range(repeats):
         for label in labels[round_ % len(labels) :] + labels[: round_ % len(labels)]:
@@ -193,28 +224,21 @@ def compare(name: str, goal: str, threshold: float, variants: dict, repeats: int
             wall[label] = min(wall.get(label, math.inf), elapsed)
             cpu[label] = min(cpu.get(label, math.inf), used)
             outputs.setdefault(label, _canonical(result))
-    # the machine is shared: CPU seconds judge work; the latency rows wait, so wall clock
-    best = wall if clock == "wall" else cpu
-    rates = {label: _records(variants[label][1]) / best[label] for label in labels}
+            unit = (units or {}).get(label, "records")
+            counts.setdefault(label, UNITS[unit](variants[label][1], result))
     if same_outputs:
         first = outputs[labels[0]]
         for label in labels[1:]:
             if outputs[label] != first:
                 raise AssertionError(f"{name}: {label} gives different outputs from {labels[0]}")
-    a, b = labels
-    if ratio_of == "cost":  # seconds per record of a over b, same records
-        ratio = (best[a] / _records(variants[a][1])) / (best[b] / _records(variants[b][1]))
-        met = ratio <= threshold
-    else:  # speed-up: records/s of a over b
-        ratio = rates[a] / rates[b]
-        met = ratio >= threshold
-    row = {"measure": name, "goal": goal, "ratio": ratio, "met": met, "kind": ratio_of,
+    row = {"measure": name, "goal": goal, "threshold": threshold, "kind": ratio_of,
            "clock": clock,
            "variants": {label: {"best_wall_s": wall[label], "best_cpu_s": cpu[label],
-                                "records_per_s": rates[label],
-                                "records": _records(variants[label][1])} for label in labels}}  # fmt: skip
-    print(f"{name:<44} {ratio:8.2f}x  goal {goal:<9} {'met' if met else 'MISSED'}  "
-          + ", ".join(f"{k}: {v['records_per_s']:,.0f} rec/s" for k, v in row["variants"].items()))  # fmt: skip
+                                "records": _records(variants[label][1]),
+                                "units": (units or {}).get(label, "records"),
+                                "per": counts[label]} for label in labels}}  # fmt: skip
+    judge(row)
+    print(row_line(row))
     return row
 
 
@@ -227,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small smoke run into a temp dir")
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=50)
+    parser.add_argument("--sparse-records", type=int, default=60_000)
+    parser.add_argument("--sparse-keys", type=int, default=2_000)
     parser.add_argument("--flights", type=int, default=None, help="flights rows (default all)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
@@ -234,11 +260,50 @@ def main(argv: list[str] | None = None) -> int:
                         help="a Python with apache-flink installed: runs the PyFlink peer on "
                              "the same records (else a bench_windows_pyflink.json in --out "
                              "from an earlier run is shown, if any)")  # fmt: skip
+    parser.add_argument("--base", type=Path,
+                        help="a checkout of another commit: every row on both, side by side")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # see --base
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.flights, args.repeats = 10_000, 20_000, 1
+        args.sparse_records, args.sparse_keys = 6_000, 200
+    if args.worker:  # one round of every row on the checkout AEC_CHECKOUT names
+        print(json.dumps(measure(args)))
+        return 0
     out = args.out or (Path(tempfile.mkdtemp()) if args.quick else DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
+    if args.base is not None:
+        return against_base(args, out)
+    started = time.perf_counter()
+    load = round(os.getloadavg()[0], 2)
+    rows = measure(args)
+    flink = pyflink_peer(args, out)
+    if flink is not None:
+        # aec's wall-clock records/s on the same records (PyFlink's figure is wall clock)
+        mine = next(r for r in rows if r["measure"] == "async/sync on memory, tumbling")
+        mine = mine["variants"]["async"]  # the tumbling aggregate, async on Memory
+        ours = {"records_per_s": mine["records"] / mine["best_wall_s"], "clock": "wall",
+                "records": mine["records"]}  # fmt: skip
+        ratio = ours["records_per_s"] / flink["records_per_s"]
+        rows.append({"measure": "vs PyFlink 2.3 tumbling aggregate", "goal": ">= 100x",
+                     "ratio": ratio, "met": ratio >= 100, "kind": "speed", "clock": "wall",
+                     "variants": {"aec": ours, "pyflink": flink}})  # fmt: skip
+        print(f"{'vs PyFlink 2.3 tumbling aggregate':<52} {ratio:8.2f}x  goal >= 100x    "
+              f"{'met' if ratio >= 100 else 'MISSED'}  aec: {ours['records_per_s']:,.0f} rec/s, "
+              f"pyflink: {flink['records_per_s']:,.0f} rec/s")  # fmt: skip
+    report = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+              "load": load, "cpus": os.cpu_count(),
+              "params": vars(args) | {"out": str(out)}, "rows": rows,
+              "wall_seconds": time.perf_counter() - started}  # fmt: skip
+    (out / "bench_windows.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / "bench_windows.md").write_text(markdown(report))
+    plot(rows, out / "bench_windows.png")
+    print(f"wrote {out}/bench_windows.{{json,md,png}} in {report['wall_seconds']:.0f} s")
+    return 0
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    """Every row, ``args.repeats`` interleaved rounds each, on the imported checkout."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-windows-"))
     counter = iter(range(10**9))
 
@@ -248,8 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     def latency() -> Any:
         return LatencyBackend(MemoryBackend(), 0.001)
 
-    started = time.perf_counter()
-    load = round(os.getloadavg()[0], 2)
     rows = []
     flights = flights_source(args.flights)
     rows.append(compare(
@@ -289,29 +352,60 @@ def main(argv: list[str] | None = None) -> int:
                 f"async/sync on {backend_name}, {kind}", ">= 1.0x", 1.0,
                 {"async": (make, dense, ASYNC, backend), "sync": (make, dense, SYNC, backend)},
                 args.repeats, "speed"))  # fmt: skip
-    flink = pyflink_peer(args, out)
-    if flink is not None:
-        # aec's wall-clock records/s on the same records (PyFlink's figure is wall clock)
-        mine = next(r for r in rows if r["measure"] == "async/sync on memory, tumbling")
-        mine = mine["variants"]["async"]  # the tumbling aggregate, async on Memory
-        ours = {"records_per_s": mine["records"] / mine["best_wall_s"], "clock": "wall",
-                "records": mine["records"]}  # fmt: skip
-        ratio = ours["records_per_s"] / flink["records_per_s"]
-        rows.append({"measure": "vs PyFlink 2.3 tumbling aggregate", "goal": ">= 100x",
-                     "ratio": ratio, "met": ratio >= 100, "kind": "speed", "clock": "wall",
-                     "variants": {"aec": ours, "pyflink": flink}})  # fmt: skip
-        print(f"{'vs PyFlink 2.3 tumbling aggregate':<44} {ratio:8.2f}x  goal >= 100x    "
-              f"{'met' if ratio >= 100 else 'MISSED'}  aec: {ours['records_per_s']:,.0f} rec/s, "
-              f"pyflink: {flink['records_per_s']:,.0f} rec/s")  # fmt: skip
+    # sparse keys: about 30 records per key over 8 hours, so most of a record's 12 sliding
+    # windows fire alone: a sliding result costs a firing's work, not a record's share
+    sparse = synthetic(args.sparse_records, args.sparse_keys, 8 * 3600 / args.sparse_records)
+    rows.append(compare(
+        "sparse keys: sliding per result vs tumbling", "<= 3x", 3.0,
+        {"sliding": (sliding, sparse, ASYNC, MemoryBackend),
+         "tumbling": (tumbling, sparse, ASYNC, MemoryBackend)},
+        args.repeats, "cost", same_outputs=False,
+        units={"sliding": "results", "tumbling": "records+results"}))  # fmt: skip
+    rows.append(compare(
+        "sparse keys: async/sync on memory, sessions", ">= 1.0x", 1.0,
+        {"async": (sessions, sparse, ASYNC, MemoryBackend),
+         "sync": (sessions, sparse, SYNC, MemoryBackend)},
+        args.repeats, "speed"))  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)
-    report = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-              "load": load, "cpus": os.cpu_count(),
-              "params": vars(args) | {"out": str(out)}, "rows": rows,
+    return rows
+
+
+def against_base(args: argparse.Namespace, out: Path) -> int:
+    """Every row on this checkout and on ``args.base``, a fresh worker process per
+    checkout and round, alternating (``harness.run_checkouts``); each variant's best
+    over the rounds, side by side (``windows_report.side_by_side``)."""
+    started = time.perf_counter()
+    load = round(os.getloadavg()[0], 2)
+    argv = ["--worker", "--repeats", "1", "--records", str(args.records),
+            "--keys", str(args.keys), "--sparse-records", str(args.sparse_records),
+            "--sparse-keys", str(args.sparse_keys)]  # fmt: skip
+    if args.flights is not None:
+        argv += ["--flights", str(args.flights)]
+    trees = {"this": PERF.parent, "base": args.base.resolve()}
+    runs = h.run_checkouts(Path(__file__).resolve(), argv, trees, args.repeats)
+    best: dict[str, dict[str, dict]] = {name: {} for name in trees}
+    for name, outputs in runs.items():
+        for rows in outputs:
+            for row in rows:
+                kept = best[name].setdefault(row["measure"], row)
+                for label, v in row["variants"].items():
+                    mine = kept["variants"][label]
+                    for clock in ("best_wall_s", "best_cpu_s"):
+                        mine[clock] = min(mine[clock], v[clock])
+    rows, table = side_by_side(best["this"], best["base"])
+    report = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "load": load,
+              "cpus": os.cpu_count(), "base": str(args.base), "rows": rows,
+              "params": vars(args) | {"out": str(out), "base": str(args.base)},
               "wall_seconds": time.perf_counter() - started}  # fmt: skip
-    (out / "bench_windows.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (out / "bench_windows.md").write_text(markdown(report))
-    plot(rows, out / "bench_windows.png")
-    print(f"wrote {out}/bench_windows.{{json,md,png}} in {report['wall_seconds']:.0f} s")
+    header = (f"# bench_windows: this checkout vs {args.base}\n\n{report['date']}; best of "
+              f"{args.repeats} alternating rounds (a fresh process per checkout and round); "
+              f"load average at start {load} on {os.cpu_count()} CPUs. `this vs base`: the "
+              "row's figure relative to base's (> 1: better; a cost row's ratio is "
+              "lower-is-better).\n\n")  # fmt: skip
+    (out / "bench_windows_base.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (out / "bench_windows_base.md").write_text(header + table)
+    print(table, end="")
+    print(f"wrote {out}/bench_windows_base.{{json,md}} in {report['wall_seconds']:.0f} s")
     return 0
 
 
@@ -321,7 +415,7 @@ def pyflink_peer(args: argparse.Namespace, out: Path) -> dict | None:
     run's JSON from ``out``; None when there is neither."""
     peer = out / "bench_windows_pyflink.json"
     if args.pyflink:
-        command = [args.pyflink, str(ROOT / "perf" / "bench_windows_pyflink.py"),
+        command = [args.pyflink, str(PERF / "bench_windows_pyflink.py"),
                    "--records", str(args.records), "--keys", str(args.keys), "--out", str(out)]  # fmt: skip
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         return {**json.loads(peer.read_text()), "run": "this run"}
@@ -330,73 +424,6 @@ def pyflink_peer(args: argparse.Namespace, out: Path) -> dict | None:
         if flink.get("records") == args.records and flink.get("keys") == args.keys:
             return {**flink, "run": "an earlier run (bench_windows_pyflink.json)"}
     return None
-
-
-def markdown(report: dict) -> str:
-    p = report["params"]
-    lines = [
-        "# bench_windows: aec.windowing",
-        "",
-        f"{report['date']}; synthetic {p['records']:,} records over {p['keys']} keys; flights "
-        f"{'all' if p['flights'] is None else p['flights']} rows; best of {p['repeats']} "
-        f"interleaved rounds; load average at start {report.get('load', '?')} on "
-        f"{report.get('cpus', '?')} CPUs. Clock `cpu`: process CPU seconds (the machine is "
-        "shared; CPU time is what the variants cost); `wall`: wall clock (the latency rows "
-        "wait on the modelled round trips: 1 ms per batch, `LatencyBackend(MemoryBackend(), "
-        "0.001)`; async runs 50 % of the records over 5,000 keys, sync the first 2.5 % of "
-        "them, each judged by its records/s).",
-        "",
-        "| measure | goal | measured | verdict | clock | variants (records/s) |",
-        "|---|---|---:|---|---|---|",
-    ]
-    for r in report["rows"]:
-        variants = ", ".join(f"{k} {v['records_per_s']:,.0f}" for k, v in r["variants"].items())
-        verdict = "met" if r["met"] else "MISSED"
-        clock = r.get("clock", "-")
-        lines.append(
-            f"| {r['measure']} | {r['goal']} | {r['ratio']:.2f}x | {verdict} | {clock} "
-            f"| {variants} |"
-        )
-    flink = next((r for r in report["rows"] if r["measure"].startswith("vs PyFlink")), None)
-    if flink is not None:
-        peer = flink["variants"]["pyflink"]
-        lines += [
-            "",
-            f"vs PyFlink: PyFlink {peer.get('pyflink', '')} (`apache-flink` in a venv of its "
-            f"own, {peer.get('execution_mode', 'process')} mode, local mini-cluster, "
-            f"parallelism 1) over the same {peer['records']:,} records "
-            "(`window(TumblingEventTimeWindows.of(Time.hours(1))).aggregate(CountSum)`, "
-            "watermarks: bounded out-of-orderness 60 s), from "
-            f"{peer.get('run', 'this run')}: {peer['records_per_s']:,.0f} records/s from the "
-            "first record in the Python worker to the last window result (JVM start, job "
-            f"submission and worker start left out; the whole `execute` took "
-            f"{peer.get('job_seconds', float('nan')):.1f} s, {peer.get('job_records_per_s', 0):,.0f} "
-            "records/s). aec: the async tumbling run of the memory row, wall clock.",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 5))
-    names = [r["measure"] for r in rows]
-    ratios = [r["ratio"] for r in rows]
-    colors = ["tab:green" if r["met"] else "tab:red" for r in rows]
-    ax.barh(names, ratios, color=colors)
-    for i, r in enumerate(rows):
-        ax.annotate(f"{r['ratio']:.2f}x (goal {r['goal']})", (r["ratio"], i), fontsize=8,
-                    xytext=(3, -3), textcoords="offset points")  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_xlabel("ratio (cost: lower is better; async/sync and vs PyFlink: higher is better)")
-    ax.set_title("aec.windowing benchmark (green: goal met)")
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

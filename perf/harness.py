@@ -350,6 +350,30 @@ def write_profile(out: Path, name: str, text: str | None) -> str | None:
     return path.name
 
 
+def run_checkouts(
+    script: Path, argv: Sequence[str], trees: dict[str, Path], repeats: int,
+    log: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> dict[str, list[Any]]:  # fmt: skip
+    """Run ``script argv`` (this venv's Python) once per round on each checkout of
+    ``trees`` (name -> directory), in a fresh process with ``PYTHONPATH`` and
+    ``AEC_CHECKOUT`` set to the checkout, the order alternating per round (the load
+    hits both alike). The script prints JSON on its last line of stdout.
+
+    Returns ``{name: [that JSON per round]}``. Raises CalledProcessError when a run fails.
+    """
+    runs: dict[str, list[Any]] = {name: [] for name in trees}
+    names = list(trees)
+    for rnd in range(repeats):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            tree = str(trees[name])
+            env = dict(os.environ, AEC_CHECKOUT=tree, PYTHONPATH=tree)
+            log(f"round {rnd + 1}/{repeats}: {name} ({tree})")
+            done = subprocess.run([sys.executable, str(script), *argv], env=env, check=True,
+                                  capture_output=True, text=True)  # fmt: skip
+            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
+
+
 # --- plots ----------------------------------------------------------------------------------
 
 

@@ -285,6 +285,9 @@ def snapshot_kind(backend_dir: str) -> str:
     )
 
 
+_YEAR = 365 * 86400.0  # seconds
+
+
 @contextmanager
 def _restored_backend(
     backend_dir: str, states: dict[str, dict[str, Any]], serializers: Mapping[str, Serializer]
@@ -299,6 +302,9 @@ def _restored_backend(
         stack.callback(backend.close)
         for name, about in states.items():
             backend.register_state(name, _serializer(name, about, serializers))
+            if about.get("ttl"):  # byte stores keep a TTL state's pairs in their own layout
+                kind = about.get("type")  # the reader filters by expiry itself: any TTL serves
+                backend.register_ttl(name, _YEAR, kind if kind in ("list", "map") else "value")
         backend.restore(backend_dir)
         yield backend
 

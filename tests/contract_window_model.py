@@ -1,5 +1,5 @@
 """A small reference model of Flink's WindowOperator with the default event-time
-trigger, written from DESIGN.md "Windows on async state" (not from aec's code), for
+trigger, written from the window rules of the public contract (not from aec's code), for
 tests/test_contract_windows.py.
 
 Semantics modelled (aec's real-second timestamps: a window fires at ``end``):

@@ -171,7 +171,7 @@ def test_finish_records_the_partitions_that_snapshotted():
     layout = Layout(["k"], 128, [[3, 2]])
     store = _NoStore()
     before = {0: ["partition-0-of-2/chk-3"], 1: ["partition-1-of-2/chk-2"]}
-    layout.finish(store, 4, before, [0])
+    layout.finish(store, 4, before, {0: False})  # partition 0 snapshotted, nothing pending
     assert layout.last == RECORD
     assert store.saved == 1
 

@@ -1,4 +1,4 @@
-"""Mini-batches of on-time window records (``aec.windowing.bundle_path``): the async run
+"""Mini-batches of on-time window records (``aec.windowing.bundles``, ``aec.windowing.session_bundle``): the async run
 folds them per key and window at the watermark, at the end of input, before a snapshot
 and at the size bound, and still gives the synchronous run's outputs, side outputs,
 failures and final state."""

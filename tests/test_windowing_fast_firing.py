@@ -1,9 +1,9 @@
 """Firing fast paths: several due windows of a key handled by one firing or flush.
 
-* End of input with allowed lateness (``hot_path._at_end_of_input``): the key's first
+* End of input with allowed lateness (``TumblingDriver._at_end_of_input``): the key's first
   firing at watermark inf fires its unfired windows, clears every window and deletes
   its other timers (one firing per key instead of one per window end and cleanup).
-* Sliding windows as panes in chain mode, bundled (``bundle_path._fold_and_fire``):
+* Sliding windows as panes in chain mode, bundled (``PaneBundle._fold_and_fire``):
   the flush before a watermark folds a key's records into its panes and fires the
   windows that watermark makes due (one context and one scan per key and watermark,
   instead of a flush and then a timer firing); without a process function.

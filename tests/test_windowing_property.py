@@ -56,7 +56,7 @@ EVENT_TIME = {
                                         allowed_lateness=7, late_data_tag="late"),
     "sliding-panes": lambda: window(SlidingEventTimeWindows.of(12, 4), aggregate=SumAggregate(),
                                     allowed_lateness=5),
-    # no lateness: panes in chain mode (aec.windowing.pane_path), a late side output
+    # no lateness: panes in chain mode (aec.windowing.sliding), a late side output
     "sliding-chain": lambda: window(SlidingEventTimeWindows.of(12, 4), aggregate=SumAggregate(),
                                     late_data_tag="late"),
     "sliding-list": lambda: window(SlidingEventTimeWindows.of(10, 4), process=SumList()),

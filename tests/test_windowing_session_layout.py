@@ -1,4 +1,4 @@
-"""The session path's state (``aec.windowing.session_path``): a key's sessions and their
+"""The session callback driver's state (``aec.windowing.sessions``): a key's sessions and their
 contents are one value, so a record makes one read and one write and a firing one read
 and one write (a clear when no session is left); snapshots carry that value."""
 
@@ -21,7 +21,8 @@ from windowing_cases import (
 
 from aec import AecConfig
 from aec.runtime.operator import KeyedProcessOperator
-from aec.windowing import EventTimeSessionWindows, session_path, window
+from aec.windowing import EventTimeSessionWindows, window
+from aec.windowing import sessions as session_driver
 from aec.windowing.windows import TimeWindow
 from backends import MemoryBackend, RocksDBBackend
 
@@ -46,15 +47,15 @@ def test_a_session_record_reads_and_writes_one_value():
     backend = MemoryBackend()
     op = KeyedProcessOperator(sessions(lateness=2), backend, SYNC)
     op.open()
-    assert op.function.hot is session_path
+    assert op.function.path.driver == "sessions"
     names = set(op.state_names)
-    assert session_path.STATE in names
+    assert session_driver.STATE in names
     assert not names & {"window-contents", "window-sessions"}  # the general path's layout
     assert requests_of(op, rec("a", 1, 1)) == 2  # new session [1, 6)
     assert requests_of(op, rec("a", 2, 3)) == 2  # inside: [1, 8)
     assert requests_of(op, rec("a", 3, 12)) == 2  # a second session [12, 17)
     assert requests_of(op, rec("a", 4, 7)) == 2  # bridges both: [1, 17)
-    assert backend.state_items(session_path.STATE) == {"a": ((1, 17, ["a", 10]),)}
+    assert backend.state_items(session_driver.STATE) == {"a": ((1, 17, ["a", 10]),)}
     assert requests_of(op, Watermark(17)) == 1  # fires [1, 17): cleaned only at 19
     assert op.drain_outputs() == [("a", 10), Watermark(17)]
     assert requests_of(op, rec("a", 5, 9)) == 2  # a late firing of [1, 17)
@@ -62,7 +63,7 @@ def test_a_session_record_reads_and_writes_one_value():
     assert requests_of(op, rec("a", 6, -10)) == 1  # late: [-10, -5) retired, no write
     assert op.drain_side_outputs() == {"late": [("a", 6)]}
     assert requests_of(op, Watermark(19)) == 2  # cleaned at 19: read, clear
-    assert backend.state_items(session_path.STATE) == {}
+    assert backend.state_items(session_driver.STATE) == {}
     assert op.drain_outputs() == [Watermark(19)]
 
 
@@ -75,7 +76,7 @@ def test_each_firing_reads_and_writes_once():
     # [1, 6) and [10, 15) fire at their own timers (a read and a write each); [30, 35) stays
     assert requests_of(op, Watermark(20)) == 4
     assert op.drain_outputs() == [("a", 1), ("a", 2), Watermark(20)]
-    assert backend.state_items(session_path.STATE) == {"a": ((30, 35, ["a", 3]),)}
+    assert backend.state_items(session_driver.STATE) == {"a": ((30, 35, ["a", 3]),)}
 
 
 def test_general_path_keeps_its_layout():
@@ -86,13 +87,13 @@ def test_general_path_keeps_its_layout():
                       trigger=CountTrigger.of(2))  # fmt: skip
     op = KeyedProcessOperator(function, MemoryBackend(), SYNC)
     op.open()
-    assert op.function.hot is None
+    assert op.function.path.driver == "general"
     assert {"window-contents", "window-sessions"} <= set(op.state_names)
-    assert session_path.STATE not in op.state_names
+    assert session_driver.STATE not in op.state_names
 
 
 def _state(op: KeyedProcessOperator) -> dict:
-    return op.backend.state_items(session_path.STATE)
+    return op.backend.state_items(session_driver.STATE)
 
 
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
@@ -149,11 +150,11 @@ def test_snapshot_mid_session_restores_and_continues(backend, config, source, cu
 def test_the_stored_value_is_sorted_sessions_with_contents():
     backend = MemoryBackend()
     run([rec("a", 1, 20), rec("a", 2, 1), rec("b", 3, 2)], sessions(), SYNC, backend=backend)
-    assert backend.state_items(session_path.STATE) == {}  # end of input cleaned them
-    sessions_, memory = session_path.decode(((1, 6, ["a", 2]), (20, 25, ["a", 1])))
+    assert backend.state_items(session_driver.STATE) == {}  # end of input cleaned them
+    sessions_, memory = session_driver.decode(((1, 6, ["a", 2]), (20, 25, ["a", 1])))
     assert sessions_ == [TimeWindow(1, 6), TimeWindow(20, 25)]
-    assert session_path.encode(sessions_, memory) == ((1, 6, ["a", 2]), (20, 25, ["a", 1]))
-    assert session_path.encode([], {}) is None
+    assert session_driver.encode(sessions_, memory) == ((1, 6, ["a", 2]), (20, 25, ["a", 1]))
+    assert session_driver.encode([], {}) is None
 
 
 def test_a_checkpoint_of_the_other_layout_is_refused(tmp_path):
@@ -184,9 +185,9 @@ class _Service:
         self.times = dict.fromkeys(times)
         self.calls = []
 
-    def _registered(self, domain):
+    def due_timers(self, domain, until):
         assert domain == "event-time"
-        return self.times
+        return sorted(t for t in self.times if t <= until)
 
     def register_event_time_timer(self, t):
         self.calls.append(("register", t))
@@ -198,7 +199,7 @@ class _Service:
 
 
 def test_net_timers_apply_only_the_net_effect_of_a_folds_changes():
-    from aec.windowing.session_path import NetTimers
+    from aec.windowing.session_bundle import NetTimers
 
     service = _Service([10.0, 20.0, 30.0])
     net = NetTimers(service)

@@ -190,6 +190,10 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         self.buffer = JoinBuffer(state, self.bucket_width)
         self.late_records_dropped = 0
         self.joined = self._pair_function()
+        config = ctx.config  # bundles: asynchronous, serial watermark order, record order
+        self.bundles = (
+            config.async_state and config.watermark_order == "serial" and not config.state_ordered
+        )
         if isinstance(self.process, ProcessJoinFunction):
             self.process.open(ctx)
 
@@ -274,9 +278,12 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         buffer = self.buffer
         return Plan(is_left, cleanup, buffer.bucket(cleanup), buffer.buckets(low, high))
 
-    def open_co_bundle(self) -> JoinBundle:
-        """The mini-batch of on-time records (``aec.joins.bundle``), for the operator."""
-        return JoinBundle(self)
+    def open_co_bundle(self) -> JoinBundle | None:
+        """The mini-batch of on-time records (``aec.joins.bundle``), for the operator:
+        only in runs that may bundle (asynchronous, serial watermark order, record order:
+        nothing after a watermark can then see a bundle not yet folded); the synchronous
+        run never bundles, it is the reference."""
+        return JoinBundle(self) if self.bundles else None
 
     def _pair_function(self) -> Callable[[Context, Any, float, list[Entry], bool], None]:
         """``fn(ctx, value, timestamp, candidates, is_left)``: emit the record's pairs with

@@ -11,19 +11,19 @@ that key (like a firing timer's) that waits for the key's in-flight records, mak
 its requests through the AEC like any record and counts in the open epoch.
 
 Which records a bundle may accept, and when it must give them back, is the
-function's contract (see ``aec.windowing.bundle_path``): the operator only asks
+function's contract (see ``aec.windowing.bundles``): the operator only asks
 for what is due before each watermark leaves, everything before a snapshot,
-at the end of input and when ``Bundle.size`` reaches ``BUNDLE_LIMIT``. Only
-asynchronous runs in serial watermark order bundle (``bundles``); the
-synchronous run stays per record, the reference.
+at the end of input and when ``Bundle.size`` reaches ``BUNDLE_LIMIT``. A function
+offers a bundle only to runs where nothing can observe its records before their fold:
+asynchronous, serial watermark order, record order (a flush context holds its key);
+the synchronous run stays per record, the reference (``aec.windowing.path``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from aec.config import AecConfig
 from aec.errors import describe
 from aec.runtime.record_context import RecordContext
 
@@ -50,15 +50,18 @@ class Bundle(Protocol):
         to let it run as a record of its own. Never raises."""
         ...
 
-    def take(self, watermark: float) -> list[tuple[Hashable, object, int]]:
+    # the share is Any: each bundle has its own share type, which an ``object`` parameter
+    # of ``fold`` would refuse (a protocol's parameters are contravariant)
+    def take(self, watermark: float) -> list[tuple[Hashable, Any, int]]:
         """Remove and return ``(key, share, records)`` for what must be in state
         before ``watermark`` leaves (``math.inf``: everything), one entry per key."""
         ...
 
-    def fold(self, share: object, context: BundleContext, ctx: Context) -> None:
-        """Fold one key's ``share`` into state as the entry of ``context`` (``ctx``:
-        the operator's ``aec.Context``). On a user function's error it sets
-        ``context.value`` to the record whose value raised, then raises."""
+    def fold(self, taken: Any, context: BundleContext, ctx: Context) -> None:
+        """Fold one key's share (``taken``: what ``take`` gave for it) into state as
+        the entry of ``context`` (``ctx``: the operator's ``aec.Context``). On a user
+        function's error it sets ``context.value`` to the record whose value raised,
+        then raises."""
         ...
 
 
@@ -101,13 +104,6 @@ class BundleContext(RecordContext):
         if type(self.value) is BundledRecords:
             return f"{self.value!r} of key {describe(self.key)}"
         return super().describe()
-
-
-def bundles(config: AecConfig) -> bool:
-    """Whether a run with ``config`` may bundle: asynchronous, serial watermark order
-    (a record after a watermark waits for it, so nothing after the watermark can
-    see a bundle not yet folded), record order (a flush context holds its key)."""
-    return config.async_state and config.watermark_order == "serial" and not config.state_ordered
 
 
 class BundleFlusher:

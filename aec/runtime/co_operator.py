@@ -34,7 +34,7 @@ from aec.elements import Record, Watermark, check_timestamp
 from aec.errors import describe
 from aec.functions import KeyedCoProcessFunction, check_function_kind
 from aec.keygroups import KeyGroupRange
-from aec.runtime.bundle import BundleContext, BundleFlusher, bundles
+from aec.runtime.bundle import BundleContext, BundleFlusher
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
 from aec.runtime.user_code import CoEntryRunner
@@ -92,7 +92,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         fresh = self.status == "new"
         super().open()
         make_bundle = getattr(self.function, "open_co_bundle", None)
-        if not fresh or make_bundle is None or not bundles(self.config):
+        if not fresh or make_bundle is None:  # offered only to runs that may bundle
             return
         try:
             inner = make_bundle()

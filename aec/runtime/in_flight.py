@@ -113,13 +113,12 @@ def carry(
 ) -> tuple[list[CarriedRecord] | None, bytes]:
     """The checkpoint side of a declaring function's operator: wait only for the
     work handed out (the AEC holds its buffered requests back meanwhile), then
-    ``capture`` and ``encode`` with ``serializer``: the carried records and their
-    bytes. None (the AEC no longer holding) when the checkpoint must drain: a closed
-    epoch is still finishing, a record cannot be carried, or a record's value is one
-    ``serializer`` cannot store. The caller sets ``controller.holding`` back to False
-    once the checkpoint is written.
-
-    Raises ``Unserializable`` for a declared variable ``serializer`` cannot store."""
+    ``capture`` and ``encode``: the carried records and their bytes. ``(None, b"")``
+    (the AEC no longer holding) when the checkpoint must drain: a closed epoch is
+    still finishing, a record cannot be carried, or a record's own value is one
+    ``serializer`` cannot store. A declared variable it cannot store raises
+    ``Unserializable`` (the contract: declared variables are storable). The caller
+    sets ``controller.holding`` back to False once the checkpoint is written."""
     if not epochs.all_closed_done():
         return None, b""
     controller.holding = True
@@ -132,8 +131,8 @@ def carry(
         return carried, encode(carried, serializer)
     except Unserializable as exc:
         if exc.variable is not None:
-            raise  # the contract: a declared variable must be storable
-        controller.holding = False  # a record's own value: drain instead
+            raise
+        controller.holding = False
         return None, b""
 
 

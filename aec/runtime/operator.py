@@ -37,19 +37,12 @@ from aec.errors import JobFailure
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext, check_function_kind
 from aec.keygroups import KeyGroupRange, key_group_for, owned_range
 from aec.runtime import interpreter_tuning
-from aec.runtime.bundle import (
-    BUNDLE_LIMIT,
-    Bundle,
-    BundleContext,
-    BundleFlusher,
-    bundles,
-)
+from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, BundleFlusher
 from aec.runtime.controller import StuckError, new_controller
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
 from aec.runtime.external_calls import ExternalCalls
 from aec.runtime.in_flight import (
-    CarriedRecord,
     Unserializable,
     carry,
     check_steps,
@@ -218,7 +211,7 @@ class KeyedProcessOperator:
             self.function.open(RuntimeContext(self))
             self.declared_states = list(self._handles)
             make_bundle = getattr(self.function, "open_bundle", None)
-            if make_bundle is not None and bundles(self.config):
+            if make_bundle is not None:  # offered only to runs that may bundle
                 bundle: Bundle | None = make_bundle()
                 if bundle is not None:
                     self._bundles = BundleFlusher(bundle, self.controller, self._bundle_context)
@@ -477,10 +470,9 @@ class KeyedProcessOperator:
 
     def _flush_bundle(self, watermark: float) -> None:
         """Fold the function's bundle up to ``watermark`` (inf: all); JobFailure on failure."""
-        if self._bundles is None:
-            return
         try:
-            self._bundles.flush(watermark)
+            if self._bundles is not None:
+                self._bundles.flush(watermark)
         except BaseException as exc:
             self._raise_failure(exc)
 
@@ -530,7 +522,12 @@ class KeyedProcessOperator:
         self._restorable = False
         started = time.perf_counter()
         try:
-            carried, in_flight = self._carry()
+            program = self._program if self.carries_records else None
+            carried, in_flight = (
+                carry(self.controller, self.epochs, program, self._serializer())
+                if program is not None
+                else (None, b"")
+            )
             if carried is None:
                 self._drain()
             state = self._checkpoint_state(in_flight)
@@ -576,14 +573,6 @@ class KeyedProcessOperator:
         open operator running a declaring function, asynchronous and record-ordered."""
         return self._program is not None and not self.synchronous and not self.config.state_ordered
 
-    def _carry(self) -> tuple[list[CarriedRecord] | None, bytes]:
-        """A declaring function's checkpoint does not drain (``in_flight.carry``): the
-        carried records and their bytes; None: it drains."""
-        program = self._program
-        if program is None or not self.carries_records:
-            return None, b""
-        return carry(self.controller, self.epochs, program, self._serializer())
-
     def restore(self, handle: HandleLike | Sequence[HandleLike]) -> None:
         """Replace state, timers, watermark and clock reading with a checkpoint's, or
         with the union of several (rescaling, Flink's restore from key-group ranges).
@@ -624,13 +613,10 @@ class KeyedProcessOperator:
             )
         config = self.config
         check = getattr(self.function, "check_restore", None)  # e.g. windows: same assigner
-        with read_checkpoints(
+        reading = read_checkpoints(
             handle, config.max_parallelism, self.key_group_range, check, self.inputs
-        ) as (
-            plan,
-            where,
-            restored,
-        ):
+        )
+        with reading as (plan, where, restored):
             carried = decode(plan.in_flight, where, self.key_group_range, self._serializer())
             self.open()
             check_states(restored, self._descriptors(), config, self.backend)

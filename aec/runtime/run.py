@@ -39,7 +39,7 @@ class RunResult:
 
 
 def default_backend() -> MemoryBackend:
-    """A fresh ``MemoryBackend``: the engine's own in-memory state (DESIGN's default)."""
+    """A fresh ``MemoryBackend``: the engine's own in-memory state (the default backend)."""
     return MemoryBackend()
 
 

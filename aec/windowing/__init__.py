@@ -19,10 +19,10 @@ from aec.windowing.assigners import (
     TumblingProcessingTimeWindows,
     WindowAssigner,
 )
-from aec.windowing.context import ProcessWindowContext, ProcessWindowFunction, TriggerContext
+from aec.windowing.context import TriggerContext
 from aec.windowing.evictors import CountEvictor, Evictor, TimeEvictor
-from aec.windowing.operator import WindowOperatorFunction
-from aec.windowing.spec import window
+from aec.windowing.operator import WindowOperatorFunction, window
+from aec.windowing.process import ProcessWindowContext, ProcessWindowFunction
 from aec.windowing.triggers import (
     ContinuousEventTimeTrigger,
     CountTrigger,

@@ -1,22 +1,23 @@
 """Window assigners (Flink's ``WindowAssigner`` family; PyFlink's names).
 
 An assigner maps a record (value, timestamp in seconds) to its windows and
-names the default trigger. Time grids are indexed by an integer ``k``
-(``start = offset + k * slide``), so a window rebuilt from a timer's timestamp
-is bit-for-bit the window a record was put in.
+names the default trigger. Tumbling and sliding assigners place records on their
+``grid`` (``aec.windowing.grid``: ``start = offset + k * slide``), so a window rebuilt
+from a timer's timestamp is bit-for-bit the window a record was put in.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from aec.windowing.grid import Grid
 from aec.windowing.triggers import EventTimeTrigger, NeverTrigger, ProcessingTimeTrigger, Trigger
-from aec.windowing.windows import GlobalWindow, TimeWindow
+from aec.windowing.windows import GlobalWindow, TimeWindow, Window
 
 
-def _positive(owner: str, name: str, value: Any) -> float:
+def _positive(owner: str, name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{owner}: {name} must be a number of seconds, got {value!r}")
     if not (value > 0 and math.isfinite(value)):
@@ -24,7 +25,7 @@ def _positive(owner: str, name: str, value: Any) -> float:
     return value
 
 
-def _offset(owner: str, offset: Any, bound: float, bound_name: str) -> float:
+def _offset(owner: str, offset: object, bound: float, bound_name: str) -> float:
     if isinstance(offset, bool) or not isinstance(offset, (int, float)):
         raise TypeError(f"{owner}: offset must be a number of seconds, got {offset!r}")
     if not abs(offset) < bound:
@@ -43,7 +44,7 @@ class WindowAssigner:
     event_time = True
     merging = False
 
-    def assign_windows(self, value: Any, timestamp: float) -> list[Any]:
+    def assign_windows(self, value: Any, timestamp: float) -> Sequence[Window]:
         """The windows of a record at ``timestamp`` seconds (event or processing time)."""
         raise NotImplementedError
 
@@ -69,35 +70,14 @@ class SlidingEventTimeWindows(WindowAssigner):
         self.size = _positive(name, "size", size)
         self.slide = _positive(name, "slide", slide)
         self.offset = _offset(name, offset, self.slide, "slide")
+        self.grid = Grid(self.offset, self.slide, self.size)
 
     @classmethod
     def of(cls, size: float, slide: float, offset: float = 0) -> SlidingEventTimeWindows:
         return cls(size, slide, offset)
 
-    def grid_window(self, k: int) -> TimeWindow:
-        start = self.offset + k * self.slide
-        return TimeWindow.trusted(start, start + self.size)
-
-    def grid_index(self, timestamp: float) -> int:
-        """``floor((timestamp - offset) / slide)``: the contract's start formula, taken
-        as is (a float boundary may round either way; the grid never drifts)."""
-        return math.floor((timestamp - self.offset) / self.slide)
-
-    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
-        k = self.grid_index(timestamp)
-        windows = []
-        while True:
-            window = self.grid_window(k)
-            if window.end <= timestamp:
-                break
-            windows.append(window)
-            k -= 1
-        return windows
-
-    def window_ending_at(self, end: float) -> TimeWindow | None:
-        """The grid window whose ``end`` is exactly ``end``, or None."""
-        window = self.grid_window(round((end - self.size - self.offset) / self.slide))
-        return window if window.end == end else None
+    def assign_windows(self, value: object, timestamp: float) -> list[TimeWindow]:
+        return self.grid.windows(timestamp)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}.of({self.size!r}, {self.slide!r}, {self.offset!r})"
@@ -115,13 +95,15 @@ class TumblingEventTimeWindows(SlidingEventTimeWindows):
         name = type(self).__name__
         self.size = self.slide = _positive(name, "size", size)
         self.offset = _offset(name, offset, self.size, "size")
+        self.grid = Grid(self.offset, self.slide, self.size)
 
     @classmethod
     def of(cls, size: float, offset: float = 0) -> TumblingEventTimeWindows:  # type: ignore[override]
         return cls(size, offset)
 
-    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
-        return [self.grid_window(self.grid_index(timestamp))]
+    def assign_windows(self, value: object, timestamp: float) -> list[TimeWindow]:
+        grid = self.grid
+        return [grid.window(grid.index(timestamp))]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}.of({self.size!r}, {self.offset!r})"
@@ -168,7 +150,7 @@ class EventTimeSessionWindows(WindowAssigner):
     def with_dynamic_gap(cls, fn: Callable[[Any], float]) -> EventTimeSessionWindows:
         return cls(None, fn)
 
-    def assign_windows(self, value: Any, timestamp: float) -> list[TimeWindow]:
+    def assign_windows(self, value: object, timestamp: float) -> list[TimeWindow]:
         gap = self.gap
         if gap is None:
             gap = self.gap_fn(value)  # type: ignore[misc]
@@ -200,7 +182,7 @@ class GlobalWindows(WindowAssigner):
     def create(cls) -> GlobalWindows:
         return cls()
 
-    def assign_windows(self, value: Any, timestamp: float) -> list[GlobalWindow]:
+    def assign_windows(self, value: object, timestamp: float) -> list[GlobalWindow]:
         return [GLOBAL_WINDOW]
 
     def default_trigger(self) -> Trigger:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+Pairs = list[tuple[Any, float]]
+"""A window's kept values with their timestamps (seconds), in arrival order."""
+
 
 class Evictor:
     """Base class. ``do_evict_after``: evict after the function instead of before."""
@@ -17,18 +20,14 @@ class Evictor:
     def __init__(self, do_evict_after: bool = False) -> None:
         self.do_evict_after = bool(do_evict_after)
 
-    def evict(self, elements: list[tuple[Any, float]], window: Any) -> list[tuple[Any, float]]:
-        """The ``(value, timestamp)`` pairs to keep."""
+    def evict(self, elements: Pairs, window: Any) -> Pairs:
+        """The ``(value, timestamp)`` pairs to keep (``window``: the firing one)."""
         raise NotImplementedError
 
-    def evict_before(
-        self, elements: list[tuple[Any, float]], window: Any
-    ) -> list[tuple[Any, float]]:
+    def evict_before(self, elements: Pairs, window: object) -> Pairs:
         return elements if self.do_evict_after else self.evict(elements, window)
 
-    def evict_after(
-        self, elements: list[tuple[Any, float]], window: Any
-    ) -> list[tuple[Any, float]]:
+    def evict_after(self, elements: Pairs, window: object) -> Pairs:
         return self.evict(elements, window) if self.do_evict_after else elements
 
 
@@ -51,7 +50,7 @@ class CountEvictor(Evictor):
     def of(cls, n: int, do_evict_after: bool = False) -> CountEvictor:
         return cls(n, do_evict_after)
 
-    def evict(self, elements: list[tuple[Any, float]], window: Any) -> list[tuple[Any, float]]:
+    def evict(self, elements: Pairs, window: object) -> Pairs:
         return elements[-self.n :]
 
     def __repr__(self) -> str:
@@ -80,7 +79,7 @@ class TimeEvictor(Evictor):
     def of(cls, window_size: float, do_evict_after: bool = False) -> TimeEvictor:
         return cls(window_size, do_evict_after)
 
-    def evict(self, elements: list[tuple[Any, float]], window: Any) -> list[tuple[Any, float]]:
+    def evict(self, elements: Pairs, window: object) -> Pairs:
         if not elements:
             return elements
         cutoff = max(t for _, t in elements) - self.window_size

@@ -1,4 +1,4 @@
-"""The merging-window set of a key (Flink's ``MergingWindowSet`` with
+"""The session cover: the merging-window set of a key (Flink's ``MergingWindowSet`` with
 ``TimeWindow.mergeWindows``), as a plain list the operator keeps in ValueState.
 
 Windows merge when they intersect or touch: ``a.start <= b.end and a.end >= b.start``
@@ -8,12 +8,12 @@ new window merges with the ones it intersects into their cover.
 
 from __future__ import annotations
 
-from typing import Any
-
 from aec.windowing.windows import TimeWindow
 
 
-def add_session(sessions: list[Any], window: Any) -> tuple[Any, list[Any]]:
+def add_session(
+    sessions: list[TimeWindow], window: TimeWindow
+) -> tuple[TimeWindow, list[TimeWindow]]:
     """Add ``window`` to ``sessions`` (a list, changed in place, kept sorted by start).
 
     Returns ``(actual, merged)``: the window the record belongs to and the
@@ -36,26 +36,27 @@ def add_session(sessions: list[Any], window: Any) -> tuple[Any, list[Any]]:
     return cover, touching
 
 
-def _insert(sessions: list[Any], window: Any) -> None:
+def _insert(sessions: list[TimeWindow], window: TimeWindow) -> None:
     position = len(sessions)
     while position and sessions[position - 1] > window:
         position -= 1
     sessions.insert(position, window)
 
 
-def decode_sessions(held: Any) -> list[Any]:
+def decode_sessions(held: tuple[object, ...] | None) -> list[TimeWindow]:
     """The session set as stored (``window-sessions``) -> a list of windows.
 
-    Stored as ``(start, end)`` pairs (``encode_sessions``): pickling plain tuples is
-    C work, a frozen dataclass's state is not (on RocksDB a third of the set's cost).
+    Stored as ``(start, end)`` pairs (``encode_sessions``): plain tuples encode
+    cheaply, a frozen dataclass does not (pickled on RocksDB: a third of the set's cost).
     Sets written as ``TimeWindow`` objects (checkpoints of earlier versions) still read.
     """
     if not held:
         return []
-    return [TimeWindow.trusted(w[0], w[1]) if type(w) is tuple else w for w in held]
+    trusted = TimeWindow.trusted
+    return [trusted(w[0], w[1]) if type(w) is tuple else w for w in held]  # type: ignore[misc]
 
 
-def encode_sessions(sessions: list[Any]) -> tuple[Any, ...] | None:
+def encode_sessions(sessions: list[TimeWindow]) -> tuple[object, ...] | None:
     """A list of windows -> the stored session set (None: empty, the state is cleared);
     windows of custom assigners are kept as they are."""
     return tuple((w.start, w.end) if type(w) is TimeWindow else w for w in sessions) or None

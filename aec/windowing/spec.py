@@ -1,4 +1,4 @@
-"""``window(...)``: checks the arguments and builds the window function."""
+"""``WindowSpec``: what ``window(...)`` was given, checked (``WindowSpec.of``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
+from aec.state.descriptors import AggregateFunction
+from aec.state.handles import MapState
 from aec.windowing.assigners import SlidingEventTimeWindows, WindowAssigner
 from aec.windowing.contents import (
     AggregateContents,
@@ -17,8 +19,8 @@ from aec.windowing.contents import (
     ReduceContents,
 )
 from aec.windowing.evictors import Evictor
-from aec.windowing.operator import WindowOperatorFunction
-from aec.windowing.panes import pane_size
+from aec.windowing.grid import pane_size
+from aec.windowing.process import ProcessWindowFunction
 from aec.windowing.triggers import Trigger
 
 
@@ -27,13 +29,13 @@ class WindowSpec:
     """Everything ``window`` was given, checked (picklable with the function)."""
 
     assigner: WindowAssigner
-    aggregate: Any
+    aggregate: AggregateFunction | None
     reduce: Callable[[Any, Any], Any] | None
-    process: Any
+    process: ProcessWindowFunction | None
     trigger: Trigger
     evictor: Evictor | None
     allowed_lateness: float
-    late_data_tag: Any
+    late_data_tag: object
     late_output: Callable[[Any, float, float], Any] | None
 
     @property
@@ -50,7 +52,7 @@ class WindowSpec:
             return None
         return pane_size(a.size, a.slide)
 
-    def make_contents(self, store: Any) -> Contents:
+    def make_contents(self, store: MapState | None) -> Contents:
         if self.aggregate is not None:
             folder: Contents | None = AggregateContents(store, self.aggregate)
         elif self.reduce is not None:
@@ -61,75 +63,45 @@ class WindowSpec:
             return EvictingContents(store, folder)
         return folder or ListContents(store)
 
-
-def window(
-    assigner: WindowAssigner,
-    *,
-    aggregate: Any = None,
-    reduce: Callable[[Any, Any], Any] | None = None,
-    process: Any = None,
-    trigger: Trigger | None = None,
-    evictor: Evictor | None = None,
-    allowed_lateness: float = 0,
-    late_data_tag: Any = None,
-    late_output: Callable[[Any, float, float], Any] | None = None,
-) -> WindowOperatorFunction:
-    """A ``KeyedProcessFunction`` running windows over its records (Flink's
-    ``keyBy(..).window(assigner)[.trigger/.evictor/.allowedLateness/.sideOutputLateData]
-    .aggregate/.reduce/.process``).
-
-    Args:
-        assigner: a ``WindowAssigner`` (``TumblingEventTimeWindows.of(size)``, ...).
-        aggregate: an ``aec.AggregateFunction`` folded incrementally per window.
-        reduce: ``fn(a, b) -> a`` folded incrementally per window.
-        process: a ``ProcessWindowFunction``; its ``process(key, context, elements)``
-            output is emitted at each firing (else the aggregate's ``get_result``,
-            the reduced value, or the list of values).
-        trigger: a ``Trigger`` (default: the assigner's).
-        evictor: a ``CountEvictor``/``TimeEvictor`` (the window keeps every value).
-        allowed_lateness: seconds of event time a window is kept after its end;
-            records arriving then fire it again (late firing).
-        late_data_tag: side-output tag for late records (else they are dropped and
-            counted in the metric ``late_records_dropped``).
-        late_output: aec extension: ``fn(value, timestamp, watermark)`` giving the
-            side output's value for a late record (default: the value).
-
-    Raises:
-        TypeError: an argument of the wrong kind (named).
-        ValueError: ``allowed_lateness < 0`` or NaN, both ``aggregate`` and
-            ``reduce``, or a merging assigner with a trigger that cannot merge.
-    """
-    if not isinstance(assigner, WindowAssigner):
-        raise TypeError(f"window: assigner must be a WindowAssigner, got {assigner!r}")
-    if aggregate is not None and reduce is not None:
-        raise ValueError("window: give aggregate or reduce, not both")
-    if aggregate is not None:
-        for method in ("create_accumulator", "add", "get_result", "merge"):
-            if not callable(getattr(aggregate, method, None)):
-                raise TypeError(f"window: aggregate lacks {method}(): {aggregate!r}")
-    if reduce is not None and not callable(reduce):
-        raise TypeError(f"window: reduce must be callable, got {reduce!r}")
-    if process is not None and not callable(getattr(process, "process", None)):
-        raise TypeError(f"window: process must be a ProcessWindowFunction, got {process!r}")
-    if trigger is None:
-        trigger = assigner.default_trigger()
-    elif not isinstance(trigger, Trigger):
-        raise TypeError(f"window: trigger must be a Trigger, got {trigger!r}")
-    if evictor is not None and not isinstance(evictor, Evictor):
-        raise TypeError(f"window: evictor must be an Evictor, got {evictor!r}")
-    if isinstance(allowed_lateness, bool) or not isinstance(allowed_lateness, (int, float)):
-        raise TypeError(f"window: allowed_lateness must be seconds, got {allowed_lateness!r}")
-    if math.isnan(allowed_lateness) or allowed_lateness < 0:
-        raise ValueError(f"window: allowed_lateness must be >= 0 seconds, got {allowed_lateness!r}")
-    if assigner.merging and not trigger.can_merge():
-        raise ValueError(
-            f"window: the merging assigner {assigner!r} needs a trigger that can merge; "
-            f"{trigger!r} cannot"
-        )
-    if late_output is not None and not callable(late_output):
-        raise TypeError(f"window: late_output must be callable, got {late_output!r}")
-    spec = WindowSpec(
-        assigner, aggregate, reduce, process, trigger, evictor, allowed_lateness,
-        late_data_tag, late_output,
-    )  # fmt: skip
-    return WindowOperatorFunction(spec)
+    @classmethod
+    def of(
+        cls, assigner: object, aggregate: object, reduce: object, process: object,
+        trigger: object, evictor: object, allowed_lateness: object, late_data_tag: object,
+        late_output: object,
+    ) -> WindowSpec:  # fmt: skip
+        """``window(...)``'s arguments, checked (the errors: ``window``'s)."""
+        if not isinstance(assigner, WindowAssigner):
+            raise TypeError(f"window: assigner must be a WindowAssigner, got {assigner!r}")
+        if aggregate is not None and reduce is not None:
+            raise ValueError("window: give aggregate or reduce, not both")
+        if aggregate is not None:
+            for method in ("create_accumulator", "add", "get_result", "merge"):
+                if not callable(getattr(aggregate, method, None)):
+                    raise TypeError(f"window: aggregate lacks {method}(): {aggregate!r}")
+        if reduce is not None and not callable(reduce):
+            raise TypeError(f"window: reduce must be callable, got {reduce!r}")
+        if process is not None and not callable(getattr(process, "process", None)):
+            raise TypeError(f"window: process must be a ProcessWindowFunction, got {process!r}")
+        if trigger is None:
+            trigger = assigner.default_trigger()
+        elif not isinstance(trigger, Trigger):
+            raise TypeError(f"window: trigger must be a Trigger, got {trigger!r}")
+        if evictor is not None and not isinstance(evictor, Evictor):
+            raise TypeError(f"window: evictor must be an Evictor, got {evictor!r}")
+        if isinstance(allowed_lateness, bool) or not isinstance(allowed_lateness, (int, float)):
+            raise TypeError(f"window: allowed_lateness must be seconds, got {allowed_lateness!r}")
+        if math.isnan(allowed_lateness) or allowed_lateness < 0:
+            raise ValueError(f"window: allowed_lateness must be >= 0 seconds, got {allowed_lateness!r}")
+        if assigner.merging and not trigger.can_merge():
+            raise ValueError(
+                f"window: the merging assigner {assigner!r} needs a trigger that can merge; "
+                f"{trigger!r} cannot"
+            )
+        if late_output is not None and not callable(late_output):
+            raise TypeError(f"window: late_output must be callable, got {late_output!r}")
+        return cls(
+            assigner, cast(AggregateFunction | None, aggregate),
+            cast("Callable[[Any, Any], Any] | None", reduce),
+            cast(ProcessWindowFunction | None, process), trigger, evictor, allowed_lateness,
+            late_data_tag, cast("Callable[[Any, float, float], Any] | None", late_output),
+        )  # checked above  # fmt: skip

@@ -4,10 +4,10 @@ window namespace).
 The engine keeps one timer per (key, time, domain). Which windows a timer is
 for lives in state per key: MapState ``window-timers``, ``(domain, time) ->
 windows``, so a firing reads one entry, never the key's other windows.
-Windows whose timers the assigner implies (a time grid with the built-in
-event- or processing-time trigger: the trigger timer at ``end``, the cleanup
-timer at ``end + allowed_lateness``) skip the index: a firing rebuilds them
-from its time (``implicit``).
+Windows whose timers the built-in trigger implies (``aec.windowing.builtin``: the
+trigger timer at ``end``, the cleanup timer at ``end + allowed_lateness``, on a time
+grid or a session set) skip the index: a firing rebuilds them from its time
+(``implicit``).
 
 Registrations of one invocation (a record or a timer) are buffered and written
 at its end (``flush``): one read and at most one write per time touched.
@@ -15,8 +15,9 @@ at its end (``flush``): one read and at most one write per time touched.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
+from aec.functions import Context
 from aec.state.future import StateFuture, combine_all, completed_future
 from aec.state.handles import MapState
 
@@ -30,9 +31,9 @@ class PendingTimers:
     __slots__ = ("changes",)
 
     def __init__(self) -> None:
-        self.changes: dict[tuple[str, float], dict[Any, bool]] = {}
+        self.changes: dict[tuple[str, float], dict[object, bool]] = {}
 
-    def set(self, domain: str, time: float, window: Any, keep: bool) -> None:
+    def set(self, domain: str, time: float, window: object, keep: bool) -> None:
         slot = self.changes.get((domain, time))
         if slot is None:
             self.changes[(domain, time)] = {window: keep}
@@ -53,18 +54,21 @@ class WindowTimers:
         self.implicit = implicit
 
     def register(
-        self, ctx: Any, pending: PendingTimers | None, domain: str, time: float, window: Any
-    ) -> None:
+        self, ctx: Context, pending: PendingTimers | None, domain: str, time: float,
+        window: object,
+    ) -> None:  # fmt: skip
         """``pending`` is None only with implicit timers (it buffers nothing then)."""
         _engine_register(ctx, domain, time)
         if not self.implicit:
             cast(PendingTimers, pending).set(domain, time, window, True)
 
-    def delete(self, pending: PendingTimers | None, domain: str, time: float, window: Any) -> None:
+    def delete(
+        self, pending: PendingTimers | None, domain: str, time: float, window: object
+    ) -> None:
         if not self.implicit:  # implicit engine timers stay: a firing checks the window exists
             cast(PendingTimers, pending).set(domain, time, window, False)
 
-    def flush(self, ctx: Any, pending: PendingTimers) -> StateFuture:
+    def flush(self, ctx: Context, pending: PendingTimers) -> StateFuture:
         """Write the buffered changes into the index; an engine timer left without
         windows is deleted."""
         changes = pending.changes
@@ -74,7 +78,7 @@ class WindowTimers:
         slots = list(changes)
         index = cast(MapState, self.index)  # changes are buffered only with an index
 
-        def apply(entries: list[Any]) -> StateFuture:
+        def apply(entries: list[tuple[object, ...] | None]) -> StateFuture:
             writes = []
             for slot, entry in zip(slots, entries, strict=True):
                 windows = dict.fromkeys(entry or ())
@@ -101,7 +105,7 @@ class WindowTimers:
         """A future of the windows with a timer at ``(domain, time)``; removes the entry."""
         index, slot = cast(MapState, self.index), (domain, time)  # not implicit: an index
 
-        def remove(entry: Any) -> Any:
+        def remove(entry: tuple[object, ...] | None) -> StateFuture:
             if entry is None:
                 return completed_future(())
             return index.async_remove(slot).then_apply(lambda _: entry)
@@ -109,14 +113,14 @@ class WindowTimers:
         return index.async_get(slot).then_compose(remove)
 
 
-def _engine_register(ctx: Any, domain: str, time: float) -> None:
+def _engine_register(ctx: Context, domain: str, time: float) -> None:
     if domain == EVENT:
         ctx.timer_service.register_event_time_timer(time)
     else:
         ctx.timer_service.register_processing_time_timer(time)
 
 
-def _engine_delete(ctx: Any, domain: str, time: float) -> None:
+def _engine_delete(ctx: Context, domain: str, time: float) -> None:
     if domain == EVENT:
         ctx.timer_service.delete_event_time_timer(time)
     else:

@@ -3,7 +3,7 @@
 After Flink's ``org.apache.flink.streaming.api.windowing.windows``. aec's
 timestamps are real seconds, so a ``TimeWindow`` holds ``start <= t < end``
 and fires when the watermark reaches ``end`` (Flink's millisecond windows use
-``max_timestamp() == end - 1``).
+``max_timestamp() == end - 1``). Where windows start: ``aec.windowing.grid``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from aec.state.serialization import register_type
+
+
+class Window(Protocol):
+    """What the package reads of any window (``TimeWindow``, ``GlobalWindow``, a custom
+    assigner's): its start and end, seconds (a window fires at its end; Flink's
+    ``maxTimestamp``)."""
+
+    @property
+    def start(self) -> float: ...
+
+    @property
+    def end(self) -> float: ...
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -90,13 +103,6 @@ class GlobalWindow:
 
     def __repr__(self) -> str:
         return "GlobalWindow()"
-
-
-def window_start(timestamp: float, offset: float, size: float) -> float:
-    """The start of the ``size``-grid window holding ``timestamp``:
-    ``offset + floor((timestamp - offset) / size) * size`` (Flink's
-    ``TimeWindow.getWindowStartWithOffset``, without the ``t - t % size`` float drift)."""
-    return offset + math.floor((timestamp - offset) / size) * size
 
 
 def window_key(window: object) -> object:

@@ -1,0 +1,193 @@
+"""The window grid: where time windows start and end, as pure arithmetic.
+
+Tumbling and sliding windows lie on the grid ``start = offset + k * slide``,
+``end = start + size`` (an integer index ``k``; tumbling: ``slide == size``). Every
+time window of the package is computed here from its index, never as ``t - t % size``
+(float drift), so a window rebuilt from a timer's time is bit-for-bit the window a
+record was put in. The contract's start formula is taken as written:
+``offset + floor((t - offset) / slide) * slide``, evaluated in floats, no nudging.
+
+Sliding windows over an aggregate or a reduce are kept as panes (slices) of
+``g = gcd(size, slide)`` seconds (``Panes``, Flink SQL's slicing): pane ``j`` holds
+``offset + j * g <= t < offset + (j + 1) * g``; window ``k`` is panes
+``k * r .. k * r + n - 1`` with ``r = slide / g`` and ``n = size / g``; the first
+``r`` of them are its last-use panes (no later window holds them). ``Panes.chain``
+is the chain of firings of a key's windows over its live panes.
+
+Nothing here reads state or registers timers: the drivers do, with these answers.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from fractions import Fraction
+from math import floor
+
+from aec.windowing.windows import TimeWindow
+
+MAX_PANES_PER_WINDOW = 4096  # beyond this (odd float sizes) windows keep their own state
+
+Fired = tuple[float, float, int, int, int]
+"""A window of a chain firing: ``(start, end, lo, hi, cut)``; it merges the live panes
+``indexes[lo:hi]`` and ``indexes[lo:cut]`` are its last-use panes (see ``Panes.chain``)."""
+
+
+class Grid:
+    """Windows of ``size`` seconds starting every ``slide`` seconds at ``offset + k * slide``
+    (all in seconds; ``slide == size``: tumbling). Immutable.
+
+    >>> g = Grid(0, 300, 3600)
+    >>> g.index(4000.0), g.slot(4000.0), g.ending_at(7800.0)
+    (13, (3900.0, 7500.0), 14)
+    """
+
+    __slots__ = ("offset", "slide", "size")
+
+    def __init__(self, offset: float, slide: float, size: float) -> None:
+        self.offset = offset
+        self.slide = slide
+        self.size = size
+
+    def index(self, timestamp: float) -> int:
+        """The index of the latest window starting at or before ``timestamp`` (seconds):
+        ``floor((timestamp - offset) / slide)``. O(1). Raises OverflowError/ValueError
+        for an infinite or NaN timestamp."""
+        return math.floor((timestamp - self.offset) / self.slide)
+
+    def start(self, k: int) -> float:
+        """The start of window ``k``: ``offset + k * slide``."""
+        return self.offset + k * self.slide
+
+    def end(self, k: int) -> float:
+        """The end of window ``k``: its start plus ``size`` (exclusive; it fires there)."""
+        return self.offset + k * self.slide + self.size
+
+    def slot(self, timestamp: float) -> tuple[float, float]:
+        """``(start, end)`` of the latest window starting at or before ``timestamp``: a
+        tumbling window's (the map key of its contents)."""
+        offset, slide = self.offset, self.slide
+        start = offset + floor((timestamp - offset) / slide) * slide
+        return start, start + self.size
+
+    def window(self, k: int) -> TimeWindow:
+        """Window ``k`` as a ``TimeWindow``."""
+        start = self.offset + k * self.slide
+        return TimeWindow.trusted(start, start + self.size)
+
+    def windows(self, timestamp: float) -> list[TimeWindow]:
+        """Every window holding ``timestamp``, the latest start first (Flink's
+        ``SlidingEventTimeWindows.assignWindows``): ``size / slide`` windows, rounded."""
+        k = self.index(timestamp)
+        windows: list[TimeWindow] = []
+        while True:
+            window = self.window(k)
+            if window.end <= timestamp:
+                return windows
+            windows.append(window)
+            k -= 1
+
+    def ending_at(self, end: float) -> int | None:
+        """The index of the window whose end is exactly ``end``, or None (``end`` finite)."""
+        k = round((end - self.size - self.offset) / self.slide)
+        return k if self.offset + k * self.slide + self.size == end else None
+
+    def first_open(self, k: int, time: float) -> int:
+        """The first index ``>= k`` whose window ends after ``time``: the first window a
+        watermark (or clock reading) ``time`` has not fired yet. O(1): an estimate, then
+        the float boundary checked both ways. Raises ValueError for ``time = inf``."""
+        if time == math.inf:
+            raise ValueError("no window ends after inf")
+        if time == -math.inf:
+            return k
+        offset, slide, size = self.offset, self.slide, self.size
+        lowest = k
+        k = max(k, math.floor((time - offset - size) / slide))
+        while offset + k * slide + size <= time:
+            k += 1
+        while k > lowest and offset + (k - 1) * slide + size > time:
+            k -= 1  # float rounding of the estimate
+        return k
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.offset!r}, {self.slide!r}, {self.size!r})"
+
+
+def pane_size(size: float, slide: float) -> Fraction | None:
+    """``gcd(size, slide)`` as an exact fraction (exact on the binary fractions of the
+    floats), or None when a window would span more than ``MAX_PANES_PER_WINDOW`` panes."""
+    a, b = Fraction(size), Fraction(slide)
+    denominator = math.lcm(a.denominator, b.denominator)
+    g = Fraction(math.gcd(int(a * denominator), int(b * denominator)), denominator)
+    return g if a / g <= MAX_PANES_PER_WINDOW else None
+
+
+class Panes(Grid):
+    """A sliding grid cut into panes of ``g = gcd(size, slide)`` seconds (see the module).
+
+    >>> p = Panes(Grid(0, 300, 3600), Fraction(300))
+    >>> p.pane(4000.0), p.windows_of(13), p.due(13)
+    (13, (2, 13), 4200.0)
+    """
+
+    __slots__ = ("g", "n", "r")
+
+    def __init__(self, grid: Grid, g: Fraction) -> None:
+        super().__init__(grid.offset, grid.slide, grid.size)
+        self.g = float(g)
+        self.n = int(Fraction(grid.size) / g)  # panes per window
+        self.r = int(Fraction(grid.slide) / g)  # panes per slide
+
+    def pane(self, timestamp: float) -> int:
+        """The index ``j`` of the pane holding ``timestamp``: ``offset + j * g <= t <
+        offset + (j + 1) * g`` (the float estimate checked both ways)."""
+        offset, g = self.offset, self.g
+        j = math.floor((timestamp - offset) / g)
+        if offset + j * g > timestamp:
+            j -= 1
+        elif offset + (j + 1) * g <= timestamp:
+            j += 1
+        return j
+
+    def windows_of(self, j: int) -> tuple[int, int]:
+        """Grid indexes ``(first, last)`` of the windows holding pane ``j``."""
+        return -((self.n - 1 - j) // self.r), j // self.r  # ceil((j - n + 1) / r), floor(j / r)
+
+    def first_window(self, j: int) -> int:
+        """The index of the first window holding pane ``j``: ``ceil((j - n + 1) / r)``."""
+        return -((self.n - 1 - j) // self.r)
+
+    def due(self, j: int) -> float:
+        """When pane ``j`` is first read: the end of its first window."""
+        return self.offset + -((self.n - 1 - j) // self.r) * self.slide + self.size
+
+    def chain(self, indexes: list[int], k: int, due: float) -> tuple[list[Fired], float | None]:
+        """A chain firing: window ``k`` and, in order, every later window holding one of a
+        key's live panes ``indexes`` (ascending; none lies before window ``k``, whose
+        predecessors fired and took their last-use panes) whose end is at or before
+        ``due`` (seconds).
+
+        Returns ``(fired, next_end)``: ``fired`` lists ``(start, end, lo, hi, cut)`` per
+        window that holds a pane, in order of end: it merges ``indexes[lo:hi]`` and its
+        last-use panes ``indexes[lo:cut]`` go (the next window's ``lo`` is this ``cut``);
+        ``next_end`` is the end of the first window holding a pane that does not fire
+        (the chain's next timer), None when no pane is left. O(windows fired + log panes).
+        """
+        offset, slide, size, n, r = self.offset, self.slide, self.size, self.n, self.r
+        fired: list[Fired] = []
+        i, m = 0, len(indexes)
+        while True:
+            start = offset + k * slide
+            end = start + size  # as Grid.end computes it: bit-for-bit the same
+            if end > due:
+                return fired, end
+            first = k * r
+            hi = bisect_left(indexes, first + n, i)
+            if hi > i:
+                lo, cut = i, first + r
+                while i < m and indexes[i] < cut:
+                    i += 1
+                fired.append((start, end, lo, hi, i))
+            if i == m:
+                return fired, None
+            k = max(k + 1, -((n - 1 - indexes[i]) // r))  # the first window of the next pane
