@@ -303,8 +303,8 @@ def _restored_backend(
         for name, about in states.items():
             backend.register_state(name, _serializer(name, about, serializers))
             if about.get("ttl"):  # byte stores keep a TTL state's pairs in their own layout
-                kind = about.get("type")  # the reader filters by expiry itself: any TTL serves
-                backend.register_ttl(name, _YEAR, kind if kind in ("list", "map") else "value")
+                shape = about.get("type")  # the reader filters by expiry itself: any TTL serves
+                backend.register_ttl(name, _YEAR, shape if shape in ("list", "map") else "value")
         backend.restore(backend_dir)
         yield backend
 

@@ -15,7 +15,7 @@ HISTORY = re.compile(
 TEXT = {".py", ".md", ".toml", ".yml", ".yaml", ".txt", ".cfg", ".sh", ".json"}
 SKIPPED_DIRS = {
     ".git", ".venv", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis",
-    "__pycache__", "out", "site",
+    "__pycache__", "out", "site", "build", "dist",
 }  # fmt: skip
 
 
