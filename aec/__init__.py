@@ -11,6 +11,7 @@ from aec.elements import Record, Watermark
 from aec.errors import JobFailure
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext, TimerService
 from aec.runtime import KeyedProcessOperator, RunResult, run_keyed
+from aec.runtime import controller as _kernel_module
 from aec.state import (
     AggregateFunction,
     AggregatingState,
@@ -29,11 +30,15 @@ from aec.state import (
     completed_future,
 )
 
+# True when the kernel imported is the mypyc-compiled build (``AEC_COMPILE=1``, setup.py),
+# False for pure Python (docs/performance.md, "The compiled build").
+compiled: bool = not _kernel_module.__file__.endswith(".py")
+
 __all__ = [
     "AecConfig", "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor",
     "Context", "JobFailure", "KeyedProcessFunction", "KeyedProcessOperator", "ListState",
     "ListStateDescriptor", "MapState", "MapStateDescriptor", "Record", "ReducingState",
     "ReducingStateDescriptor", "RunResult", "RuntimeContext", "StateFuture", "StateIterator",
     "TimerService", "ValueState", "ValueStateDescriptor", "Watermark", "combine_all",
-    "__version__", "completed_future", "run_keyed",
+    "__version__", "compiled", "completed_future", "run_keyed",
 ]  # fmt: skip

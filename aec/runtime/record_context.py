@@ -20,11 +20,14 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 if TYPE_CHECKING:
     from aec.runtime.epochs import Epoch
     from aec.state.requests import StateRequest
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RecordContext:
     """The engine's handle on one record or timer firing (mailbox thread only).
 
