@@ -13,8 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import Protocol, cast
 
-from mypy_extensions import mypyc_attr
-
+from aec.native import mypyc_attr
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.mailbox import Mailbox
 from aec.state.backend import StateBackend

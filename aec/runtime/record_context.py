@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
-from mypy_extensions import mypyc_attr
+from aec.native import mypyc_attr
 
 if TYPE_CHECKING:
     from aec.runtime.epochs import Epoch
