@@ -14,12 +14,10 @@ import os
 from setuptools import setup
 
 # The engine's per-record core: the AEC, its buffers, lanes, key accounting and epochs,
-# the record context, the mailbox, the executors, key groups. The rest stays
-# interpreted: user base classes, backends, the operator, checkpoints, the glue, and the
-# futures, requests and state handles (compiled, a class with a ``Generic`` base leaves
-# dangling weak references behind, which crashes the interpreter; docs/performance.md).
+# the record context, the mailbox, the executors. The rest stays interpreted, among it
+# modules tried and left out because compiled they behaved differently (the futures,
+# requests and handles, MemoryBackend, the timer queue, key groups): docs/performance.md.
 COMPILED = [
-    "aec/keygroups.py",
     "aec/runtime/buffers.py",
     "aec/runtime/controller.py",
     "aec/runtime/epochs.py",

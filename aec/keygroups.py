@@ -186,10 +186,6 @@ class KeyGroupRange:
     def __repr__(self) -> str:
         return f"KeyGroupRange({self.start}, {self.end})"
 
-    def __reduce__(self) -> tuple[type[KeyGroupRange], tuple[int, int]]:
-        # pickles by its bounds (compiled by mypyc, the slots-based default cannot)
-        return KeyGroupRange, (self.start, self.end)
-
     def intersection(self, other: KeyGroupRange) -> KeyGroupRange:
         """The key groups in both ranges (possibly empty)."""
         start = max(self.start, other.start)

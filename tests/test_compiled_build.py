@@ -1,6 +1,6 @@
 """What must hold in both builds, interpreted and mypyc-compiled (setup.py, AEC_COMPILE=1):
-the build imported is the one expected, the compiled kernel's classes still pickle and
-subclass, and engine errors keep their cause. .ci/run runs this file (with the rest of
+the build imported is the one expected, the compiled kernel's classes still subclass, key
+group ranges (in every checkpoint) still pickle, and engine errors keep their cause. .ci/run runs this file (with the rest of
 the non-Spark tests) against the compiled build with AEC_EXPECT_COMPILED=1."""
 
 from __future__ import annotations
