@@ -5,6 +5,7 @@ the non-Spark tests) against the compiled build with AEC_EXPECT_COMPILED=1."""
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 
@@ -12,7 +13,8 @@ import pytest
 from engine_helpers import Counter
 
 import aec
-from aec import AecConfig, JobFailure, run_keyed
+from aec import AecConfig, JobFailure, KeyedProcessFunction, run_keyed
+from aec.clock import ManualClock
 from aec.errors import StuckError
 from aec.keygroups import KeyGroupRange
 from aec.runtime.controller import BatchFailed
@@ -67,3 +69,27 @@ def test_engine_classes_users_and_the_engine_subclass_still_subclass():
     assert ("k", 5) in result.outputs and CountingInline.runs > 0
     assert issubclass(Context, RecordContext)
     assert issubclass(StuckError, RuntimeError)
+
+
+class TimeTypes(KeyedProcessFunction):
+    """Emits what the context says about time, for records and for timers."""
+
+    def process_element(self, value, ctx):
+        ctx.timer_service.register_event_time_timer(value + 1)
+        ctx.output(("record", ctx.timestamp, ctx.timer_service.current_watermark(),
+                    ctx.timer_service.current_processing_time()))  # fmt: skip
+
+    def on_timer(self, timestamp, ctx):
+        ctx.output(("timer", timestamp, ctx.timer_service.current_watermark(),
+                    ctx.timer_service.current_processing_time()))  # fmt: skip
+
+
+def test_times_keep_their_type():
+    # an int timestamp or watermark stays an int in both builds
+    source = [aec.Record("k", 1, timestamp=1), aec.Watermark(5), aec.Record("k", 2, timestamp=6)]
+    result = run_keyed(source, TimeTypes(), MemoryBackend(), AecConfig(), clock=ManualClock(3))
+    rows = [o[:3] for o in result.outputs if isinstance(o, tuple)]
+    assert rows[0] == ("record", 1, float("-inf"))
+    assert ("timer", 2, 5) in rows and ("record", 6, 5) in rows
+    times = [v for row in rows for v in row[1:] if math.isfinite(v)]  # not the end's +-inf
+    assert len(times) >= 5 and {type(v) for v in times} == {int}, rows

@@ -57,10 +57,10 @@ class RecordContext:
         timestamp: float | None,
         sequence: int,
         epoch: Epoch,
-        watermark: float,
+        watermark: float | int,  # "| int": compiled, a bare float annotation makes ints floats
         on_finished: Callable[[RecordContext], None],
         timer: tuple[str, float] | None = None,
-        processing_time: float = 0.0,
+        processing_time: float | int = 0.0,
     ) -> None:
         self.value = value
         self.key = key
