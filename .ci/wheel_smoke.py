@@ -1,7 +1,8 @@
 """CI smoke test of the engine-only wheel, run by .ci/run inside a fresh venv outside the checkout.
 
-Usage: ``<fresh venv>/bin/python .ci/wheel_smoke.py <checkout>``. Fails (exit 1)
-when aec is imported from the checkout instead of the installed wheel, when a
+Usage: ``<fresh venv>/bin/python .ci/wheel_smoke.py <checkout> [--compiled]``. Fails
+(exit 1) when aec is imported from the checkout instead of the installed wheel, when
+``aec.compiled`` is not what the wheel should be (``--compiled``: the mypyc build), when a
 module or ``py.typed`` of the checkout's packages is missing from the wheel, when
 the engine does not import without extras, or when a missing extra's error does
 not name it.
@@ -45,7 +46,7 @@ def _expect_missing_extra(statement: str, extra: str) -> None:
         raise SystemExit(f"{statement!r} worked in an engine-only install")
 
 
-def main(checkout: pathlib.Path) -> None:
+def main(checkout: pathlib.Path, compiled: bool) -> None:
     installed = _installed_root()
     missing = sorted(_shipped(checkout) - _shipped(installed))
     if missing:
@@ -62,8 +63,11 @@ def main(checkout: pathlib.Path) -> None:
     _expect_missing_extra("from aec.testing import keyed_streams", "hypothesis")
     import aec
 
-    print(f"wheel smoke test: aec {aec.__version__} from {installed}, engine only: ok")
+    if aec.compiled != compiled:
+        raise SystemExit(f"aec.compiled is {aec.compiled} in a {'compiled' if compiled else 'pure'} wheel")
+    build = "compiled" if compiled else "pure Python"
+    print(f"wheel smoke test: aec {aec.__version__} ({build}) from {installed}, engine only: ok")
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]).resolve())
+    main(pathlib.Path(sys.argv[1]).resolve(), compiled="--compiled" in sys.argv[2:])

@@ -23,6 +23,7 @@ from aec.runtime import (
     run_keyed,
     run_keyed_co,
 )
+from aec.runtime import controller as _kernel_module
 from aec.state import (
     AggregateFunction,
     AggregatingState,
@@ -41,6 +42,10 @@ from aec.state import (
     completed_future,
 )
 
+# True when the kernel imported is the mypyc-compiled build (``AEC_COMPILE=1``, setup.py),
+# False for pure Python (docs/performance.md, "The compiled build").
+compiled: bool = not _kernel_module.__file__.endswith(".py")
+
 __all__ = [
     "AecConfig", "AggregateFunction", "AggregatingState", "AggregatingStateDescriptor",
     "Context", "JobFailure", "KeyedCoProcessFunction", "KeyedCoProcessOperator",
@@ -48,5 +53,5 @@ __all__ = [
     "ListStateDescriptor", "MapState", "MapStateDescriptor", "Record", "ReducingState",
     "ReducingStateDescriptor", "RunResult", "RuntimeContext", "StateFuture", "StateIterator",
     "TimerService", "ValueState", "ValueStateDescriptor", "Watermark", "combine_all",
-    "__version__", "completed_future", "run_keyed", "run_keyed_co",
+    "__version__", "compiled", "completed_future", "run_keyed", "run_keyed_co",
 ]  # fmt: skip

@@ -35,6 +35,11 @@ class StateReadError(RuntimeError):
     """
 
 
+class StuckError(RuntimeError):
+    """Records are unfinished but nothing can make progress (the controller's drain
+    or the operator found no mail, no ready record and no batch to flush)."""
+
+
 def describe(value: object, limit: int = 200) -> str:
     """Short ``repr`` for error messages; long values are cut at ``limit`` characters."""
     try:

@@ -30,6 +30,14 @@ Usage::
     .venv/bin/python perf/bench_core.py --quick         # smoke run, writes to a temp dir
     .venv/bin/python perf/bench_core.py --records 50000 --keys 1000 --repeats 5
     .venv/bin/python perf/bench_core.py --dists uniform,zipf-1.1 --variants plain,memory-async
+    bin/with-venv bin/build-compiled /tmp/aec-compiled   # then: interpreted vs compiled
+    .venv/bin/python perf/bench_core.py --compiled /tmp/aec-compiled --dists uniform,zipf-1.1
+
+``--compiled DIR`` compares the builds instead (``bench_core_compiled.{json,md,png}``): every
+variant runs in two worker processes, this checkout's interpreted build and DIR's compiled
+one, taking turns in the same rounds; goals (compiled / interpreted records/s, uniform):
+Memory sync and async >= 2.0x, RocksDB async >= 1.7x, plain loop / compiled Memory sync
+<= 10x.
 """
 
 from __future__ import annotations
@@ -402,6 +410,137 @@ def profile_failing(
     return "".join(texts) or None
 
 
+# --- interpreted and compiled builds side by side (--compiled) ------------------------------
+
+BUILD_GOALS = (  # the compiled kernel's goals: compiled / interpreted records/s, uniform keys
+    ("memory_sync", "memory-sync", 2.0),
+    ("memory_async", "memory-async", 2.0),
+    ("rocksdb_async", "rocksdb-async", 1.7),
+)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Worker of ``--compiled``: answers (variant, distribution) requests with samples."""
+    import aec
+
+    variants = [v for v in VARIANTS if v.name in args.variants]
+    sources, expected, _ = make_sources(args, show=False)
+    warm_up(variants, sources[args.dists[0]])
+    h.serve_samples(
+        {"compiled": aec.compiled, "aec": aec.__file__},
+        lambda r: run_variant(BY_NAME[r["variant"]], sources[r["dist"]], expected[r["dist"]]),
+    )
+    return 0
+
+
+def compare_builds(args: argparse.Namespace) -> int:
+    """Every variant and distribution in both builds, alternately, in the same rounds."""
+    machine = h.machine_facts(("rocksdict", "numpy", "matplotlib", "mypy"))
+    variants = [v for v in VARIANTS if v.name in args.variants]
+    _, _, dist_info = make_sources(args)
+    roots = {"interpreted": h.ROOT, "compiled": args.compiled.resolve()}
+    worker_args = ["--serve", "--records", str(args.records), "--keys", str(args.keys),
+                   "--seed", str(args.seed), "--dists", ",".join(args.dists),
+                   "--variants", ",".join(v.name for v in variants)]  # fmt: skip
+    workers: dict[str, h.BuildWorker] = {}
+    try:
+        for build, root in roots.items():
+            workers[build] = h.BuildWorker(root, Path(__file__).resolve(), worker_args)
+            if workers[build].hello["compiled"] != (build == "compiled"):
+                raise SystemExit(f"{root}: aec.compiled is {workers[build].hello['compiled']} "
+                                 f"({workers[build].hello['aec']}); bin/build-compiled builds it")  # fmt: skip
+        runs = [(v, d, b) for d in args.dists for v in variants for b in roots]
+        samples = h.run_rounds(
+            runs, lambda r: workers[r[2]].run(variant=r[0].name, dist=r[1]), args.repeats,
+            name=lambda r: f"{r[0].name}@{r[1]}@{r[2]}",
+        )  # fmt: skip
+    finally:
+        for worker in workers.values():
+            worker.close()
+    rows = []
+    for d in args.dists:
+        for v in variants:
+            i, c = (h.summarize(samples[f"{v.name}@{d}@{b}"]) for b in roots)
+            rows.append({"variant": v.name, "label": v.label, "distribution": d,
+                         "interpreted": i, "compiled": c,
+                         "speedup": c["best_rps"] / i["best_rps"],
+                         "cpu_speedup": c["cpu_rps"] / i["cpu_rps"],
+                         "per_round": h.paired(samples, f"{v.name}@{d}@compiled",
+                                               f"{v.name}@{d}@interpreted")})  # fmt: skip
+    by = {(r["variant"], r["distribution"]): r for r in rows}
+    goals = {}
+    for gid, name, bound in BUILD_GOALS:
+        r = by.get((name, "uniform"))
+        goals[gid] = h.goal(f"uniform {BY_NAME[name].label}: compiled / interpreted records/s",
+                            r and r["speedup"], at_least=bound,
+                            cpu_value=r and r["cpu_speedup"], per_round=r["per_round"] if r else ())  # fmt: skip
+    plain, sync = by.get(("plain", "uniform")), by.get(("memory-sync", "uniform"))
+    goals["vs_plain"] = h.goal(
+        "uniform plain dict loop / compiled memory sync records/s",
+        plain and sync and plain["compiled"]["best_rps"] / sync["compiled"]["best_rps"],
+        at_most=10.0,
+    )  # fmt: skip
+    print(f"\n{'variant':<26} {'keys':>9} {'interpreted':>12} {'compiled':>12} {'speedup':>8} "
+          f"{'per CPU-s':>9}  per round")  # fmt: skip
+    for r in rows:
+        print(f"{r['label']:<26} {r['distribution']:>9} {h.fmt_rate(r['interpreted']['best_rps']):>12} "
+              f"{h.fmt_rate(r['compiled']['best_rps']):>12} {r['speedup']:>7.2f}x "
+              f"{r['cpu_speedup']:>8.2f}x  {' '.join(f'{x:.2f}' for x in r['per_round'])}")  # fmt: skip
+    print()
+    for g in goals.values():
+        print(f"{h.verdict(g)}: {g['text']}: {g['measured']}")
+    report = {
+        "benchmark": "bench_core_compiled", "date": h.now(), "machine": machine,
+        "params": {"records": args.records, "keys": args.keys, "repeats": args.repeats,
+                   "seed": args.seed, "quick": args.quick, "compiled": str(roots["compiled"]),
+                   "statistic": "best of repeats; each build in its own worker process"},
+        "distributions": dist_info, "results": rows, "goals": goals,
+    }  # fmt: skip
+    h.write_outputs(args.out, "bench_core_compiled", report, builds_markdown(report),
+                    lambda p: builds_plot(report, p))  # fmt: skip
+    return 0
+
+
+def builds_markdown(report: dict[str, Any]) -> str:
+    p = report["params"]
+    lines = [
+        *h.md_header("bench_core: interpreted and compiled builds",
+                     f"{p['records']:,} records over {p['keys']:,} keys", report),
+        "",
+        *h.md_table(
+            ["variant", "keys", "interpreted records/s", "compiled records/s", "speedup",
+             "per CPU-s", "per round"],
+            [[r["label"], r["distribution"], h.fmt_rate(r["interpreted"]["best_rps"]),
+              h.fmt_rate(r["compiled"]["best_rps"]), f"{r['speedup']:.2f}x",
+              f"{r['cpu_speedup']:.2f}x", " ".join(f"{x:.2f}" for x in r["per_round"])]
+             for r in report["results"]],
+            numeric_from=2,
+        ),
+        *h.goal_lines(report["goals"]),
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def builds_plot(report: dict[str, Any], path: Path) -> None:
+    plt = h.pyplot()
+    rows = report["results"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 5))
+    xs = range(len(rows))
+    for offset, build, color in ((-0.2, "interpreted", "#4c72b0"), (0.2, "compiled", "#dd8452")):
+        h.bars(ax, [x + offset for x in xs], [r[build]["best_rps"] for r in rows], 0.4,
+               label=build, color=color)  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_ylabel("records/s (best of rounds, log scale)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{r['label']}\n{r['distribution']} ({r['speedup']:.2f}x)" for r in rows],
+                       rotation=20, ha="right", fontsize=8)  # fmt: skip
+    ax.legend()
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.set_title(f"keyed counter, interpreted vs compiled kernel, {report['params']['records']:,} records",
+                 fontsize=10)  # fmt: skip
+    h.save(fig, path)
+
+
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -413,6 +552,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--variants", default=",".join(BY_NAME), help=f"subset of {','.join(BY_NAME)}"
     )
+    parser.add_argument(
+        "--compiled", type=Path, metavar="DIR",
+        help="compare builds: DIR holds the compiled kernel built in place (bin/build-compiled "
+        "DIR); each variant runs in this checkout's interpreted build and in DIR's compiled "
+        "one, in two worker processes taking turns; writes bench_core_compiled.*",
+    )  # fmt: skip
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a worker
     h.add_common_args(parser)
     args = h.finish_args(parser, parser.parse_args(argv), "bench_core", DEFAULTS, QUICK)
     args.variants = [n.strip() for n in args.variants.split(",") if n.strip()]
@@ -425,21 +571,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    machine = h.machine_facts(("rocksdict", "numpy", "matplotlib"))
-    variants = [v for v in VARIANTS if v.name in args.variants]
+def make_sources(
+    args: argparse.Namespace, show: bool = True
+) -> tuple[dict[str, list[Record]], dict[str, dict[Any, int]], dict[str, dict[str, Any]]]:
+    """Per distribution: the records, the expected final counts, the key statistics."""
     sources, expected, dist_info = {}, {}, {}
     for dist in args.dists:
         key_seq = make_keys(dist, args.records, args.keys, args.seed)
         sources[dist] = [Record(key, i) for i, key in enumerate(key_seq)]
         expected[dist] = dict(Tally(key_seq))
         dist_info[dist] = describe_keys(key_seq)
-        print(f"{dist:>9}: {dist_info[dist]['distinct_keys']:,} distinct keys, hottest key "
-              f"{dist_info[dist]['hottest_key_share']:.1%} of records")  # fmt: skip
-    warm = sources[args.dists[0]][: min(2000, args.records)]
-    for v in variants:  # warm-up: imports, first DB creation, code paths (not recorded)
+        if show:
+            print(f"{dist:>9}: {dist_info[dist]['distinct_keys']:,} distinct keys, hottest key "
+                  f"{dist_info[dist]['hottest_key_share']:.1%} of records")  # fmt: skip
+    return sources, expected, dist_info
+
+
+def warm_up(variants: list[Variant], source: list[Record]) -> None:
+    """Imports, first DB creation, code paths (not recorded)."""
+    warm = source[:2000]
+    for v in variants:
         run_variant(v, warm, dict(Tally(r.key for r in warm)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve:
+        return serve(args)
+    if args.compiled is not None:
+        return compare_builds(args)
+    machine = h.machine_facts(("rocksdict", "numpy", "matplotlib"))
+    variants = [v for v in VARIANTS if v.name in args.variants]
+    sources, expected, dist_info = make_sources(args)
+    warm_up(variants, sources[args.dists[0]])
 
     runs = [(v, d) for d in args.dists for v in variants]
     samples = h.run_rounds(runs, lambda vd: run_variant(vd[0], sources[vd[1]], expected[vd[1]]),

@@ -10,6 +10,8 @@ its tables and plot) and uses this module for the rest:
   side by side in one run);
 * :func:`summarize` turns a variant's samples into best-of / median / per-CPU-second
   figures; :func:`paired` gives per-round ratios of two variants;
+* :class:`BuildWorker` / :func:`serve_samples` run a bench's variants in one worker
+  process per build (interpreted, compiled), taking turns in the same rounds;
 * :func:`goal` judges one measured figure against an ``at_least`` / ``at_most`` bound;
 * :func:`machine_facts` (Python, CPUs, load average, package versions, git commit),
   :func:`md_table` and :func:`write_outputs` (JSON + Markdown + PNG) write the report;
@@ -127,6 +129,55 @@ def run_rounds(
                 f"({sample.cpu_seconds / sample.seconds:.2f} cores)"
             )
     return samples
+
+
+class BuildWorker:
+    """A bench's worker process that imports aec from ``root``: a checkout (the
+    interpreted build) or a copy with the compiled kernel built in place
+    (``bin/build-compiled DEST``). It runs ``script *args`` (the same bench file for
+    every build) with ``root`` on ``PYTHONPATH``; the script answers with
+    :func:`serve_samples`; ``run(**request)`` sends one request and returns the worker's
+    ``Sample``. Workers of two builds taking turns in :func:`run_rounds` compare the
+    builds side by side in one run (each in its own process, so both pay the same)."""
+
+    def __init__(self, root: Path, script: Path, args: Sequence[str]) -> None:
+        env = dict(os.environ, PYTHONPATH=str(root))
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), *args], cwd=root, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.hello: dict[str, Any] = self._answer()  # the worker's first line
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"bench worker {self.process.args} exited ({self.process.wait()})")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def run(self, **request: Any) -> Sample:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        a = self._answer()
+        return Sample(a["seconds"], a["cpu_seconds"], a["records"], a["metrics"])
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=120)
+
+
+def serve_samples(hello: dict[str, Any], run: Callable[[dict[str, Any]], Sample]) -> None:
+    """A :class:`BuildWorker`'s side: print ``hello``, then answer every request line on
+    stdin with ``run(request)``'s sample, one JSON line each (nothing else on stdout)."""
+    print(json.dumps(hello), flush=True)
+    for line in sys.stdin:
+        s = run(json.loads(line))
+        answer = {"seconds": s.seconds, "cpu_seconds": s.cpu_seconds, "records": s.records,
+                  "metrics": s.metrics}  # fmt: skip
+        print(json.dumps(answer, default=str), flush=True)
 
 
 def summarize(runs: Sequence[Sample]) -> dict[str, Any]:

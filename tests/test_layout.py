@@ -21,7 +21,7 @@ PACKAGES = ("aec", "backends", "spark_glue")
 LAYERS: list[tuple[str, ...]] = [
     (
         "aec.errors", "aec.config", "aec.elements", "aec.keygroups", "aec.clock", "aec.retry",
-        "aec.timeouts",
+        "aec.timeouts", "aec.native",
     ),
     ("aec.state",),
     ("aec.functions", "aec.declare"),  # the user function APIs

@@ -51,6 +51,9 @@ from time import monotonic
 from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from aec.config import AecConfig
+from aec.errors import (
+    StuckError as StuckError,  # there: compiled, a class cannot subclass RuntimeError
+)
 from aec.runtime import lanes
 from aec.runtime.buffers import ActiveBuffer, BlockingBuffer
 from aec.runtime.epochs import EpochManager
@@ -80,15 +83,13 @@ class Mail(Protocol):
 
 
 class BatchFailed(Exception):
-    """A backend raised on a batch; carries the batch for the error message."""
+    """A backend raised on a batch; carries the batch for the error message and the
+    backend's error as ``__cause__``."""
 
-    def __init__(self, batch: list[StateRequest]) -> None:
+    def __init__(self, batch: list[StateRequest], cause: BaseException) -> None:
         super().__init__(f"state backend failed on a batch of {len(batch)} requests")
         self.batch = batch
-
-
-class StuckError(RuntimeError):
-    """Records are unfinished but nothing can make progress."""
+        self.__cause__ = cause  # set here: compiled by mypyc, ``raise ... from`` drops it
 
 
 class AsyncExecutionController:
@@ -274,7 +275,7 @@ class AsyncExecutionController:
             try:
                 ran = self.executor.run_now((request,))
             except BaseException as exc:  # the job fails naming this record (rule 10)
-                raise BatchFailed([request]) from exc
+                raise BatchFailed([request], exc) from exc
             if ran:
                 self.batches += 1
                 if not self.max_batch_size:
@@ -356,7 +357,7 @@ class AsyncExecutionController:
             self.request_latency.add(monotonic() - sent, len(batch))
         if error is not None:
             self.current = _record_of(batch[0]) if batch else None
-            raise BatchFailed(batch) from error
+            raise BatchFailed(batch, error)
         concurrent = self._concurrent
         # a store preferring batches keeps callbacks' requests batched when the rest of
         # this batch's callbacks will make requests to share a call with

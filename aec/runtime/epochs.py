@@ -40,7 +40,8 @@ class Epoch:
         self.sequence = sequence
         # the element that closed it (set by ``close``, before anything reads it)
         self.watermark: Watermark | ClockTick = None  # type: ignore[assignment]
-        self.processing_time = 0.0
+        # "| int": compiled, a bare float annotation would turn an int clock reading into a float
+        self.processing_time: float | int = 0.0
         self.ongoing = 0
         self.status = OPEN
 
@@ -75,7 +76,7 @@ class EpochManager:
         self._on_epoch_done = on_epoch_done
         self._advancing = False
 
-    def close(self, watermark: Watermark | ClockTick, processing_time: float = 0.0) -> Epoch:
+    def close(self, watermark: Watermark | ClockTick, processing_time: float | int = 0.0) -> Epoch:
         """Close the open epoch with ``watermark``; open the next one."""
         epoch = self.active
         epoch.watermark = watermark

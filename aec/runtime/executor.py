@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import Protocol, cast
 
+from aec.native import mypyc_attr
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.mailbox import Mailbox
 from aec.state.backend import StateBackend
@@ -38,6 +39,7 @@ class Buffering(Protocol):
     def flush(self) -> None: ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StateExecutor:
     """Base: runs batches and reports them as completion mails.
 
@@ -59,8 +61,10 @@ class StateExecutor:
     def __init__(self) -> None:
         self.pending = 0
         self.inline_batches = 0  # batches run on the mailbox thread (metric ``inline_batches``)
-        self._backend: StateBackend = cast(StateBackend, None)  # set by start(), before any use
-        self._mailbox: Mailbox = cast(Mailbox, None)  # set by start(), before any use
+        # set by start(), before any use (declared, not set to None: compiled, the
+        # attributes hold only their declared types)
+        self._backend: StateBackend
+        self._mailbox: Mailbox
 
     def start(self, backend: StateBackend, mailbox: Mailbox) -> None:
         self._backend = backend
@@ -100,6 +104,7 @@ class StateExecutor:
             post((batch, None))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class InlineExecutor(StateExecutor):
     """Runs each batch at once on the mailbox thread (for non-blocking backends).
 
@@ -125,6 +130,7 @@ class InlineExecutor(StateExecutor):
         return True
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ThreadPoolStateExecutor(StateExecutor):
     """Runs batches on ``threads`` I/O threads (named ``aec-io-N``), for blocking backends.
 

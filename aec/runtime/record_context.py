@@ -20,11 +20,14 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
+from aec.native import mypyc_attr
+
 if TYPE_CHECKING:
     from aec.runtime.epochs import Epoch
     from aec.state.requests import StateRequest
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RecordContext:
     """The engine's handle on one record or timer firing (mailbox thread only).
 
@@ -56,10 +59,10 @@ class RecordContext:
         timestamp: float | None,
         sequence: int,
         epoch: Epoch,
-        watermark: float,
+        watermark: float | int,  # "| int": compiled, a bare float annotation makes ints floats
         on_finished: Callable[[RecordContext], None],
         timer: tuple[str, float] | None = None,
-        processing_time: float = 0.0,
+        processing_time: float | int = 0.0,
         input: int = 0,
     ) -> None:
         self.value = value

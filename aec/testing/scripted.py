@@ -45,7 +45,7 @@ class ScriptedExecutor(StateExecutor):
     def _complete_one(self) -> None:
         index = self._integer(len(self._held) - 1)
         self.schedule.append(("complete", index, len(self._held)))
-        if self._mailbox is None:
+        if not hasattr(self, "_mailbox"):  # set by start()
             raise RuntimeError("ScriptedExecutor: no operator attached its mailbox yet")
         self._run(self._held.pop(index), self._mailbox.post_local)
 

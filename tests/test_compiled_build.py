@@ -1,0 +1,95 @@
+"""What must hold in both builds, interpreted and mypyc-compiled (setup.py, AEC_COMPILE=1):
+the build imported is the one expected, the compiled kernel's classes still subclass, key
+group ranges (in every checkpoint) still pickle, and engine errors keep their cause. .ci/run runs this file (with the rest of
+the non-Spark tests) against the compiled build with AEC_EXPECT_COMPILED=1."""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+
+import pytest
+from engine_helpers import Counter
+
+import aec
+from aec import AecConfig, JobFailure, KeyedProcessFunction, run_keyed
+from aec.clock import ManualClock
+from aec.errors import StuckError
+from aec.keygroups import KeyGroupRange
+from aec.runtime.controller import BatchFailed
+from aec.runtime.executor import InlineExecutor
+from aec.runtime.record_context import RecordContext
+from aec.state.memory import MemoryBackend
+
+
+def test_the_build_imported_is_the_one_expected():
+    expected = os.environ.get("AEC_EXPECT_COMPILED", "0") not in ("", "0")
+    assert aec.compiled is expected
+
+
+def test_key_group_ranges_pickle_by_value():
+    for r in (KeyGroupRange(0, 127), KeyGroupRange(5, 4), KeyGroupRange.all(32)):
+        for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+            back = pickle.loads(pickle.dumps(r, protocol))
+            assert type(back) is KeyGroupRange
+            assert (back.start, back.end) == (r.start, r.end) and back == r
+
+
+def test_a_batch_failure_carries_the_backends_error_as_cause():
+    error = OSError("disk went away")
+    assert BatchFailed([], error).__cause__ is error
+
+
+def test_a_backend_error_is_the_job_failures_cause():
+    class Broken(MemoryBackend):
+        def execute_batch(self, batch):
+            raise OSError("store is gone")
+
+    with pytest.raises(JobFailure, match="store is gone") as failure:
+        run_keyed([aec.Record("k", 1)], Counter(), Broken(), AecConfig())
+    assert isinstance(failure.value.__cause__, OSError)
+
+
+def test_engine_classes_users_and_the_engine_subclass_still_subclass():
+    class CountingInline(InlineExecutor):
+        runs = 0
+
+        def submit(self, batch):
+            CountingInline.runs += 1
+            super().submit(batch)
+
+    class Context(RecordContext):  # compiled without allow_interpreted_subclasses: TypeError
+        pass
+
+    result = run_keyed(
+        [aec.Record("k", i) for i in range(5)], Counter(), MemoryBackend(), AecConfig(),
+        executor=CountingInline(),
+    )  # fmt: skip
+    assert ("k", 5) in result.outputs and CountingInline.runs > 0
+    assert issubclass(Context, RecordContext)
+    assert issubclass(StuckError, RuntimeError)
+
+
+class TimeTypes(KeyedProcessFunction):
+    """Emits what the context says about time, for records and for timers."""
+
+    def process_element(self, value, ctx):
+        ctx.timer_service.register_event_time_timer(value + 1)
+        ctx.output(("record", ctx.timestamp, ctx.timer_service.current_watermark(),
+                    ctx.timer_service.current_processing_time()))  # fmt: skip
+
+    def on_timer(self, timestamp, ctx):
+        ctx.output(("timer", timestamp, ctx.timer_service.current_watermark(),
+                    ctx.timer_service.current_processing_time()))  # fmt: skip
+
+
+def test_times_keep_their_type():
+    # an int timestamp or watermark stays an int in both builds
+    source = [aec.Record("k", 1, timestamp=1), aec.Watermark(5), aec.Record("k", 2, timestamp=6)]
+    result = run_keyed(source, TimeTypes(), MemoryBackend(), AecConfig(), clock=ManualClock(3))
+    rows = [o[:3] for o in result.outputs if isinstance(o, tuple)]
+    assert rows[0] == ("record", 1, float("-inf"))
+    assert ("timer", 2, 5) in rows and ("record", 6, 5) in rows
+    times = [v for row in rows for v in row[1:] if math.isfinite(v)]  # not the end's +-inf
+    assert len(times) >= 5 and {type(v) for v in times} == {int}, rows
