@@ -71,8 +71,13 @@ def _other_bytes(key: object) -> bytes:
     if isinstance(key, datetime.datetime):  # before date: a datetime is a date
         if key.utcoffset() is None:
             return b"D" + key.isoformat().encode()
-        # fold=0, as datetime's hash: equal wall times in one zone are one key
-        instant = key.replace(fold=0).astimezone(_UTC).replace(tzinfo=None)
+        if key.replace(fold=1 - key.fold).utcoffset() != key.utcoffset():
+            raise ValueError(
+                f"a key holds {key!r}, a wall time its zone skips or repeats (a DST "
+                "change): Python compares it equal to no time of another zone, so it has "
+                "no stable form; key by the UTC time or by the wall time without tzinfo"
+            )
+        instant = key.astimezone(_UTC).replace(tzinfo=None)
         return b"Z" + instant.isoformat().encode()
     if isinstance(key, datetime.date):
         return b"a" + key.isoformat().encode()
