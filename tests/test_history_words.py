@@ -1,6 +1,7 @@
 """Code, tests, perf scripts and docs speak of the project, not of its history: no
-work-round words ("wave", "session" or "issue" followed by a number) and no rules cited
-from outside the repo ("DESIGN rule N"; `docs/semantics.md` numbers the rules).
+words naming rounds of work (HISTORY below: a numbered session or issue, and the like)
+and no rules cited from outside the repo ("DESIGN rule N"; `docs/semantics.md`
+numbers the rules).
 CHANGELOG.md is where the history goes. "Session windows" and Spark sessions stay.
 """
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORY = re.compile(
-    r"\b(?:waves?\b|sessions?\s+#?\d|issues?[\s-]+#?\d|DESIGN\s+rules?\s+\d)", re.IGNORECASE
+    r"\b(?:wav" r"es?\b|sessions?\s+#?\d|issues?[\s-]+#?\d|DESIGN\s+rules?\s+\d)", re.IGNORECASE
 )
 TEXT = {".py", ".md", ".toml", ".yml", ".yaml", ".txt", ".cfg", ".sh", ".json"}
 SKIPPED_DIRS = {
@@ -32,9 +33,10 @@ def _project_files() -> list[Path]:
 
 def test_the_pattern_finds_history_words_and_leaves_session_windows():
     found = [bool(HISTORY.search(text)) for text in (
-        "the second wave", "Session 9 figures", "(issue 14)", "the issue-9 goal",
-        "DESIGN rule 4", "session windows", "a Spark session", "the issue of keys",
-    )]  # fmt: skip
+        "the second wav" + "e", "Sessio" + "n 9 figures", "(issu" + "e 14)",
+        "the issu" + "e-9 goal", "DESIGN rul" + "e 4", "session windows", "a Spark session",
+        "the issue of keys",
+    )]  # fmt: skip  # split so this file has none of the words it looks for
     assert found == [True, True, True, True, True, False, False, False]
 
 
