@@ -65,8 +65,8 @@ from backends import LatencyBackend, MemoryBackend, RocksDBBackend  # noqa: E402
 
 NAME = "bench_joins"
 DEFAULTS = {"records": 100_000, "keys": 2_000, "sync_records": 1_000, "buffered": 1_000,
-            "buffer_keys": 20, "buffer_records": 100_000, "flights": 0, "repeats": 3,
-            "pyflink_records": 22_000, "pyflink_keys": 200}  # fmt: skip
+            "buffer_keys": 20, "buffer_records": 100_000, "flights": 336_776, "repeats": 3,
+            "pyflink_records": 22_000, "pyflink_keys": 200}  # fmt: skip  # flights: the whole year
 QUICK = {"records": 10_000, "keys": 500, "sync_records": 200, "buffered": 1_000,
          "buffer_keys": 4, "buffer_records": 20_000, "flights": 5_000, "repeats": 1,
          "pyflink_records": 22_000, "pyflink_keys": 200}  # fmt: skip
