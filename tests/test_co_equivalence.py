@@ -24,11 +24,17 @@ from aec.testing.strategies import co_keyed_streams, configs
 from backends import MemoryBackend, RocksDBBackend
 
 
-def backends(name):
-    """A factory of fresh backends (RocksDB: a new directory each)."""
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """One directory for the module's RocksDB databases (pytest removes old runs')."""
+    return tmp_path_factory.mktemp("co-equivalence")
+
+
+def backends(name, scratch):
+    """A factory of fresh backends (RocksDB: a new directory each, under ``scratch``)."""
     if name == "memory":
         return MemoryBackend
-    root = tempfile.mkdtemp(prefix="aec-co-equivalence-")
+    root = tempfile.mkdtemp(dir=scratch)
     made = iter(range(10_000))
     return lambda: RocksDBBackend(f"{root}/db-{next(made)}")
 
@@ -49,18 +55,20 @@ def join():
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 @settings(max_examples=30)
 @given(source=co_keyed_streams(max_size=35), config=configs("serial"), data=st.data())
-def test_co_functions_async_equals_sync(backend, source, config, data):
+def test_co_functions_async_equals_sync(scratch, backend, source, config, data):
     assert_equivalent_co(
-        Enrich, source, backend_factory=backends(backend), configs=[config], data=data
+        Enrich, source, backend_factory=backends(backend, scratch), configs=[config], data=data
     )
 
 
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 @settings(max_examples=30)
 @given(source=co_keyed_streams(max_size=35), config=configs(), data=st.data())
-def test_interval_join_async_equals_sync_in_both_watermark_orders(backend, source, config, data):
+def test_interval_join_async_equals_sync_in_both_watermark_orders(
+    scratch, backend, source, config, data
+):
     assert_equivalent_co(
-        join, source, backend_factory=backends(backend), configs=[config], data=data
+        join, source, backend_factory=backends(backend, scratch), configs=[config], data=data
     )
 
 
