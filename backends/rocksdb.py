@@ -202,7 +202,13 @@ class RocksDBBackend(StateBackend):
         # per 4 micro-batches, aborted and restarted by each close, until L0 stalled
         # writes (measured: 430 ms flushes at 2M keys). Full merges now come only when
         # the small files add up to the state's size (max_size_amplification_percent).
+        # The merges start at 8 sorted runs, not RocksDB's 4: the bulk of a large state
+        # is often two or three runs already, so 4 merged every micro-batch's flush with
+        # the one before, and each checkpoint stored that file again (on an object
+        # store: uploaded again; measured at 2M keys: 10.1 kB per micro-batch, 7.5 kB
+        # with 8; 6.8 kB at 2k keys).
         options.set_compaction_style(DBCompactionStyle.universal())
+        options.set_level_zero_file_num_compaction_trigger(8)
         # Opening reads no table properties for statistics (per SST file otherwise).
         options.set_skip_stats_update_on_db_open(True)
         if self._options_hook is not None:
