@@ -38,7 +38,8 @@ never the tombstones of those removed before (a scan of the state passed all of
 them every round, so its cost grew with every key the job had ever written). The
 rows they name are read (one multi-get) and removed if their stored expiry has
 passed (a row written again since stays; a list is rewritten with its live
-elements), the index entries deleted, all in one ``WriteBatch``. A restore that
+elements), the index entries read deleted (by one range delete per ``_INDEX_DROP``
+of them), all in one ``WriteBatch``. A restore that
 merges further snapshots copies their index entries of the key groups kept; a TTL
 state found without an index (written before the state had a TTL) is indexed once
 when opened.
@@ -92,6 +93,7 @@ _FORMAT_KEY = b"aec/format"
 _FORMAT = b"aec-rocksdb-1"
 _PAST_EVERY_KEY = b"\xff" * 8  # above every DB key (the key group is at most 0xffff)
 _COPY_BATCH = 10_000  # puts per WriteBatch when merging a snapshot in
+_INDEX_DROP = 16_384  # expiry index entries read per range delete of them
 
 OptionsHook = Callable[[Options], None]
 
@@ -160,6 +162,8 @@ class RocksDBBackend(StateBackend):
         self._tables: dict[str, Table] = {}
         self._indexes: set[str] = set()  # states whose expiry index the live DB holds
         self._swept: dict[str, bytes] = {}  # state -> its index holds nothing below this
+        # state -> (the first index key read and not deleted yet, how many were read)
+        self._read_since: dict[str, tuple[bytes, int]] = {}
         self._stamps: dict[str, tuple[int, int]] = {}  # live tables' (size, mtime) when linked
         self._closed = False
 
@@ -265,7 +269,7 @@ class RocksDBBackend(StateBackend):
         self._db = db
         self._tables = tables
         self._indexes = {n[len(_INDEX_PREFIX) :] for n in names if n.startswith(_INDEX_PREFIX)}
-        self._swept = {}
+        self._swept, self._read_since = {}, {}
         for table in tables.values():
             self._index(table)
 
@@ -445,9 +449,16 @@ class RocksDBBackend(StateBackend):
                 batch.delete(db_key, table.handle)
             elif alive is not stored:
                 batch.put(db_key, table.dumps(alive), table.handle)
-        for index_key in due:  # point deletes: a range tombstone would slow every read
-            batch.delete(index_key, table.index)  # of the memtable holding it
         following = due[-1] + b"\x00"  # the least key past the last entry read
+        # The entries read go by one range delete per _INDEX_DROP of them: a point
+        # delete each cost as much as a write, and every range tombstone in a memtable
+        # slows each new iterator of it (one per sweep), so they must stay few.
+        low, read = self._read_since.get(state.name, (start, 0))
+        read += len(due)
+        if read >= _INDEX_DROP:
+            batch.delete_range(low, following, table.index)
+            low, read = following, 0
+        self._read_since[state.name] = (low, read)
         self._live_db().write(batch, self._write_options)
         if len(due) == limit:
             return len(due), following
