@@ -29,15 +29,28 @@ _VALUE_GET, _VALUE_PUT, _VALUE_CLEAR = Op.VALUE_GET, Op.VALUE_PUT, Op.VALUE_CLEA
 
 class Table:
     """One state's column family: ``rdict`` for reads and scans, ``handle`` for writes,
-    ``dumps``/``loads`` of the state's serializer (``StateBackend.register_state``)."""
+    ``dumps``/``loads`` of the state's serializer (``StateBackend.register_state``);
+    for a TTL state its expiry index (``backends.ttl_codec``): ``index`` (the index
+    column family's handle, None without TTL), ``index_rdict`` and ``index_head``."""
 
-    __slots__ = ("state", "rdict", "handle", "serializer", "dumps", "loads")
+    __slots__ = (
+        "state", "rdict", "handle", "serializer", "dumps", "loads",
+        "index", "index_rdict", "index_head",
+    )  # fmt: skip
 
     def __init__(self, state: str, rdict: Rdict, handle: Any, serializer: Serializer = SAFE) -> None:
         self.state = state
         self.rdict = rdict
         self.handle = handle
+        self.index: Any = None
+        self.index_rdict: Rdict | None = None
+        self.index_head: Callable[[Any, bytes], bytes] | None = None
         self.use(serializer)
+
+    def index_in(self, rdict: Rdict, handle: Any, head: Callable[[Any, bytes], bytes]) -> None:
+        """Index every write by its expiry in column family ``rdict``/``handle``;
+        ``head(value, raw)`` is the index key's head (``backends.ttl_codec``)."""
+        self.index_rdict, self.index_head, self.index = rdict, head, handle
 
     def use(self, serializer: Serializer) -> None:
         """Encode and decode this state's values with ``serializer`` from now on."""
@@ -191,7 +204,11 @@ class RocksBatchView(BatchView):
             if value is ABSENT:
                 batch.delete(db_key, table.handle)
             else:
-                batch.put(db_key, table.dumps(value), table.handle)
+                raw = table.dumps(value)
+                batch.put(db_key, raw, table.handle)
+                head = table.index_head
+                if head is not None:
+                    batch.put(head(value, raw) + db_key, b"", table.index)
         db.write(batch, write_options)
 
 
@@ -239,7 +256,11 @@ def run_value_batch(
             if value is None:
                 writes.delete(db_key, table.handle)
             else:
-                writes.put(db_key, table.dumps(value), table.handle)
+                encoded = table.dumps(value)
+                writes.put(db_key, encoded, table.handle)
+                head = table.index_head
+                if head is not None:
+                    writes.put(head(value, encoded) + db_key, b"", table.index)
             written.add(db_key)
         else:
             return False

@@ -14,7 +14,9 @@ state's list of pairs is one value and keeps the state's serializer.
 
 from __future__ import annotations
 
+import math
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from aec.state.serialization import Serializer
@@ -60,3 +62,43 @@ def stored_codec(serializer: Serializer, ttl_kind: str | None) -> Serializer:
     """The codec a byte store uses for a state: ``TtlPairs`` for a TTL state of kind
     ``"value"`` or ``"map"`` (a pair per DB key), else the state's serializer."""
     return TtlPairs(serializer) if ttl_kind in ("value", "map") else serializer
+
+
+# --- the expiry index -------------------------------------------------------------------
+# A byte store keeps, beside a TTL state, an index of its writes ordered by expiry:
+# key ``head(expiry) | DB key``, empty value. A sweep reads the index from where the
+# last one stopped up to ``head(now)``, so it touches only entries that expired and
+# never passes the tombstones of entries removed before (a scan of the state
+# itself passed every one of them, every round). ``head`` is 9 bytes that sort as
+# the expiry does: for an expiry >= 0 the first 9 bytes of its stored pair (the mark
+# and the big-endian double), so the write path only slices; for a negative one
+# ``0xC0`` and the double's bits inverted. An index entry may be stale (the key was
+# written again later, or removed): the sweep checks the stored expiry before it
+# removes anything.
+
+_EXPIRY = struct.Struct(">d")
+HEAD_SIZE = _HEAD.size
+
+
+def head(expiry: float) -> bytes:
+    """The index's 9-byte head of ``expiry``: byte order is expiry order."""
+    packed = _EXPIRY.pack(expiry)
+    if packed[0] < 0x80:
+        return b"\xc1" + packed
+    return b"\xc0" + bytes(byte ^ 0xFF for byte in packed)
+
+
+def pair_head(value: Any, raw: bytes) -> bytes:
+    """The index head of a stored pair ``value`` (``raw``: ``TtlPairs.dumps(value)``)."""
+    return raw[:9] if raw[1] < 0x80 else head(value[1])
+
+
+def list_head(value: Any, raw: bytes) -> bytes:
+    """The index head of a stored list of pairs: its newest expiry (each write of the
+    list adds an entry; when one falls due, the list is pruned of all that expired)."""
+    return head(max((pair[1] for pair in value), default=-math.inf))
+
+
+def index_head(ttl_kind: str) -> Callable[[Any, bytes], bytes]:
+    """``pair_head`` or ``list_head`` for a TTL state of ``ttl_kind``."""
+    return list_head if ttl_kind == "list" else pair_head

@@ -27,8 +27,9 @@ their own, in the background of the batches they run:
   expires while ``now`` does not advance.
 
 Which backend sweeps how: MemoryBackend walks a copy of each TTL state's key list,
-RocksDB and SlateDB scan their key ranges from a cursor key (one ``WriteBatch`` of
-deletes and rewrites per sweep), Redis lets the server expire keys (``PEXPIRE``).
+RocksDB reads an expiry index of its writes up to ``now`` (only what expired), SlateDB
+scans its key ranges from a cursor key (one ``WriteBatch`` of deletes and rewrites
+per sweep), Redis lets the server expire keys (``PEXPIRE``).
 ``state_items`` shows state as a read at the last ``now`` would: entries expired by
 then are left out whether or not a sweep removed them yet.
 """
