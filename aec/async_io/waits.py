@@ -218,7 +218,7 @@ def _iterate(
                 except StopIteration:
                     exhausted = True
                     continue
-                operator.process(element)
+                operator.admit(element)  # advance just ran: no mail waits, there is room
                 continue
             if exhausted and operator.idle():
                 break
