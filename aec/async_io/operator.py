@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from time import monotonic
 from typing import Generic, NoReturn, Self
 
@@ -218,6 +218,25 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
         self._enqueue(element)
         if not isinstance(element, Watermark):
             self._records_in += 1
+
+    def admit_from(self, elements: Iterator[IN | Watermark]) -> bool:
+        """``admit`` elements of ``elements`` one after another while there is room and
+        nothing is to run first (no completion mail, no timer due, no watermark just
+        admitted that ``advance`` may emit), for a front-end that just ran ``advance``
+        and saw ``has_room()`` and no ``has_completions()``. Pulls an element only to
+        admit it. True once ``elements`` is exhausted. Raises as ``process``."""
+        mails, timers, queue, capacity = self._mailbox.mails, self._timers, self._queue, self.capacity
+        admit = self.admit
+        for element in elements:
+            admit(element)
+            if (
+                mails
+                or len(queue) >= capacity
+                or timers.due <= monotonic()
+                or isinstance(element, Watermark)
+            ):
+                return False
+        return True
 
     def _enqueue(self, element: object, attempts: int = 0) -> None:
         """Admit ``element`` (no room check); boundary errors leave nothing changed."""
