@@ -52,8 +52,8 @@ _MODES = ("ordered", "unordered")
 
 
 class _Row(tuple):
-    """A UDF input: ``(position in the task, argument tuple)``; shown as its arguments
-    (in a ``JobFailure`` naming the failed row)."""
+    """A UDF input tagged with its place: ``(position in the task, argument tuple)``;
+    shown as its arguments (in a ``JobFailure`` naming the failed row)."""
 
     __slots__ = ()
 
@@ -77,17 +77,22 @@ class _CallWith(AsyncFunction):
 
 class _BatchCallWith(AsyncBatchFunction):
     """An ``async def fn(values: list) -> list`` as an ``AsyncBatchFunction``: each
-    row's one result, tagged with its position in the task. A row of one column
-    gives ``fn`` its value, a row of several the tuple of them."""
+    row's one result. A row of one column gives ``fn`` its value, a row of several
+    the tuple of them. Tagged (``_Row`` inputs), each result is tagged with its row's
+    position in the task; untagged, the inputs are ``fn``'s values themselves."""
 
-    def __init__(self, fn: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, fn: Callable[[list[Any]], Any], tagged: bool = True) -> None:
         self.fn = fn
+        self.tagged = tagged
 
     async def async_invoke_batch(self, values: list[Any]) -> list[Any]:
+        fn = self.fn
+        if not self.tagged:
+            # the user's function is the one whose result must fit (named in the error)
+            return [[result] for result in batch_results(fn, values, await fn(values))]
         rows = cast("list[_Row]", values)
         args = [row[1][0] if len(row[1]) == 1 else row[1] for row in rows]
-        # the user's function is the one whose result must fit (named in the error)
-        results = batch_results(self.fn, args, await self.fn(args))
+        results = batch_results(fn, args, await fn(args))
         return [[(row[0], result)] for row, result in zip(rows, results, strict=True)]
 
 
@@ -239,25 +244,34 @@ class _UdfBody:
         self.__doc__ = fn.__doc__
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[pd.Series | pd.DataFrame]:
-        results = _udf_batches(batches, self._calls)
+        results = _udf_batches(batches, self._calls, self._tagged)
         for values, index in results:
             if self.struct_fields is None:
                 yield pd.Series(values, index=index, dtype=object)
             else:
                 yield _struct_frame(values, self.struct_fields, index)
 
-    def _calls(self, rows: Iterator[_Row]) -> Iterator[Any]:
-        """``(position, result)`` per row: one wait call over every row of the task
-        (rows only: no watermark comes out)."""
-        retry = _Untagged(self.retry)
+    @property
+    def _tagged(self) -> bool:
+        """Whether rows travel as ``_Row``s and results carry their positions: all but
+        an ordered batched UDF, whose function takes the rows' values as they are and
+        whose results come back one per row in row order (see ``_udf_batches``)."""
+        return self.batching is None or not self.ordered
+
+    def _calls(self, rows: Iterator[Any]) -> Iterator[Any]:
+        """One result per row, ``(position, result)`` if tagged: one wait call over
+        every row of the task (rows only: no watermark comes out)."""
         if self.batching is None:
             wait = ordered_wait if self.ordered else unordered_wait
-            return wait(rows, _CallWith(self.fn), self.timeout, self.capacity, retry)
+            return wait(rows, _CallWith(self.fn), self.timeout, self.capacity,
+                        _Untagged(self.retry))  # fmt: skip
         size, batch_timeout = self.batching
+        tagged = self._tagged
         return batch_wait(
-            rows, _BatchCallWith(self.fn), max_batch_size=size, batch_timeout=batch_timeout,
-            timeout=self.timeout, capacity=self.capacity,
-            mode="ordered" if self.ordered else "unordered", retry=retry,
+            rows, _BatchCallWith(self.fn, tagged), max_batch_size=size,
+            batch_timeout=batch_timeout, timeout=self.timeout, capacity=self.capacity,
+            mode="ordered" if self.ordered else "unordered",
+            retry=_Untagged(self.retry) if tagged else self.retry,
         )  # fmt: skip
 
 
@@ -296,27 +310,37 @@ class _PendingBatch:
 
 
 def _udf_batches(
-    batches: Iterator[Any], calls: Callable[[Iterator[_Row]], Iterator[tuple[int, Any]]]
+    batches: Iterator[Any], calls: Callable[[Iterator[Any]], Iterator[Any]], tagged: bool = True
 ) -> Iterator[tuple[list[Any], pd.Index]]:
     """``(results, index)`` per input batch: ``calls`` (one wait call) over every row of
-    the task, giving ``(position, result)`` per row.
+    the task, giving one result per row.
 
-    Rows carry their task-wide position; a batch's Series leaves once every row of
-    it has its result and every earlier batch has left (Spark needs batches back in
+    Tagged, a row is a ``_Row`` carrying its task-wide position and its argument
+    tuple, and its result comes back as ``(position, result)``, in any order.
+    Untagged, a row is its value (one column) or the tuple of its values (several),
+    and results come back in row order. A batch's Series leaves once every row of it
+    has its result and every earlier batch has left (Spark needs batches back in
     order, each as long as it came in).
     """
     waiting: deque[_PendingBatch] = deque()  # batches the wait call started pulling
 
-    def rows() -> Iterator[_Row]:
+    def rows() -> Iterator[Any]:
         position = 0
         for batch in batches:
             columns = batch if isinstance(batch, tuple) else (batch,)
-            waiting.append(_PendingBatch(position, len(columns[0]), columns[0].index))
-            for args in zip(*(c.tolist() for c in columns), strict=True):
+            size = len(columns[0])
+            waiting.append(_PendingBatch(position, size, columns[0].index))
+            values = [column.tolist() for column in columns]
+            if not tagged:
+                yield from values[0] if len(values) == 1 else zip(*values, strict=True)
+                position += size
+                continue
+            for args in zip(*values, strict=True):
                 yield _Row((position, args))
                 position += 1
 
-    for position, value in calls(rows()):
+    outputs = calls(rows())
+    for position, value in outputs if tagged else enumerate(outputs):
         for pending in waiting:  # at most capacity rows in flight: few batches to scan
             offset = position - pending.start
             if offset < len(pending.values):

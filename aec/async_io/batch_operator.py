@@ -14,7 +14,7 @@ inputs in batches.
 
 A batch call reports once, as one mail; the mailbox thread hands each input's
 result (or the call's error) to that input's attempt, where the driver's usual rules
-apply (a stale attempt is dropped, a failure may be retried; a retried input joins
+apply at once (a stale attempt is dropped, a failure may be retried; a retried input joins
 whatever batch is pending then). A result of the wrong length fails the job at once.
 """
 
@@ -29,7 +29,6 @@ from aec.async_io.function import ResultFuture
 from aec.async_io.operator import AsyncWaitOperator
 from aec.async_io.queue import AsyncEntry
 from aec.checkpoint.files import CheckpointHandle
-from aec.elements import Watermark
 from aec.retry import NoRetry, RetryStrategy
 from aec.runtime.batch_queue import (
     BatchItem,
@@ -111,7 +110,10 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
         there (``entry.task``)."""
         item = BatchItem(entry.value, (entry, future))
         entry.task = item
-        self._batch_queue().submit(item)
+        queue = self._batches
+        if queue is None:
+            queue = self._batch_queue()
+        queue.submit(item)
 
     def _batch_queue(self) -> BatchQueue[Attempt]:
         queue = self._batches
@@ -152,17 +154,21 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
         if fatal:
             entry = items[0].owner[0]
             raise self._failure(entry, error) from error
-        # each input's outcome becomes its attempt's completion (a mail of its own,
-        # run by the same _run_mails loop): the driver's rules then apply as for a
-        # single call, and ResultFuture.complete checks each input's outputs
+        # each input's outcome becomes its attempt's completion, so the driver's rules
+        # apply as for a single call: a result is checked by ResultFuture.settle and
+        # handled at once, as the mail complete() would post (a mail per input cost
+        # more than the input's other steps); a failed call's error goes by mail.
+        complete = super()._on_completion
         for index, item in enumerate(items):
             entry, attempt = item.owner
             if entry.future is not attempt:
                 continue  # timed out meanwhile, or an earlier attempt's batch
             if error is not None:
                 attempt.complete_exceptionally(error)
-            else:
-                attempt.complete(cast("list[Iterable[object]]", results)[index])
+                continue
+            outcome = attempt.settle(cast("list[Iterable[object]]", results)[index])
+            if outcome is not None:
+                complete(attempt, *outcome)
 
     def _flush(self) -> None:
         """Send the pending partial batch (nothing once the loop thread stopped)."""
@@ -170,10 +176,8 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
             self._batches.flush()
 
     # -- boundaries: a partial batch leaves at once --------------------------------------
-    def _admit(self, element: object, attempts: int = 0) -> AsyncEntry | Watermark:
-        if isinstance(element, Watermark):
-            self._flush()
-        return super()._admit(element, attempts)
+    def _before_watermark(self) -> None:
+        self._flush()
 
     def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
         """``AsyncWaitOperator.snapshot``; the pending partial batch is sent first."""

@@ -8,8 +8,9 @@ for FLIP-232 retries) and FLIP-519's key-ordered mode, on aec's mailbox model:
   predicates run there.
 - Completions come from any thread as mails in one ``Mailbox`` (deque + Event).
   Mails run before new input is admitted (docs/semantics.md rule 6).
-- Timeouts and retry delays are timers in one ``SortedList``; the driver sleeps on
-  the mailbox until the next mail or the next timer.
+- Timeouts wait in a FIFO (they fall due in admission order), retry delays in a
+  ``SortedList`` (``Timers``); the driver sleeps on the mailbox until the next mail
+  or the next timer.
 - asyncio-style functions run on one ``EventLoopThread``, started at the first
   call and stopped when the operator ends.
 
@@ -17,7 +18,8 @@ Invariants:
 - Per entry, at most one ResultFuture is accepted at a time (``entry.future``); a
   completion of any other future (duplicate, earlier attempt, after timeout) is
   dropped.
-- ``entry.timers`` holds exactly the entry's timers that are in ``Timers``.
+- ``entry.timers`` holds exactly the entry's live timers (``Timers`` may still hold
+  a cancelled timeout, dead, until it reaches the FIFO's head).
 - Retry n starts ``backoff(n)`` seconds after attempt n completed, only if that is
   before the entry's deadline (first call's start + timeout) and n < max_attempts;
   a wanted retry that would start at or after the deadline waits for the timeout,
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from time import monotonic
 from typing import Any, cast
@@ -45,6 +49,7 @@ from aec.async_io.queue import (
     AsyncEntry,
     KeyGate,
     OrderedQueue,
+    Timer,
     UnorderedQueue,
 )
 from aec.elements import Watermark, check_key, check_timestamp
@@ -64,49 +69,106 @@ class Timers:
 
     A timer is ``(due, sequence, kind, entry, attempt)``: ``due`` in monotonic
     seconds, ``sequence`` breaks ties in creation order (and keeps tuples from ever
-    comparing entries). Cancelled timers are removed, so every timer here is live.
+    comparing entries). Timeouts wait in a FIFO: every timeout has the operator's one
+    length and starts on the monotonic clock, so they fall due in the order they are
+    added (one that would not is put in its place). A cancelled timeout stays in the
+    FIFO, dead (no longer in its entry's ``timers``), until it reaches the head or the
+    FIFO is compacted (when dead timeouts outnumber live ones), so removal costs
+    nothing per input and the FIFO stays within twice the live timeouts. Retry timers
+    are few and are removed from a ``SortedList`` when cancelled.
+
+    ``due`` is a lower bound of the earliest live timer's due time (``math.inf``: no
+    timer), for a caller to skip ``pop_due`` until then: cheaper than asking.
     """
 
-    __slots__ = ("_timers", "_sequence")
+    __slots__ = ("_timeouts", "_live_timeouts", "_others", "_sequence", "due")
 
     def __init__(self) -> None:
-        self._timers = SortedList()
+        self._timeouts: deque[Timer] = deque()
+        self._live_timeouts = 0
+        self._others = SortedList()
         self._sequence = itertools.count()
+        self.due = math.inf
 
     def __len__(self) -> int:
-        return len(self._timers)
+        """Live timers."""
+        return self._live_timeouts + len(self._others)
 
     def add(self, due: float, kind: int, entry: AsyncEntry, attempt: int = 0) -> None:
         timer = (due, next(self._sequence), kind, entry, attempt)
-        self._timers.add(timer)
         entry.timers.append(timer)
+        if due < self.due:
+            self.due = due
+        if kind != _TIMEOUT:
+            self._others.add(timer)
+            return
+        timeouts = self._timeouts
+        self._live_timeouts += 1
+        if not timeouts or timeouts[-1] < timer:
+            timeouts.append(timer)
+            return
+        place = len(timeouts) - 1  # a timeout due before the last one: find its place
+        while place > 0 and timeouts[place - 1] > timer:
+            place -= 1
+        timeouts.insert(place, timer)
 
     def cancel_all(self, entry: AsyncEntry) -> None:
-        """Remove every timer of ``entry``."""
+        """Remove every timer of ``entry`` (its timeout is left dead in the FIFO)."""
         for timer in entry.timers:
-            self._timers.remove(timer)
+            if timer[2] == _TIMEOUT:
+                self._live_timeouts -= 1
+            else:
+                self._others.remove(timer)
         entry.timers.clear()
+        timeouts = self._timeouts
+        if len(timeouts) > 2 * self._live_timeouts + 64:
+            self._timeouts = deque(timer for timer in timeouts if timer in timer[3].timers)
+
+    def _first_timeout(self) -> Timer | None:
+        """The earliest live timeout (dead ones before it are dropped)."""
+        timeouts = self._timeouts
+        while timeouts:
+            timer = timeouts[0]
+            if timer in timer[3].timers:
+                return timer
+            timeouts.popleft()
+        return None
+
+    def _first(self) -> Timer | None:
+        """The earliest live timer; ``due`` becomes its due time."""
+        first = self._first_timeout()
+        if self._others:
+            other: Timer = self._others[0]  # SortedList is untyped
+            if first is None or other < first:
+                first = other
+        self.due = math.inf if first is None else first[0]
+        return first
 
     def pop_due(self, now: float) -> tuple[int, AsyncEntry, int] | None:
         """Remove and return ``(kind, entry, attempt)`` of the earliest timer due at
         ``now``, or None."""
-        timers = self._timers
-        if not timers or timers[0][0] > now:
+        timer = self._first()
+        if timer is None or timer[0] > now:
             return None
-        timer = timers.pop(0)
         _, _, kind, entry, attempt = timer
+        if kind == _TIMEOUT:
+            self._timeouts.popleft()
+            self._live_timeouts -= 1
+        else:
+            self._others.pop(0)
         entry.timers.remove(timer)
         return kind, entry, attempt
 
     def next_delay(self, now: float) -> float | None:
         """Seconds until the earliest timer (0 if overdue), None if there is none."""
-        if not self._timers:
-            return None
-        due: float = self._timers[0][0]  # SortedList is untyped
-        return max(0.0, due - now)
+        timer = self._first()
+        return None if timer is None else max(0.0, timer[0] - now)
 
     def clear(self) -> None:
-        self._timers.clear()
+        self._timeouts.clear()
+        self._live_timeouts = 0
+        self._others.clear()
+        self.due = math.inf
 
 
 def is_asyncio_style(function: object) -> bool:
@@ -188,6 +250,7 @@ class CallDriver:
         are calls made before a restore (they count against ``max_attempts``, but
         at least one call is made)."""
         if isinstance(element, Watermark):
+            self._before_watermark()
             self._check_watermark(element)
             self._queue.add_watermark(element)
             return element
@@ -211,6 +274,10 @@ class CallDriver:
         if self._gate is None or self._gate.acquire(entry):
             self._start(entry)
         return entry
+
+    def _before_watermark(self) -> None:
+        """A watermark is about to be admitted (a batched operator sends its partial
+        batch: nothing may wait behind a boundary)."""
 
     def _check_watermark(self, watermark: Watermark) -> None:
         timestamp = watermark.timestamp

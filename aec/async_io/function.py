@@ -18,14 +18,17 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Generic
+from typing import Any, Generic
 
 from aec.async_io.queue import AsyncEntry
 from aec.errors import describe
 from aec.runtime.mailbox import Mailbox
 from aec.state.typevars import IN, OUT
 
-__all__ = ["AsyncFunction", "AsyncFunctionBase", "ResultFuture"]
+__all__ = ["AsyncFunction", "AsyncFunctionBase", "Outcome", "ResultFuture"]
+
+# an attempt's outcome: (results, error, fatal); fatal skips retries
+Outcome = tuple[list[Any] | None, BaseException | None, bool]
 
 
 class ResultFuture(Generic[OUT]):
@@ -63,24 +66,29 @@ class ResultFuture(Generic[OUT]):
         without retries; an exception raised while iterating ``results`` completes
         the attempt exceptionally with it.
         """
+        outcome = self.settle(results)
+        if outcome is not None:
+            self._post(*outcome)
+
+    def settle(self, results: Iterable[OUT]) -> Outcome | None:
+        """``complete`` on the mailbox thread without a mail: returns the outcome
+        ``(results, error, fatal)`` that ``complete`` posts (None if this future was
+        already completed), for the driver to handle as that mail at once (the
+        inputs of one batch call)."""
         if self._done:
-            return
+            return None
         self._done = True
         if results is None or isinstance(results, (str, bytes, bytearray)):
-            self._post(None, _bad_results(results), True)
-            return
+            return None, _bad_results(results), True
         try:
             collected = list(results)
         except TypeError as exc:
             if not hasattr(results, "__iter__"):  # not iterable at all: a programming error
-                self._post(None, _bad_results(results), True)
-                return
-            self._post(None, exc, False)
-            return
+                return None, _bad_results(results), True
+            return None, exc, False
         except Exception as exc:  # the user's generator failed: this attempt failed
-            self._post(None, exc, False)
-            return
-        self._post(collected, None, False)
+            return None, exc, False
+        return collected, None, False
 
     def complete_exceptionally(self, error: BaseException) -> None:
         """Complete with ``error`` (an exception instance). The retry strategy may retry

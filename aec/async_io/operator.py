@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from time import monotonic
 from typing import Generic, NoReturn, Self
 
@@ -181,7 +181,6 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
             self.process_watermark(value)
             return
         self._push(value)
-        self._records_in += 1
 
     def process_watermark(self, watermark: Watermark) -> None:
         """Queue ``watermark``: it leaves after every result of the inputs before it
@@ -194,9 +193,8 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
             raise TypeError(f"expected an aec.Watermark, got {type(watermark).__name__}")
         self._push(watermark)
 
-    def _push(self, element: object) -> None:
+    def _push(self, element: IN | Watermark) -> None:
         self._require_open()
-        self._restorable = False
         try:
             self.advance()
             while len(self._queue) >= self.capacity:
@@ -204,11 +202,41 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
                 self.advance()
         except BaseException as exc:
             self._fail(exc)
-        self._enqueue(element)
+        self.admit(element)
         try:
             self.advance()
         except BaseException as exc:
             self._fail(exc)
+
+    def admit(self, element: IN | Watermark) -> None:
+        """Admit an input or a ``Watermark`` now: ``process`` without its steps around
+        the admission (running mails, waiting for room, emitting), for a front-end
+        that just ran ``advance`` and saw ``has_room()`` and no ``has_completions()``.
+        Raises as ``process``."""
+        self._require_open()
+        self._restorable = False
+        self._enqueue(element)
+        if not isinstance(element, Watermark):
+            self._records_in += 1
+
+    def admit_from(self, elements: Iterator[IN | Watermark]) -> bool:
+        """``admit`` elements of ``elements`` one after another while there is room and
+        nothing is to run first (no completion mail, no timer due, no watermark just
+        admitted that ``advance`` may emit), for a front-end that just ran ``advance``
+        and saw ``has_room()`` and no ``has_completions()``. Pulls an element only to
+        admit it. True once ``elements`` is exhausted. Raises as ``process``."""
+        mails, timers, queue, capacity = self._mailbox.mails, self._timers, self._queue, self.capacity
+        admit = self.admit
+        for element in elements:
+            admit(element)
+            if (
+                mails
+                or len(queue) >= capacity
+                or timers.due <= monotonic()
+                or isinstance(element, Watermark)
+            ):
+                return False
+        return True
 
     def _enqueue(self, element: object, attempts: int = 0) -> None:
         """Admit ``element`` (no room check); boundary errors leave nothing changed."""
@@ -247,9 +275,9 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
         """Run completion mails, then due timers, then emit what the queue releases;
         never blocks. Raises JobFailure as ``process`` (without failing the operator:
         the front-end calls ``abandon``)."""
-        if self._mailbox:
+        if self._mailbox.mails:
             self._run_mails()
-        if self._timers:
+        if self._timers.due <= monotonic():
             self._fire_timers()
         ready = self._queue.pop_ready()
         if not ready:

@@ -213,12 +213,8 @@ def _iterate(
             if not exhausted and operator.has_room():
                 if operator.has_completions():
                     continue  # completions before new input
-                try:
-                    element = next(elements)
-                except StopIteration:
-                    exhausted = True
-                    continue
-                operator.process(element)
+                # advance just ran: no mail waits, there is room
+                exhausted = operator.admit_from(elements)
                 continue
             if exhausted and operator.idle():
                 break
