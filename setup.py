@@ -15,9 +15,9 @@ import re
 from setuptools import setup
 
 # The engine's per-record core: the AEC, its buffers, lanes, key accounting and epochs,
-# the record context, the mailbox, the executors, the user-code runner, the output, the
-# timer queue; the state futures, requests and handles, and MemoryBackend. The rest stays
-# interpreted (the operator, run_keyed, key groups among them): docs/performance.md.
+# the record context, the mailbox, the executors, the user-code runner, the output; the
+# state futures, requests and handles, and MemoryBackend. The rest stays interpreted (the
+# operator, run_keyed, the timer queue, key groups among them): docs/performance.md.
 COMPILED = [
     "aec/runtime/buffers.py",
     "aec/runtime/controller.py",
@@ -28,7 +28,6 @@ COMPILED = [
     "aec/runtime/mailbox.py",
     "aec/runtime/output.py",
     "aec/runtime/record_context.py",
-    "aec/runtime/timers.py",
     "aec/runtime/user_code.py",
     "aec/state/future.py",
     "aec/state/handles.py",
