@@ -10,13 +10,14 @@ files ship beside the compiled ones, and Python imports the compiled ones first.
 from __future__ import annotations
 
 import os
+import re
 
 from setuptools import setup
 
 # The engine's per-record core: the AEC, its buffers, lanes, key accounting and epochs,
-# the record context, the mailbox, the executors. The rest stays interpreted, among it
-# modules tried and left out because compiled they behaved differently (the futures,
-# requests and handles, MemoryBackend, the timer queue, key groups): docs/performance.md.
+# the record context, the mailbox, the executors, the user-code runner, the output; the
+# state futures, requests and handles, and MemoryBackend. The rest stays interpreted (the
+# operator, run_keyed, the timer queue, key groups among them): docs/performance.md.
 COMPILED = [
     "aec/runtime/buffers.py",
     "aec/runtime/controller.py",
@@ -25,8 +26,44 @@ COMPILED = [
     "aec/runtime/key_accounting.py",
     "aec/runtime/lanes.py",
     "aec/runtime/mailbox.py",
+    "aec/runtime/output.py",
     "aec/runtime/record_context.py",
+    "aec/runtime/user_code.py",
+    "aec/state/future.py",
+    "aec/state/handles.py",
+    "aec/state/memory.py",
+    "aec/state/requests.py",
 ]
+
+# Two fixes to the C mypyc (2.4.1) generates, applied before it is compiled:
+#
+# On Python < 3.12 a compiled class with a Python base (``Generic[T]``: the futures,
+# requests, handles) keeps its weak-reference list in a slot after its ``__dict__``, but
+# its traverse visits that list and its clear (run by dealloc) ``Py_CLEAR``s it like an
+# owned reference: a freed instance left its weak references dangling, and the next
+# collection crashed. Fixed as CPython's own dealloc does it: no visit, and
+# ``PyObject_ClearWeakRefs`` once the object is dead.
+_WEAKLIST = r"\*\(\(PyObject \*\*\)\(\(char \*\)self \+ sizeof\(PyObject \*\) \+ sizeof\(\w+\)\)\)"
+_VISIT_WEAKLIST = re.compile(rf"^[ \t]*Py_VISIT\(({_WEAKLIST})\);\n", re.M)
+_CLEAR_WEAKLIST = re.compile(rf"^([ \t]*)Py_CLEAR\(({_WEAKLIST})\);$", re.M)
+_CLEAR_WEAKREFS = (
+    r"\1if (Py_REFCNT(self) == 0 && \2 != NULL) PyObject_ClearWeakRefs((PyObject *)self);"
+)
+# The compiled methods of a Python class (``mypyc_attr(native_class=False)``) check that
+# ``self`` is exactly that class, which refuses users' subclasses (of ``MemoryBackend``);
+# mypyc ignores ``allow_interpreted_subclasses`` there, so the check becomes isinstance.
+_PYTHON_CLASSES = ("memory___MemoryBackend", "memory___MemorySpec")
+_EXACT_TYPE = re.compile(rf"Py_TYPE\((\w+)\) == (CPyType_(?:{'|'.join(_PYTHON_CLASSES)}))\b")
+
+
+def _fix_generated_c(source: str) -> None:
+    with open(source) as file:
+        text = file.read()
+    fixed = _CLEAR_WEAKLIST.sub(_CLEAR_WEAKREFS, _VISIT_WEAKLIST.sub("", text))
+    fixed = _EXACT_TYPE.sub(r"PyObject_TypeCheck(\1, \2)", fixed)
+    if fixed != text:
+        with open(source, "w") as file:
+            file.write(fixed)
 
 
 def _ext_modules() -> list[object]:
@@ -34,7 +71,12 @@ def _ext_modules() -> list[object]:
         return []
     from mypyc.build import mypycify  # AEC_COMPILE=1 needs mypy in the build environment
 
-    return list(mypycify(COMPILED, opt_level="3", debug_level="0", group_name="aec_kernel"))
+    extensions = list(mypycify(COMPILED, opt_level="3", debug_level="0", group_name="aec_kernel"))
+    for extension in extensions:
+        for source in extension.sources:
+            if source.endswith(".c"):
+                _fix_generated_c(source)
+    return extensions
 
 
 setup(ext_modules=_ext_modules())

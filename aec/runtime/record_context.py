@@ -61,7 +61,7 @@ class RecordContext:
         epoch: Epoch,
         watermark: float | int,  # "| int": compiled, a bare float annotation makes ints floats
         on_finished: Callable[[RecordContext], None],
-        timer: tuple[str, float] | None = None,
+        timer: tuple[str, float | int] | None = None,
         processing_time: float | int = 0.0,
         input: int = 0,
     ) -> None:

@@ -125,7 +125,9 @@ class EntryRunner:
             if "event loop" not in str(exc):  # no running, or no current, one
                 raise
             # an asyncio awaitable (asyncio.sleep, an aiohttp call) looked for its loop
-            raise TypeError(_AWAITABLES.format(what="an asyncio awaitable")) from exc
+            error = TypeError(_AWAITABLES.format(what="an asyncio awaitable"))
+            error.__cause__ = exc  # compiled, ``raise ... from`` sets no cause
+            raise error from exc
         if not isinstance(awaited, StateFuture):
             coroutine.close()
             raise TypeError(_AWAITABLES.format(what=describe(awaited)))

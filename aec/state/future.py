@@ -20,8 +20,10 @@ attribute; the runtime reads nothing else of it.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable
-from typing import Any, Final, Generic, Protocol, TypeVar, overload
+from functools import partial
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, overload
 
+from aec.native import mypyc_attr
 from aec.state.typevars import T
 
 R = TypeVar("R")  # what a chained function returns
@@ -42,6 +44,7 @@ class Owner(Protocol):
         """One thing less; at zero the record is finished."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the external calls' CallFuture
 class StateFuture(Generic[T]):
     """A value of type ``T`` that a state access delivers later, on the mailbox thread.
 
@@ -54,7 +57,7 @@ class StateFuture(Generic[T]):
     # whether a pending callback holds its own reference on the record: a future that
     # itself holds one until its callbacks ran (a state request, an external call)
     # lets them ride on it
-    callbacks_hold_record = True
+    callbacks_hold_record: ClassVar[bool] = True
 
     def __init__(self, context: Owner | None = None, result: T = _PENDING) -> None:
         self._result: T = result  # _PENDING until completed
@@ -150,11 +153,7 @@ class StateFuture(Generic[T]):
         if self._result is not _PENDING:
             return _done(fn(self._result), self.context)
         out: StateFuture[R] = StateFuture(self.context)
-
-        def apply(r: T) -> None:
-            out.complete(fn(r))
-
-        self._register(apply)
+        self._register(partial(_apply, fn, out))
         return out
 
     def then_accept(self, fn: Callable[[T], object]) -> StateFuture[None]:
@@ -163,12 +162,7 @@ class StateFuture(Generic[T]):
             fn(self._result)
             return _DONE_NONE
         out: StateFuture[None] = StateFuture(self.context)
-
-        def run(r: T) -> None:
-            fn(r)
-            out.complete(None)
-
-        self._register(run)
+        self._register(partial(_accept, fn, out))
         return out
 
     # fn returns a future (the usual case), a future or None, or a plain value
@@ -187,18 +181,7 @@ class StateFuture(Generic[T]):
         if self._result is not _PENDING:
             return _as_future(fn(self._result), self.context)
         out: StateFuture[object] = StateFuture(self.context)
-
-        def forward(r: T) -> None:
-            value = fn(r)
-            if type(value) is StateFuture or isinstance(value, StateFuture):
-                result = value._result  # noqa: SLF001 (a StateFuture's own field, this class)
-                if result is _PENDING:
-                    value._register(out.complete)  # noqa: SLF001 (this class)
-                    return
-                value = result
-            out.complete(value)
-
-        self._register(forward)
+        self._register(partial(_forward, fn, out))
         return out
 
     def then_combine(self, other: StateFuture[S], fn: Callable[[T, S], R]) -> StateFuture[R]:
@@ -268,6 +251,28 @@ class StateFuture(Generic[T]):
 _DONE_NONE: StateFuture[None] = StateFuture(None, None)
 
 
+# The chaining methods' callbacks: partials of these, not closures (compiled, a closure
+# and its environment are a reference cycle per call, which only the cyclic GC frees).
+def _apply(fn: Callable[[T], R], out: StateFuture[R], r: T) -> None:
+    out.complete(fn(r))
+
+
+def _accept(fn: Callable[[T], object], out: StateFuture[None], r: T) -> None:
+    fn(r)
+    out.complete(None)
+
+
+def _forward(fn: Callable[[T], object], out: StateFuture[object], r: T) -> None:
+    value = fn(r)
+    if type(value) is StateFuture or isinstance(value, StateFuture):
+        result = value._result  # noqa: SLF001 (a StateFuture's own field, this module)
+        if result is _PENDING:
+            value._register(out.complete)  # noqa: SLF001 (this module)
+            return
+        value = result
+    out.complete(value)
+
+
 def _done(value: R, context: Owner | None) -> StateFuture[R]:
     return StateFuture(context, value)
 
@@ -292,26 +297,30 @@ def combine_all(futures: Iterable[StateFuture[R]]) -> StateFuture[list[R]]:
 
     Raises TypeError if an element is not a StateFuture.
     """
-    futures = list(futures)
+    # Any: compiled, a typed loop variable would check the type before the loop does
+    given: list[Any] = list(futures)
     context = None
     pending = 0
-    for future in futures:
+    for future in given:
         if not isinstance(future, StateFuture):
             raise TypeError(f"combine_all takes StateFutures, got {type(future).__name__}")
         if not future.is_done():
             pending += 1
             context = context or future.context
     if not pending:
-        return _done([f.get() for f in futures], None)
+        return _done([f.get() for f in given], None)
     out: StateFuture[list[R]] = StateFuture(context)
-    remaining = [pending]
-
-    def one_done(_: object) -> None:
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            out.complete([f.get() for f in futures])
-
-    for future in futures:
+    one_done = partial(_one_done, [pending], out, given)
+    for future in given:
         if not future.is_done():
             future.on_complete(one_done)
     return out
+
+
+def _one_done(
+    remaining: list[int], out: StateFuture[list[Any]], given: list[Any], _: object
+) -> None:
+    """``combine_all``'s callback: ``remaining[0]`` futures were pending."""
+    remaining[0] -= 1
+    if remaining[0] == 0:
+        out.complete([f.get() for f in given])

@@ -9,8 +9,10 @@ the key of the record (or timer) whose code is running.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
 
+from aec.native import mypyc_attr
 from aec.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -148,6 +150,7 @@ class _Consumer(Generic[R, E]):
 # -- handles -------------------------------------------------------------------------------
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the TTL handles
 class StateHandle(Generic[D]):
     """The base of every handle (Flink's ``State``): binds a state name to the
     controller's ``submit`` and ``wait_for``; ``descriptor`` is its descriptor ``D``."""
@@ -181,16 +184,26 @@ class StateHandle(Generic[D]):
         self, op: int, project: Callable[[Any], E] | None
     ) -> StateFuture[StateIterator[E]]:
         """A future of a chunked StateIterator over this state (list or map)."""
-        submit, name, wait = self._submit, self._name, self._wait
-
-        def load(cursor: object) -> StateFuture[Chunk]:
-            return submit(op, name, None, (cursor, ITERATOR_CHUNK))
-
-        return load(None).then_apply(
-            lambda chunk: StateIterator(chunk[0], chunk[1], load, wait, project)
-        )
+        # partials, not closures (compiled, a closure is a reference cycle: GC only)
+        load = partial(_load_chunk, self._submit, op, self._name)
+        return load(None).then_apply(partial(_iterator, load, self._wait, project))
 
 
+def _load_chunk(submit: Submit, op: int, name: str, cursor: object) -> StateFuture[Chunk]:
+    """A future of ``(items, next cursor)``: the chunk at ``cursor`` (one request)."""
+    return submit(op, name, None, (cursor, ITERATOR_CHUNK))
+
+
+def _iterator(
+    load: Callable[[object], StateFuture[Chunk]],
+    wait: Wait,
+    project: Callable[[Any], E] | None,
+    chunk: Chunk,
+) -> StateIterator[E]:
+    return StateIterator(chunk[0], chunk[1], load, wait, project)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ValueState(StateHandle[ValueStateDescriptor[V]]):
     """``async_value()``, ``async_update(v)`` (None clears), ``async_clear()``."""
 
@@ -217,6 +230,7 @@ class ValueState(StateHandle[ValueStateDescriptor[V]]):
         self._wait(self.async_update(value))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ListState(StateHandle[ListStateDescriptor[V]]):
     """``async_get()`` -> StateIterator, ``async_add``, ``async_add_all``, ``async_update``."""
 
@@ -256,6 +270,7 @@ class ListState(StateHandle[ListStateDescriptor[V]]):
         self._wait(self.async_update(values))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MapState(StateHandle[MapStateDescriptor[UK, UV]]):
     """Map state; iteration order is the backend's (insertion order in memory)."""
 
@@ -335,6 +350,7 @@ class MapState(StateHandle[MapStateDescriptor[UK, UV]]):
         return self._wait(self.async_values())
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReducingState(StateHandle[ReducingStateDescriptor[V]]):
     """``async_get()``, ``async_add(v)`` folds with the reduce function, ``async_clear()``."""
 
@@ -364,6 +380,7 @@ class ReducingState(StateHandle[ReducingStateDescriptor[V]]):
         self._wait(self.async_add(value))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AggregatingState(StateHandle[AggregatingStateDescriptor[IN, ACC, OUT]]):
     """``async_get()`` -> ``get_result(acc)`` (None if empty), ``async_add(v)``, ``async_clear()``."""
 

@@ -8,6 +8,7 @@ from itertools import islice
 from typing import Any
 
 from aec.keygroups import KeyGroupRange, key_group_for
+from aec.native import mypyc_attr
 from aec.state import memory_changelog as changelog
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.memory_changelog import Changelog
@@ -19,6 +20,9 @@ from aec.state.ttl_cleanup import TtlCleanup, TtlState, alive, prune
 _WRITES = Op.WRITES
 
 
+# a Python class (compiled methods): its base keeps caches in the instance ``__dict__``,
+# and users subclass it (setup.py lets its compiled methods take their instances)
+@mypyc_attr(native_class=False)
 class MemoryBackend(StateBackend):
     """Heap state: ``{state name: {key: value | list | dict}}``.
 
@@ -241,6 +245,7 @@ def _only(
     return kept
 
 
+@mypyc_attr(native_class=False)
 class MemorySpec(BackendSpec):
     """Builds an empty ``MemoryBackend`` for any partition (same options)."""
 

@@ -11,8 +11,9 @@ backend that applies each batch in list order gives the sequential answer.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, ClassVar, Final
 
+from aec.native import mypyc_attr
 from aec.state.future import _PENDING, Owner, StateFuture
 
 
@@ -24,36 +25,37 @@ class Op:
     Map state: a dict of user keys (``user_key``) to values; absent reads as empty.
     """
 
-    VALUE_GET = 0  # result: the value or None (value: a default the engine applies; ignore it)
-    VALUE_PUT = 1  # value: the new value; None clears
-    VALUE_CLEAR = 2
-    LIST_GET = 3  # result: a new list (empty if absent)
-    LIST_ADD = 4  # value: one element
-    LIST_ADD_ALL = 5  # value: a list of elements
-    LIST_PUT = 6  # value: a list replacing the state; empty clears
-    LIST_CLEAR = 7
-    MAP_GET = 8  # user_key; result: the value or None
-    MAP_PUT = 9  # user_key, value
-    MAP_PUT_ALL = 10  # value: a dict
-    MAP_REMOVE = 11  # user_key
-    MAP_CONTAINS = 12  # user_key; result: bool
-    MAP_IS_EMPTY = 13  # result: bool
-    MAP_ITER = 14  # result: a list of (user_key, value) tuples
-    MAP_CLEAR = 15
+    # result: the value or None (value: a default the engine applies; ignore it)
+    VALUE_GET: Final = 0
+    VALUE_PUT: Final = 1  # value: the new value; None clears
+    VALUE_CLEAR: Final = 2
+    LIST_GET: Final = 3  # result: a new list (empty if absent)
+    LIST_ADD: Final = 4  # value: one element
+    LIST_ADD_ALL: Final = 5  # value: a list of elements
+    LIST_PUT: Final = 6  # value: a list replacing the state; empty clears
+    LIST_CLEAR: Final = 7
+    MAP_GET: Final = 8  # user_key; result: the value or None
+    MAP_PUT: Final = 9  # user_key, value
+    MAP_PUT_ALL: Final = 10  # value: a dict
+    MAP_REMOVE: Final = 11  # user_key
+    MAP_CONTAINS: Final = 12  # user_key; result: bool
+    MAP_IS_EMPTY: Final = 13  # result: bool
+    MAP_ITER: Final = 14  # result: a list of (user_key, value) tuples
+    MAP_CLEAR: Final = 15
     # Partial loading (Flink's ITERATOR_LOADING): value = (cursor, limit); cursor None
     # starts; result = (up to ``limit`` items, next cursor or None at the end).
-    LIST_GET_CHUNK = 16  # items: list elements; cursor: the backend's position
-    MAP_ITER_CHUNK = 17  # items: (user_key, value) tuples in the backend's map order
+    LIST_GET_CHUNK: Final = 16  # items: list elements; cursor: the backend's position
+    MAP_ITER_CHUNK: Final = 17  # items: (user_key, value) tuples in the backend's map order
 
-    NAMES = (
+    NAMES: Final = (
         "VALUE_GET", "VALUE_PUT", "VALUE_CLEAR",
         "LIST_GET", "LIST_ADD", "LIST_ADD_ALL", "LIST_PUT", "LIST_CLEAR",
         "MAP_GET", "MAP_PUT", "MAP_PUT_ALL", "MAP_REMOVE", "MAP_CONTAINS",
         "MAP_IS_EMPTY", "MAP_ITER", "MAP_CLEAR", "LIST_GET_CHUNK", "MAP_ITER_CHUNK",
     )  # fmt: skip
 
-    READS = frozenset({0, 3, 8, 12, 13, 14, 16, 17})
-    WRITES = frozenset({1, 2, 4, 5, 6, 7, 9, 10, 11, 15})
+    READS: Final = frozenset({0, 3, 8, 12, 13, 14, 16, 17})
+    WRITES: Final = frozenset({1, 2, 4, 5, 6, 7, 9, 10, 11, 15})
 
 
 def op_table(namespace: Mapping[str, Any]) -> tuple[Callable[..., object], ...]:
@@ -78,6 +80,7 @@ def op_table(namespace: Mapping[str, Any]) -> tuple[Callable[..., object], ...]:
     return tuple(table)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # TTL's TtlGet
 class StateRequest(StateFuture):
     """One state access of one record; it is also the future of its own result.
 
@@ -102,7 +105,8 @@ class StateRequest(StateFuture):
     # a pending request holds a reference on its record (the AEC's) until its
     # callbacks ran: they need none of their own
     callbacks_hold_record = False
-    read_modify_write = False  # RmwRead and RmwWrite: the AEC's lanes hold requests behind it
+    # RmwRead and RmwWrite: the AEC's lanes hold requests behind it
+    read_modify_write: ClassVar[bool] = False
 
     def __init__(
         self,
