@@ -56,14 +56,17 @@ _PYTHON_CLASSES = ("memory___MemoryBackend", "memory___MemorySpec")
 _EXACT_TYPE = re.compile(rf"Py_TYPE\((\w+)\) == (CPyType_(?:{'|'.join(_PYTHON_CLASSES)}))\b")
 
 
-def _fix_generated_c(source: str) -> None:
+def _fix_generated_c(source: str) -> tuple[int, int]:
+    """Apply both fixes to one generated file; how many weak-list clears and exact type
+    checks it changed."""
     with open(source) as file:
         text = file.read()
-    fixed = _CLEAR_WEAKLIST.sub(_CLEAR_WEAKREFS, _VISIT_WEAKLIST.sub("", text))
-    fixed = _EXACT_TYPE.sub(r"PyObject_TypeCheck(\1, \2)", fixed)
+    fixed, clears = _CLEAR_WEAKLIST.subn(_CLEAR_WEAKREFS, _VISIT_WEAKLIST.sub("", text))
+    fixed, checks = _EXACT_TYPE.subn(r"PyObject_TypeCheck(\1, \2)", fixed)
     if fixed != text:
         with open(source, "w") as file:
             file.write(fixed)
+    return clears, checks
 
 
 def _ext_modules() -> list[object]:
@@ -72,10 +75,18 @@ def _ext_modules() -> list[object]:
     from mypyc.build import mypycify  # AEC_COMPILE=1 needs mypy in the build environment
 
     extensions = list(mypycify(COMPILED, opt_level="3", debug_level="0", group_name="aec_kernel"))
+    clears = checks = 0
     for extension in extensions:
         for source in extension.sources:
             if source.endswith(".c"):
-                _fix_generated_c(source)
+                found = _fix_generated_c(source)
+                clears, checks = clears + found[0], checks + found[1]
+    if not (clears and checks):  # another mypyc's C: building it unfixed would crash later
+        raise RuntimeError(
+            f"AEC_COMPILE: mypyc's generated C no longer matches setup.py's fixes "
+            f"({clears} weak-list clears, {checks} exact type checks found); "
+            "build with mypy==2.4.1"
+        )
     return extensions
 
 
