@@ -291,7 +291,7 @@ class RedisBackend(StateBackend):
         for index, request in enumerate(requests):
             PLAN_OPS[request.op](plan, request, keys[index], last[keys[index]] == index)
         commands = plan.finish()
-        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        cleanup = self._ttl_cleanup
         if cleanup is not None and cleanup.states:
             commands += self._expiring(cleanup, requests, keys)
         if not commands:

@@ -79,7 +79,7 @@ from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from aec.state.serialization import Serializer
-from aec.state.ttl_cleanup import TtlCleanup, TtlState, expired, prune, writes_in
+from aec.state.ttl_cleanup import TtlState, expired, prune, writes_in
 from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
@@ -347,7 +347,7 @@ class SlateDBBackend(StateBackend):
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         db = self._ready_db()
-        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        cleanup = self._ttl_cleanup
         if cleanup is None:
             self._call(execute(db, requests, self._state_prefix, self._codec))
             return

@@ -188,7 +188,8 @@ class AsyncExecutionController:
         self.epochs.enter(context.epoch)
         if not context.sequence & _SAMPLED:
             context.admitted = monotonic()
-        if self._occupy(context):
+        occupy = self._occupy  # a slot read, then a call: CPython 3.11 caches both
+        if occupy(context):
             if inline:
                 self.run_entry(context)
             else:
@@ -207,7 +208,8 @@ class AsyncExecutionController:
         """Run the user entry of ``context`` holding one reference meanwhile."""
         self.current = context
         context.ref_count += 1  # the entry call's reference
-        self._start(context)
+        start = self._start  # (as in admit)
+        start(context)
         self.current = context  # callbacks run inside may have switched it
         context.release()
 

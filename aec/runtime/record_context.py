@@ -98,7 +98,8 @@ class RecordContext:
         count = self.ref_count - 1
         self.ref_count = count
         if count == 0:
-            self.on_finished(self)
+            on_finished = self.on_finished  # a slot read, then a call: CPython 3.11 caches both
+            on_finished(self)
         elif count < 0:
             raise RuntimeError(f"reference count of {self.describe()} went below 0")
 

@@ -59,6 +59,11 @@ class StateBackend(ABC):
     blocking: bool = True
     prefers_batches: bool = True
     ttl_sweep_chunk: int = 0  # entries a TTL sweep takes at least (0: the default)
+    # made on first use, so subclasses need not call an ``__init__``; plain attributes, not
+    # ``self.__dict__`` (reading that makes CPython 3.11 look up every attribute of the
+    # backend in a dict from then on, execute_batch's included)
+    _state_serializers: StateSerializers | None = None
+    _ttl_cleanup: TtlCleanup | None = None
 
     def open(self) -> None:
         """Acquire resources; called once before the first batch."""
@@ -66,9 +71,9 @@ class StateBackend(ABC):
     @property
     def serializers(self) -> StateSerializers:
         """The serializer of every registered state (made on first use)."""
-        found: StateSerializers | None = self.__dict__.get("_state_serializers")
+        found = self._state_serializers
         if found is None:
-            found = self.__dict__["_state_serializers"] = StateSerializers()
+            found = self._state_serializers = StateSerializers()
         return found
 
     def register_state(self, name: str, serializer: Serializer) -> None:
@@ -85,9 +90,9 @@ class StateBackend(ABC):
     @property
     def ttl_cleanup(self) -> TtlCleanup:
         """The TTL states and how far their expired entries may go (made on first use)."""
-        found: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        found = self._ttl_cleanup
         if found is None:
-            found = self.__dict__["_ttl_cleanup"] = TtlCleanup(self.ttl_sweep_chunk)
+            found = self._ttl_cleanup = TtlCleanup(self.ttl_sweep_chunk)
         return found
 
     def register_ttl(self, name: str, ttl: float, kind: str) -> None:
@@ -107,7 +112,7 @@ class StateBackend(ABC):
         an epoch finishes, and after a checkpoint's drain), possibly while batches
         run; it must be cheap: backends sweep in their own batches. Wrapping backends
         pass it on."""
-        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        cleanup = self._ttl_cleanup
         if cleanup is not None:
             cleanup.advance(now)
 

@@ -76,7 +76,7 @@ class MemoryBackend(StateBackend):
             if op in _WRITES:
                 dirty.add((request.state, request.key))
                 writes += 1
-        cleanup: TtlCleanup | None = self.__dict__.get("_ttl_cleanup")
+        cleanup = self._ttl_cleanup
         if writes and cleanup is not None and (budget := cleanup.charge(writes)):
             self._sweep(cleanup, budget)
 
