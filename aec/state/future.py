@@ -297,7 +297,7 @@ def combine_all(futures: Iterable[StateFuture[R]]) -> StateFuture[list[R]]:
 
     Raises TypeError if an element is not a StateFuture.
     """
-    # Any: compiled, a typed loop variable would check the type before the loop does
+    # elements left untyped: compiled, a typed loop variable would check the type first
     given: list[Any] = list(futures)
     context = None
     pending = 0
@@ -318,7 +318,7 @@ def combine_all(futures: Iterable[StateFuture[R]]) -> StateFuture[list[R]]:
 
 
 def _one_done(
-    remaining: list[int], out: StateFuture[list[Any]], given: list[Any], _: object
+    remaining: list[int], out: StateFuture[list[Any]], given: list[StateFuture[object]], _: object
 ) -> None:
     """``combine_all``'s callback: ``remaining[0]`` futures were pending."""
     remaining[0] -= 1
