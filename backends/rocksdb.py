@@ -65,7 +65,7 @@ from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from aec.state.serialization import Serializer
-from aec.state.ttl_cleanup import TtlState, expired, prune, writes_in
+from aec.state.ttl_cleanup import TtlState, expired, prune
 from backends.keycodec import decode_key, encode_key, key_group_bounds, key_prefix, split_db_key
 from backends.overlay import APPLY_OPS, POINT_READS, USER_KEY_OPS
 from backends.rocksdb_batch import (
@@ -357,7 +357,7 @@ class RocksDBBackend(StateBackend):
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         db = self._live_db()
         cleanup = self._ttl_cleanup
-        if cleanup is not None and (budget := cleanup.charge(writes_in(requests))):
+        if cleanup is not None and (budget := cleanup.charge_requests(requests)):
             cleanup.sweep(budget, self._sweep_step)
         if run_value_batch(db, self._table_of, requests, self._write_options):
             return

@@ -79,7 +79,7 @@ from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from aec.state.serialization import Serializer
-from aec.state.ttl_cleanup import TtlState, expired, prune, writes_in
+from aec.state.ttl_cleanup import TtlState, expired, prune
 from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
@@ -351,7 +351,7 @@ class SlateDBBackend(StateBackend):
         if cleanup is None:
             self._call(execute(db, requests, self._state_prefix, self._codec))
             return
-        budget = cleanup.charge(writes_in(requests))
+        budget = cleanup.charge_requests(requests)
         if budget:
             with self._gate.sweep() as alone:
                 if alone:

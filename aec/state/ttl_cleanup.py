@@ -144,6 +144,13 @@ class TtlCleanup:
         self._credit = 0
         return credit
 
+    def charge_requests(self, requests: Sequence[StateRequest]) -> int:
+        """``charge`` for the writes among ``requests``; they are counted only when a
+        sweep may come (a job without TTL states pays one check per batch)."""
+        if not self.states or self.now == -math.inf:
+            return 0
+        return self.charge(writes_in(requests))
+
     def sweep(self, budget: int, step: Step) -> int:
         """Examine up to ``budget`` entries, state after state, each from its cursor:
         ``step(state, cursor, limit, now)`` examines up to ``limit`` entries from
