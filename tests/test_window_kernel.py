@@ -10,7 +10,7 @@ import tempfile
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from windowing_cases import SYNC, SumAggregate, SumList, Watermark, rec
 
@@ -61,6 +61,7 @@ def test_a_tumbling_slot_is_the_contract_start_formula(size_slide, offset, t):
 
 
 @given(sizes, offsets, times)
+@example((10, 10), 0, -5e-324)  # the quotient rounds to -0.0: window 0 does not hold it
 def test_the_sliding_windows_of_a_time_are_every_grid_window_holding_it(size_slide, offset, t):
     size, slide = size_slide
     grid = _grid(size, slide, offset)

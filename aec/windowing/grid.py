@@ -79,6 +79,8 @@ class Grid:
         """Every window holding ``timestamp``, the latest start first (Flink's
         ``SlidingEventTimeWindows.assignWindows``): ``size / slide`` windows, rounded."""
         k = self.index(timestamp)
+        while self.offset + k * self.slide > timestamp:
+            k -= 1  # the quotient rounded up: a timestamp just below a start (-5e-324)
         windows: list[TimeWindow] = []
         while True:
             window = self.window(k)
