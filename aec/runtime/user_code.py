@@ -96,7 +96,9 @@ class EntryRunner:
             entry = "process_initial_state"
         else:
             raise RuntimeError(f"{record.describe()} has no entry of {type(self.function)}")
-        if result is not None:
+        if type(result) is CoroutineType:  # the common ``async def`` case: one call less
+            self.drive(result, None)
+        elif result is not None:
             self.follow(result, entry, record)
 
     def follow(self, result: object, entry: str, record: RecordContext | None = None) -> None:

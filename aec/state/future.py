@@ -116,29 +116,17 @@ class StateFuture(Generic[T]):
         return len(callbacks) if type(callbacks) is list else 1
 
     def subscribe(self, callback: Callable[[T], object], context: Owner | None) -> bool:
-        """Engine side (the coroutine driver): run ``callback(result)`` on completion,
-        holding a reference on the future's record; a future made outside a record
-        becomes ``context``'s (the record now waits for it). False, registering
-        nothing, when the future is already complete."""
+        """Engine side (the coroutine driver), and every callback this class chains:
+        run ``callback(result)`` on completion, holding a reference on the future's
+        record; a future made outside a record becomes ``context``'s (the record now
+        waits for it). False, registering nothing, when the future is already complete."""
         if self._result is not _PENDING:
             return False
-        if self.context is None:
-            self.context = context
-        self._register(callback)
-        return True
-
-    def on_complete(self, callback: Callable[[T], object]) -> None:
-        """Run ``callback(result)`` on completion, inline if already complete."""
-        if self._result is not _PENDING:
-            callback(self._result)
-            return
-        self._register(callback)
-
-    def _register(self, callback: Callable[[T], object]) -> None:
-        """Add ``callback`` to this pending future, holding a context reference."""
-        context = self.context
-        if context is not None and self.callbacks_hold_record:
-            context.ref_count += 1  # released in complete, after the callback ran
+        owner = self.context
+        if owner is None:
+            owner = self.context = context
+        if owner is not None and self.callbacks_hold_record:
+            owner.ref_count += 1  # released in complete, after the callback ran
         callbacks = self._callbacks
         if callbacks is None:
             self._callbacks = callback
@@ -146,6 +134,12 @@ class StateFuture(Generic[T]):
             callbacks.append(callback)
         else:
             self._callbacks = [callbacks, callback]  # type: ignore[list-item]  # a callable
+        return True
+
+    def on_complete(self, callback: Callable[[T], object]) -> None:
+        """Run ``callback(result)`` on completion, inline if already complete."""
+        if not self.subscribe(callback, None):
+            callback(self._result)
 
     # -- chaining (Flink's StateFuture API) ------------------------------------------------
     def then_apply(self, fn: Callable[[T], R]) -> StateFuture[R]:
@@ -153,7 +147,7 @@ class StateFuture(Generic[T]):
         if self._result is not _PENDING:
             return _done(fn(self._result), self.context)
         out: StateFuture[R] = StateFuture(self.context)
-        self._register(partial(_apply, fn, out))
+        self.subscribe(partial(_apply, fn, out), None)
         return out
 
     def then_accept(self, fn: Callable[[T], object]) -> StateFuture[None]:
@@ -162,7 +156,7 @@ class StateFuture(Generic[T]):
             fn(self._result)
             return _DONE_NONE
         out: StateFuture[None] = StateFuture(self.context)
-        self._register(partial(_accept, fn, out))
+        self.subscribe(partial(_accept, fn, out), None)
         return out
 
     # fn returns a future (the usual case), a future or None, or a plain value
@@ -181,7 +175,7 @@ class StateFuture(Generic[T]):
         if self._result is not _PENDING:
             return _as_future(fn(self._result), self.context)
         out: StateFuture[object] = StateFuture(self.context)
-        self._register(partial(_forward, fn, out))
+        self.subscribe(partial(_forward, fn, out), None)
         return out
 
     def then_combine(self, other: StateFuture[S], fn: Callable[[T, S], R]) -> StateFuture[R]:
@@ -265,11 +259,9 @@ def _accept(fn: Callable[[T], object], out: StateFuture[None], r: T) -> None:
 def _forward(fn: Callable[[T], object], out: StateFuture[object], r: T) -> None:
     value = fn(r)
     if type(value) is StateFuture or isinstance(value, StateFuture):
-        result = value._result  # noqa: SLF001 (a StateFuture's own field, this module)
-        if result is _PENDING:
-            value._register(out.complete)  # noqa: SLF001 (this module)
+        if value.subscribe(out.complete, None):
             return
-        value = result
+        value = value.get()
     out.complete(value)
 
 
