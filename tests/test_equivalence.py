@@ -114,3 +114,37 @@ def test_equivalence_checker_names_the_diverging_mode():
         assert "parallel watermark mode" in str(error)
     else:
         raise AssertionError("the parallel-mode divergence went unnoticed")
+
+
+def test_the_checker_closes_every_backend_its_factory_made():
+    """A factory's backends (threads, files, connections) end with their runs, also
+    when a run fails."""
+    made: list[MemoryBackend] = []
+    closed: list[MemoryBackend] = []
+
+    class Tracked(MemoryBackend):
+        def close(self) -> None:
+            closed.append(self)
+            super().close()
+
+    def factory() -> MemoryBackend:
+        made.append(Tracked())
+        return made[-1]
+
+    source = [Record(k % 3, k) for k in range(12)]
+    assert_equivalent(Counter, source, backend_factory=factory, seeds=(0,))
+    assert made and all(backend in closed for backend in made)
+
+    class Failing(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            raise ValueError("boom")
+
+    made.clear()
+    closed.clear()
+    try:
+        assert_equivalent(Failing, source, backend_factory=factory, seeds=(0,))
+    except Exception as error:
+        assert "boom" in str(error) or isinstance(error.__cause__, ValueError)
+    else:
+        raise AssertionError("a failing function passed the checker")
+    assert made and all(backend in closed for backend in made)

@@ -111,14 +111,17 @@ def _observe(
     clock = ScriptedClock(clock_advances)
     operator = inputs.operator(function, backend, config, executor, clock)
     operator.trace = []
-    operator.open()
     try:
-        for position, element in enumerate(source):
-            inputs.feed(operator, element, position)
-        operator.finish()
+        operator.open()
+        try:
+            for position, element in enumerate(source):
+                inputs.feed(operator, element, position)
+            operator.finish()
+        finally:
+            operator.close()
+        return _Observed(operator.trace, backend, operator.state_names)
     finally:
-        operator.close()
-    return _Observed(operator.trace, backend, operator.state_names)
+        backend.close()  # made by the factory for this one run: its threads stop here
 
 
 def _divergence(reference: _Observed, run: _Observed, serial: bool) -> str | None:
@@ -176,7 +179,8 @@ def assert_equivalent(
     Args:
         function_factory: makes a fresh function per run (a class works).
         source: ``Record``s and ``Watermark``s (materialized once).
-        backend_factory: makes a fresh backend per run (default MemoryBackend).
+        backend_factory: makes a fresh backend per run (default MemoryBackend); each
+            is closed after its run.
         configs: async configs to check (default: a small-buffer serial config,
             a parallel-watermark config, and buffer/in-flight 1); ``async_state``
             is forced True.
