@@ -38,6 +38,7 @@ from aec import (
 )
 from aec.clock import ManualClock
 from aec.keygroups import key_group_for, key_group_range_for, operator_index_for
+from aec.runtime.executor import ThreadPoolStateExecutor
 from aec.testing.strategies import co_keyed_streams
 from backends import CachedBackend, LatencyBackend, MemoryBackend, RocksDBBackend, SlateDBBackend
 
@@ -727,3 +728,46 @@ def test_the_public_names_are_exported():
     assert aec.KeyedCoProcessFunction is KeyedCoProcessFunction
     assert aec.run_keyed_co is run_keyed_co
     from aec.testing import assert_equivalent_co  # noqa: F401
+
+
+class TimerReads(KeyedCoProcessFunction):
+    """Registers a timer per record; the firing tells whether its state read was
+    answered before ``async_value()`` returned."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=0))
+
+    def process_element1(self, value, ctx):
+        ctx.timer_service.register_event_time_timer(value)
+
+    def process_element2(self, value, ctx):
+        ctx.timer_service.register_event_time_timer(value)
+
+    def on_timer(self, timestamp, ctx):
+        read = self.seen.async_value()
+        ctx.output((timestamp, read.is_done()))
+        return read
+
+
+@pytest.mark.parametrize(
+    ("config", "pool", "at_once"),
+    [
+        (AecConfig(), False, True),  # the inline store answers on the mailbox thread
+        (AecConfig(), True, False),  # a thread pool keeps requests batched
+        (AecConfig(state_ordered=True), False, False),  # never runs a request at once
+    ],
+    ids=["inline", "thread-pool", "state-ordered"],
+)
+def test_a_timer_firing_runs_its_requests_at_once_where_the_aec_lets_waited_records(
+    config, pool, at_once
+):
+    """A timer firing starts holding its key with nothing of its key unfinished before
+    it: the AEC (``start_holding``) lets its requests run at once exactly where a record
+    that waited for its key would."""
+    executor = ThreadPoolStateExecutor(2) if pool else None
+    source = [(i, Record(key, t, t)) for t in (1, 2, 3) for i, key in ((1, "k"), (2, "j"))]
+    source += [(1, Watermark(10)), (2, Watermark(10))]
+    result = run_keyed_co(source, TimerReads(), MemoryBackend(), config, executor)
+    outputs = [o for o in result.outputs if isinstance(o, tuple)]
+    assert len(outputs) == 6
+    assert {done for _, done in outputs} == {at_once}

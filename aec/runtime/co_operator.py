@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from aec.checkpoint.files import OperatorState
 from aec.clock import Clock
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from aec.state.backend import StateBackend
 
 INPUTS = (1, 2)
-C = TypeVar("C", bound=RecordContext)
 
 
 class KeyedCoProcessOperator(KeyedProcessOperator):
@@ -65,7 +64,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
             ``process``/``process_watermark`` (which input?).
     """
 
-    __slots__ = ("_input_watermarks", "offering", "_at_once")
+    __slots__ = ("_input_watermarks", "offering")
     inputs = 2
     entry_runner = CoEntryRunner
 
@@ -83,12 +82,6 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         super().__init__(base, backend, config, executor, clock, key_group_range=key_group_range)
         self._input_watermarks = [-math.inf, -math.inf]  # last watermark of each input
         self.offering = 0  # the input of the record being offered to the bundle
-        # record order on a store answering on the mailbox thread with no call to share
-        # (MemoryBackend): fold and timer contexts run their requests at once (_holding_key)
-        executor = self.executor
-        self._at_once = not (
-            self.config.state_ordered or executor.concurrent or executor.prefers_batches
-        )
 
     @staticmethod
     def _check_function(function: object) -> None:
@@ -113,22 +106,14 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
             self.entries.bundle = bundle
 
     def _bundle_context(self, key: Hashable, share: object, records: int) -> BundleContext:
-        return self._holding_key(super()._bundle_context(key, share, records))
+        # a fold or a timer firing starts only holding its key, nothing of its key
+        # unfinished before it: the AEC decides whether its requests run at once
+        return self.controller.start_holding(super()._bundle_context(key, share, records))
 
     def _timer_context(
         self, domain: str, key: Hashable, timestamp: float, epoch: Epoch
     ) -> RecordContext:
-        return self._holding_key(super()._timer_context(domain, key, timestamp, epoch))
-
-    def _holding_key(self, context: C) -> C:
-        """``context`` marked as the AEC marks a record that waited for its key, on a
-        store that answers at once (``_at_once``): a fold or a timer firing starts only
-        holding its key, and no earlier context of that key is left unfinished, so its
-        requests may run at once with the results of the buffered path (the AEC's
-        invariants); buffering them would only add the batch round trip."""
-        if self._at_once:
-            context.waited = True
-        return context
+        return self.controller.start_holding(super()._timer_context(domain, key, timestamp, epoch))
 
     # -- input ---------------------------------------------------------------------------------
     def process1(self, record: Record) -> None:

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from aec.state.backend import StateBackend
 
 R = TypeVar("R")  # a future's result (wait_for)
+HOLDER = TypeVar("HOLDER", bound=RecordContext)  # a context kind (start_holding)
 BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
 _SAMPLED = RECORD_SAMPLE - 1  # a record whose sequence & _SAMPLED is 0 has its latency measured
 
@@ -112,7 +113,8 @@ class AsyncExecutionController:
     # slots: the mailbox thread reads these per request (fixed offsets, no dict)
     __slots__ = (
         "buffer_size", "buffer_timeout", "backend", "executor", "_concurrent",
-        "_join_batches", "_complete_inline", "_blocked_since_flush", "mailbox", "mails",
+        "_join_batches", "_complete_inline", "_holders_run_at_once", "_blocked_since_flush",
+        "mailbox", "mails",
         "keys", "active", "blocking", "ready", "current", "completing", "in_flight",
         "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_occupy",
         "holding", "max_in_flight", "batches", "requests", "max_batch_size", "blocked",
@@ -172,6 +174,10 @@ class AsyncExecutionController:
         # thread pools keep them batched (run at once, they would take the mailbox
         # thread off its overlap with the I/O threads: measured on RocksDB sessions)
         self._complete_inline = not self._concurrent
+        # whether a context that starts holding its key, nothing of its key unfinished
+        # before it, runs its requests at once like a record that waited (start_holding):
+        # only a store answering on this thread with no call to share gains from it
+        self._holders_run_at_once = not (self._concurrent or self._join_batches)
         self._enqueue = self.active.add  # where a request goes when it may not run at once
         self._occupy = self.keys.try_occupy  # whether an admitted context may start
 
@@ -212,6 +218,15 @@ class AsyncExecutionController:
         start(context)
         self.current = context  # callbacks run inside may have switched it
         context.release()
+
+    def start_holding(self, context: HOLDER) -> HOLDER:
+        """``context`` (a fold or a timer firing made when its key is free, nothing of
+        its key unfinished before it) marked as a record that waited for its key, where
+        that lets its requests run at once with the results of the buffered path (the
+        invariants above); elsewhere unchanged. Returns ``context``."""
+        if self._holders_run_at_once:
+            context.waited = True
+        return context
 
     def on_context_finished(self, context: RecordContext) -> None:
         """Reference count of ``context`` reached 0 (its ``on_finished``): pass its
@@ -532,6 +547,7 @@ class StateOrderedController(AsyncExecutionController):
 
     def _bind_mode(self) -> None:
         self._complete_inline = False  # a callback's request may need to wait for its key
+        self._holders_run_at_once = False  # its records never run a request at once
         self._enqueue = self._enqueue_in_key_order
         self._occupy = self._occupy_for_timers
         self.waiting_requests: dict[Hashable, deque[StateRequest]] = {}
