@@ -128,6 +128,33 @@ def test_an_input_handed_over_while_a_call_runs_leaves_within_max_wait(harness_o
     assert sorted(o[0] for o in h.outcomes) == [[1], [2]]
 
 
+def test_inputs_trickling_in_while_calls_run_wait_for_company(harness_of):
+    """After a partial batch left on its timer (the owner busy, never flushing), inputs
+    handed over one by one while calls run still wait ``max_wait`` for company: the
+    ends of running calls, which take them, do not send them alone."""
+    sent: list[list[int]] = []
+
+    async def slow(values: list[Any]) -> list[Any]:
+        sent.append(list(values))
+        await asyncio.sleep(0.1)
+        return values
+
+    h = harness_of(1000, 0.2, slow)
+    h.submit(0)  # no call runs: wakes the loop; leaves alone after 0.2 s
+    deadline = time.monotonic() + 5.0
+    while not sent:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    for value in range(1, 25):  # 10 ms apart, while calls run and end
+        time.sleep(0.01)
+        h.submit(value)
+    while sum(len(b) for b in sent) < 25:
+        assert time.monotonic() < deadline, sent
+        time.sleep(0.01)
+    assert sent[0] == [0]
+    assert len(sent) <= 3, sent  # sent alone at each call's end, they would be many
+
+
 def test_a_retry_pending_when_the_owner_flushes_is_sent(harness_of):
     h = harness_of(2, None)
     h.submit(1, 2)  # a full batch

@@ -15,9 +15,9 @@ owner flushes. Inputs cross over in an outbox the loop takes from. The owner wak
 loop once per batch's worth of inputs, and at a batch's first input only when no
 batch call is running: then a call's end, or a poll every ``max_wait`` while calls
 run, takes the outbox (and starts the pending batch's ``max_wait`` from when its
-first input was handed over). A wake-up is a
-self-pipe write and a hand-over of the GIL; one per input cost more than the inputs
-themselves (measured on ``perf/bench_batch_calls.py``).
+first input was handed over). A wake-up is a self-pipe write and a hand-over of the
+GIL; one per input cost more than the inputs themselves (measured on
+``perf/bench_batch_calls.py``).
 
 Invariants (loop thread unless said otherwise):
 - Each input is in at most one batch call, and a batch holds at most
@@ -217,6 +217,7 @@ class BatchQueue(Generic[OWNER]):
         self._first_handed = 0.0
         self._owner_idle = False  # written by the owner, read on the loop
         self._running = 0  # batch calls sent and not ended (written on the loop)
+        self._last_sent = 0.0  # loop thread: monotonic seconds of the last send
         # loop thread: takes the outbox every max_wait seconds while calls run
         self._poll: asyncio.TimerHandle | None = None
         self._pending: list[BatchItem[OWNER]] = []  # loop thread
@@ -281,10 +282,14 @@ class BatchQueue(Generic[OWNER]):
         if len(pending) >= self.max_batch_size:
             self.send()
         elif len(pending) == 1 and self.max_wait is not None:
-            # from the hand-over of a batch's first input (the loop may take it later);
-            # asyncio's clock is time.monotonic
-            due = max(self._first_handed + self.max_wait, monotonic())
-            self._timer = asyncio.get_running_loop().call_at(due, self.take_and_send)
+            # from the hand-over of the batch's first input (the loop may take it later);
+            # a stamp from before the last send is another batch's: from now, then
+            # (asyncio's clock is time.monotonic)
+            handed = self._first_handed
+            since = handed if handed > self._last_sent else monotonic()
+            self._timer = asyncio.get_running_loop().call_at(
+                since + self.max_wait, self.take_and_send
+            )
 
     def add_again(self, item: BatchItem[OWNER]) -> None:
         """``add`` for an input re-entering on the loop (a retry): while the owner
@@ -310,6 +315,7 @@ class BatchQueue(Generic[OWNER]):
             item.batch = batch
         self.calls += 1
         self._running += 1
+        self._last_sent = monotonic()
         self.items += len(items)
         if len(items) > self.largest:
             self.largest = len(items)
