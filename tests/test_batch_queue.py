@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -95,64 +94,6 @@ def test_max_wait_sends_a_partial_batch_without_the_owner(harness_of):
     h.submit(1, 2)
     h.wait_outcomes(1)
     assert h.calls == [[1, 2]]
-
-
-def test_an_input_handed_over_while_a_call_runs_leaves_within_max_wait(harness_of):
-    """While a batch call runs the owner does not wake the loop for a batch's first
-    input; the input still leaves about ``max_wait`` after its hand-over, long before
-    the running call ends, and without a flush."""
-    release = threading.Event()
-    sent_at: dict[int, float] = {}
-
-    async def slow_first(values: list[Any]) -> list[Any]:
-        sent_at[values[0]] = time.monotonic()
-        if values[0] == 1:
-            await asyncio.get_running_loop().run_in_executor(None, release.wait, 10.0)
-        return values
-
-    h = harness_of(10, 0.05, slow_first)
-    h.submit(1)
-    deadline = time.monotonic() + 5.0
-    while 1 not in sent_at:  # the first call is running now
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    handed = time.monotonic()
-    h.submit(2)  # no call_soon: a call runs
-    while 2 not in sent_at:
-        assert time.monotonic() < deadline, "the input handed over during a call never left"
-        time.sleep(0.005)
-    assert sent_at[2] - handed < 0.5  # max_wait 0.05 s and a poll, not the call's 10 s
-    assert h.queue.calls == 2
-    release.set()
-    h.wait_outcomes(2)
-    assert sorted(o[0] for o in h.outcomes) == [[1], [2]]
-
-
-def test_inputs_trickling_in_while_calls_run_wait_for_company(harness_of):
-    """After a partial batch left on its timer (the owner busy, never flushing), inputs
-    handed over one by one while calls run still wait ``max_wait`` for company: the
-    ends of running calls, which take them, do not send them alone."""
-    sent: list[list[int]] = []
-
-    async def slow(values: list[Any]) -> list[Any]:
-        sent.append(list(values))
-        await asyncio.sleep(0.1)
-        return values
-
-    h = harness_of(1000, 0.2, slow)
-    h.submit(0)  # no call runs: wakes the loop; leaves alone after 0.2 s
-    deadline = time.monotonic() + 5.0
-    while not sent:
-        assert time.monotonic() < deadline
-        time.sleep(0.002)
-    for value in range(1, 25):  # 10 ms apart, while calls run and end
-        time.sleep(0.01)
-        h.submit(value)
-    while sum(len(b) for b in sent) < 25:
-        assert time.monotonic() < deadline, sent
-        time.sleep(0.01)
-    assert sent[0] == [0]
-    assert len(sent) <= 3, sent  # sent alone at each call's end, they would be many
 
 
 def test_a_retry_pending_when_the_owner_flushes_is_sent(harness_of):

@@ -9,15 +9,11 @@ The owner thread (a mailbox thread) hands inputs over (``submit``) and asks for 
 is held to go (``flush``: at a watermark, a checkpoint, the end of input, and before
 the owner sleeps because nothing else can run). On the loop thread the queue keeps
 the pending batch and sends it as one call when it holds ``max_batch_size`` inputs,
-when ``max_wait`` seconds passed since its first input was handed over (an asyncio
-timer, so a batch leaves on time even while the owner is busy elsewhere), or when the
-owner flushes. Inputs cross over in an outbox the loop takes from. The owner wakes the
-loop once per batch's worth of inputs, and at a batch's first input only when no
-batch call is running: then a call's end, or a poll every ``max_wait`` while calls
-run, takes the outbox (and starts the pending batch's ``max_wait`` from when its
-first input was handed over). A wake-up is a self-pipe write and a hand-over of the
-GIL; one per input cost more than the inputs themselves (measured on
-``perf/bench_batch_calls.py``).
+when ``max_wait`` seconds passed since its first input (an asyncio timer, so a batch
+leaves on time even while the owner is busy elsewhere), or when the owner flushes.
+Inputs cross over in an outbox the loop takes from, and the owner wakes the loop
+about twice per batch, not per input: a wake-up is a self-pipe write, and one per
+input cost more than the inputs themselves (measured on ``perf/bench_batch_calls.py``).
 
 Invariants (loop thread unless said otherwise):
 - Each input is in at most one batch call, and a batch holds at most
@@ -31,16 +27,10 @@ Invariants (loop thread unless said otherwise):
   input, in order, or ``error`` is set; ``fatal`` marks a misuse (a result of the
   wrong length, no awaitable) that no retry can mend.
 - Every input the owner hands over is taken by the loop at the latest when its batch
-  is full, when a batch call running at its hand-over ends, ``max_wait`` after its
-  hand-over (the first input of a batch wakes the loop to start that batch's timer if
-  no call is running; while calls run, a poll takes the outbox every ``max_wait``),
-  or when the owner flushes; after a flush nothing stays pending
+  is full, its batch's ``max_wait`` ends (the first input of a batch wakes the loop
+  to start that timer), or the owner flushes; after a flush nothing stays pending
   until the owner hands over again (``flush`` also asks when inputs re-entered on
   the loop are pending, and a ``take`` while the owner sleeps sends what is left).
-  Why no input is missed: the owner appends to the outbox before it reads
-  ``_running``, and a call's end lowers ``_running`` before it takes the outbox, so
-  either the owner sees no call running (and wakes the loop) or a call's end comes
-  after the append.
 - ``_owner_idle`` is set by the owner's ``flush`` and cleared by its ``submit``:
   while the owner sleeps, an input that re-enters on the loop (a retry after its
   backoff) leaves in the next loop turn (with the other retries due in this one)
@@ -54,7 +44,6 @@ import inspect
 import math
 from collections import deque
 from collections.abc import Callable
-from time import monotonic
 from typing import Any, Generic, TypeVar, final
 
 from aec.errors import describe, qualified_name
@@ -212,14 +201,7 @@ class BatchQueue(Generic[OWNER]):
         # handed over by the owner, taken by the loop (a deque: atomic append/popleft)
         self._outbox: deque[BatchItem[OWNER]] = deque()
         self._handed = 0  # owner thread: inputs handed over since the loop was last asked
-        # monotonic seconds when the owner handed over the first input of a batch's worth
-        # (written by the owner, read on the loop: the pending batch's max_wait starts there)
-        self._first_handed = 0.0
         self._owner_idle = False  # written by the owner, read on the loop
-        self._running = 0  # batch calls sent and not ended (written on the loop)
-        self._last_sent = 0.0  # loop thread: monotonic seconds of the last send
-        # loop thread: takes the outbox every max_wait seconds while calls run
-        self._poll: asyncio.TimerHandle | None = None
         self._pending: list[BatchItem[OWNER]] = []  # loop thread
         self._timer: asyncio.TimerHandle | None = None  # loop thread
         self._send_soon = False  # loop thread: a send is due in the next loop turn
@@ -241,9 +223,7 @@ class BatchQueue(Generic[OWNER]):
             handed = 0
             self.loop.call_soon(self.take)
         elif handed == 1 and self.max_wait is not None:
-            self._first_handed = monotonic()
-            if not self._running:  # else the end of a running call takes it (invariants)
-                self.loop.call_soon(self.take)  # starts the pending batch's max_wait
+            self.loop.call_soon(self.take)  # starts the pending batch's max_wait
         self._handed = handed
 
     def flush(self) -> None:
@@ -282,14 +262,7 @@ class BatchQueue(Generic[OWNER]):
         if len(pending) >= self.max_batch_size:
             self.send()
         elif len(pending) == 1 and self.max_wait is not None:
-            # from the hand-over of the batch's first input (the loop may take it later);
-            # a stamp from before the last send is another batch's: from now, then
-            # (asyncio's clock is time.monotonic)
-            handed = self._first_handed
-            since = handed if handed > self._last_sent else monotonic()
-            self._timer = asyncio.get_running_loop().call_at(
-                since + self.max_wait, self.take_and_send
-            )
+            self._timer = asyncio.get_running_loop().call_later(self.max_wait, self.take_and_send)
 
     def add_again(self, item: BatchItem[OWNER]) -> None:
         """``add`` for an input re-entering on the loop (a retry): while the owner
@@ -314,24 +287,10 @@ class BatchQueue(Generic[OWNER]):
         for item in items:
             item.batch = batch
         self.calls += 1
-        self._running += 1
-        self._last_sent = monotonic()
         self.items += len(items)
         if len(items) > self.largest:
             self.largest = len(items)
-        loop = asyncio.get_running_loop()
-        batch.task = loop.create_task(self._call(batch))
-        if self._poll is None and self.max_wait is not None:
-            self._poll = loop.call_later(self.max_wait, self._poll_outbox)
-
-    def _poll_outbox(self) -> None:
-        """While batch calls run, take what the owner handed over unwoken (at most
-        ``max_wait`` after its hand-over), whether or not a call ends meanwhile."""
-        self._poll = None
-        if self._outbox:
-            self.take()
-        if self._running and self.max_wait is not None:
-            self._poll = asyncio.get_running_loop().call_later(self.max_wait, self._poll_outbox)
+        batch.task = asyncio.get_running_loop().create_task(self._call(batch))
 
     def drop(self, item: BatchItem[OWNER]) -> None:
         """Nobody waits for ``item`` any more: it is left out of its batch if not sent
@@ -347,14 +306,6 @@ class BatchQueue(Generic[OWNER]):
             batch.task.cancel()
 
     async def _call(self, batch: SentBatch[OWNER]) -> None:
-        try:
-            await self._call_once(batch)
-        finally:
-            self._running -= 1
-            if self._outbox:  # handed over while this call ran, unwoken (invariants)
-                asyncio.get_running_loop().call_soon(self.take)
-
-    async def _call_once(self, batch: SentBatch[OWNER]) -> None:
         fn = self.fn
         values = [item.value for item in batch.items]
         try:
