@@ -135,7 +135,7 @@ class TtlCleanup:
         """Credit ``writes`` write requests; the entries to examine now (0: no sweep
         yet: no TTL state, nothing may expire yet, or too little credit). Lock-free:
         a credit lost to a race between I/O threads only delays a sweep."""
-        if not self.states or self.now == -math.inf:
+        if not self.may_sweep():
             return 0
         credit = self._credit + CLEANUP_SIZE * writes
         if credit < (self.chunk or SWEEP_CHUNK):
@@ -147,9 +147,13 @@ class TtlCleanup:
     def charge_requests(self, requests: Sequence[StateRequest]) -> int:
         """``charge`` for the writes among ``requests``; they are counted only when a
         sweep may come (a job without TTL states pays one check per batch)."""
-        if not self.states or self.now == -math.inf:
+        if not self.may_sweep():
             return 0
         return self.charge(writes_in(requests))
+
+    def may_sweep(self) -> bool:
+        """Whether anything may expire: a TTL state exists and time has started."""
+        return bool(self.states) and self.now != -math.inf
 
     def sweep(self, budget: int, step: Step) -> int:
         """Examine up to ``budget`` entries, state after state, each from its cursor:
