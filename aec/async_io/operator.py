@@ -36,6 +36,7 @@ from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore
 from aec.elements import Watermark
 from aec.errors import JobFailure
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
+from aec.runtime import interpreter_tuning
 from aec.state.typevars import IN, OUT
 
 __all__ = ["AsyncWaitOperator", "MODES"]
@@ -103,6 +104,7 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
         self._records_out = 0
         self._restored = 0
         self._closed = False  # function.close() ran
+        self._tuned = False  # holds interpreter_tuning, from open() to the shutdown
 
     @staticmethod
     def check_function(function: object) -> bool:
@@ -117,6 +119,10 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
         if self._state != "new":
             return
         self._state = "open"
+        # the loop thread and the mailbox thread share the GIL, and thousands of calls in
+        # flight hold many young objects: the keyed operators' settings apply
+        interpreter_tuning.acquire()
+        self._tuned = True
         try:
             self._function.open()
         except Exception as exc:
@@ -391,7 +397,12 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
 
     def _shutdown(self) -> BaseException | None:
         """Stop the loop thread, then close the function once; its exception."""
-        self._stop_calls()
+        try:
+            self._stop_calls()
+        finally:
+            if self._tuned:
+                self._tuned = False
+                interpreter_tuning.release()
         opened = self._state in ("open", "finished", "failed")
         if self._state != "failed":
             self._state = "closed"
