@@ -2,9 +2,11 @@
 
 Needs ``pip install 'aec[spark]'`` (it brings PySpark's Connect client: grpcio,
 zstandard, ...) and Java 17+ for a local server. Run:
-``python examples/spark_connect.py`` (starts a local Connect server for the run), or
-``SPARK_REMOTE=sc://host:15002 python examples/spark_connect.py`` against a running
-server, e.g. one started with ``$SPARK_HOME/sbin/start-connect-server.sh``.
+``python examples/spark_connect.py`` (starts a local Connect server for the run, on
+PySpark's fixed port for ``remote("local[...]")``, 15002: a port in use fails the
+start), or ``SPARK_REMOTE=sc://host:PORT python examples/spark_connect.py`` against a
+running server, e.g. one started with ``$SPARK_HOME/sbin/start-connect-server.sh``
+(``--conf spark.connect.grpc.binding.port=PORT``).
 
 A Connect session has no ``sparkContext``; the glue needs none. Its Python workers
 run on the server, with the server's interpreter: ``process_keyed`` first checks

@@ -60,7 +60,13 @@ from aec.runtime.epochs import EpochManager
 from aec.runtime.executor import StateExecutor
 from aec.runtime.key_accounting import KeyAccountingUnit
 from aec.runtime.mailbox import Mailbox
-from aec.runtime.metrics import RECORD_SAMPLE, hottest, latency_histogram, size_histogram
+from aec.runtime.metrics import (
+    BATCH_SAMPLE,
+    RECORD_SAMPLE,
+    count_summary,
+    hottest,
+    latency_histogram,
+)
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
 from aec.state.requests import StateRequest
@@ -117,8 +123,8 @@ class AsyncExecutionController:
         "mailbox", "mails",
         "keys", "active", "blocking", "ready", "current", "completing", "in_flight",
         "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_occupy",
-        "holding", "max_in_flight", "batches", "requests", "max_batch_size", "blocked",
-        "batch_sizes", "request_latency", "record_latency", "_sent",
+        "holding", "max_in_flight", "batches", "requests", "ran_alone", "blocked",
+        "batch_sizes", "request_latency", "record_latency", "_sent", "_untimed",
     )  # fmt: skip
 
     def __init__(
@@ -161,12 +167,13 @@ class AsyncExecutionController:
         self.max_in_flight = 0
         self.batches = 0
         self.requests = 0
-        self.max_batch_size = 0
+        self.ran_alone = False  # a request ran at once: a batch of one, not in batch_sizes
         self.blocked = 0
-        self.batch_sizes = size_histogram()  # batches handed to the executor
-        self.request_latency = latency_histogram()  # hand-off to completion, per request
+        self.batch_sizes: dict[int, int] = {}  # size -> batches of it handed to the executor
+        self.request_latency = latency_histogram()  # hand-off to completion, sampled batches' requests
         self.record_latency = latency_histogram()  # admission to finish, sampled records
-        self._sent: dict[int, float] = {}  # id(batch) -> monotonic seconds at hand-off
+        self._sent: dict[int, float] = {}  # id(sampled batch) -> monotonic seconds at hand-off
+        self._untimed = 1  # batches to hand over until the next one timed (the first is)
 
     def _bind_mode(self) -> None:
         """The mode's rules, bound once (``StateOrderedController`` binds its own)."""
@@ -295,8 +302,7 @@ class AsyncExecutionController:
                 raise BatchFailed([request], exc) from exc
             if ran:
                 self.batches += 1
-                if not self.max_batch_size:
-                    self.max_batch_size = 1
+                self.ran_alone = True
                 request.resolve()
                 return request
             context.waited = False  # from now on its requests keep their order via the buffer
@@ -333,10 +339,12 @@ class AsyncExecutionController:
         if batch:
             self.batches += 1
             size = len(batch)
-            if size > self.max_batch_size:
-                self.max_batch_size = size
-            self.batch_sizes.add(size)
-            self._sent[id(batch)] = monotonic()
+            sizes = self.batch_sizes
+            sizes[size] = sizes.get(size, 0) + 1
+            self._untimed -= 1
+            if not self._untimed:
+                self._untimed = BATCH_SAMPLE
+                self._sent[id(batch)] = monotonic()
             self.executor.submit(batch)
 
     def _hold_back_overlaps(self, requests: list[StateRequest]) -> list[StateRequest]:
@@ -369,9 +377,10 @@ class AsyncExecutionController:
         record's reference."""
         batch, error = mail
         self.executor.completed()
-        sent = self._sent.pop(id(batch), None)
-        if sent is not None:
-            self.request_latency.add(monotonic() - sent, len(batch))
+        if self._sent:  # a sampled batch is out
+            sent = self._sent.pop(id(batch), None)
+            if sent is not None:
+                self.request_latency.add(monotonic() - sent, len(batch))
         if error is not None:
             self.current = _record_of(batch[0]) if batch else None
             raise BatchFailed(batch, error)
@@ -483,7 +492,10 @@ class AsyncExecutionController:
             "batches": self.batches,
             "requests": self.requests,
             # the synchronous run sends each request alone
-            "max_batch_size": min(1, self.requests) if self.synchronous else self.max_batch_size,
+            "max_batch_size": (
+                min(1, self.requests) if self.synchronous
+                else max(int(self.ran_alone), max(self.batch_sizes, default=0))
+            ),  # fmt: skip
             "mean_batch_size": (self.requests / self.batches) if self.batches else 0.0,
             "blocked_requests": self.blocked,
         }
@@ -496,7 +508,7 @@ class AsyncExecutionController:
             "active_buffer_size": len(self.active.requests),
             "blocking_buffer_size": self.blocking.size,
             "num_blocking_keys": self.blocking.key_count(),
-            "batch_size": self.batch_sizes.summary(),
+            "batch_size": count_summary(self.batch_sizes),
             "state_request_latency_s": self.request_latency.summary(),
             "record_latency_s": self.record_latency.summary(),
             "hot_keys": hottest(self.blocking.waits),

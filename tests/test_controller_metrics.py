@@ -1,0 +1,61 @@
+"""The AEC's histograms (``aec.runtime.metrics``): batch sizes counted exactly, request
+latency timed on the first batch and one in ``BATCH_SAMPLE`` after it."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aec import AecConfig, KeyedProcessFunction, Record, ValueStateDescriptor, run_keyed
+from aec.runtime.metrics import BATCH_SAMPLE, count_summary
+from backends import LatencyBackend, MemoryBackend
+
+
+@given(st.dictionaries(st.integers(1, 2000), st.integers(1, 50), max_size=30))
+def test_count_summary_is_the_exact_percentile_of_the_counted_values(counts):
+    values = sorted(v for v, times in counts.items() for _ in range(times))
+    summary = count_summary(counts)
+    assert summary["count"] == len(values)
+    assert summary["max"] == (values[-1] if values else 0)
+    for name, fraction in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99)):
+        # the smallest value at or below which `fraction` of the values lie
+        rank = max(math.ceil(fraction * len(values)), 1)
+        assert summary[name] == (values[rank - 1] if values else 0)
+
+
+class ReadOnce(KeyedProcessFunction):
+    """One read per record: every batch is made of whole records."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=0))
+
+    async def process_element(self, value, ctx):
+        ctx.output((ctx.current_key, await self.seen.async_value()))
+
+
+def test_batch_sizes_are_exact_and_request_latency_is_timed_on_sampled_batches():
+    latency = 0.002
+    batches = 3 * BATCH_SAMPLE
+    source = [Record(f"k{i}", i) for i in range(4 * batches)]  # no key twice: none waits
+    result = run_keyed(
+        source, ReadOnce(), LatencyBackend(MemoryBackend(), latency),
+        AecConfig(buffer_size=4, buffer_timeout=60.0),
+    )  # fmt: skip
+    metrics = result.metrics
+    assert metrics["batches"] == batches
+    assert metrics["batch_size"] == {"count": batches, "p50": 4, "p95": 4, "p99": 4, "max": 4}
+    assert metrics["max_batch_size"] == 4
+    timed = metrics["state_request_latency_s"]
+    # the first batch, then every BATCH_SAMPLE-th: 1, 1 + BATCH_SAMPLE, 1 + 2 * BATCH_SAMPLE
+    assert timed["count"] == 4 * 3
+    assert timed["p50"] >= latency * 0.95 and timed["max"] >= timed["p50"]
+
+
+def test_a_run_with_one_batch_times_it():
+    result = run_keyed(
+        [Record("a", 1), Record("b", 2)], ReadOnce(), LatencyBackend(MemoryBackend(), 0.001)
+    )
+    assert result.metrics["state_request_latency_s"]["count"] == 2
+    assert result.metrics["batch_size"]["count"] == 1
