@@ -365,12 +365,6 @@ class AsyncExecutionController:
             batch.append(request)
         return batch
 
-    def flush_if_timed_out(self) -> None:
-        """Flush a partial batch whose oldest request waited ``buffer_timeout`` seconds."""
-        active = self.active
-        if active.requests and monotonic() - active.first_time >= self.buffer_timeout:
-            self.flush()
-
     # -- completions and the loop ---------------------------------------------------------------
     def complete_batch(self, mail: Completion) -> None:
         """Complete the futures of a finished batch, in request order; each drops its

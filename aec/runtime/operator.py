@@ -294,6 +294,8 @@ class KeyedProcessOperator:
                 controller.run_available()
             if controller.in_flight >= self._limit:
                 self._wait_for_room()
+            # the buffer timeout (``AecConfig.buffer_timeout``), stated here only: a partial
+            # batch whose oldest request waited that long leaves before the next record
             active = controller.active
             if active.requests and monotonic() - active.first_time >= controller.buffer_timeout:
                 controller.flush()
