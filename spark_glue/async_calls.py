@@ -89,10 +89,11 @@ class _BatchCallWith(AsyncBatchFunction):
         fn = self.fn
         if not self.tagged:
             # the user's function is the one whose result must fit (named in the error)
-            return [[result] for result in batch_results(fn, values, await fn(values))]
+            size = len(values)  # counted before the call: fn may consume its list
+            return [[result] for result in batch_results(fn, size, await fn(values))]
         rows = cast("list[_Row]", values)
         args = [row[1][0] if len(row[1]) == 1 else row[1] for row in rows]
-        results = batch_results(fn, args, await fn(args))
+        results = batch_results(fn, len(rows), await fn(args))
         return [[(row[0], result)] for row, result in zip(rows, results, strict=True)]
 
 

@@ -162,9 +162,9 @@ def test_results_must_be_one_per_input(returned, message):
         return returned
 
     with pytest.raises(BatchResultError, match=message) as info:
-        batch_results(fn, [1, 2], returned)
+        batch_results(fn, 2, returned)
     assert "test_batch_queue.test_results_must_be_one_per_input.<locals>.fn" in str(info.value)
-    assert batch_results(fn, [1, 2], (x for x in "ab")) == ["a", "b"]
+    assert batch_results(fn, 2, (x for x in "ab")) == ["a", "b"]
 
 
 def test_misuse_is_fatal_and_a_raising_call_is_not(harness_of):

@@ -411,3 +411,47 @@ def test_a_per_input_checkpoint_restores_into_the_batch_operator(tmp_path):
     restored.finish()
     assert sorted(restored.drain_outputs()) == sorted(expected_outputs(numbered(4)))
     assert function.batches == [numbered(4)]
+
+
+# -- edges: a second partial batch, a consumed list, a function's own CancelledError --
+def test_every_partial_batch_leaves_after_batch_timeout_not_only_the_first():
+    function = Recording()
+    operator = AsyncBatchWaitOperator(
+        function, max_batch_size=10, batch_timeout=0.05, timeout=None, capacity=100
+    )
+    operator.open()
+    inputs = numbered(3)
+    for n, value in enumerate(inputs, start=1):
+        operator.process(value)  # each the first input of its batch; nothing else happens
+        wait_until(lambda n=n: len(function.batches) == n)
+    assert function.batches == [[value] for value in inputs]
+    operator.finish()
+    assert operator.drain_outputs() == expected_outputs(inputs)
+
+
+class Consuming(AsyncBatchFunction):
+    async def async_invoke_batch(self, values: list[int]) -> list[list[int]]:
+        results = []
+        while values:  # consumes the list it was given
+            results.append([values.pop(0) * 10])
+        return results
+
+
+def test_a_function_may_consume_its_values_list():
+    out = list(batch_wait([1, 2, 3], Consuming(), max_batch_size=3, batch_timeout=None,
+                          timeout=None, capacity=3))  # fmt: skip
+    assert out == [10, 20, 30]
+
+
+class AwaitsACancelledFuture(AsyncBatchFunction):
+    async def async_invoke_batch(self, values: list[int]) -> list[list[int]]:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future  # CancelledError, though nobody cancelled this call
+        return [[v] for v in values]
+
+
+def test_a_functions_own_cancelled_error_fails_the_job_as_a_single_calls_does():
+    with pytest.raises(JobFailure, match="CancelledError"):
+        list(batch_wait([1, 2], AwaitsACancelledFuture(), max_batch_size=2,
+                        batch_timeout=None, timeout=None, capacity=2))  # fmt: skip

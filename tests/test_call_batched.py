@@ -374,3 +374,74 @@ def test_bad_use_is_refused():
             aec.run_keyed([Record("k", 1)], Misuse(what))
         cause = info.value if isinstance(info.value, error) else info.value.__cause__
         assert isinstance(cause, error), (what, info.value)
+
+
+# -- edges: a second partial batch, a watermark in parallel order, CancelledError -----
+def _wait_until(condition: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _recording_batcher(max_wait: float | None) -> tuple[Batcher, list[list[int]]]:
+    batches: list[list[int]] = []
+
+    async def lookup(args: list[int]) -> list[int]:
+        batches.append(list(args))
+        return [a + 1000 for a in args]
+
+    return Batcher(lookup, max_batch_size=100, max_wait=max_wait), batches
+
+
+class CallsBatched(KeyedProcessFunction):
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+
+    async def process_element(self, value: Any, ctx: Any) -> None:
+        ctx.output((value, await ctx.call_batched(self.batcher, value)))
+
+
+def test_every_partial_batch_leaves_after_max_wait_not_only_the_first():
+    batcher, batches = _recording_batcher(0.05)
+    operator = KeyedProcessOperator(CallsBatched(batcher), MemoryBackend())
+    operator.open()
+    for n, key in enumerate("abc", start=1):
+        operator.process(Record(key, n))  # the first call of its batch; then left alone
+        assert _wait_until(lambda n=n: len(batches) == n, 5.0), batches
+    operator.finish()
+    assert batches == [[1], [2], [3]]
+
+
+def test_a_watermark_sends_the_partial_batch_in_parallel_order():
+    batcher, batches = _recording_batcher(None)  # only full batches or progress send
+    operator = KeyedProcessOperator(
+        CallsBatched(batcher), MemoryBackend(), AecConfig(watermark_order="parallel")
+    )
+    operator.open()
+    operator.process(Record("a", 1))
+    operator.process(Record("b", 2))
+    operator.process_watermark(Watermark(10))  # returns at once in parallel order
+    assert _wait_until(lambda: batches == [[1, 2]], 5.0), batches
+    operator.finish()
+    assert sorted(o for o in operator.drain_outputs() if isinstance(o, tuple)) == [
+        (1, 1001), (2, 1002)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("async_state", [True, False], ids=["async", "sync"])
+def test_a_batch_functions_own_cancelled_error_fails_the_job(async_state):
+    async def lookup(args: list[int]) -> list[int]:
+        future = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future  # CancelledError, though nobody cancelled this call
+        return args
+
+    batcher = Batcher(lookup, max_batch_size=3, max_wait=0.0)
+    with pytest.raises(JobFailure, match="CancelledError"):
+        aec.run_keyed(
+            [Record(i, i) for i in range(3)], CallsBatched(batcher),
+            config=AecConfig(async_state=async_state),
+        )  # fmt: skip

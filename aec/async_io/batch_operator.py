@@ -95,6 +95,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
         self.batch_timeout = check_max_wait(batch_timeout, "batch_timeout")
         super().__init__(function, timeout, capacity, mode=mode, retry=retry)
         self._batches: BatchQueue[Attempt] | None = None
+        self._restoring: list[BatchItem[Attempt]] | None = None  # during restore: the stored inputs
         # nothing else can run when the operator sleeps: the partial batch goes
         self._mailbox.before_sleep = self._flush
 
@@ -110,6 +111,9 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
         there (``entry.task``)."""
         item = BatchItem(entry.value, (entry, future))
         entry.task = item
+        if self._restoring is not None:
+            self._restoring.append(item)  # handed over together when the restore is done
+            return
         queue = self._batches
         if queue is None:
             queue = self._batch_queue()
@@ -178,6 +182,17 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
     # -- boundaries: a partial batch leaves at once --------------------------------------
     def _before_watermark(self) -> None:
         self._flush()
+
+    def restore(self, handle: CheckpointHandle | str | os.PathLike[str]) -> None:
+        """``AsyncWaitOperator.restore``; the stored inputs are handed to the batch queue
+        together, so they fill batches of ``max_batch_size`` in their stored order."""
+        self._restoring = []
+        try:
+            super().restore(handle)
+        finally:
+            items, self._restoring = self._restoring, None
+        if items:
+            self._batch_queue().submit_all(items)
 
     def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
         """``AsyncWaitOperator.snapshot``; the pending partial batch is sent first."""

@@ -27,10 +27,14 @@ Invariants (loop thread unless said otherwise):
   input, in order, or ``error`` is set; ``fatal`` marks a misuse (a result of the
   wrong length, no awaitable) that no retry can mend.
 - Every input the owner hands over is taken by the loop at the latest when its batch
-  is full, its batch's ``max_wait`` ends (the first input of a batch wakes the loop
-  to start that timer), or the owner flushes; after a flush nothing stays pending
-  until the owner hands over again (``flush`` also asks when inputs re-entered on
-  the loop are pending, and a ``take`` while the owner sleeps sends what is left).
+  is full, its batch's ``max_wait`` ends, or the owner flushes; after a flush nothing
+  stays pending until the owner hands over again (``flush`` also asks when inputs
+  re-entered on the loop are pending, and a ``take`` while the owner sleeps sends
+  what is left). The first input of a batch wakes the loop to start that timer:
+  ``_loop_empty`` is set by the loop when it sent its pending batch (however it
+  left: full, on its timer, flushed) and cleared by the owner's wake-up; the loop
+  sets it before looking at the outbox once more, so an input handed over while it
+  sent is either seen there or wakes the loop itself.
 - ``_owner_idle`` is set by the owner's ``flush`` and cleared by its ``submit``:
   while the owner sleeps, an input that re-enters on the loop (a retry after its
   backoff) leaves in the next loop turn (with the other retries due in this one)
@@ -72,30 +76,31 @@ class BatchResultError(ValueError):
     not a list at all). Fails the job at once: retrying the same batch cannot mend it."""
 
 
-def batch_results(fn: object, values: list[object], results: Any) -> list[object]:
-    """``results`` of ``fn(values)`` (whatever it returned) as a list, one entry per
-    input in order.
+def batch_results(fn: object, size: int, results: Any) -> list[object]:
+    """``results`` of a call of ``fn`` with ``size`` values (whatever it returned) as a
+    list, one entry per input in order (``size`` is counted before the call: ``fn`` may
+    consume its list).
 
     Raises:
-        BatchResultError: ``results`` is not an iterable of ``len(values)`` entries
-            (the message names ``fn`` as ``module.qualname`` and both lengths).
+        BatchResultError: ``results`` is not an iterable of ``size`` entries (the
+            message names ``fn`` as ``module.qualname`` and both lengths).
     """
     if results is None or isinstance(results, (str, bytes, bytearray, dict)):
         raise BatchResultError(
             f"{qualified_name(fn)} returned {describe(results, 80)} for a batch of "
-            f"{len(values)} inputs: a batch function returns a list with one result per input"
+            f"{size} inputs: a batch function returns a list with one result per input"
         )
     try:
         collected = list(results)
     except TypeError:
         raise BatchResultError(
             f"{qualified_name(fn)} returned {type(results).__name__} for a batch of "
-            f"{len(values)} inputs: a batch function returns a list with one result per input"
+            f"{size} inputs: a batch function returns a list with one result per input"
         ) from None
-    if len(collected) != len(values):
+    if len(collected) != size:
         raise BatchResultError(
             f"{qualified_name(fn)} returned {len(collected)} results for a batch of "
-            f"{len(values)} inputs: a batch function returns one result per input, in order"
+            f"{size} inputs: a batch function returns one result per input, in order"
         )
     return collected
 
@@ -201,6 +206,7 @@ class BatchQueue(Generic[OWNER]):
         # handed over by the owner, taken by the loop (a deque: atomic append/popleft)
         self._outbox: deque[BatchItem[OWNER]] = deque()
         self._handed = 0  # owner thread: inputs handed over since the loop was last asked
+        self._loop_empty = True  # no pending batch: the next input must wake the loop
         self._owner_idle = False  # written by the owner, read on the loop
         self._pending: list[BatchItem[OWNER]] = []  # loop thread
         self._timer: asyncio.TimerHandle | None = None  # loop thread
@@ -221,10 +227,23 @@ class BatchQueue(Generic[OWNER]):
         handed = self._handed + 1
         if handed >= self.max_batch_size:
             handed = 0
+            self._loop_empty = False
             self.loop.call_soon(self.take)
-        elif handed == 1 and self.max_wait is not None:
+        elif self._loop_empty and self.max_wait is not None:
+            self._loop_empty = False
             self.loop.call_soon(self.take)  # starts the pending batch's max_wait
         self._handed = handed
+
+    def submit_all(self, items: list[BatchItem[OWNER]]) -> None:
+        """Hand ``items`` over together, with one wake-up: they fill batches in order
+        (a restore's stored inputs share batches however the threads interleave)."""
+        for item in items:
+            item.queue = self
+        self._outbox.extend(items)
+        self._owner_idle = False
+        self._handed = 0
+        self._loop_empty = False
+        self.loop.call_soon(self.take)
 
     def flush(self) -> None:
         """Send what is held now (every input handed over before), and send inputs
@@ -280,6 +299,10 @@ class BatchQueue(Generic[OWNER]):
             self._timer.cancel()
             self._timer = None
         pending, self._pending = self._pending, []
+        self._loop_empty = True
+        if self._outbox and self.max_wait is not None:  # handed over while this one left
+            self._loop_empty = False
+            asyncio.get_running_loop().call_soon(self.take)
         items = [item for item in pending if not item.dropped]
         if not items:
             return
@@ -307,10 +330,11 @@ class BatchQueue(Generic[OWNER]):
 
     async def _call(self, batch: SentBatch[OWNER]) -> None:
         fn = self.fn
+        size = len(batch.items)  # fn may consume its list: results are counted against this
         values = [item.value for item in batch.items]
         try:
             awaitable = fn(values)
-        except Exception as exc:  # raised before any awaitable existed: a failed call
+        except (Exception, asyncio.CancelledError) as exc:  # before any awaitable: a failed call
             self._deliver(batch, None, exc, False)
             return
         if not inspect.isawaitable(awaitable):
@@ -321,9 +345,12 @@ class BatchQueue(Generic[OWNER]):
             self._deliver(batch, None, error, True)
             return
         try:
-            results = batch_results(fn, values, await awaitable)
-        except asyncio.CancelledError:
-            raise  # dropped by every input, or the loop stops: nobody takes an outcome
+            results = batch_results(fn, size, await awaitable)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # dropped by every input, or the loop stops: nobody takes an outcome
+            self._deliver(batch, None, exc, False)  # fn's own (it awaited a cancelled future)
         except BatchResultError as exc:  # also raised inside fn by a wrapper that checks
             self._deliver(batch, None, exc, True)
         except Exception as exc:

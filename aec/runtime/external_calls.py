@@ -21,7 +21,9 @@ thing a record waits for, like a state request (FLIP-425's reference counting):
   a retried argument joins whatever batch is pending then. Its outcome comes back
   through the same ``CallCompletion`` mail as a single call's. Before the mailbox thread sleeps
   (``Mailbox.before_sleep``) every queue sends the partial batch it holds: nothing
-  else can run, so nothing more would join it. In synchronous mode a batch of one is
+  else can run, so nothing more would join it; so does a watermark
+  (``flush_batches``), which waits for the calls of the records before it. In
+  synchronous mode a batch of one is
   sent and awaited before ``call_batched`` returns.
 
 Invariants: ``controller.calls_in_flight`` counts calls (single or batched) whose
@@ -341,11 +343,13 @@ class ExternalCalls:
         )  # fmt: skip
         if not self._queues and not self._controller.synchronous:
             # nothing else can run once the mailbox thread sleeps: partial batches go
-            self._controller.mailbox.before_sleep = self._flush
+            self._controller.mailbox.before_sleep = self.flush_batches
         self._queues[id(batcher)] = (batcher, queue)
         return queue
 
-    def _flush(self) -> None:
+    def flush_batches(self) -> None:
+        """Send every partial batch now: progress needs it (a watermark arrived behind
+        it, or the mailbox thread is about to sleep)."""
         for _, queue in self._queues.values():
             queue.flush()
 
