@@ -12,6 +12,7 @@ async mode; per (key, epoch, record-or-timer) in parallel mode (docs/semantics.m
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import tempfile
@@ -593,3 +594,24 @@ def test_backend_failing_to_snapshot_commits_no_checkpoint(tmp_path, async_state
     with pytest.raises(RuntimeError, match="failed"):
         operator.process(Record("k", 2))
     operator.close()
+
+
+class TimerAfterEach(KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> None:
+        ctx.timer_service.register_event_time_timer(ctx.timestamp + 1)
+
+    def on_timer(self, timestamp: float, ctx: Any) -> None:
+        ctx.output(("timer", timestamp))
+
+
+def test_a_checkpoint_after_the_final_watermark_restores_an_ended_operator(tmp_path):
+    operator = KeyedProcessOperator(TimerAfterEach(), MemoryBackend())
+    operator.process(Record("k", 1, 1.0))
+    operator.process_watermark(Watermark(math.inf))
+    handle = operator.snapshot(1, tmp_path)
+    restored = KeyedProcessOperator(TimerAfterEach(), MemoryBackend())
+    restored.restore(handle)
+    assert restored.status == "ended"
+    with pytest.raises(ValueError, match="after Watermark\\(inf\\)"):
+        restored.process(Record("k", 2, 2.0))  # refused as the original refuses it
+    restored.finish()

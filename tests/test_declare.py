@@ -415,3 +415,84 @@ def test_records_the_serializer_cannot_store_make_the_checkpoint_drain(tmp_path)
     restored.process(Record("k", Opaque(30)))
     restored.finish()
     assert restored.drain_outputs()[:-1] == [("k", 31)]
+
+
+class CollectsIntoADefault(DeclaringKeyedProcessFunction):
+    """A declared variable whose default is mutable (a list), changed in place."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def declare_process(self, d: DeclarationContext) -> Any:
+        seen = d.declare_variable("seen", default=[])
+
+        def read(value: Any, ctx: Any) -> Any:
+            seen.get().append(value)
+            return self.count.async_value()
+
+        def emit(n: int, ctx: Any) -> Any:
+            ctx.output((ctx.current_key, list(seen.get())))
+            return self.count.async_update(n + 1)
+
+        return d.chain(d.declare("read", read), d.declare("emit", emit))
+
+
+def test_each_record_starts_from_its_own_copy_of_a_mutable_default():
+    source = [Record("a", 1), Record("b", 2), Record("a", 3)]
+    outputs = [o for o in run_sync(source, CollectsIntoADefault()).outputs if isinstance(o, tuple)]
+    assert outputs == [("a", [1]), ("b", [2]), ("a", [3])]
+    assert_equivalent(CollectsIntoADefault, source, seeds=range(3))
+
+
+class AsyncDefStep(DeclaringKeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def declare_process(self, d: DeclarationContext) -> Any:
+        async def read(value: Any, ctx: Any) -> int:
+            return await self.count.async_value()
+
+        return d.chain(d.declare("read", read), d.declare("emit", lambda n, ctx: ctx.output(n)))
+
+
+class FutureCondition(DeclaringKeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def declare_process(self, d: DeclarationContext) -> Any:
+        positive = d.chain(d.declare("pos", lambda v, ctx: ctx.output(("pos", v))))
+        negative = d.chain(d.declare("neg", lambda v, ctx: ctx.output(("neg", v))))
+
+        def condition(value: Any, ctx: Any) -> Any:
+            return self.count.async_value().then_apply(lambda n: n > 0)
+
+        return d.chain(
+            d.declare("start", lambda v, ctx: v), d.branch("positive?", condition, positive, negative)
+        )
+
+
+@pytest.mark.parametrize("async_state", [True, False], ids=["async", "sync"])
+def test_an_async_def_step_and_a_future_condition_are_refused_naming_them(async_state):
+    config = AecConfig(async_state=async_state)
+    with pytest.raises(JobFailure, match="declared step 'read' returned a coroutine"):
+        run_keyed([Record("a", 1)], AsyncDefStep(), config=config)
+    with pytest.raises(JobFailure, match="branch 'positive\\?' returned .*not a plain bool"):
+        run_keyed([Record("a", 1)], FutureCondition(), config=config)
+
+
+@pytest.mark.parametrize("before, after", [("msgpack", "pickle"), ("pickle", "msgpack")])
+def test_a_serializer_change_under_carried_records_is_refused_naming_the_state(
+    before, after, tmp_path
+):
+    operator = KeyedProcessOperator(
+        Counter(), MemoryBackend(), AecConfig(state_serializer=before), ScriptedExecutor(seed=1)
+    )
+    operator.open()
+    for i in range(10):
+        operator.process(Record("k", i))
+    handle = operator.snapshot(1, tmp_path)
+    assert operator.metrics["checkpoint_pending_records"] > 0  # records are carried
+    operator.close()
+    restored = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig(state_serializer=after))
+    with pytest.raises(ValueError, match="state 'count' was a value state stored with"):
+        restored.restore(handle)

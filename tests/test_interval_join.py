@@ -212,6 +212,20 @@ def test_a_record_without_a_timestamp_fails_the_run_naming_it(input):
     assert f"input {input}" in str(failure.value)
 
 
+@pytest.mark.parametrize("timestamp", [-math.inf, math.inf])
+@pytest.mark.parametrize("async_state", [True, False], ids=["async", "sync"])
+def test_an_infinite_timestamp_fails_the_run_naming_the_record(timestamp, async_state):
+    # async: records are bundled before the join runs; an infinite one must not be
+    source = [(1, Record("a", "x", timestamp)), (2, Record("a", "y", 0.0))]
+    with pytest.raises(JobFailure, match=f"timestamp {timestamp}") as failure:
+        run_keyed_co(
+            source, interval_join(-1, 1, lambda left, right: (left, right)),
+            config=AecConfig(async_state=async_state),
+        )  # fmt: skip
+    assert failure.value.record == "x"
+    assert isinstance(failure.value.__cause__, ValueError)
+
+
 def test_late_data_is_discarded_and_counted(config):
     source = [
         (1, Record("key", 1, 1)), (2, Record("key", 1, 1)),

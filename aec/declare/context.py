@@ -25,8 +25,10 @@ Flink: ``DeclarationContext``, ``DeclarationChain``, ``NamedFunction``,
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from aec.state.future import StateFuture
 from aec.state.typevars import V
 
 if TYPE_CHECKING:
@@ -77,8 +79,22 @@ class DeclaredBranch(DeclaredStep):
         self.if_false = if_false
 
     def choose(self, value: object, ctx: Context) -> DeclaredStep | None:
-        """The step that runs next for ``value`` (its input, passed on unchanged)."""
-        if self.fn(value, ctx):
+        """The step that runs next for ``value`` (its input, passed on unchanged).
+
+        Raises TypeError when the condition returns a future or a coroutine (it would
+        always count as true): read state in a step before the branch."""
+        chosen = self.fn(value, ctx)
+        if type(chosen) is not bool and (
+            isinstance(chosen, StateFuture) or type(chosen) is CoroutineType
+        ):
+            if type(chosen) is CoroutineType:
+                chosen.close()
+            raise TypeError(
+                f"the condition of branch {self.name!r} returned {type(chosen).__name__}, "
+                "not a plain bool: read the state it needs in a step before the branch "
+                "(its result is the condition's input)"
+            )
+        if chosen:
             return self.if_true.first
         return self.if_false.first if self.if_false is not None else self.next
 

@@ -12,7 +12,9 @@ named step, a checkpoint can store the run instead of finishing it
 
 from __future__ import annotations
 
+import copy
 from functools import partial
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aec.declare.context import (
@@ -27,6 +29,25 @@ if TYPE_CHECKING:
     from aec.functions import Context
 
 _S = TypeVar("_S", bound=DeclaredStep)
+# defaults a record cannot change in place: shared by every record as they are
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, frozenset)
+
+
+def _refuse_coroutine(step: DeclaredStep, coroutine: CoroutineType[Any, Any, Any]) -> None:
+    """A step is a plain function: an ``async def`` one would run nowhere (and could
+    not be stored mid-way by a checkpoint)."""
+    coroutine.close()
+    raise TypeError(
+        f"declared step {step.name!r} returned a coroutine: a declared step is a plain "
+        "function returning a value or a StateFuture (split an `async def` into steps, "
+        "one per await)"
+    )
+
+
+def _immutable(value: object) -> bool:
+    if type(value) is tuple:
+        return all(_immutable(item) for item in value)
+    return type(value) in _IMMUTABLE
 
 
 class DeclaredRun:
@@ -64,6 +85,9 @@ class DeclaredProgram:
         self._names: set[str] = set()
         self._steps: dict[str, DeclaredStep] = {}
         self._defaults: dict[str, object] = {}
+        # each record starts from the defaults: a mutable one (a list, a dict) is copied
+        # per record (``copy.deepcopy``), else records would change each other's
+        self._copy_defaults = False
         self._current: DeclaredRun | None = None
         self.process: DeclaredChain | None = None
         self.on_timer: DeclaredChain | None = None
@@ -89,6 +113,14 @@ class DeclaredProgram:
 
     def add_variable(self, variable: DeclaredVariable) -> None:
         self._defaults[variable.name] = variable.default
+        if not _immutable(variable.default):
+            self._copy_defaults = True
+
+    def _fresh_defaults(self) -> dict[str, object]:
+        """The declared variables' defaults, for one record's own use."""
+        if self._copy_defaults:
+            return copy.deepcopy(self._defaults)
+        return dict(self._defaults)
 
     def finish(self, process: object, on_timer: object) -> None:
         """Link the chains ``declare_process`` and ``declare_on_timer`` returned.
@@ -127,8 +159,7 @@ class DeclaredProgram:
     # -- running ------------------------------------------------------------------------------
     def start(self, record: Owner, chain: DeclaredChain, value: object, ctx: Context) -> None:
         """Run ``record`` through ``chain`` from its first step with ``value``."""
-        defaults = self._defaults
-        run = DeclaredRun(record, dict(defaults) if defaults else None)
+        run = DeclaredRun(record, self._fresh_defaults() if self._defaults else None)
         self.runs[record] = run
         self._advance(run, chain.first, value, ctx)
 
@@ -145,7 +176,7 @@ class DeclaredProgram:
         Raises ValueError for a step this function does not declare."""
         step = None if next_step is None else self.step_named(next_step)
         if variables is not None:
-            variables = {**self._defaults, **variables}
+            variables = {**self._fresh_defaults(), **variables}
         run = DeclaredRun(record, variables)
         self.runs[record] = run
         if pending is None:
@@ -165,6 +196,8 @@ class DeclaredProgram:
                     step = step.choose(value, ctx)
                     continue
                 result = step.fn(value, ctx)
+                if type(result) is CoroutineType:
+                    _refuse_coroutine(step, result)
                 step = step.next
                 if isinstance(result, StateFuture):
                     if not result.is_done():

@@ -59,9 +59,10 @@ class JoinBundle:
     def offer_input(
         self, input: int, key: Any, value: Any, timestamp: Any, watermark: float
     ) -> bool:
-        """Hold an on-time record of input ``input``; False (run it alone) otherwise."""
+        """Hold an on-time record of input ``input``; False (run it alone) otherwise
+        (not a finite number: alone, it fails with the join's error naming it)."""
         if (type(timestamp) is not float and type(timestamp) is not int) or not (
-            watermark <= timestamp < math.inf
+            watermark <= timestamp < math.inf and timestamp > -math.inf
         ):
             return False
         held = self._held.get(key)

@@ -302,8 +302,10 @@ def decode(
                      for op, state, uk, v, kind in requests],
                     awaited,
                 ))  # fmt: skip
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"the in-flight records of {where} cannot be read: {exc}") from exc
+        except Exception as exc:  # the serializer's own errors too (an UnpicklingError)
+            raise ValueError(
+                f"the in-flight records of {where} cannot be read: {type(exc).__name__}: {exc}"
+            ) from exc
     for record in records:
         for request in record.requests:
             if request.kind not in _KINDS:

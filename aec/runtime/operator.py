@@ -426,6 +426,9 @@ class KeyedProcessOperator:
             self._flush_bundle(watermark.timestamp)
             self._watermark = watermark.timestamp
             self._close_epoch(watermark)
+            # calls of the records before it go now, not at their max_wait (in parallel
+            # order nothing below waits for them, and the input may stay idle)
+            self.external_calls.flush_batches()
             if watermark.timestamp == math.inf:
                 self._state = "ended"  # the final watermark: no record may follow
             if self._waits_for_epochs:
@@ -619,9 +622,10 @@ class KeyedProcessOperator:
             handle, config.max_parallelism, self.key_group_range, check, self.inputs
         )
         with reading as (plan, where, restored):
-            carried = decode(plan.in_flight, where, self.key_group_range, self._serializer())
             self.open()
+            # first: a serializer change is named by its state, not by undecodable records
             check_states(restored, self._descriptors(), config, self.backend)
+            carried = decode(plan.in_flight, where, self.key_group_range, self._serializer())
             if carried:
                 if self._program is None:
                     raise ValueError(
@@ -645,6 +649,8 @@ class KeyedProcessOperator:
         self._restorable = False
         self.timers.replace(state.event_timers, state.processing_timers)
         self._watermark = state.watermark
+        if state.watermark == math.inf:
+            self._state = "ended"  # taken after the final watermark: no record may follow
         self._now = max(self._now, state.processing_time)
         self._poll = self._poll or state.poll_clock or len(self.timers.processing) > 0
         self.epochs.restart_at(state.epoch)
