@@ -217,3 +217,28 @@ def test_a_clock_tick_between_duplicate_late_registrations_does_not_fire_the_tim
     fired = [o for o in result.outputs if not isinstance(o, Watermark)]
     assert fired == [("fired", "a", 5)]
     assert result.outputs.index(("fired", "a", 5)) < result.outputs.index(Watermark(20))
+
+
+class ContainsNone(KeyedProcessFunction):
+    """Puts a None value in a map, then asks what the map holds."""
+
+    def __init__(self, ttl: float | None) -> None:
+        self.ttl = ttl
+
+    def open(self, ctx):
+        self.entries = ctx.get_state(MapStateDescriptor("m", ttl=self.ttl))
+
+    async def process_element(self, value, ctx):
+        await self.entries.async_put("x", None)
+        contains = await self.entries.async_contains("x")
+        ctx.output((contains, await self.entries.async_is_empty()))
+
+
+@pytest.mark.parametrize("ttl", [None, 100.0])
+@pytest.mark.parametrize("async_state", [True, False], ids=["async", "sync"])
+def test_a_live_map_entry_whose_value_is_none_is_contained(ttl, async_state):
+    result = run_keyed(
+        [Record("k", 1)], ContainsNone(ttl), config=AecConfig(async_state=async_state),
+        clock=ManualClock(0),
+    )  # fmt: skip
+    assert [o for o in result.outputs if isinstance(o, tuple)] == [(True, False)]

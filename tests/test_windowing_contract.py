@@ -412,3 +412,48 @@ def test_per_window_state_blocking_forms_and_trigger_state(config):
     source = [rec("k", 1, 1), rec("k", 2, 2), rec("k", 3, 11), rec("k", 4, 12), rec("k", 5, 3)]
     assert _values(run(source, fn, config, backend).outputs) == [("k", 3), ("k", 7)]
     assert backend.state_items("window-trigger.seen") == {}  # cleared at cleanup (end of input)
+
+
+@config_ids
+@pytest.mark.parametrize("fold", ["aggregate", "reduce", "list"])
+@pytest.mark.parametrize("lateness", [0, 2])
+def test_a_record_in_a_gap_between_sliding_windows_is_in_none(config, fold, lateness):
+    # slide 5 > size 3: windows [0, 3), [5, 8), ...; t = 4 lies in no window (Flink: none)
+    folds = {"aggregate": {"aggregate": SumAggregate()}, "reduce": {"reduce": sum_reduce},
+             "list": {}}[fold]  # fmt: skip
+    function = window(
+        SlidingEventTimeWindows.of(3, 5), process=SumWithWindow(), allowed_lateness=lateness,
+        **folds,
+    )  # fmt: skip
+    source = [rec("k", 1, 4.0), rec("k", 10, 6.0), Watermark(20)]
+    assert _values(run(source, function, config).outputs) == [("k-10", 5, 8)]
+
+
+@pytest.mark.parametrize("config", [SYNC, ASYNC], ids=["sync", "async"])
+@pytest.mark.parametrize("assigner", ["tumbling", "sliding"])
+def test_a_window_goes_at_its_cleanup_time_when_end_plus_lateness_does_not_round_trip(
+    config, assigner
+):
+    # [3, 4) with lateness 0.1 goes at 4.1, and 4.1 - 0.1 == 3.9999999999999996
+    grid = TumblingEventTimeWindows.of(1) if assigner == "tumbling" else SlidingEventTimeWindows.of(2, 1)
+    function = window(grid, aggregate=SumAggregate(), allowed_lateness=0.1)
+    backend = MemoryBackend()
+    operator = KeyedProcessOperator(function, backend, config)
+    operator.open()
+    for t in (1.5, 2.5, 3.5, 63.5):
+        operator.process(rec("k", 1, t))
+    operator.process_watermark(Watermark(100))
+    assert [v for v in _values(operator.drain_outputs()) if v] != []
+    held = {name: backend.state_items(name) for name in operator.state_names}
+    operator.close()
+    assert not any(held.values()), held  # every window fired and went
+
+
+@pytest.mark.parametrize("config", [SYNC, ASYNC], ids=["sync", "async"])
+@pytest.mark.parametrize("timestamp", [math.inf, -math.inf])
+@pytest.mark.parametrize("assigner", ["tumbling", "sliding"])
+def test_an_infinite_timestamp_fails_naming_it(config, timestamp, assigner):
+    grid = TumblingEventTimeWindows.of(5) if assigner == "tumbling" else SlidingEventTimeWindows.of(10, 5)
+    function = window(grid, reduce=sum_reduce)
+    with pytest.raises(JobFailure, match=f"timestamp {timestamp} is not a finite number"):
+        run([rec("k", 1, timestamp), Watermark(10)], function, config)

@@ -63,6 +63,17 @@ class TtlGet(StateRequest):
         self.complete(pair[0] if pair is not None and alive(pair, now) else default)
 
 
+class TtlContains(TtlGet):
+    """A MAP_GET of TTL state whose future completes with whether the entry is there
+    and alive (a live entry whose value is None is there)."""
+
+    __slots__ = ()
+
+    def resolve(self) -> None:
+        pair = self.result
+        self.complete(pair is not None and alive(pair, self.value[1]))
+
+
 class _Expiring:
     """What every TTL handle adds: its ``_Ttl`` (a slot of the concrete class)."""
 
@@ -121,7 +132,8 @@ class TtlMapState(_Expiring, MapState):
         return self._submit(Op.MAP_PUT_ALL, self._name, None, stamped)
 
     def async_contains(self, user_key: Any) -> StateFuture:
-        return self.async_get(user_key).then_apply(lambda v: v is not None)
+        asked = (None, self._ttl.now())
+        return self._submit(Op.MAP_GET, self._name, user_key, asked, TtlContains)
 
     def _alive_entries(self) -> StateFuture:
         """A future of the alive ``(user_key, value)`` list."""

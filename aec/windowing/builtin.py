@@ -62,7 +62,7 @@ class BuiltinTrigger:
         """The cleanup timer a new window registers besides the trigger's at ``end``: its
         cleanup time, or None when that is ``end`` itself (the same engine timer) or
         ``inf`` (never cleaned)."""
-        cleanup = end + self.lateness if self.event_time else end
+        cleanup = self.cleanup_time(end)
         return None if cleanup == end or cleanup == math.inf else cleanup
 
     def is_late(self, end: float, watermark: float) -> bool:
@@ -106,7 +106,15 @@ class BuiltinTrigger:
         if not self.event_time or self.lateness == 0:
             return fires, fires  # cleaned when it fires
         since = time - self.lateness
-        return fires, (grid.ending_at(since) if math.isfinite(since) else None)
+        if not math.isfinite(since):
+            return fires, None
+        # time - lateness may round off the end it was added to (4.1 - 0.1 < 4): the
+        # window is the neighbour of the nearest end whose cleanup time is exactly ``time``
+        near = grid.ending_near(since)
+        for k in (near, near - 1, near + 1):
+            if self.cleanup_time(grid.end(k)) == time:
+                return fires, k
+        return fires, None
 
     def due_sessions(
         self, sessions: Iterable[W], low: float, high: float

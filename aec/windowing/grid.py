@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from fractions import Fraction
-from math import floor
 
 from aec.windowing.windows import TimeWindow
 
@@ -31,6 +30,17 @@ MAX_PANES_PER_WINDOW = 4096  # beyond this (odd float sizes) windows keep their 
 Fired = tuple[float, float, int, int, int]
 """A window of a chain firing: ``(start, end, lo, hi, cut)``; it merges the live panes
 ``indexes[lo:hi]`` and ``indexes[lo:cut]`` are its last-use panes (see ``Panes.chain``)."""
+
+
+def _floor_index(timestamp: float, offset: float, step: float) -> int:
+    """``floor((timestamp - offset) / step)``; ValueError naming a timestamp that is not
+    a finite number (no window or pane holds it)."""
+    try:
+        return math.floor((timestamp - offset) / step)
+    except (OverflowError, ValueError):
+        raise ValueError(
+            f"timestamp {timestamp!r} is not a finite number: time windows need one"
+        ) from None
 
 
 class Grid:
@@ -51,9 +61,9 @@ class Grid:
 
     def index(self, timestamp: float) -> int:
         """The index of the latest window starting at or before ``timestamp`` (seconds):
-        ``floor((timestamp - offset) / slide)``. O(1). Raises OverflowError/ValueError
-        for an infinite or NaN timestamp."""
-        return math.floor((timestamp - self.offset) / self.slide)
+        ``floor((timestamp - offset) / slide)``. O(1). Raises ValueError naming an
+        infinite or NaN timestamp."""
+        return _floor_index(timestamp, self.offset, self.slide)
 
     def start(self, k: int) -> float:
         """The start of window ``k``: ``offset + k * slide``."""
@@ -66,8 +76,7 @@ class Grid:
     def slot(self, timestamp: float) -> tuple[float, float]:
         """``(start, end)`` of the latest window starting at or before ``timestamp``: a
         tumbling window's (the map key of its contents)."""
-        offset, slide = self.offset, self.slide
-        start = offset + floor((timestamp - offset) / slide) * slide
+        start = self.offset + self.index(timestamp) * self.slide
         return start, start + self.size
 
     def window(self, k: int) -> TimeWindow:
@@ -89,10 +98,14 @@ class Grid:
             windows.append(window)
             k -= 1
 
+    def ending_near(self, end: float) -> int:
+        """The index of the window whose end is nearest ``end`` (``end`` finite)."""
+        return round((end - self.size - self.offset) / self.slide)
+
     def ending_at(self, end: float) -> int | None:
         """The index of the window whose end is exactly ``end``, or None (``end`` finite)."""
-        k = round((end - self.size - self.offset) / self.slide)
-        return k if self.offset + k * self.slide + self.size == end else None
+        k = self.ending_near(end)
+        return k if self.end(k) == end else None
 
     def first_open(self, k: int, time: float) -> int:
         """The first index ``>= k`` whose window ends after ``time``: the first window a
@@ -144,7 +157,7 @@ class Panes(Grid):
         """The index ``j`` of the pane holding ``timestamp``: ``offset + j * g <= t <
         offset + (j + 1) * g`` (the float estimate checked both ways)."""
         offset, g = self.offset, self.g
-        j = math.floor((timestamp - offset) / g)
+        j = _floor_index(timestamp, offset, g)
         if offset + j * g > timestamp:
             j -= 1
         elif offset + (j + 1) * g <= timestamp:

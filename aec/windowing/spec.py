@@ -44,11 +44,13 @@ class WindowSpec:
 
     @property
     def pane(self) -> Fraction | None:
-        """The pane size for sliding windows over an aggregate or reduce (else None)."""
+        """The pane size for sliding windows over an aggregate or reduce (else None;
+        also for a slide longer than the size: a pane in a gap between windows would
+        be folded into the next window)."""
         a = self.assigner
         if not self.folds or self.evictor is not None or a.merging:
             return None
-        if not isinstance(a, SlidingEventTimeWindows) or a.size == a.slide:
+        if not isinstance(a, SlidingEventTimeWindows) or a.size <= a.slide:
             return None
         return pane_size(a.size, a.slide)
 
