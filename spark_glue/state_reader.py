@@ -54,7 +54,7 @@ from aec.checkpoint.storage import local_copy
 from aec.keygroups import key_group_for
 from aec.runtime.timers import TimerQueue
 from aec.state.backend import StateBackend
-from aec.state.serialization import Serializer, resolve
+from aec.state.serialization import PICKLE, Serializer, resolve
 from aec.windowing.windows import GlobalWindow, TimeWindow
 from spark_glue.stream_state import Layout, StateStore, batch_ids, locations
 
@@ -102,8 +102,9 @@ def read_state(
             default (``process_keyed_stream``'s argument of that name); it tells
             whether the last micro-batch was committed.
         serializers: ``{recorded name: Serializer}`` for states stored with a custom
-            ``aec.state.serialization.Serializer`` (the built-in ``"msgpack"`` and
-            ``"pickle"`` need none; pickle is used only for states recorded with it).
+            ``aec.state.serialization.Serializer``, and ``{"pickle":
+            aec.state.serialization.PICKLE}`` to read states stored with pickle (its
+            bytes name code to run: trust the location first); ``"msgpack"`` needs none.
 
     Returns:
         Columns ``key`` (string: a ``str`` key as it is, any other its ``repr``),
@@ -118,7 +119,7 @@ def read_state(
         FileNotFoundError: nothing at the location.
         ValueError: no committed checkpoint there; a checkpoint that does not verify
             (named); a backend snapshot of an unknown kind; a state whose recorded
-            serializer this process does not know.
+            serializer this process does not know, or pickle not opted in to.
         CheckpointStorageError: the object store could not be read.
     """
     rows: dict[str, list[Any]] = {name: [] for name in _ARROW.names}
@@ -331,10 +332,18 @@ def _scratch_backend(kind: str, scratch: str, stack: ExitStack) -> StateBackend:
 def _serializer(
     name: str, about: dict[str, Any], serializers: Mapping[str, Serializer]
 ) -> Serializer:
-    """The serializer state ``name`` was stored with (by the name its checkpoint records)."""
+    """The serializer state ``name`` was stored with (by the name its checkpoint records):
+    one ``serializers`` gives, else a built-in one, except pickle: the checkpoint's bytes
+    name it, and unpickling runs code they name, so the caller opts in."""
     recorded = about.get("serializer")
     if isinstance(recorded, str) and recorded in serializers:
         return serializers[recorded]
+    if recorded == PICKLE.name:
+        raise ValueError(
+            f"state {name!r} was stored with pickle, and unpickling runs code its bytes "
+            "name: read it only from a checkpoint location no one else writes, with "
+            "read_state(..., serializers={'pickle': aec.state.serialization.PICKLE})"
+        )
     try:
         return resolve(recorded)
     except (TypeError, ValueError) as exc:

@@ -373,3 +373,71 @@ def test_snapshot_and_restore_through_an_object_store(s3):
     again.complete("a")
     restored.finish()
     assert restored.drain_outputs() == ["a", Watermark(1)]
+
+
+# -- how checkpoints store the inputs ---------------------------------------------------------
+class Point:
+    """An input msgpack cannot store (not plain data)."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Point) and other.x == self.x
+
+    def __hash__(self) -> int:
+        return hash(self.x)
+
+
+def _touch(path: str) -> str:
+    with open(path, "w"):
+        return path
+
+
+class RunsOnLoad:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (_touch, (self.path,))
+
+
+def test_inputs_are_stored_as_plain_data_unless_the_operator_opts_in_to_pickle(tmp_path):
+    import hashlib
+    import json
+    import pickle
+
+    op = make(Held(), "ordered")
+    op.process(Point(1))
+    with pytest.raises(JobFailure, match="serializer='pickle'"):
+        op.snapshot(1, tmp_path / "plain")  # a Point is not plain data
+    assert not (tmp_path / "plain" / "chk-1").exists()
+    # opted in: any picklable input, restored by an operator with the same serializer
+    op = make(Held(), "ordered", serializer="pickle")
+    op.process(Point(2))
+    handle = op.snapshot(1, tmp_path / "pickled")
+    op.close()
+    with pytest.raises(ValueError, match="'pickle' serializer; this operator's is 'msgpack'"):
+        make(Held(), "ordered").restore(handle)
+    function = Held()
+    restored = make(function, "ordered", serializer="pickle")
+    restored.restore(handle)
+    assert function.calls == [Point(2)]
+    restored.close()
+    # bytes planted in a msgpack checkpoint (its manifest rewritten to match) run nothing
+    op = make(Held(), "ordered")
+    op.process(3)
+    handle = op.snapshot(1, tmp_path / "planted")
+    op.close()
+    marker = tmp_path / "code-ran"
+    planted = pickle.dumps({"elements": [("record", RunsOnLoad(str(marker)), 0)], "watermark": 0.0})
+    chk = tmp_path / "planted" / "chk-1"
+    (chk / "inputs.bin").write_bytes(planted)
+    manifest = json.loads((chk / "MANIFEST.json").read_text())
+    manifest["files"]["inputs.bin"] = {
+        "sha256": hashlib.sha256(planted).hexdigest(), "size": len(planted)
+    }  # fmt: skip
+    (chk / "MANIFEST.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="cannot be read"):
+        make(Held(), "ordered").restore(handle)  # decoded by msgpack: data or an error
+    assert not marker.exists()

@@ -34,7 +34,7 @@ from aec.checkpoint import CheckpointHandle
 from aec.clock import ManualClock
 from aec.keygroups import key_group_for, key_group_range_for
 from aec.state import memory_changelog
-from aec.state.serialization import Serializer
+from aec.state.serialization import PICKLE, Serializer
 from aec.windowing import TumblingEventTimeWindows, window
 from backends import LatencyBackend, LocalRedisServer, MemoryBackend, RocksDBBackend, SlateDBBackend
 from spark_glue.state_reader import SNAPSHOT_MARKERS, checkpoints_of, read_state
@@ -50,8 +50,10 @@ class TableSession:
         return table
 
 
-def rows_of(checkpoint, **kwargs):
-    return read_state(TableSession(), checkpoint, **kwargs).to_pylist()
+def rows_of(checkpoint, serializers=None, **kwargs):
+    # these tests' own checkpoints: trusted with pickle (the "opaque" state opted in)
+    trusted = {"pickle": PICKLE, **(serializers or {})}
+    return read_state(TableSession(), checkpoint, serializers=trusted, **kwargs).to_pylist()
 
 
 class Sum(AggregateFunction):
@@ -333,3 +335,44 @@ def test_a_directory_of_checkpoints_names_its_newest(tmp_path):
     assert checkpoints_of(str(tmp_path)) == [CheckpointHandle(2, str(tmp_path / "chk-2"))]
     counts = [r["value"] for r in rows_of(str(tmp_path)) if r["state"] == "count"]
     assert counts == ["2"]
+
+
+def touch(path):
+    with open(path, "w"):
+        return path
+
+
+class RunsOnLoad:
+    """Unpickling it creates the file ``path`` (code a checkpoint's bytes name)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (touch, (self.path,))
+
+
+class StoresWithPickle(KeyedProcessFunction):
+    def __init__(self, path):
+        self.path = path
+
+    def open(self, ctx):
+        self.opaque = ctx.get_state(ValueStateDescriptor("opaque", serializer="pickle"))
+
+    async def process_element(self, value, ctx):
+        await self.opaque.async_update(RunsOnLoad(self.path))
+
+
+def test_a_state_stored_with_pickle_is_read_only_when_the_caller_opts_in(tmp_path):
+    marker = str(tmp_path / "code-ran")
+    operator = KeyedProcessOperator(StoresWithPickle(marker), MemoryBackend(), AecConfig())
+    operator.process(Record("k", 1))
+    handle = operator.snapshot(1, str(tmp_path / "ckpt"))
+    operator.close()
+    if os.path.exists(marker):
+        os.remove(marker)  # whatever the writing side did
+    with pytest.raises(ValueError, match="state 'opaque' was stored with pickle"):
+        read_state(TableSession(), handle)  # the checkpoint's bytes name pickle: not enough
+    assert not os.path.exists(marker)  # nothing ran
+    rows_of(handle)  # opted in: decoded, which runs the code the bytes name
+    assert os.path.exists(marker)

@@ -19,6 +19,7 @@ from test_time import Expiring
 from aec import (
     AecConfig,
     KeyedProcessFunction,
+    KeyedProcessOperator,
     ListStateDescriptor,
     MapStateDescriptor,
     Record,
@@ -461,3 +462,37 @@ def test_rocksdb_index_entries_read_go_by_range_also_across_a_restore(
     chunk = RocksDBBackend.ttl_sweep_chunk // ttl_cleanup.CLEANUP_SIZE  # writes per sweep
     assert backend.stored_entries("s") <= live + chunk + per_second
     backend.close()
+
+
+class HandMovedWallClock(ManualClock):
+    """A clock moved by the test but not deterministic (like ``SystemClock``): only due
+    timers, and TTL, close epochs at its advances."""
+
+    deterministic = False
+
+
+class WritesUnderTtl(KeyedProcessFunction):
+    def open(self, ctx):
+        self.state = ctx.get_state(ValueStateDescriptor("s", ttl=10.0))
+
+    def process_element(self, value, ctx):
+        return self.state.async_update(value)
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+@pytest.mark.parametrize("async_state", [True, False], ids=["async", "sync"])
+def test_ttl_state_stays_bounded_on_a_wall_clock_without_watermarks(kind, async_state, tmp_path):
+    clock = HandMovedWallClock(1000.0)
+    backend = MemoryBackend() if kind == "memory" else RocksDBBackend(str(tmp_path / "db"))
+    config = AecConfig(async_state=async_state, buffer_size=10)
+    operator = KeyedProcessOperator(WritesUnderTtl(), backend, config, clock=clock)
+    operator.open()
+    per_second, seconds = 50, 120
+    for i in range(per_second * seconds):  # ever new keys, one second of clock per 50
+        if i and i % per_second == 0:
+            clock.advance(1.0)
+        operator.process(Record(i, i))
+    stored = backend.stored_entries("s")
+    operator.finish()
+    alive = 10 * per_second  # the keys of the last TTL
+    assert stored <= 3 * alive, f"{stored} entries stored of {per_second * seconds} written"

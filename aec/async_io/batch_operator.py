@@ -38,6 +38,7 @@ from aec.runtime.batch_queue import (
     check_max_wait,
 )
 from aec.runtime.event_loop import EventLoopThread
+from aec.state.serialization import Serializer
 from aec.state.typevars import IN, OUT
 
 __all__ = ["AsyncBatchWaitOperator", "BATCH_MODES"]
@@ -66,6 +67,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
             watermarks as barriers).
         retry: an ``aec.retry`` strategy, per input (``retry_on_result`` gets the
             input's own list of outputs).
+        serializer: how checkpoints store the inputs (``AsyncWaitOperator``'s).
 
     The methods are ``AsyncWaitOperator``'s (``open``, ``process``,
     ``process_watermark``, ``drain_outputs``, ``snapshot``, ``restore``, ``finish``,
@@ -90,10 +92,11 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
         capacity: int,
         mode: str = "ordered",
         retry: RetryStrategy = _NO_RETRY,
+        serializer: str | Serializer = "msgpack",
     ) -> None:
         self.max_batch_size = check_max_batch_size(max_batch_size)
         self.batch_timeout = check_max_wait(batch_timeout, "batch_timeout")
-        super().__init__(function, timeout, capacity, mode=mode, retry=retry)
+        super().__init__(function, timeout, capacity, mode=mode, retry=retry, serializer=serializer)
         self._batches: BatchQueue[Attempt] | None = None
         self._restoring: list[BatchItem[Attempt]] | None = None  # during restore: the stored inputs
         # nothing else can run when the operator sleeps: the partial batch goes

@@ -37,6 +37,7 @@ from aec.elements import Watermark
 from aec.errors import JobFailure
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from aec.runtime import interpreter_tuning
+from aec.state.serialization import Serializer, resolve
 from aec.state.typevars import IN, OUT
 
 __all__ = ["AsyncWaitOperator", "MODES"]
@@ -62,6 +63,10 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
         retry: an ``aec.retry`` strategy.
         key_selector: ``value -> key``, required for ``key_ordered`` and refused
             otherwise.
+        serializer: how checkpoints store the queued inputs: ``"msgpack"`` (plain
+            data; reading runs nothing the bytes name), ``"pickle"`` (any picklable
+            input; restore only checkpoints no one else writes) or an
+            ``aec.state.serialization.Serializer``; a restore needs the same one.
 
     Raises:
         TypeError / ValueError: bad arguments (named).
@@ -78,9 +83,11 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
         mode: str = "ordered",
         retry: RetryStrategy = _NO_RETRY,
         key_selector: Callable[[IN], Hashable] | None = None,
+        serializer: str | Serializer = "msgpack",
     ) -> None:
         asyncio_style = self.check_function(function)
         timeout = check_limits(timeout, capacity, retry)
+        self.serializer = resolve(serializer)  # TypeError / ValueError naming it
         if mode not in self.modes:
             raise ValueError(f"mode must be one of {', '.join(self.modes)}, got {mode!r}")
         if mode == "key_ordered":
@@ -333,8 +340,8 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
             CheckpointStorageError: the store cannot be reached or an upload failed
                 (nothing committed; the operator stays usable, as a keyed one does).
             RuntimeError: the operator finished, failed or was closed.
-            JobFailure: an input cannot be pickled or writing failed; no checkpoint
-                is left and the operator is failed.
+            JobFailure: an input the serializer cannot store, or writing failed; no
+                checkpoint is left and the operator is failed.
         """
         store = CheckpointStore.at(directory)
         store.prepare(checkpoint_id)
@@ -342,7 +349,7 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
         self._restorable = False
         try:
             inputs = async_snapshot.encode(self._queued.values(), self._watermark)
-            contents = async_snapshot.files(self.mode, self.capacity, inputs)
+            contents = async_snapshot.files(self.mode, self.capacity, inputs, self.serializer)
             return store.write_files(checkpoint_id, contents)
         except CheckpointStorageError:
             raise  # the upload failed: nothing committed, the operator goes on
@@ -372,7 +379,7 @@ class AsyncWaitOperator(CallDriver, Generic[IN, OUT]):
                 f"restore() needs a fresh AsyncWaitOperator (this one is {self._state} and "
                 "has taken input, a snapshot or a restore): restore before processing"
             )
-        elements, watermark = async_snapshot.read(handle, self.mode)
+        elements, watermark = async_snapshot.read(handle, self.mode, self.serializer)
         self.open()
         self._restorable = False
         for element, attempts in elements:

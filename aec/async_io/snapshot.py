@@ -5,22 +5,24 @@ state and re-invokes them on restore. aec writes them with the keyed checkpoints
 format primitives (``aec.checkpoint.files``: staging, SHA-256 manifest, atomic
 commit), as two files::
 
-    chk-<n>/operator.json   {"format", "operator": "AsyncWaitOperator", "mode", ...}
-    chk-<n>/inputs.pickle   {"elements": [("record", value, attempts) |
+    chk-<n>/operator.json   {"format", "operator": "AsyncWaitOperator", "mode",
+                             "serializer", ...}
+    chk-<n>/inputs.bin      {"elements": [("record", value, attempts) |
                                           ("watermark", timestamp), ...],
                              "watermark": last watermark (seconds, -inf if none)}
     chk-<n>/MANIFEST.json
 
-A keyed checkpoint lists ``timers.pickle`` and no ``inputs.pickle``, so each kind
-refuses the other with ``ValueError``. Values are pickled: restore only
-checkpoints you trust.
+``inputs.bin`` is written by the operator's serializer (``aec.state.serialization``:
+msgpack by default, so reading a checkpoint runs nothing its bytes name; pickle only
+when the operator opted in) and read only by the reading operator's own, which must
+be the one the checkpoint records. A keyed checkpoint has no ``inputs.bin``, so each
+kind refuses the other with ``ValueError``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 from collections.abc import Iterable
 from typing import TypedDict
 
@@ -29,15 +31,16 @@ from aec.checkpoint import files as checkpoint
 from aec.checkpoint.files import CheckpointHandle
 from aec.checkpoint.storage import local_copy
 from aec.elements import Watermark
+from aec.state.serialization import Serializer
 
 __all__ = ["encode", "files", "read"]
 
 KIND = "AsyncWaitOperator"
-INPUTS = "inputs.pickle"
+INPUTS = "inputs.bin"
 
 
 class Inputs(TypedDict):
-    """What ``inputs.pickle`` holds."""
+    """What ``inputs.bin`` holds."""
 
     # ("record", value, attempts) or ("watermark", timestamp), in arrival order
     elements: list[tuple[str, object, int] | tuple[str, float]]
@@ -45,7 +48,7 @@ class Inputs(TypedDict):
 
 
 def encode(queued: Iterable[AsyncEntry | Watermark], watermark: float) -> Inputs:
-    """The picklable form of the queued elements, in arrival order."""
+    """The stored form of the queued elements, in arrival order."""
     elements: list[tuple[str, object, int] | tuple[str, float]] = []
     for element in queued:
         if isinstance(element, AsyncEntry):
@@ -55,26 +58,36 @@ def encode(queued: Iterable[AsyncEntry | Watermark], watermark: float) -> Inputs
     return {"elements": elements, "watermark": watermark}
 
 
-def files(mode: str, capacity: int, inputs: Inputs) -> dict[str, bytes]:
+def files(mode: str, capacity: int, inputs: Inputs, serializer: Serializer) -> dict[str, bytes]:
     """``name -> bytes`` of the checkpoint (``aec.checkpoint.files.write_files``).
 
-    Raises what pickling raises (an input value that cannot be pickled).
+    Raises TypeError for an input value ``serializer`` cannot store (named, with the
+    way to opt in to pickle).
     """
     metadata = {
         "format": checkpoint.FORMAT,
         "operator": KIND,
         "mode": mode,
         "capacity": capacity,
+        "serializer": serializer.name,
         "inputs": sum(1 for e in inputs["elements"] if e[0] == "record"),
     }
+    try:
+        stored = serializer.dumps(inputs)
+    except TypeError as exc:
+        raise TypeError(
+            f"an input cannot be stored by the {serializer.name!r} serializer ({exc}); "
+            "AsyncWaitOperator(..., serializer='pickle') stores any picklable input "
+            "(restore then only checkpoints no one else writes)"
+        ) from None
     return {
         checkpoint.METADATA: json.dumps(metadata, indent=1, sort_keys=True).encode(),
-        INPUTS: pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL),
+        INPUTS: stored,
     }
 
 
 def read(
-    handle: CheckpointHandle | str | os.PathLike[str], mode: str
+    handle: CheckpointHandle | str | os.PathLike[str], mode: str, serializer: Serializer
 ) -> tuple[list[tuple[object, int]], float]:
     """Verify and parse an async I/O checkpoint taken in ``mode`` (a handle, or the
     path or URI of its ``chk-<id>``; a remote one is downloaded first).
@@ -84,7 +97,7 @@ def read(
     Raises:
         TypeError / FileNotFoundError: as ``aec.checkpoint.files.read_files``.
         ValueError: incomplete or corrupt, a keyed-operator checkpoint (no
-            ``inputs.pickle``), another mode, or malformed contents.
+            ``inputs.bin``), another mode or serializer, or malformed contents.
         CheckpointStorageError: an object store could not be read.
     """
     with local_copy(handle) as local:
@@ -97,7 +110,6 @@ def read(
     path = handle.path if isinstance(handle, CheckpointHandle) else os.fspath(handle)
     try:
         metadata = json.loads(contents[checkpoint.METADATA])
-        inputs = pickle.loads(contents[INPUTS])
     except Exception as exc:
         raise ValueError(f"{path}: async I/O checkpoint cannot be read: {exc}") from exc
     if not isinstance(metadata, dict) or metadata.get("operator") != KIND:
@@ -107,6 +119,16 @@ def read(
             f"{path} is an async I/O checkpoint of mode {metadata.get('mode')!r}; this "
             f"operator's mode is {mode!r} (restore into an operator of the same mode)"
         )
+    if metadata.get("serializer") != serializer.name:  # decoded only by the reader's own
+        raise ValueError(
+            f"{path} stores its inputs with the {metadata.get('serializer')!r} serializer; "
+            f"this operator's is {serializer.name!r} (restore with serializer="
+            f"{metadata.get('serializer')!r})"
+        )
+    try:
+        inputs = serializer.loads(contents[INPUTS])
+    except Exception as exc:
+        raise ValueError(f"{path}: async I/O checkpoint cannot be read: {exc}") from exc
     try:
         elements: list[tuple[object, int]] = []
         for element in inputs["elements"]:

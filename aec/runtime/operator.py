@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from aec.state.backend import StateBackend
 
 _KEY_GROUP_CACHE = 1 << 16  # keys whose group is remembered; cleared when full
+TTL_TICK = 1.0  # s between the epochs TTL state closes, at most (or a quarter of its TTL)
 R = TypeVar("R")  # an external call's result
 
 
@@ -108,7 +109,8 @@ class KeyedProcessOperator:
         "declared_states", "_key_groups", "_first_group", "_last_group", "_ticks", "_limit",
         "_on_finished", "_waits_for_epochs", "_watermark", "_sequence", "_records_in",
         "_started", "_elapsed", "_state", "_restorable", "_bundles", "_program",
-        "_checkpoint_pending", "_checkpoint_pause", "__weakref__",
+        "_checkpoint_pending", "_checkpoint_pause", "_ttl_tick", "_next_ttl_tick",
+        "__weakref__",
     )  # fmt: skip
 
     def __init__(
@@ -164,6 +166,8 @@ class KeyedProcessOperator:
         # once processing-time timers or TTL state are in use
         self._poll = self.clock.deterministic
         self._now = -math.inf  # last clock reading
+        # TTL state closes an epoch every _ttl_tick s of clock: expiry needs no watermark
+        self._ttl_tick, self._next_ttl_tick = math.inf, math.inf
         self._handles: dict[str, StateHandle[Any]] = {}
         # states made in function.open(): what identifies the function in a checkpoint
         # (states made later on demand, e.g. a window trigger's, depend on the data seen)
@@ -294,8 +298,7 @@ class KeyedProcessOperator:
                 controller.run_available()
             if controller.in_flight >= self._limit:
                 self._wait_for_room()
-            # the buffer timeout (``AecConfig.buffer_timeout``), stated here only: a partial
-            # batch whose oldest request waited that long leaves before the next record
+            # the buffer timeout, stated here only: a partial batch that waited that long goes
             active = controller.active
             if active.requests and monotonic() - active.first_time >= controller.buffer_timeout:
                 controller.flush()
@@ -400,6 +403,9 @@ class KeyedProcessOperator:
             self._close_epoch(ClockTick(now, self._watermark))
             if self._waits_for_epochs:
                 self._run_until_epochs_done()
+        elif now >= self._next_ttl_tick:  # no wait: TTL entries may go once it is done
+            self._next_ttl_tick = now + self._ttl_tick
+            self._close_epoch(ClockTick(now, self._watermark))
 
     def process_watermark(self, watermark: Watermark) -> None:
         """Close the current epoch with ``watermark``; in serial mode wait until it left.
@@ -426,9 +432,7 @@ class KeyedProcessOperator:
             self._flush_bundle(watermark.timestamp)
             self._watermark = watermark.timestamp
             self._close_epoch(watermark)
-            # calls of the records before it go now, not at their max_wait (in parallel
-            # order nothing below waits for them, and the input may stay idle)
-            self.external_calls.flush_batches()
+            self.external_calls.flush_batches()  # now: in parallel order none waits for them
             if watermark.timestamp == math.inf:
                 self._state = "ended"  # the final watermark: no record may follow
             if self._waits_for_epochs:
@@ -774,6 +778,8 @@ class KeyedProcessOperator:
             handle = make_handle(descriptor, submit, wait, release)
         else:
             self.use_processing_time()
+            self._ttl_tick = min(self._ttl_tick, TTL_TICK, descriptor.ttl / 4)
+            self._next_ttl_tick = min(self._next_ttl_tick, self._now + self._ttl_tick)
             handle = with_ttl(
                 descriptor, submit, wait, release, lambda: self.current_context().processing_time
             )
