@@ -23,8 +23,7 @@ thing a record waits for, like a state request (FLIP-425's reference counting):
   (``Mailbox.before_sleep``) every queue sends the partial batch it holds: nothing
   else can run, so nothing more would join it; so does a watermark
   (``flush_batches``), which waits for the calls of the records before it. In
-  synchronous mode a batch of one is
-  sent and awaited before ``call_batched`` returns.
+  synchronous mode a batch of one is sent and awaited before ``call_batched`` returns.
 
 Invariants: ``controller.calls_in_flight`` counts calls (single or batched) whose
 mail has not run; a timed-out call is cancelled (``asyncio.timeout``; a batch call
