@@ -100,3 +100,25 @@ def s3(s3_server, monkeypatch):
     for name, value in s3_server.environ().items():
         monkeypatch.setenv(name, value)
     return s3_server, s3_server.create_bucket()
+
+
+@pytest.fixture
+def default_interpreter_settings(monkeypatch):
+    """CPython's defaults (young GC threshold 700, switch interval 5 ms) and no operator
+    counted as open (earlier tests may leave some never closed), for a test of
+    ``aec.runtime.interpreter_tuning``; the process's own settings come back after it."""
+    import gc
+
+    from aec.runtime import interpreter_tuning
+
+    monkeypatch.setattr(interpreter_tuning, "_users", 0)
+    monkeypatch.setattr(interpreter_tuning, "_saved_threshold", None)
+    monkeypatch.setattr(interpreter_tuning, "_saved_interval", None)
+    saved_threshold, saved_interval = gc.get_threshold(), sys.getswitchinterval()
+    gc.set_threshold(700, *saved_threshold[1:])
+    sys.setswitchinterval(0.005)
+    try:
+        yield interpreter_tuning
+    finally:
+        gc.set_threshold(*saved_threshold)
+        sys.setswitchinterval(saved_interval)

@@ -1036,36 +1036,26 @@ class SeesInterpreterSettings(AsyncFunction):
         return [value]
 
 
-def test_async_io_runs_under_the_keyed_operators_interpreter_settings(monkeypatch):
+def test_async_io_runs_under_the_keyed_operators_interpreter_settings(
+    default_interpreter_settings,
+):
     import gc
     import sys
 
-    from aec.runtime import interpreter_tuning
-
-    # earlier tests may leave operators open (never closed): count from none here
-    monkeypatch.setattr(interpreter_tuning, "_users", 0)
-    monkeypatch.setattr(interpreter_tuning, "_saved_threshold", None)
-    monkeypatch.setattr(interpreter_tuning, "_saved_interval", None)
-    saved_threshold, saved_interval = gc.get_threshold(), sys.getswitchinterval()
-    gc.set_threshold(700, *saved_threshold[1:])
-    sys.setswitchinterval(0.005)
-    try:
-        function = SeesInterpreterSettings()
-        assert list(unordered_wait(range(20), function, timeout=10, capacity=4)) != []
-        assert function.seen and all(
-            threshold == interpreter_tuning.YOUNG_THRESHOLD
-            and interval == pytest.approx(interpreter_tuning.SWITCH_INTERVAL)
-            for threshold, interval in function.seen
-        )
-        assert gc.get_threshold()[0] == 700  # restored after the run
-        assert sys.getswitchinterval() == pytest.approx(0.005)
-        failing = SeesInterpreterSettings(fail_at=3)
-        with pytest.raises(JobFailure, match="call 3 fails"):
-            list(ordered_wait(range(20), failing, timeout=10, capacity=4))
-        assert failing.seen[0][0] == interpreter_tuning.YOUNG_THRESHOLD
-        assert gc.get_threshold()[0] == 700  # restored after a failed run too
-        assert sys.getswitchinterval() == pytest.approx(0.005)
-        assert interpreter_tuning._users == 0
-    finally:
-        gc.set_threshold(*saved_threshold)
-        sys.setswitchinterval(saved_interval)
+    interpreter_tuning = default_interpreter_settings
+    function = SeesInterpreterSettings()
+    assert list(unordered_wait(range(20), function, timeout=10, capacity=4)) != []
+    assert function.seen and all(
+        threshold == interpreter_tuning.YOUNG_THRESHOLD
+        and interval == pytest.approx(interpreter_tuning.SWITCH_INTERVAL)
+        for threshold, interval in function.seen
+    )
+    assert gc.get_threshold()[0] == 700  # restored after the run
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+    failing = SeesInterpreterSettings(fail_at=3)
+    with pytest.raises(JobFailure, match="call 3 fails"):
+        list(ordered_wait(range(20), failing, timeout=10, capacity=4))
+    assert failing.seen[0][0] == interpreter_tuning.YOUNG_THRESHOLD
+    assert gc.get_threshold()[0] == 700  # restored after a failed run too
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+    assert interpreter_tuning._users == 0

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_async_io import split_at_watermarks
+from test_trust import Point  # not plain data: msgpack refuses it
 
 from aec import JobFailure, KeyedProcessFunction, KeyedProcessOperator, Watermark
 from aec.async_io import AsyncFunction, AsyncWaitOperator
@@ -376,19 +377,6 @@ def test_snapshot_and_restore_through_an_object_store(s3):
 
 
 # -- how checkpoints store the inputs ---------------------------------------------------------
-class Point:
-    """An input msgpack cannot store (not plain data)."""
-
-    def __init__(self, x: int) -> None:
-        self.x = x
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Point) and other.x == self.x
-
-    def __hash__(self) -> int:
-        return hash(self.x)
-
-
 def _touch(path: str) -> str:
     with open(path, "w"):
         return path

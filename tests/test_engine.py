@@ -487,36 +487,26 @@ def test_failure_inside_a_blocked_io_thread_is_bounded_in_time():
     assert engine_threads() == []
 
 
-def test_interpreter_settings_apply_while_operators_run_and_are_restored(monkeypatch):
+def test_interpreter_settings_apply_while_operators_run_and_are_restored(
+    default_interpreter_settings,
+):
     import gc
     import sys
 
-    from aec.runtime import interpreter_tuning
-
-    # earlier tests may leave operators open (never closed): count from none here
-    monkeypatch.setattr(interpreter_tuning, "_users", 0)
-    monkeypatch.setattr(interpreter_tuning, "_saved_threshold", None)
-    monkeypatch.setattr(interpreter_tuning, "_saved_interval", None)
-    saved_threshold, saved_interval = gc.get_threshold(), sys.getswitchinterval()
-    gc.set_threshold(700, *saved_threshold[1:])
-    sys.setswitchinterval(0.005)
-    try:
-        first, second = operator(Counter()), operator(Counter())
-        assert gc.get_threshold()[0] == interpreter_tuning.YOUNG_THRESHOLD
-        assert sys.getswitchinterval() == pytest.approx(interpreter_tuning.SWITCH_INTERVAL)
-        first.close()  # the other operator still runs: settings stay
-        assert gc.get_threshold()[0] == interpreter_tuning.YOUNG_THRESHOLD
-        second.close()
-        assert gc.get_threshold()[0] == 700
-        assert sys.getswitchinterval() == pytest.approx(0.005)
-        # an application's own larger threshold and shorter interval are left alone
-        gc.set_threshold(10 * interpreter_tuning.YOUNG_THRESHOLD, *saved_threshold[1:])
-        sys.setswitchinterval(0.0001)
-        third = operator(Counter())
-        assert gc.get_threshold()[0] == 10 * interpreter_tuning.YOUNG_THRESHOLD
-        assert sys.getswitchinterval() == pytest.approx(0.0001)
-        third.close()
-        assert sys.getswitchinterval() == pytest.approx(0.0001)
-    finally:
-        gc.set_threshold(*saved_threshold)
-        sys.setswitchinterval(saved_interval)
+    interpreter_tuning = default_interpreter_settings
+    first, second = operator(Counter()), operator(Counter())
+    assert gc.get_threshold()[0] == interpreter_tuning.YOUNG_THRESHOLD
+    assert sys.getswitchinterval() == pytest.approx(interpreter_tuning.SWITCH_INTERVAL)
+    first.close()  # the other operator still runs: settings stay
+    assert gc.get_threshold()[0] == interpreter_tuning.YOUNG_THRESHOLD
+    second.close()
+    assert gc.get_threshold()[0] == 700
+    assert sys.getswitchinterval() == pytest.approx(0.005)
+    # an application's own larger threshold and shorter interval are left alone
+    gc.set_threshold(10 * interpreter_tuning.YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+    sys.setswitchinterval(0.0001)
+    third = operator(Counter())
+    assert gc.get_threshold()[0] == 10 * interpreter_tuning.YOUNG_THRESHOLD
+    assert sys.getswitchinterval() == pytest.approx(0.0001)
+    third.close()
+    assert sys.getswitchinterval() == pytest.approx(0.0001)
