@@ -59,8 +59,9 @@ def struct_type(schema: T.StructType | str) -> T.StructType:
 def timestamp_seconds(column: pa.Array | pa.ChunkedArray) -> list[float | None]:
     """Event time of each row in float seconds since 1970-01-01 (None for nulls).
 
-    Accepts integer/floating columns (already seconds), timestamps of any unit
-    (tz-aware: the instant; naive: read as UTC) and dates (midnight UTC).
+    Accepts integer/floating/decimal columns (already seconds; a decimal as the
+    nearest float), timestamps of any unit (tz-aware: the instant; naive: read as UTC)
+    and dates (midnight UTC): the Spark types the driver's check takes as numeric.
 
     Raises:
         TypeError: for any other Arrow type (strings are not parsed).
@@ -68,6 +69,8 @@ def timestamp_seconds(column: pa.Array | pa.ChunkedArray) -> list[float | None]:
     kind = column.type
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return pc.cast(column, pa.float64()).to_pylist()
+    if pa.types.is_decimal(kind):  # the nearest float: decimal digits beyond it round
+        return pc.cast(column, pa.float64(), safe=False).to_pylist()
     if pa.types.is_timestamp(kind):
         ticks = pc.cast(column, pa.int64())  # ticks since the epoch in the column's unit
         # safe=False: nanosecond ticks exceed float64's exact integers; sub-microsecond

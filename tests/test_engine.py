@@ -20,8 +20,8 @@ from aec import (
     completed_future,
     run_keyed,
 )
-from aec.testing import run_sync
-from backends import MemoryBackend
+from aec.testing import ScriptedExecutor, run_sync
+from backends import LatencyBackend, MemoryBackend, RocksDBBackend
 
 
 def operator(function, executor=None, **config):
@@ -510,3 +510,52 @@ def test_interpreter_settings_apply_while_operators_run_and_are_restored(
     assert sys.getswitchinterval() == pytest.approx(0.0001)
     third.close()
     assert sys.getswitchinterval() == pytest.approx(0.0001)
+
+
+# -- blocking state calls inside callbacks and timers --------------------------------------
+class BlocksInACallback(KeyedProcessFunction):
+    """The first request's callback reads with the blocking form while the record's
+    unawaited write travels in the same batch."""
+
+    def open(self, ctx):
+        self.v = ctx.get_state(ValueStateDescriptor("v", default=0))
+        self.w = ctx.get_state(ValueStateDescriptor("w", default=0))
+
+    def process_element(self, value, ctx):
+        self.v.async_value().then_accept(lambda n: ctx.output((ctx.current_key, n, self.w.value())))
+        self.v.async_update(value)
+
+
+class BlocksInOnTimer(KeyedProcessFunction):
+    def open(self, ctx):
+        self.v = ctx.get_state(ValueStateDescriptor("v", default=0))
+
+    def process_element(self, value, ctx):
+        self.v.update(self.v.value() + value)
+        ctx.timer_service.register_event_time_timer(10)
+
+    def on_timer(self, timestamp, ctx):
+        ctx.output((ctx.current_key, self.v.value()))  # the blocking form
+
+
+def _tuples(outputs):
+    return sorted(o for o in outputs if isinstance(o, tuple))
+
+
+@pytest.mark.parametrize("how", ["scripted", "threads", "rocksdb"])
+def test_blocking_calls_in_callbacks_and_timers_give_the_synchronous_answer(how, tmp_path):
+    def run(function, source):
+        if how == "scripted":
+            return run_keyed(source, function, MemoryBackend(), executor=ScriptedExecutor(seed=1))
+        if how == "threads":
+            return run_keyed(source, function, LatencyBackend(MemoryBackend(), 0.001))
+        return run_keyed(source, function, RocksDBBackend(str(tmp_path / f"db{id(source)}")))
+
+    in_callbacks = [Record(i % 7, i) for i in range(40)]
+    assert _tuples(run(BlocksInACallback(), in_callbacks).outputs) == _tuples(
+        run_sync(in_callbacks, BlocksInACallback()).outputs
+    )  # a request deferred behind its own record's applied batch waited for ever
+    in_timers = [Record(i, 1, 1.0) for i in range(300)] + [Watermark(20)]
+    assert _tuples(run(BlocksInOnTimer(), in_timers).outputs) == _tuples(
+        run_sync(in_timers, BlocksInOnTimer()).outputs
+    )  # each due firing started inside the last one's wait: a RecursionError at ~140 keys

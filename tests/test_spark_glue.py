@@ -175,6 +175,9 @@ def test_timestamp_seconds_from_every_time_type():
         assert timestamp_seconds(column) == [expected, None]
     assert timestamp_seconds(pa.array([7, None], pa.int32())) == [7.0, None]
     assert timestamp_seconds(pa.array([dt.date(1970, 1, 3)], pa.date32())) == [172800.0]
+    # a decimal column (Spark's DecimalType: numeric seconds to the driver's check too)
+    decimals = pa.array([Decimal("1700000000.125"), None], pa.decimal128(20, 3))
+    assert timestamp_seconds(decimals) == [1700000000.125, None]
     with pytest.raises(TypeError, match="timestamp column"):
         timestamp_seconds(pa.array(["2013-01-01"]))
 

@@ -24,7 +24,7 @@ from aec import (
     run_keyed,
 )
 from aec.keygroups import key_group_for
-from backends import MemoryBackend
+from backends import MemoryBackend, RocksDBBackend
 
 MODES = [
     pytest.param(AecConfig(async_state=False), id="sync"),
@@ -354,3 +354,29 @@ def test_iterating_state_leaves_no_reference_cycles(config):
     finally:
         gc.enable()
     assert unreachable < 200, unreachable
+
+
+class AppendsToItsDefault(KeyedProcessFunction):
+    """Reads a list state whose default is ``[]``, appends in place, writes it back."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=[]))
+
+    def process_element(self, value, ctx):
+        seen = self.seen.value()
+        seen.append(value)
+        self.seen.update(seen)
+        ctx.output((ctx.current_key, list(seen)))
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@pytest.mark.parametrize("async_state", [True, False], ids=["async", "sync"])
+def test_each_key_starts_from_its_own_copy_of_a_mutable_default(backend, async_state, tmp_path):
+    store = MemoryBackend() if backend == "memory" else RocksDBBackend(str(tmp_path / "db"))
+    result = run_keyed(
+        [Record("a", 1), Record("b", 2), Record("c", 3), Record("a", 4)], AppendsToItsDefault(),
+        store, AecConfig(async_state=async_state),
+    )  # fmt: skip
+    assert [o for o in result.outputs if isinstance(o, tuple)] == [
+        ("a", [1]), ("b", [2]), ("c", [3]), ("a", [1, 4])
+    ]  # fmt: skip

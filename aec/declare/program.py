@@ -23,14 +23,13 @@ from aec.declare.context import (
     DeclaredStep,
     DeclaredVariable,
 )
+from aec.state.defaults import immutable
 from aec.state.future import Owner, StateFuture
 
 if TYPE_CHECKING:
     from aec.functions import Context
 
 _S = TypeVar("_S", bound=DeclaredStep)
-# defaults a record cannot change in place: shared by every record as they are
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, frozenset)
 
 
 def _refuse_coroutine(step: DeclaredStep, coroutine: CoroutineType[Any, Any, Any]) -> None:
@@ -42,12 +41,6 @@ def _refuse_coroutine(step: DeclaredStep, coroutine: CoroutineType[Any, Any, Any
         "function returning a value or a StateFuture (split an `async def` into steps, "
         "one per await)"
     )
-
-
-def _immutable(value: object) -> bool:
-    if type(value) is tuple:
-        return all(_immutable(item) for item in value)
-    return type(value) in _IMMUTABLE
 
 
 class DeclaredRun:
@@ -113,7 +106,7 @@ class DeclaredProgram:
 
     def add_variable(self, variable: DeclaredVariable) -> None:
         self._defaults[variable.name] = variable.default
-        if not _immutable(variable.default):
+        if not immutable(variable.default):
             self._copy_defaults = True
 
     def _fresh_defaults(self) -> dict[str, object]:

@@ -384,22 +384,28 @@ class AsyncExecutionController:
         completing, self.completing = self.completing, self._complete_inline and not (
             self._join_batches and len(batch) > 1
         )
-        for request in batch:
-            context: RecordContext = request.context  # type: ignore[assignment]  # a record's
-            self.current = context
-            if concurrent:
+        if concurrent:
+            # the store applied the whole batch: no record of it is in it any more, also
+            # for the callbacks of its first requests (a blocking call there must not
+            # wait behind the batch's later, applied requests)
+            for request in batch:
+                context: RecordContext = request.context  # type: ignore[assignment]  # a record's
                 context.in_batches -= 1
                 if context.in_batches == 0 and context.deferred is not None:
                     self.active.push_front(context.deferred)
                     context.deferred = None
+        for request in batch:
+            context = request.context  # type: ignore[assignment]  # a record's
+            self.current = context
             context.queued -= 1
             request.resolve()
             context.release()  # the reference the pending request held
         self.completing = completing
         self.current = None
 
-    def run_available(self) -> None:
-        """Handle every completion mail and start every ready context; never blocks."""
+    def run_available(self, start_ready: bool = True) -> None:
+        """Handle every completion mail and start every ready context (unless
+        ``start_ready`` is False); never blocks."""
         mails = self.mails
         ready = self.ready
         while True:
@@ -409,20 +415,21 @@ class AsyncExecutionController:
                     self.complete_batch(mail)
                 else:  # an external call's CallCompletion
                     mail.run(self)
-            elif ready:
+            elif ready and start_ready:
                 self.run_entry(ready.popleft())
             else:
                 self.current = None
                 return
 
-    def step(self) -> bool:
-        """Make progress, blocking for a completion if that is all that is left.
+    def step(self, start_ready: bool = True) -> bool:
+        """Make progress, blocking for a completion if that is all that is left;
+        ``start_ready=False`` starts no waiting context (a blocking call's wait).
 
         Returns False when nothing can progress (no mail, nothing ready, nothing
         buffered, no batch pending).
         """
-        if self.mails or self.ready:
-            self.run_available()
+        if self.mails or (start_ready and self.ready):
+            self.run_available(start_ready)
             return True
         if self.active.requests:
             executor = self.executor
@@ -430,7 +437,7 @@ class AsyncExecutionController:
             self.flush()
             executor.idle = False
             if self.mails:  # run inline (a skewed run's tiny batches): complete it now
-                self.run_available()
+                self.run_available(start_ready)
             return True
         if self.executor.pending:
             self.executor.wait(None)
@@ -445,14 +452,9 @@ class AsyncExecutionController:
         call is out, sending no batch (``holding``) and starting no waiting record:
         what a checkpoint that does not drain waits for (its pause is one round
         trip, not the longest same-key chain)."""
-        mails, executor = self.mails, self.executor
+        executor = self.executor
         while True:
-            while mails:
-                mail = mails.popleft()
-                if type(mail) is tuple:
-                    self.complete_batch(mail)
-                else:  # an external call's CallCompletion
-                    mail.run(self)
+            self.run_available(start_ready=False)
             if executor.pending:
                 executor.wait(None)
             elif self.calls_in_flight:
@@ -469,8 +471,10 @@ class AsyncExecutionController:
         current, holding = self.current, self.holding
         self.holding = False  # a blocking call inside a checkpoint's wait needs its batch sent
         try:
+            # what the call waits for is its own record's request: starting waiting
+            # contexts, each of which may block in turn, would only nest waits
             while not future.is_done():
-                if not self.step():
+                if not self.step(start_ready=False):
                     raise StuckError(
                         "a blocking state call waits for a future nothing will complete"
                     )

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any, ClassVar, Final
 
 from aec.native import mypyc_attr
+from aec.state.defaults import fresh
 from aec.state.future import _PENDING, Owner, StateFuture
 
 
@@ -165,11 +166,12 @@ class RmwWrite(StateRequest):
 
 
 class DefaultedGet(StateRequest):
-    """A VALUE_GET whose future completes with ``value`` (the descriptor's default)
-    when the backend finds nothing: no extra future per read for defaults."""
+    """A VALUE_GET whose future completes with ``value`` (the descriptor's default, a
+    fresh copy of a mutable one: ``aec.state.defaults``) when the backend finds
+    nothing: no extra future per read for defaults."""
 
     __slots__ = ()
 
     def resolve(self) -> None:
         result = self.result
-        self.complete(self.value if result is None else result)
+        self.complete(fresh(self.value) if result is None else result)

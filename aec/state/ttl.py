@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from aec.state.defaults import fresh
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
 from aec.state.handles import (
@@ -60,7 +61,7 @@ class TtlGet(StateRequest):
     def resolve(self) -> None:
         pair = self.result
         default, now = self.value
-        self.complete(pair[0] if pair is not None and alive(pair, now) else default)
+        self.complete(pair[0] if pair is not None and alive(pair, now) else fresh(default))
 
 
 class TtlContains(TtlGet):
