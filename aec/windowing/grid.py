@@ -76,7 +76,8 @@ class Grid:
     def slot(self, timestamp: float) -> tuple[float, float]:
         """``(start, end)`` of the latest window starting at or before ``timestamp``: a
         tumbling window's (the map key of its contents)."""
-        start = self.offset + self.index(timestamp) * self.slide
+        offset, slide = self.offset, self.slide
+        start = offset + _floor_index(timestamp, offset, slide) * slide  # index's, one call
         return start, start + self.size
 
     def window(self, k: int) -> TimeWindow:
