@@ -65,7 +65,7 @@ from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from aec.state.serialization import Serializer
-from aec.state.ttl_cleanup import TtlState, expired, prune
+from aec.state.ttl_cleanup import TtlState
 from backends.keycodec import decode_key, encode_key, key_group_bounds, key_prefix, split_db_key
 from backends.overlay import APPLY_OPS, POINT_READS, USER_KEY_OPS
 from backends.rocksdb_batch import (
@@ -85,7 +85,15 @@ from backends.rocksdb_snapshots import (
     write_checkpoint,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
-from backends.ttl_codec import HEAD_SIZE, TtlPairs, head, index_head, stored_codec
+from backends.ttl_codec import (
+    HEAD_SIZE,
+    UNCHANGED,
+    head,
+    index_head,
+    row_head,
+    stored_codec,
+    swept_row,
+)
 
 _CF_PREFIX = "state/"
 _INDEX_PREFIX = "ttl/"  # a TTL state's expiry index (``backends.ttl_codec``)
@@ -341,9 +349,7 @@ class RocksDBBackend(StateBackend):
         if made:
             batch = WriteBatch(raw_mode=True)
             for db_key, raw in rows(table, b"", None, True):
-                stored = table.loads(raw)
-                newest = max((p[1] for p in stored), default=0.0) if kind == "list" else stored[1]
-                batch.put(head(newest) + db_key, b"", table.index)
+                batch.put(row_head(kind, table.loads(raw)) + db_key, b"", table.index)
             if not batch.is_empty():
                 db.write(batch, self._write_options)
 
@@ -427,28 +433,17 @@ class RocksDBBackend(StateBackend):
         if not due:
             self._swept[state.name] = start
             return 0, None
-        kind = "list" if state.kind == "list" else "value"
-        codec = table.serializer if isinstance(table.serializer, TtlPairs) else None
+        codec, kind = table.serializer, state.kind
         batch = WriteBatch(raw_mode=True)
         db_keys = list(dict.fromkeys(index_key[HEAD_SIZE:] for index_key in due))
         for db_key, raw in zip(db_keys, multi_get(table, db_keys), strict=True):
             if raw is None:
                 continue
-            if codec is not None and raw[0] == 0xC1 and raw[1] < 0x80:
-                if raw[:HEAD_SIZE] <= bound:  # a pair's first bytes are its expiry's head
-                    batch.delete(db_key, table.handle)
-                continue
-            expiry = None if codec is None else codec.expiry(raw)
-            if expiry is not None:  # a pair: its expiry without decoding its value
-                if expired(expiry, now):
-                    batch.delete(db_key, table.handle)
-                continue
-            stored = table.loads(raw)
-            alive = prune(kind, stored, now)
-            if alive is None:
+            left = swept_row(codec, kind, raw, now, bound)
+            if left is None:
                 batch.delete(db_key, table.handle)
-            elif alive is not stored:
-                batch.put(db_key, table.dumps(alive), table.handle)
+            elif left is not UNCHANGED:
+                batch.put(db_key, left, table.handle)
         following = due[-1] + b"\x00"  # the least key past the last entry read
         # The entries read go by one range delete per _INDEX_DROP of them: a point
         # delete each cost as much as a write, and every range tombstone in a memtable

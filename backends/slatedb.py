@@ -79,7 +79,7 @@ from aec.keygroups import KeyGroupRange
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.requests import StateRequest
 from aec.state.serialization import Serializer
-from aec.state.ttl_cleanup import TtlState, expired, prune
+from aec.state.ttl_cleanup import TtlState
 from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, split_db_key
 from backends.slatedb_batch import execute
@@ -108,7 +108,7 @@ from backends.slatedb_store import (
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
 from backends.sweep_gate import SweepGate
-from backends.ttl_codec import TtlPairs, stored_codec
+from backends.ttl_codec import UNCHANGED, head, stored_codec, swept_row
 
 __all__ = ["DEFAULT_BLOCK_CACHE_BYTES", "SlateDBBackend", "SlateDBSpec", "state_prefix"]
 
@@ -382,23 +382,14 @@ class SlateDBBackend(StateBackend):
         expired, in one ``WriteBatch``. A map entry is a row of its own."""
         db = self._ready_db()
         rows = self._call(scan(db, self._state_prefix(state.name), cursor, limit))
-        serializer = self._codec(state.name)
-        pairs = serializer if isinstance(serializer, TtlPairs) else None
-        kind = "list" if state.kind == "list" else "value"
+        codec, kind, bound = self._codec(state.name), state.kind, head(now)
         batch, changed = sdb.WriteBatch(), False
         for db_key, raw in rows:
-            expiry = None if pairs is None else pairs.expiry(raw)
-            if expiry is not None:  # a pair: its expiry without decoding its value
-                if expired(expiry, now):
-                    batch.delete(db_key)
-                    changed = True
-                continue
-            stored = serializer.loads(raw)
-            alive = prune(kind, stored, now)
-            if alive is None:
+            left = swept_row(codec, kind, raw, now, bound)
+            if left is None:
                 batch.delete(db_key)
-            elif alive is not stored:
-                batch.put(db_key, serializer.dumps(alive))
+            elif left is not UNCHANGED:
+                batch.put(db_key, left)
             else:
                 continue
             changed = True

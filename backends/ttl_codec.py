@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aec.state.serialization import Serializer
+from aec.state.ttl_cleanup import expired, prune
 
 _MARK = 0xC1
 _HEAD = struct.Struct(">Bd")  # the mark, the expiry (processing-time seconds)
@@ -102,3 +103,45 @@ def list_head(value: Any, raw: bytes) -> bytes:
 def index_head(ttl_kind: str) -> Callable[[Any, bytes], bytes]:
     """``pair_head`` or ``list_head`` for a TTL state of ``ttl_kind``."""
     return list_head if ttl_kind == "list" else pair_head
+
+
+def row_head(ttl_kind: str, stored: Any) -> bytes:
+    """The index head of a decoded row of a TTL state of ``ttl_kind`` (when indexing
+    rows written without their index entries)."""
+    if ttl_kind == "list":
+        return head(max((pair[1] for pair in stored), default=-math.inf))
+    return head(stored[1])
+
+
+# --- a sweep's verdict on one row -----------------------------------------------------------
+
+
+class Unchanged:
+    """The type of ``UNCHANGED``."""
+
+    __slots__ = ()
+
+
+UNCHANGED = Unchanged()  # nothing in the row expired: it stays as it is
+
+
+def swept_row(
+    codec: Serializer, ttl_kind: str, raw: bytes, now: float, bound: bytes
+) -> bytes | None | Unchanged:
+    """What a sweep at processing time ``now`` (``bound``: ``head(now)``) leaves of the
+    stored row ``raw`` of a TTL state of ``ttl_kind`` whose values ``codec`` encodes
+    (``stored_codec``): ``UNCHANGED``, None (everything in it expired: the row goes)
+    or the row's new bytes (a list's live elements). A pair's expiry is read from its
+    head without decoding its value: for an expiry >= 0 the head's bytes compare as
+    ``expired`` does."""
+    if isinstance(codec, TtlPairs) and raw[:1] == b"\xc1":
+        if raw[1] < 0x80:  # its head is ``head(expiry)``
+            return None if raw[:HEAD_SIZE] <= bound else UNCHANGED
+        expiry = codec.expiry(raw)
+        if expiry is not None:
+            return None if expired(expiry, now) else UNCHANGED
+    stored = codec.loads(raw)
+    alive = prune("list" if ttl_kind == "list" else "value", stored, now)
+    if alive is None:
+        return None
+    return UNCHANGED if alive is stored else codec.dumps(alive)

@@ -15,7 +15,7 @@ from aec.state.memory_changelog import Changelog
 from aec.state.memory_segments import LazyBase
 from aec.state.requests import Op, StateRequest, op_table
 from aec.state.serialization import StateSerializers
-from aec.state.ttl_cleanup import TtlCleanup, TtlState, alive, prune
+from aec.state.ttl_cleanup import TtlCleanup, TtlState, expired, prune
 
 _WRITES = Op.WRITES
 
@@ -99,7 +99,7 @@ class MemoryBackend(StateBackend):
         end = min(len(keys), start + limit)
         get, kind, name, dirty = table.get, state.kind, state.name, self._changelog.dirty
         if kind == "value":  # most TTL state: a pair per key, dropped whole
-            for key in [k for k in islice(keys, start, end) if (p := get(k)) and not alive(p, now)]:
+            for key in [k for k in islice(keys, start, end) if (p := get(k)) and expired(p[1], now)]:
                 del table[key]
                 dirty.add((name, key))
         else:
