@@ -103,7 +103,8 @@ def process_keyed(
             ``{column: Python value}`` of all of ``df``'s columns (timestamps as
             ``datetime``, dates as ``date``).
         function: the user function; cloudpickled to the executors.
-        key: the key column, or several (the key is then a tuple of their values).
+        key: the key column, or several (the key is then a tuple of their values);
+            a ``timestamp`` key is an aware datetime in UTC whatever the session time zone.
             A null key fails the job (``TypeError``): filter or ``coalesce`` first.
         output_schema: ``StructType`` or DDL string of the main output. The function
             emits dicts (missing fields are null) or tuples in field order;

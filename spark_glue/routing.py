@@ -37,10 +37,20 @@ _ROUTES: dict[int, list[int]] = {}  # n -> route values, per driver process
 
 def keys_of(batch: pa.RecordBatch, keys: list[str]) -> list[Any]:
     """The record keys of ``batch``: one column's values, or tuples of several (as
-    ``PartitionJob.feed`` builds them for the operator)."""
+    ``PartitionJob.feed`` builds them for the operator). A ``timestamp`` key column
+    gives aware datetimes in UTC: Spark hands them over in the session time zone,
+    where the two instants of a DST fall-back hour have the same wall time (Python
+    compares them equal, and neither has a stable key form)."""
     if len(keys) == 1:
-        return batch.column(keys[0]).to_pylist()
-    return list(zip(*(batch.column(k).to_pylist() for k in keys), strict=True))
+        return _key_values(batch.column(keys[0]))
+    return list(zip(*(_key_values(batch.column(k)) for k in keys), strict=True))
+
+
+def _key_values(column: pa.Array) -> list[Any]:
+    kind = column.type
+    if pa.types.is_timestamp(kind) and kind.tz is not None and kind.tz != "UTC":
+        column = column.cast(pa.timestamp(kind.unit, tz="UTC"))  # the same instants
+    return column.to_pylist()
 
 
 def route_values(spark: Any, partitions: int) -> list[int]:

@@ -24,9 +24,11 @@ from aec import (
     Watermark,
     run_keyed,
 )
+from aec.keygroups import key_group_for
 from backends import MemoryBackend, RocksDBBackend
 from spark_glue import partition_metrics, process_keyed, side_output
 from spark_glue.convert import encode_columns, rows_as_dicts, timestamp_seconds
+from spark_glue.routing import keys_of
 from spark_glue.watermarks import BoundedOutOfOrderness, delay_seconds
 
 # The functions below are defined in this test module, which Spark's Python
@@ -387,6 +389,40 @@ def test_timestamp_columns_become_float_seconds(spark):
         assert got == (
             [(epoch, 0), (epoch + 1.5, 1)] if column == "ts" else [(epoch, 0), (None, 1)]
         )
+
+
+# 2024-11-03 05:30 and 06:30 UTC: both 01:30 wall time in New York (the clocks fall back)
+FALL_BACK = [dt.datetime(2024, 11, 3, 5, 30, tzinfo=UTC), dt.datetime(2024, 11, 3, 6, 30, tzinfo=UTC)]
+
+
+def test_timestamp_keys_are_utc_instants_in_any_session_time_zone():
+    """Spark hands timestamps over in the session time zone; the two instants of a
+    fall-back hour share a wall time there, which has no stable key form."""
+    zoned = pa.array(FALL_BACK, pa.timestamp("us", tz="UTC")).cast(
+        pa.timestamp("us", tz="America/New_York")
+    )
+    keys = keys_of(pa.record_batch({"k": zoned, "j": pa.array([1, 2])}), ["k"])
+    assert keys == FALL_BACK and all(key.utcoffset() == dt.timedelta(0) for key in keys)
+    assert [key_group_for(key, 128) for key in keys] == [key_group_for(t, 128) for t in FALL_BACK]
+    both = keys_of(pa.record_batch({"k": zoned, "j": pa.array([1, 2])}), ["k", "j"])
+    assert both == [(FALL_BACK[0], 1), (FALL_BACK[1], 2)]
+
+
+@pytest.mark.spark
+def test_a_timestamp_key_in_a_dst_session_time_zone_keys_each_instant(spark):
+    df = spark.createDataFrame(
+        [(FALL_BACK[0], 0, 1), (FALL_BACK[1], 1, 10)], "k timestamp, seq long, x long"
+    )
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        result = process_keyed(
+            df, RunningSum(), key="k", output_schema="k timestamp, seq long, total long",
+            num_partitions=2,
+        )  # fmt: skip
+        got = sorted(tuple(r) for r in result.selectExpr("cast(k as long)", "total").collect())
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+    assert got == [(int(FALL_BACK[0].timestamp()), 1), (int(FALL_BACK[1].timestamp()), 10)]
 
 
 @pytest.mark.spark
