@@ -311,6 +311,21 @@ def test_map_chunks_concatenate_to_the_map(backend):
     assert drain_chunks(backend, Op.MAP_ITER_CHUNK, "m", "nobody", 4) == ([], 1)
 
 
+def test_removing_the_entries_read_between_map_chunks_skips_none(backend):
+    entries = {f"k{i}": i for i in range(10)}
+    run(backend, req(Op.MAP_PUT_ALL, "m", "a", value=entries))
+    seen, cursor = [], None
+    while True:
+        ((chunk, cursor),) = run(backend, req(Op.MAP_ITER_CHUNK, "m", "a", value=(cursor, 3)))
+        seen += chunk
+        if chunk:
+            run(backend, *[req(Op.MAP_REMOVE, "m", "a", user_key) for user_key, _ in chunk])
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(entries.items())
+    assert run(backend, req(Op.MAP_IS_EMPTY, "m", "a")) == [True]
+
+
 def test_every_op_is_covered():
     # Guards the suite against a new Op without conformance cases.
     assert len(Op.NAMES) == 18 and Op.READS | Op.WRITES == frozenset(range(18))

@@ -69,8 +69,9 @@ class StateIterator(Generic[E]):
     Iterate with ``on_next(fn)``: a future of ``[fn(e) for e in elements]`` in
     order, where a result that is itself a StateFuture is awaited. Plain Python
     iteration also works; it loads further chunks with blocking requests.
-    Changing the state while iterating it may skip or repeat elements of later
-    chunks (as in Flink).
+    Removing map entries while iterating the map skips no entry still there on any
+    backend; other changes of the state while iterating it may skip or repeat
+    elements of later chunks (as in Flink).
     """
 
     __slots__ = ("_items", "_cursor", "_load", "_wait", "_project")

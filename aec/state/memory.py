@@ -365,12 +365,20 @@ def _list_get_chunk(t: dict[Any, Any], r: StateRequest) -> None:
 
 
 def _map_iter_chunk(t: dict[Any, Any], r: StateRequest) -> None:
-    offset, limit = r.value
-    offset = offset or 0
+    # insertion order; a map longer than one chunk is walked over the keys it held at
+    # the first chunk (the cursor: those keys and a position), so entries removed while
+    # iterating shift nothing (none is skipped) and entries added are not visited
+    cursor, limit = r.value
     stored = t.get(r.key) or {}
-    end = offset + limit
-    # insertion order; a cursor is an offset, so entries added while iterating may shift it
-    r.result = (list(islice(stored.items(), offset, end)), end if end < len(stored) else None)
+    if cursor is None:
+        if len(stored) <= limit:
+            r.result = (list(stored.items()), None)
+            return
+        cursor = (list(stored), 0)
+    keys, start = cursor
+    end = start + limit
+    items = [(key, stored[key]) for key in keys[start:end] if key in stored]
+    r.result = (items, (keys, end) if end < len(keys) else None)
 
 
 _APPLY = op_table(globals())
