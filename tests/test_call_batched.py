@@ -25,6 +25,7 @@ from aec import (
 )
 from aec.async_io import Batcher
 from aec.retry import FixedDelay
+from aec.runtime.deadlines import DeadlineFifo
 from aec.testing import assert_equivalent
 from backends import LatencyBackend, MemoryBackend
 
@@ -445,3 +446,189 @@ def test_a_batch_functions_own_cancelled_error_fails_the_job(async_state):
             [Record(i, i) for i in range(3)], CallsBatched(batcher),
             config=AecConfig(async_state=async_state),
         )  # fmt: skip
+
+
+# -- timeouts: one deadline FIFO per batcher (aec.runtime.deadlines) -------------------------
+class TimedCalls(KeyedProcessFunction):
+    """``call_batched`` with the record's own timeout (``value = (arg, timeout)``); a
+    failure is output as ``"Type: message"``."""
+
+    def __init__(self, batcher: Batcher, **options: Any) -> None:
+        self.batcher = batcher
+        self.options = options
+
+    async def process_element(self, value, ctx):
+        arg, timeout = value
+        try:
+            result = await ctx.call_batched(self.batcher, arg, timeout=timeout, **self.options)
+        except Exception as exc:
+            result = f"{type(exc).__name__}: {exc}"
+        ctx.output((arg, result))
+
+
+def _hold_until(released: threading.Event, cancelled: dict[Any, float], args: list[Any]):
+    """A batch call that answers when ``released`` is set, noting when it is cancelled."""
+
+    async def held() -> list[Any]:
+        try:
+            while not released.is_set():
+                await asyncio.sleep(0.005)
+        except asyncio.CancelledError:
+            for arg in args:
+                cancelled[arg] = time.monotonic()
+            raise
+        return [f"got {arg}" for arg in args]
+
+    return held()
+
+
+def test_of_many_calls_with_one_timeout_only_the_late_ones_time_out():
+    async def lookup(args: list[Any]) -> list[Any]:
+        if any(isinstance(arg, str) for arg in args):
+            await asyncio.sleep(30)  # "slow-i": never answers, cancelled when all time out
+        await asyncio.sleep(0.7)  # the others: in flight when the slow ones time out
+        return [arg + 1000 for arg in args]
+
+    batcher = Batcher(lookup, max_batch_size=8, max_wait=0.0)
+    op = KeyedProcessOperator(TimedCalls(batcher), MemoryBackend())
+    op.open()
+    started = time.monotonic()
+    for i in range(10):
+        op.process(Record(f"s{i}", (f"slow-{i}", 1.0)))  # time out at about 1.0 s
+    time.sleep(0.5)
+    for i in range(90):
+        op.process(Record(i, (i, 1.0)))  # answered at about 1.2 s, deadlines at 1.5 s
+    op.finish()
+    assert time.monotonic() - started < 10.0
+    outputs = dict(values_of(op.drain_outputs()))
+    assert len(outputs) == 100
+    for i in range(10):
+        message = outputs.pop(f"slow-{i}")
+        assert message.startswith(f"TimeoutError: call_batched('slow-{i}') of ")
+        assert message.endswith("timed out after 1 s")
+    assert outputs == {i: i + 1000 for i in range(90)}  # no spurious timeout
+    assert op.external_calls.deadline_entries == 0
+
+
+def test_a_shorter_timeout_given_after_longer_ones_times_out_at_its_own_deadline():
+    released = threading.Event()
+    cancelled: dict[Any, float] = {}
+
+    def lookup(args: list[Any]) -> Any:
+        return _hold_until(released, cancelled, args)
+
+    batcher = Batcher(lookup, max_batch_size=1, max_wait=0.0)  # a batch call per argument
+    op = KeyedProcessOperator(TimedCalls(batcher), MemoryBackend())
+    op.open()
+    try:
+        for i in range(20):
+            op.process(Record(i, (f"long-{i}", 30.0)))
+        called = time.monotonic()
+        op.process(Record("s", ("short", 0.3)))
+        op.process(Record(99, ("long-99", 30.0)))  # after the short one: in order again
+        assert _wait_until(lambda: "short" in cancelled, 5.0)
+        assert 0.3 <= cancelled["short"] - called < 3.0
+        assert list(cancelled) == ["short"]  # the longer timeouts still run
+    finally:
+        released.set()
+    op.finish()
+    outputs = dict(values_of(op.drain_outputs()))
+    assert outputs.pop("short") == (
+        f"TimeoutError: call_batched('short') of {__name__}."
+        "test_a_shorter_timeout_given_after_longer_ones_times_out_at_its_own_deadline."
+        "<locals>.lookup timed out after 0.3 s"
+    )
+    assert outputs == {f"long-{i}": f"got long-{i}" for i in [*range(20), 99]}
+
+
+def test_finished_calls_do_not_keep_the_timeouts_growing():
+    # 10,000 calls answered at once behind one that stays in flight (the FIFO's head):
+    # their finished timeouts cannot leave from the head, yet stay bounded
+    held_entries: list[int] = []
+    answered = [0]
+
+    async def lookup(args: list[Any]) -> list[Any]:
+        held_entries.append(op.external_calls.deadline_entries)  # on the loop thread
+        if "first" in args:
+            while answered[0] < 10_000:
+                await asyncio.sleep(0.005)
+        answered[0] += len(args)
+        return [f"got {arg}" for arg in args]
+
+    batcher = Batcher(lookup, max_batch_size=20, max_wait=0.001)
+    config = AecConfig(in_flight_records_limit=100)
+    op = KeyedProcessOperator(TimedCalls(batcher), MemoryBackend(), config)
+    op.open()
+    op.process(Record("first", ("first", 60.0)))
+    assert _wait_until(lambda: held_entries, 5.0)  # its batch call is its own
+    for i in range(10_000):
+        op.process(Record(i, (i, 60.0)))
+    op.finish()
+    outputs = dict(values_of(op.drain_outputs()))
+    assert outputs == {arg: f"got {arg}" for arg in ["first", *range(10_000)]}
+    assert len(held_entries) > 100
+    # live timeouts <= 100 (the in-flight limit): at most 2 * 100 + a margin of 64 held
+    assert max(held_entries) <= 2 * 100 + 64 + 1, max(held_entries)
+    assert op.external_calls.deadline_entries == 0  # the last one out took the rest
+
+
+@pytest.mark.parametrize("config", [AecConfig(), SYNC], ids=["async", "sync"])
+@pytest.mark.parametrize("delay", [10.0, 0.02], ids=["backoff-past-deadline", "many-retries"])
+def test_a_retried_call_times_out_during_its_backoff(config, delay):
+    calls: list[Any] = []
+
+    async def lookup(args: list[Any]) -> list[Any]:
+        calls.extend(args)
+        raise ConnectionError("down")
+
+    batcher = Batcher(lookup, max_batch_size=4, max_wait=0.0)
+    source = [Record(i, (i, 0.3)) for i in range(3)]
+    started = time.monotonic()
+    result = aec.run_keyed(source, TimedCalls(batcher, retry=FixedDelay(100, delay)), config=config)
+    assert 0.3 <= time.monotonic() - started < 5.0
+    outputs = dict(values_of(result.outputs))
+    assert sorted(outputs) == [0, 1, 2]
+    assert all(o.startswith("TimeoutError: call_batched(") for o in outputs.values()), outputs
+    if delay > 1:  # a backoff that would reach the deadline: no retry, the timeout ends it
+        assert sorted(calls) == [0, 1, 2]
+    else:
+        assert 3 < len(calls) < 3 * 100
+
+
+def test_the_deadline_fifo_expires_in_deadline_order_behind_one_timer():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        fifo = DeadlineFifo()
+        fired: list[tuple[str, float]] = []
+
+        class Owner:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def time_out(self) -> None:
+                fired.append((self.name, loop.time()))
+
+        timers_before = len(loop._scheduled)
+        now = loop.time()
+        due = {"a": now + 0.05, "b": now + 0.1, "c": now + 0.15, "early": now + 0.02}
+        deadlines = {name: fifo.add(when, Owner(name)) for name, when in due.items()}
+        assert len(fifo) == 3 and fifo.live == 3  # "early" came out of order: own timer
+        assert len(loop._scheduled) == timers_before + 2  # the FIFO's timer and early's
+        fifo.discard(deadlines["b"])
+        fifo.discard(deadlines["b"])  # again: nothing
+        assert len(fifo) == 3 and fifo.live == 2  # dead, not at the head: stays
+        await asyncio.sleep(0.3)
+        assert [name for name, _ in fired] == ["early", "a", "c"]
+        assert all(at >= due[name] for name, at in fired)
+        assert len(fifo) == 0 and fifo.live == 0
+        fifo.discard(deadlines["a"])  # after it fired: nothing
+
+        head = fifo.add(loop.time() + 60, Owner("head"))
+        for i in range(10_000):
+            fifo.discard(fifo.add(loop.time() + 60, Owner(str(i))))
+            assert len(fifo) <= 2 * fifo.live + 64
+        assert len(loop._scheduled) <= timers_before + 2  # no timer per deadline
+        fifo.discard(head)
+        assert len(fifo) == 0
+
+    asyncio.run(main())

@@ -6,8 +6,9 @@ back through the call's completion (a ``CallCompletion``, the mail a single
 ``call_async`` posts: ``settle`` then ``post_together``, so the calls a batch call
 finishes reach the mailbox as one mail).
 Retries follow ``aec.retry`` as for ``call_async``: ``retry_on_result`` gets the
-argument's own result, ``backoff(n)`` seconds pass before retry ``n``. Everything here
-runs on the loop thread.
+argument's own result, ``backoff(n)`` seconds pass before retry ``n``. Timeouts wait in
+the queue's ``DeadlineFifo`` (``aec.runtime.deadlines``: one asyncio timer for all of
+them, not one per argument). Everything here runs on the loop thread.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Protocol, Self
 from aec.errors import describe, qualified_name
 from aec.retry import RetryStrategy
 from aec.runtime.batch_queue import BatchItem, BatchQueue, SentBatch
+from aec.runtime.deadlines import Deadline, DeadlineFifo
 
 __all__ = ["BatchedCall", "Settling", "call_entered", "deliver_to_calls"]
 
@@ -35,15 +37,17 @@ class BatchedCall:
     ``BatchItem`` in some batch call), the backoff between them and its timeout.
 
     The timeout (``deadline``, monotonic seconds from the call's admission) spans every
-    attempt and backoff; when it passes, the argument leaves its batch (a batch call
-    none of whose arguments is waited for is cancelled) and the call fails with
-    ``TimeoutError``. A wanted retry that would start at or after the deadline is
-    not made: the timeout ends the backoff, as for ``call_async``.
+    attempt and backoff; it waits in ``deadlines`` (its queue's ``DeadlineFifo``) from
+    the first attempt's entry into a batch (``expiry``) until the call finishes or it
+    passes. When it passes, the argument leaves its batch (a batch call none of whose
+    arguments is waited for is cancelled) and the call fails with ``TimeoutError``. A
+    wanted retry that would start at or after the deadline is not made: the timeout
+    ends the backoff, as for ``call_async``.
     """
 
     __slots__ = (
-        "arg", "completion", "queue", "retry", "timeout", "deadline",
-        "attempts", "item", "first", "timer", "backoff",
+        "arg", "completion", "queue", "deadlines", "retry", "timeout", "deadline",
+        "attempts", "item", "first", "expiry", "backoff",
     )  # fmt: skip
 
     def __init__(
@@ -51,6 +55,7 @@ class BatchedCall:
         arg: object,
         completion: Settling,
         queue: BatchQueue[BatchedCall],
+        deadlines: DeadlineFifo,
         retry: RetryStrategy,
         timeout: float | None,
         deadline: float | None,
@@ -58,6 +63,7 @@ class BatchedCall:
         self.arg = arg
         self.completion = completion
         self.queue = queue
+        self.deadlines = deadlines
         self.retry = retry
         self.timeout = timeout
         self.deadline = deadline
@@ -66,7 +72,7 @@ class BatchedCall:
         # owner (``first``), later ones are added on the loop
         self.first: BatchItem[BatchedCall] | None = BatchItem(arg, self)
         self.item: BatchItem[BatchedCall] | None = self.first
-        self.timer: asyncio.TimerHandle | None = None  # the timeout
+        self.expiry: Deadline | None = None  # the timeout, once started
         self.backoff: asyncio.TimerHandle | None = None  # the next attempt
 
     def entered(self) -> None:
@@ -74,7 +80,7 @@ class BatchedCall:
         if self.first is not None:
             self.first = None
             if self.deadline is not None:
-                self.timer = asyncio.get_running_loop().call_at(self.deadline, self.time_out)
+                self.expiry = self.deadlines.add(self.deadline, self)
 
     def _attempt(self) -> None:
         self.backoff = None
@@ -106,7 +112,9 @@ class BatchedCall:
         return self._finish(result, error, fatal)
 
     def time_out(self) -> None:
-        self.timer = None
+        """The deadline passed (its ``DeadlineFifo`` calls this): the argument leaves its
+        batch, the call fails with ``TimeoutError``."""
+        self.expiry = None
         if self.item is not None:
             self.queue.drop(self.item)
             self.item = None
@@ -121,9 +129,9 @@ class BatchedCall:
     def _finish(self, result: object, error: BaseException | None, fatal: bool) -> Settling | None:
         """Settle the call's completion (not posted yet); it, or None if it was
         settled before."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        if self.expiry is not None:
+            self.deadlines.discard(self.expiry)  # O(1), no asyncio call
+            self.expiry = None
         if self.backoff is not None:
             self.backoff.cancel()
             self.backoff = None

@@ -44,6 +44,7 @@ from aec.functions import BatchCalls
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from aec.runtime.batch_queue import BatchItem, BatchQueue
 from aec.runtime.batched_calls import BatchedCall, call_entered, deliver_to_calls
+from aec.runtime.deadlines import DeadlineFifo
 from aec.runtime.event_loop import EventLoopThread
 from aec.runtime.mailbox import Mailbox
 from aec.runtime.record_context import RecordContext
@@ -58,6 +59,8 @@ __all__ = ["CallCompletion", "CallCompletions", "CallFuture", "ExternalCalls"]
 R = TypeVar("R")
 
 _NO_RETRY = NoRetry()
+# a batcher's queue in one operator: (the batcher, its queue, its calls' timeouts)
+_Queue = tuple[BatchCalls[Any, Any], BatchQueue[BatchedCall], DeadlineFifo]
 _CLOSE_GRACE = 0.5  # seconds close() gives cancelled calls to unwind
 
 
@@ -204,8 +207,9 @@ class ExternalCalls:
     def __init__(self, controller: AsyncExecutionController) -> None:
         self._controller = controller
         self._loop: EventLoopThread | None = None
-        # id(Batcher) -> (the Batcher, kept so its id stays its own; its queue)
-        self._queues: dict[int, tuple[BatchCalls[Any, Any], BatchQueue[BatchedCall]]] = {}
+        # id(Batcher) -> (the Batcher, kept so its id stays its own; its queue; the
+        # timeouts of its calls, loop thread)
+        self._queues: dict[int, _Queue] = {}
         self.calls = 0  # call_async calls started (metrics)
         self.batched_calls = 0  # call_batched calls started (metrics)
 
@@ -263,15 +267,16 @@ class ExternalCalls:
         check_strategy(retry)
         context = self._current_record("call_batched")
         controller = self._controller
-        queue = self._queue(batcher) if known is None else known[1]
+        _, queue, deadlines = self._queue(batcher) if known is None else known
         self.batched_calls += 1
         future: CallFuture[OUT] = CallFuture(context)
+        # monotonic seconds: asyncio's loop.time(), which the deadlines are compared with
         deadline = None if seconds is None else monotonic() + seconds
         if controller.synchronous:
             mailbox = Mailbox()
             # read below, not from the mail: the mail may hold it in a group of one
             completion = CallCompletion(future, mailbox)
-            call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
+            call = BatchedCall(arg, completion, queue, deadlines, retry, seconds, deadline)
             queue.submit(cast("BatchItem[BatchedCall]", call.first))
             queue.flush()  # a batch of one: the mailbox thread waits for nothing else
             while not mailbox:
@@ -286,7 +291,7 @@ class ExternalCalls:
             return future
         self._count_pending(context)
         completion = CallCompletion(future, controller.mailbox)
-        call = BatchedCall(arg, completion, queue, retry, seconds, deadline)
+        call = BatchedCall(arg, completion, queue, deadlines, retry, seconds, deadline)
         queue.submit(cast("BatchItem[BatchedCall]", call.first))
         return future
 
@@ -294,7 +299,7 @@ class ExternalCalls:
     def metrics(self) -> dict[str, float]:
         """``call_async`` calls, ``call_batched`` calls, the batch calls they made, the
         arguments those carried and the largest batch (counters of this operator)."""
-        queues = [queue for _, queue in self._queues.values()]
+        queues = [queue for _, queue, _ in self._queues.values()]
         batches = sum(q.calls for q in queues)
         items = sum(q.items for q in queues)
         return {
@@ -304,6 +309,13 @@ class ExternalCalls:
             "call_batch_max_size": max((q.largest for q in queues), default=0),
             "call_batch_mean_size": items / batches if batches else 0.0,
         }
+
+    @property
+    def deadline_entries(self) -> int:
+        """Timeouts of batched calls held on the loop thread, live or of calls since
+        finished (not yet dropped): about twice the calls waiting at most, however
+        many finished (``aec.runtime.deadlines``). Read from any thread: a gauge."""
+        return sum(len(deadlines) for _, _, deadlines in self._queues.values())
 
     def close(self) -> None:
         """Cancel every running call and stop the loop thread (bounded, ~1 s at most:
@@ -334,8 +346,9 @@ class ExternalCalls:
             self._loop = EventLoopThread(grace=_CLOSE_GRACE, name="aec-call-loop")
         return self._loop
 
-    def _queue(self, batcher: BatchCalls[Any, Any]) -> BatchQueue[BatchedCall]:
-        """The batch queue of ``batcher`` in this operator, made at its first call."""
+    def _queue(self, batcher: BatchCalls[Any, Any]) -> _Queue:
+        """The batch queue of ``batcher`` in this operator and the timeouts of its
+        calls, made at its first call."""
         queue = BatchQueue(
             self._event_loop(), batcher.fn, batcher.max_batch_size, batcher.max_wait,
             deliver_to_calls, call_entered,
@@ -343,13 +356,13 @@ class ExternalCalls:
         if not self._queues and not self._controller.synchronous:
             # nothing else can run once the mailbox thread sleeps: partial batches go
             self._controller.mailbox.before_sleep = self.flush_batches
-        self._queues[id(batcher)] = (batcher, queue)
-        return queue
+        known = self._queues[id(batcher)] = (batcher, queue, DeadlineFifo())
+        return known
 
     def flush_batches(self) -> None:
         """Send every partial batch now: progress needs it (a watermark arrived behind
         it, or the mailbox thread is about to sleep)."""
-        for _, queue in self._queues.values():
+        for _, queue, _ in self._queues.values():
             queue.flush()
 
 
