@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+import struct
+from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import repeat
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
 import pyarrow.compute as pc  # type: ignore[import-untyped]  # pyarrow ships no type hints
@@ -138,12 +140,20 @@ def encode_columns(
       ``date`` (midnight), numpy ``datetime64``, or a number of seconds since the epoch.
     * date: ``date``, ``datetime`` (its date).
     * decimal: ``Decimal``, int, float (through its shortest repr).
-    * everything else (strings, booleans, binary, arrays, maps, structs) as
-      ``pyarrow.array`` takes it.
+    * arrays (lists, tuples, numpy arrays), maps (dicts, lists of ``(key, value)``
+      pairs) and structs (dicts, tuples or lists in field order, pyspark ``Row`` s),
+      at any depth: each value inside by the rules above, as at the top level;
+      a struct dict's unknown field names and a struct tuple of the wrong length
+      raise, and so does None where the nested type cannot hold null
+      (``containsNull`` / ``valueContainsNull`` false, a non-nullable struct
+      field, any map key).
+    * everything else (strings, booleans, binary) as ``pyarrow.array`` takes it.
 
     Raises:
         TypeError: naming the field and the offending value, including None in a
-            non-nullable field.
+            non-nullable field; inside a nested value, also its path from the field
+            (``x[2].t``: field ``x``, element 2, struct field ``t``; ``x['k']``: the
+            value of map key ``'k'``; ``x[key 'k']``: that key itself).
     """
     columns = [[row.get(field.name) for row in rows] for field in schema.fields]
     return _encode_all(columns, schema, target)
@@ -185,6 +195,8 @@ def _encode(values: list[Any], field: T.StructField, arrow_type: pa.DataType) ->
             if array is None:
                 values = [None if v is None else coerce(v) for v in values]
                 array = pa.array(values, type=arrow_type)
+        elif isinstance(field.dataType, _NESTED):
+            array = _encode_nested(values, field, arrow_type)
         else:
             try:
                 array = pa.array(values, type=arrow_type)
@@ -194,8 +206,9 @@ def _encode(values: list[Any], field: T.StructField, arrow_type: pa.DataType) ->
                     raise _field_error(field, values, exc) from exc
                 array = pa.array([None if v is None else fallback(v) for v in values], arrow_type)
     except _Reject as exc:
+        where = f" at {field.name}{exc.where}" if exc.where else ""
         raise TypeError(
-            f"output field {field.name!r} ({field.dataType.simpleString()}): {exc}"
+            f"output field {field.name!r} ({field.dataType.simpleString()}){where}: {exc}"
         ) from None
     except (pa.ArrowException, OverflowError) as exc:
         raise _field_error(field, values, exc) from exc
@@ -214,10 +227,16 @@ def _check_no_overflow(field: T.StructField, values: list[Any], array: pa.Array)
     for value, stored in zip(values, array.to_pylist(), strict=True):
         if stored is not None and math.isinf(stored) and not _is_infinite(value):
             raise TypeError(
-                f"output field {field.name!r} ({field.dataType.simpleString()}) cannot hold "
-                f"{value!r}: it overflows the type (to {stored}); use a wider type "
-                "(double) or scale the value"
+                f"output field {field.name!r} ({field.dataType.simpleString()}) "
+                f"{_overflows(value, stored)}"
             )
+
+
+def _overflows(value: Any, stored: float) -> str:
+    return (
+        f"cannot hold {value!r}: it overflows the type (to {stored}); use a wider type "
+        "(double) or scale the value"
+    )
 
 
 def _is_infinite(value: Any) -> bool:
@@ -274,7 +293,15 @@ def _first_odd(values: list[Any]) -> str:
 
 
 class _Reject(Exception):
-    """A value the field's coercion refuses; re-raised as TypeError with the field."""
+    """A value the field's coercion refuses; re-raised as TypeError with the field.
+
+    ``where``: the path to the value inside a nested field's value (``"[0].t"``),
+    each container prepending its step as the exception passes; empty at the top level.
+    """
+
+    def __init__(self, message: str, where: str = "") -> None:
+        super().__init__(message)
+        self.where = where
 
 
 def _to_int(value: Any) -> int | None:
@@ -382,3 +409,296 @@ _FALLBACKS: dict[type, Callable[[Any], Any]] = {
     T.StringType: _to_str,
     T.DateType: _to_date,
 }
+
+
+# --- nested values (arrays, maps, structs) ----------------------------------------------------
+#
+# ``pyarrow.array`` applies none of the rules above inside a nested value (it truncates
+# 1.5 in an ``array<bigint>``, reads a number in an ``array<timestamp>`` as microseconds,
+# nulls a misspelled struct field), so a nested field's values are walked first: one
+# walker per data type, built once (``_walker``), that applies the top level's coercers
+# to every value inside and checks the containers. As at the top level, the fallbacks run
+# only when ``pyarrow.array`` rejected the walked column: a second walk applies them too.
+#
+# A walker takes one non-None value of its type and returns what ``pyarrow.array`` is to
+# get for it (the value itself when nothing changes), or raises _Reject. Each container
+# first tries a fast path (nothing to change, found in C where it can: ``_KEPT``) and
+# on any failure walks its items again one by one (``_check``) to name the culprit.
+
+_NESTED = (T.ArrayType, T.MapType, T.StructType)
+
+_Walk = Callable[[Any], Any]
+
+# Values of these exact types a coercer returns as they are: a container whose items are
+# all of them (or None, where allowed) needs no copy and no call per item.
+_KEPT: dict[Callable[[Any], Any], frozenset[type]] = {_to_int: frozenset({int})}
+
+_FLOAT32 = struct.Struct("<f")  # packs as C casts to float; OverflowError where that is inf
+
+
+def _encode_nested(values: list[Any], field: T.StructField, arrow_type: pa.DataType) -> pa.Array:
+    walk = cast(_Walk, _walker(field.dataType, False))  # never None for a nested type
+    walked = [None if v is None else walk(v) for v in values]
+    try:
+        return pa.array(walked, type=arrow_type)
+    except (pa.ArrowException, TypeError, ValueError):
+        strict = cast(_Walk, _walker(field.dataType, True))
+        walked = [None if v is None else strict(v) for v in values]
+        try:
+            return pa.array(walked, type=arrow_type)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise _field_error(field, values, exc) from exc
+
+
+@functools.cache  # pyspark data types hash and compare by value
+def _walker(data_type: T.DataType, strict: bool) -> _Walk | None:
+    """The walker for ``data_type``: always one for a nested type (its containers need
+    checking); for a leaf, its coercer (``strict``: or its fallback), else None (a leaf
+    pyarrow takes as it is). A float (float32) leaf is checked for overflow, as the top
+    level's ``_check_no_overflow`` does."""
+    if isinstance(data_type, T.ArrayType):
+        return _array_walker(data_type, strict)
+    if isinstance(data_type, T.MapType):
+        return _map_walker(data_type, strict)
+    if isinstance(data_type, T.StructType):
+        return _struct_walker(data_type, strict)
+    kind = type(data_type)
+    if kind in _COERCERS:
+        return _COERCERS[kind]
+    if kind is T.FloatType:
+        return _to_float32 if strict else _fits_float32
+    return _FALLBACKS.get(kind) if strict else None
+
+
+def _fits_float32(value: Any) -> Any:
+    try:
+        _FLOAT32.pack(value)
+    except OverflowError:
+        raise _Reject(_overflows(value, -math.inf if value < 0 else math.inf)) from None
+    except (struct.error, ValueError):
+        pass  # not a float: pyarrow, or the fallback, takes it or says why not
+    return value
+
+
+def _to_float32(value: Any) -> float:
+    return cast(float, _fits_float32(_to_float(value)))
+
+
+def _kept(walk: _Walk | None, nullable: bool) -> frozenset[type] | None:
+    """The types of the items a position in a container (its walker, whether it may be
+    null) passes as they are, when ``walk`` keeps any."""
+    kept = _KEPT.get(walk) if walk else None
+    return kept | {type(None)} if kept is not None and nullable else kept
+
+
+def _as_is(
+    items: Collection[Any], walk: _Walk | None, kept: frozenset[type] | None, nullable: bool
+) -> bool:
+    """Whether all ``items`` pass their position in a container as they are."""
+    if walk is None:
+        return nullable or None not in items
+    return kept is not None and kept.issuperset(map(type, items))
+
+
+def _array_walker(data_type: T.ArrayType, strict: bool) -> _Walk:
+    element = _walker(data_type.elementType, strict)
+    nullable = data_type.containsNull
+    kept = _kept(element, nullable)
+
+    def walk(value: Any) -> Any:
+        items = value if type(value) is list or type(value) is tuple else _elements(value)
+        if _as_is(items, element, kept, nullable):
+            return items
+        if element is None:  # a null where none may be
+            _array_error(items, element, nullable)
+        try:
+            out = [None if v is None else element(v) for v in items]
+        except (_Reject, OverflowError):
+            _array_error(items, element, nullable)
+        if not nullable and None in out:
+            _array_error(items, element, nullable)
+        return out
+
+    return walk
+
+
+def _elements(value: Any) -> Sequence[Any]:
+    """An array's value as a sequence: any but a string, bytes or a mapping (a set has
+    no order), or a numpy array (iterated, its items are numpy scalars)."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        return value
+    if type(value).__name__ == "ndarray" and getattr(value, "ndim", 0) >= 1:
+        return cast(Sequence[Any], value)
+    raise _Reject(
+        f"expected an array (a list, tuple or numpy array), got {type(value).__name__} {value!r}"
+    )
+
+
+def _array_error(items: Sequence[Any], element: _Walk | None, nullable: bool) -> NoReturn:
+    for i, v in enumerate(items):
+        _check(f"[{i}]", v, element, nullable, "the array's elements are not nullable")
+    raise AssertionError("an array failed its walk but none of its elements does")
+
+
+def _map_walker(data_type: T.MapType, strict: bool) -> _Walk:
+    key = _walker(data_type.keyType, strict)
+    item = _walker(data_type.valueType, strict)
+    nullable = data_type.valueContainsNull
+    keys_kept, items_kept = _kept(key, False), _kept(item, nullable)
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            if _as_is(value, key, keys_kept, False) and _as_is(
+                value.values(), item, items_kept, nullable
+            ):
+                return value
+            keys_in, items_in = list(value), list(value.values())
+        else:
+            pairs = _pairs(value)
+            keys_in, items_in = [p[0] for p in pairs], [p[1] for p in pairs]
+        try:
+            keys = keys_in if key is None else [None if k is None else key(k) for k in keys_in]
+            items = items_in if item is None else [None if v is None else item(v) for v in items_in]
+        except (_Reject, OverflowError):
+            _map_error(keys_in, items_in, key, item, nullable)
+        if None in keys or (not nullable and None in items):
+            _map_error(keys_in, items_in, key, item, nullable)
+        return list(zip(keys, items, strict=True))
+
+    return walk
+
+
+def _pairs(value: Any) -> Sequence[Any]:
+    """A map's value given as ``(key, value)`` pairs (tuples or lists of two)."""
+    if isinstance(value, (list, tuple)):
+        for pair in value:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise _Reject(
+                    f"expected a map (a dict or (key, value) pairs), got the pair {pair!r} "
+                    f"in {value!r}"
+                )
+        return value
+    raise _Reject(
+        f"expected a map (a dict or (key, value) pairs), got {type(value).__name__} {value!r}"
+    )
+
+
+def _map_error(
+    keys: list[Any], items: list[Any], key: _Walk | None, item: _Walk | None, nullable: bool
+) -> NoReturn:
+    for k, v in zip(keys, items, strict=True):
+        _check(f"[key {k!r}]", k, key, False, "map keys cannot be null")
+        _check(f"[{k!r}]", v, item, nullable, "the map's values are not nullable")
+    raise AssertionError("a map failed its walk but none of its entries does")
+
+
+def _struct_walker(data_type: T.StructType, strict: bool) -> _Walk:
+    fields = data_type.fields
+    names = data_type.names
+    known = frozenset(names)
+    walks = [_walker(f.dataType, strict) for f in fields]
+    nullable = [f.nullable for f in fields]
+    # the fields to walk, by name (a dict) and by position (a tuple), each with the types
+    # it keeps as they are (None too: nullability is checked apart, after)
+    kept = [_KEPT.get(w, frozenset()) | {type(None)} if w else frozenset() for w in walks]
+    by_name: list[tuple[Any, _Walk, frozenset[type]]]
+    by_name = [(n, w, k) for n, w, k in zip(names, walks, kept, strict=True) if w]
+    by_index: list[tuple[Any, _Walk, frozenset[type]]]
+    by_index = [(i, w, k) for i, (w, k) in enumerate(zip(walks, kept, strict=True)) if w]
+    required_names: list[Any] = [f.name for f in fields if not f.nullable]
+    required_index: list[Any] = [i for i, f in enumerate(fields) if not f.nullable]
+
+    def walk(value: Any) -> Any:
+        get: Callable[[Any], Any]
+        # pyarrow takes a struct column as all dicts or all tuples: the strict walk (run
+        # when pyarrow rejected the first) makes every struct a dict
+        if type(value) is dict:
+            if not known.issuperset(value):
+                raise _unknown_fields(value, names)
+            get, steps, required = value.get, by_name, required_names
+        elif type(value) is tuple and not strict:
+            if len(value) != len(names):
+                raise _struct_length(value, names)
+            get, steps, required = value.__getitem__, by_index, required_index
+        else:
+            return walk(_struct_form(value, names, strict))
+        changed: Any = None  # a dict or a list (of a tuple's items) once a field changed
+        try:
+            for key, step, as_is in steps:
+                v = get(key)
+                if type(v) not in as_is:
+                    new = step(v)
+                    if new is not v:
+                        if changed is None:
+                            changed = dict(value) if type(value) is dict else list(value)
+                        changed[key] = new
+        except (_Reject, OverflowError):
+            _struct_error(value, names, walks, nullable)
+        if changed is not None:
+            out = changed if type(changed) is dict else tuple(changed)
+            get = out.get if type(out) is dict else out.__getitem__
+        else:
+            out = value
+        for key in required:
+            if get(key) is None:
+                _struct_error(value, names, walks, nullable)
+        return out
+
+    return walk
+
+
+def _struct_form(value: Any, names: list[str], strict: bool) -> dict[Any, Any] | tuple[Any, ...]:
+    """A struct's value as a dict or (not ``strict``) a plain tuple, as top-level rows
+    are read: any mapping; a pyspark Row built with names by its names; a tuple or list
+    in field order."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (tuple, list)):
+        if getattr(value, "__fields__", None):  # a pyspark Row built with names
+            return cast(T.Row, value).asDict()
+        if not strict:
+            return tuple(value)
+        if len(value) != len(names):
+            raise _struct_length(value, names)
+        return dict(zip(names, value, strict=True))
+    raise _Reject(
+        f"expected a struct (a dict, a tuple in field order or a Row), got "
+        f"{type(value).__name__} {value!r}"
+    )
+
+
+def _unknown_fields(value: dict[Any, Any], names: list[str]) -> _Reject:
+    extra = sorted(str(k) for k in value.keys() - frozenset(names))
+    return _Reject(f"struct has fields {extra} not in its type's {names}: {value!r}")
+
+
+def _struct_length(value: Sequence[Any], names: list[str]) -> _Reject:
+    return _Reject(
+        f"struct tuple has {len(value)} values, its type has {len(names)} fields {names}: {value!r}"
+    )
+
+
+def _struct_error(
+    value: dict[Any, Any] | tuple[Any, ...],
+    names: list[str],
+    walks: list[_Walk | None],
+    nullable: list[bool],
+) -> NoReturn:
+    items = list(map(value.get, names)) if type(value) is dict else value
+    for v, name, w, can_be_null in zip(items, names, walks, nullable, strict=True):
+        _check(f".{name}", v, w, can_be_null, "the field is not nullable (or missing)")
+    raise AssertionError("a struct failed its walk but none of its fields does")
+
+
+def _check(step: str, value: Any, walk: _Walk | None, nullable: bool, null: str) -> None:
+    """Walk one item of a container as its fast path did, a _Reject getting ``step``
+    prepended to its path: the slow path that names the culprit."""
+    try:
+        out = value if value is None or walk is None else walk(value)
+    except _Reject as exc:
+        exc.where = step + exc.where
+        raise
+    except OverflowError as exc:
+        raise _Reject(f"{value!r} is out of range: {exc}", step) from None
+    if out is None and not nullable:
+        raise _Reject(f"null, but {null}", step)

@@ -13,6 +13,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 import pytest
+from pyspark.sql import Row
 from pyspark.sql import types as T
 
 import spark_glue
@@ -27,7 +28,13 @@ from aec import (
 from aec.keygroups import key_group_for
 from backends import MemoryBackend, RocksDBBackend
 from spark_glue import partition_metrics, process_keyed, side_output
-from spark_glue.convert import encode_columns, rows_as_dicts, timestamp_seconds
+from spark_glue.convert import (
+    arrow_schema,
+    encode_columns,
+    encode_rows,
+    rows_as_dicts,
+    timestamp_seconds,
+)
 from spark_glue.routing import keys_of
 from spark_glue.watermarks import BoundedOutOfOrderness, delay_seconds
 
@@ -291,6 +298,283 @@ def test_encode_checks_nullability_and_row_shapes():
     assert [a.to_pylist() for a in _encode([Row(b="y", a=1)], schema)] == [[1], ["y"]]
 
 
+# --- nested values: the top level's rules at any depth (no Spark) -----------------------------
+
+
+def _one(dtype: T.DataType, value, nullable: bool = True):
+    """``value`` of the one field ``x`` of type ``dtype``, through ``encode_rows``."""
+    schema = _schema([("x", dtype, nullable)])
+    return encode_rows([{"x": value}], schema, arrow_schema(schema))[0].to_pylist()[0]
+
+
+def _struct(*fields: tuple[str, T.DataType, bool]) -> T.StructType:
+    return _schema(list(fields))
+
+
+def test_a_nested_bigint_refuses_1_5_as_a_top_level_one_does():
+    with pytest.raises(TypeError, match="not an integral value"):
+        _one(T.LongType(), 1.5)
+    with pytest.raises(TypeError, match=r"'x' \(array<bigint>\) at x\[0\]: 1.5 is not an integral"):
+        _one(T.ArrayType(T.LongType()), [1.5])  # was [1]
+
+
+def test_a_nested_struct_bigint_refuses_1_7():
+    with pytest.raises(TypeError, match=r"at x\.a: 1.7 is not an integral value"):
+        _one(_struct(("a", T.LongType(), True)), {"a": 1.7})  # was {"a": 1}
+
+
+def test_seconds_in_a_nested_timestamp_are_seconds_as_at_the_top_level():
+    top = _one(T.TimestampType(), 1_700_000_000)
+    assert top == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
+    assert _one(T.ArrayType(T.TimestampType()), [1_700_000_000]) == [top]  # was 1970-01-01
+    assert _one(T.MapType(T.StringType(), T.TimestampNTZType()), {"t": 1.5}) == [
+        ("t", dt.datetime(1970, 1, 1, 0, 0, 1, 500000))
+    ]
+
+
+def test_a_typo_in_a_nested_struct_field_is_refused_as_at_the_top_level():
+    struct = _struct(("a", T.LongType(), True))
+    with pytest.raises(TypeError, match=r"'x' \(struct<a:bigint>\): struct has fields \['aa'\]"):
+        _one(struct, {"aa": 1})  # was {"a": None}
+    with pytest.raises(TypeError, match=r"at x\[1\]: struct has fields \['aa'\] not in"):
+        _one(T.ArrayType(struct), [{"a": 1}, {"aa": 1}])
+    with pytest.raises(TypeError, match=r"struct has fields \['aa'\]"):
+        _one(struct, Row(aa=1))  # a Row built with names is read by its names
+    with pytest.raises(TypeError, match="struct tuple has 2 values, its type has 1 fields"):
+        _one(struct, (1, 2))  # a tuple's length, as a top-level row's
+    with pytest.raises(TypeError, match="expected a struct"):
+        _one(struct, 5)
+
+
+def test_a_deep_value_gets_every_rule_and_its_error_names_the_path():
+    inner = _struct(("t", T.TimestampType(), True), ("n", T.ArrayType(T.IntegerType()), True))
+    dtype = T.ArrayType(inner)
+    value = [
+        {"t": 86400.5, "n": [1, 2.0, np.int32(3), None]},
+        None,
+        (dt.datetime(2013, 1, 1, 5, 0), np.array([4, 5])),
+        Row(n=[], t=dt.date(2013, 1, 2)),
+    ]
+    assert _one(dtype, value) == [
+        {"t": dt.datetime(1970, 1, 2, 0, 0, 0, 500000, tzinfo=UTC), "n": [1, 2, 3, None]},
+        None,
+        {"t": dt.datetime(2013, 1, 1, 5, 0, tzinfo=UTC), "n": [4, 5]},
+        {"t": dt.datetime(2013, 1, 2, tzinfo=UTC), "n": []},
+    ]
+    message = (
+        r"^output field 'x' \(array<struct<t:timestamp,n:array<int>>>\) at x\[1\]\.n\[2\]: "
+        r"2\.5 is not an integral value$"
+    )
+    with pytest.raises(TypeError, match=message):
+        _one(dtype, [{"n": [1]}, {"t": 0, "n": [1, 2, 2.5]}])
+    with pytest.raises(TypeError, match=r"at x\[0\]\.t: expected a datetime or seconds"):
+        _one(dtype, [{"t": "2013-01-01"}])
+    with pytest.raises(TypeError, match=r"at x\[0\]\.n: expected an array .* got str 'ab'"):
+        _one(dtype, [{"n": "ab"}])  # pyarrow read a string as its characters
+
+
+def test_map_keys_and_values_are_coerced_and_null_keys_refused():
+    dtype = T.MapType(T.LongType(), T.TimestampType())
+    one = dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
+    assert _one(dtype, {1.0: 1, np.int64(2): None}) == [(1, one), (2, None)]
+    assert _one(dtype, [(3, one), [4, 1]]) == [(3, one), (4, one)]  # (key, value) pairs
+    assert _one(T.MapType(T.StringType(), T.StringType()), {"a": "b"}) == [("a", "b")]
+    with pytest.raises(TypeError, match=r"at x\[key 1\.5\]: 1\.5 is not an integral value"):
+        _one(dtype, {1.5: 0})
+    with pytest.raises(TypeError, match=r"at x\[2\]: expected a datetime"):
+        _one(dtype, {2: "soon"})
+    for nulls in ({None: 1}, [(None, 1)], {math.nan: 1}):  # NaN: a missing integer
+        with pytest.raises(TypeError, match=r"null, but map keys cannot be null"):
+            _one(dtype, nulls)
+    with pytest.raises(TypeError, match="map keys cannot be null"):
+        _one(T.MapType(T.StringType(), T.StringType()), {None: "b"})
+    with pytest.raises(TypeError, match=r"expected a map \(a dict or \(key, value\) pairs\)"):
+        _one(T.MapType(T.StringType(), T.StringType()), ["ab"])
+
+
+def test_none_is_refused_where_the_nested_type_cannot_hold_null():
+    strict_array = T.ArrayType(T.StringType(), containsNull=False)
+    assert _one(strict_array, ["a"]) == ["a"] and _one(strict_array, None) is None
+    with pytest.raises(TypeError, match=r"at x\[1\]: null, but the array's elements"):
+        _one(strict_array, ["a", None])
+    with pytest.raises(TypeError, match=r"at x\[0\]: null, but the array's elements"):
+        _one(T.ArrayType(T.LongType(), containsNull=False), [math.nan])  # a missing int
+    with pytest.raises(TypeError, match=r"at x\['a'\]: null, but the map's values"):
+        _one(T.MapType(T.StringType(), T.LongType(), valueContainsNull=False), {"a": None})
+    required = _struct(("a", T.LongType(), False), ("b", T.StringType(), True))
+    assert _one(required, {"a": 1}) == {"a": 1, "b": None}
+    for missing in ({"b": "x"}, {"a": None}, (None, "x")):
+        with pytest.raises(TypeError, match=r"at x\.a: null, but the field is not nullable"):
+            _one(required, missing)
+    with pytest.raises(TypeError, match=r"at x\[0\]\.a: null, but the field is not nullable"):
+        _one(T.ArrayType(required), [{"b": "x"}])
+
+
+def test_correct_nested_values_round_trip_exactly():
+    eastern = dt.timezone(dt.timedelta(hours=-5))
+    row = _struct(
+        ("i", T.LongType(), True),
+        ("f", T.DoubleType(), True),
+        ("d", T.DecimalType(10, 2), True),
+        ("ts", T.TimestampType(), True),
+        ("ntz", T.TimestampNTZType(), True),
+        ("day", T.DateType(), True),
+        ("s", T.StringType(), True),
+        ("b", T.BooleanType(), True),
+        ("small", T.FloatType(), True),
+    )
+    schema = _schema(
+        [
+            ("ints", T.ArrayType(T.LongType()), True),
+            ("doubles", T.ArrayType(T.DoubleType()), True),
+            ("decimals", T.ArrayType(T.DecimalType(10, 2)), True),
+            ("row", row, True),
+            ("rows", T.ArrayType(row), True),
+            ("counts", T.MapType(T.StringType(), T.ArrayType(T.IntegerType())), True),
+        ]
+    )
+    values = {
+        "ints": [2**62, -1, np.int64(7), 3.0, None],
+        "doubles": [1, 2.5, Decimal("0.1"), np.float32(0.5), None],
+        "decimals": (Decimal("1.25"), 2, 0.1),
+        "row": Row(
+            i=1,
+            f=0.25,
+            d=Decimal("9.99"),
+            ts=dt.datetime(2013, 1, 1, 0, 0, tzinfo=eastern),
+            ntz=dt.datetime(2013, 1, 1, 0, 0, tzinfo=eastern),
+            day=dt.datetime(2013, 1, 2, 23),
+            s="é",
+            b=np.bool_(True),
+            small=math.inf,
+        ),
+        "rows": [(None,) * 9, {"i": 2.0, "s": "x"}],
+        "counts": {"a": [1, 2], "b": None, "c": []},
+    }
+    got = [a.to_pylist()[0] for a in encode_rows([values], schema, arrow_schema(schema))]
+    full = {
+        "i": 1, "f": 0.25, "d": Decimal("9.99"), "ts": dt.datetime(2013, 1, 1, 5, tzinfo=UTC),
+        "ntz": dt.datetime(2013, 1, 1, 5), "day": dt.date(2013, 1, 2), "s": "é", "b": True,
+        "small": math.inf,
+    }  # fmt: skip
+    nulls = dict.fromkeys(full)
+    assert got == [
+        [2**62, -1, 7, 3, None],
+        [1.0, 2.5, 0.1, 0.5, None],
+        [Decimal("1.25"), Decimal("2.00"), Decimal("0.10")],
+        full,
+        [nulls, {**nulls, "i": 2, "s": "x"}],
+        [("a", [1, 2]), ("b", None), ("c", [])],
+    ]
+    assert [type(v) for v in got[0][:4]] == [int] * 4
+    # the same rows as tuples, column by column, and through encode_columns: the same
+    as_tuple = tuple(values[name] for name in schema.fieldNames())
+    again = encode_rows([as_tuple], schema, arrow_schema(schema))
+    assert [a.to_pylist()[0] for a in again] == got
+    by_dicts = encode_columns(rows_as_dicts([values], schema), schema, arrow_schema(schema))
+    assert [a.to_pylist()[0] for a in by_dicts] == got
+
+
+def test_an_array_takes_lists_tuples_and_numpy_arrays_but_not_strings_or_sets():
+    ints = T.ArrayType(T.LongType())
+    assert _one(ints, (1, 2)) == [1, 2] and _one(ints, np.array([1, 2])) == [1, 2]
+    assert _one(ints, np.array([1.0, 2.0])) == [1, 2]
+    with pytest.raises(TypeError, match=r"at x\[1\]: np.float64\(2.5\) is not an integral"):
+        _one(ints, np.array([1, 2.5]))
+    assert _one(T.ArrayType(T.ArrayType(T.LongType())), np.array([[1, 2], [3, 4]])) == [
+        [1, 2],
+        [3, 4],
+    ]
+    stamps = np.array(["2013-01-01T00:00:01"], dtype="datetime64[ns]")
+    assert _one(T.ArrayType(T.TimestampType()), stamps) == [
+        dt.datetime(2013, 1, 1, 0, 0, 1, tzinfo=UTC)
+    ]
+    for wrong in ("abc", b"abc", {"a", "b"}, {"a": 1}, 5):  # pyarrow took the first three
+        with pytest.raises(TypeError, match=r"'x' \(array<string>\): expected an array"):
+            _one(T.ArrayType(T.StringType()), wrong)
+
+
+def test_one_struct_column_may_mix_dicts_tuples_and_rows():
+    struct = _struct(("a", T.LongType(), True), ("b", T.StringType(), True))
+    values = [{"a": 1, "b": "x"}, (2, "y"), Row(b="z", a=3), [4, "w"], None, {"a": 5.0}]
+    schema = _schema([("x", struct, True)])
+    got = encode_rows([{"x": v} for v in values], schema, arrow_schema(schema))[0].to_pylist()
+    assert got == [
+        {"a": 1, "b": "x"},
+        {"a": 2, "b": "y"},
+        {"a": 3, "b": "z"},  # by name: pyarrow read a Row by position
+        {"a": 4, "b": "w"},
+        None,
+        {"a": 5, "b": None},
+    ]
+
+
+LEAF_CASES = [
+    (T.LongType(), 3),
+    (T.LongType(), 3.0),
+    (T.LongType(), np.int64(2**40)),
+    (T.LongType(), 1.5),
+    (T.LongType(), True),
+    (T.LongType(), "1"),
+    (T.IntegerType(), 2**40),
+    (T.ByteType(), 1000),
+    (T.DoubleType(), 1),
+    (T.DoubleType(), Decimal("2.5")),
+    (T.DoubleType(), "1.0"),
+    (T.DoubleType(), 10**400),
+    (T.FloatType(), 0.1),
+    (T.FloatType(), math.inf),
+    (T.FloatType(), 1e300),
+    (T.FloatType(), -3.5e38),
+    (T.FloatType(), 10**39),
+    (T.StringType(), "a"),
+    (T.StringType(), 5),
+    (T.BooleanType(), np.bool_(False)),
+    (T.BooleanType(), 1),
+    (T.TimestampType(), 86400.5),
+    (T.TimestampType(), 1_700_000_000),
+    (T.TimestampType(), dt.datetime(2013, 1, 1)),
+    (T.TimestampType(), dt.datetime(2013, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=2)))),
+    (T.TimestampType(), dt.date(2013, 1, 1)),
+    (T.TimestampType(), "2013-01-01"),
+    (T.TimestampType(), math.nan),
+    (T.TimestampType(), 1e20),
+    (T.TimestampNTZType(), dt.datetime(2013, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=-5)))),
+    (T.DateType(), dt.datetime(2013, 1, 2, 23)),
+    (T.DateType(), "2013-01-02"),
+    (T.DecimalType(10, 2), 0.1),
+    (T.DecimalType(10, 2), 3),
+    (T.DecimalType(10, 2), Decimal("1.234")),
+]
+
+
+@pytest.mark.parametrize(
+    ("leaf", "value"),
+    LEAF_CASES,
+    ids=[f"{leaf.simpleString()}-{value!r:.20}" for leaf, value in LEAF_CASES],
+)
+def test_a_value_inside_an_array_a_struct_or_a_map_gets_the_top_level_rule(leaf, value):
+    def outcome(dtype, given):
+        try:
+            return _one(dtype, given), None
+        except TypeError as exc:
+            return None, str(exc)
+
+    top, refused = outcome(leaf, value)
+    wrapped = [
+        (T.ArrayType(leaf), [value], [top]),
+        (_struct(("a", leaf, True)), {"a": value}, {"a": top}),
+        (T.MapType(T.StringType(), leaf), {"k": value}, [("k", top)]),
+        (T.ArrayType(T.ArrayType(leaf)), [[value]], [[top]]),
+    ]
+    for dtype, given, expected in wrapped:
+        got, error = outcome(dtype, given)
+        if refused:
+            assert error is not None and "output field 'x'" in error, (dtype, error)
+        else:
+            assert (got, error) == (expected, None), dtype
+
+
 # --- process_keyed on Spark -----------------------------------------------------------------
 
 
@@ -539,3 +823,47 @@ def test_composite_keys_and_memory_spec(spark):
     )
     got = sorted((r.seq, tuple(r.key)) for r in result.collect())
     assert got == [(i, ("a", i % 2)) for i in range(10)]
+
+
+class NestedOut(KeyedProcessFunction):
+    """Emits nested values as users build them (``style``: lists and a dict, numpy and
+    a tuple, or 1.5 in the ``array<bigint>``)."""
+
+    def process_element(self, value, ctx):
+        style = value["style"]
+        if style == "lists":
+            s = {"a": 7.0, "t": 1.5}
+            ctx.output({"k": ctx.current_key, "xs": [1, 2.0, np.int64(3)], "s": s})
+        elif style == "numpy":
+            s = (8, "y", dt.datetime(2013, 1, 1, 5, 15))
+            ctx.output({"k": ctx.current_key, "xs": np.array([4, 5]), "s": s})
+        else:
+            ctx.output({"k": ctx.current_key, "xs": [1, 1.5], "s": None})
+
+
+NESTED_DDL = "k string, xs array<bigint>, s struct<a:bigint, b:string, t:timestamp>"
+
+
+@pytest.mark.spark
+def test_nested_outputs_reach_spark_coerced_to_the_declared_types(spark):
+    df = spark.createDataFrame([("a", "lists"), ("b", "numpy")], "k string, style string")
+    result = process_keyed(df, NestedOut(), key="k", output_schema=NESTED_DDL, num_partitions=2)
+    assert result.schema.simpleString() == (
+        "struct<k:string,xs:array<bigint>,s:struct<a:bigint,b:string,t:timestamp>>"
+    )
+    got = sorted((r.k, r.xs, r.s.asDict()) for r in result.collect())
+    assert got == [
+        ("a", [1, 2, 3], {"a": 7, "b": None, "t": dt.datetime(1970, 1, 1, 0, 0, 1, 500000)}),
+        ("b", [4, 5], {"a": 8, "b": "y", "t": dt.datetime(2013, 1, 1, 5, 15)}),  # UTC session
+    ]
+
+
+@pytest.mark.spark
+def test_a_nested_value_that_does_not_fit_fails_the_job_naming_the_field(spark):
+    df = spark.createDataFrame([("a", "lists"), ("b", "bad")], "k string, style string")
+    result = process_keyed(df, NestedOut(), key="k", output_schema=NESTED_DDL, num_partitions=2)
+    with pytest.raises(Exception, match="main output does not fit its schema") as info:
+        result.collect()  # pyarrow made [1, 1]
+    assert "output field 'xs' (array<bigint>) at xs[1]: 1.5 is not an integral value" in str(
+        info.value
+    )
