@@ -24,6 +24,7 @@ import numbers
 import struct
 from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import repeat
+from operator import is_
 from typing import Any, NoReturn, cast
 
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
@@ -496,8 +497,14 @@ def _as_is(
 ) -> bool:
     """Whether all ``items`` pass their position in a container as they are."""
     if walk is None:
-        return nullable or None not in items
+        return nullable or not _holds_none(items)
     return kept is not None and kept.issuperset(map(type, items))
+
+
+def _holds_none(items: Collection[Any]) -> bool:
+    """Whether ``items`` holds None, by identity (``None in items`` compares with ``==``,
+    which a numpy array answers element-wise)."""
+    return any(map(is_, items, repeat(None)))
 
 
 def _array_walker(data_type: T.ArrayType, strict: bool) -> _Walk:
@@ -515,7 +522,7 @@ def _array_walker(data_type: T.ArrayType, strict: bool) -> _Walk:
             out = [None if v is None else element(v) for v in items]
         except (_Reject, OverflowError):
             _array_error(items, element, nullable)
-        if not nullable and None in out:
+        if not nullable and _holds_none(out):
             _array_error(items, element, nullable)
         return out
 
@@ -561,7 +568,7 @@ def _map_walker(data_type: T.MapType, strict: bool) -> _Walk:
             items = items_in if item is None else [None if v is None else item(v) for v in items_in]
         except (_Reject, OverflowError):
             _map_error(keys_in, items_in, key, item, nullable)
-        if None in keys or (not nullable and None in items):
+        if _holds_none(keys) or (not nullable and _holds_none(items)):
             _map_error(keys_in, items_in, key, item, nullable)
         return list(zip(keys, items, strict=True))
 

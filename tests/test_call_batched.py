@@ -608,12 +608,19 @@ def test_the_deadline_fifo_expires_in_deadline_order_behind_one_timer():
             def time_out(self) -> None:
                 fired.append((self.name, loop.time()))
 
-        timers_before = len(loop._scheduled)
+        armed: list[float] = []  # the asyncio timers armed, by their times
+        call_at = loop.call_at
+
+        def counted(when: float, *args: object, **kwargs: object) -> asyncio.TimerHandle:
+            armed.append(when)
+            return call_at(when, *args, **kwargs)  # type: ignore[arg-type]
+
+        loop.call_at = counted  # type: ignore[method-assign]
         now = loop.time()
         due = {"a": now + 0.05, "b": now + 0.1, "c": now + 0.15, "early": now + 0.02}
         deadlines = {name: fifo.add(when, Owner(name)) for name, when in due.items()}
         assert len(fifo) == 3 and fifo.live == 3  # "early" came out of order: own timer
-        assert len(loop._scheduled) == timers_before + 2  # the FIFO's timer and early's
+        assert armed == [due["a"], due["early"]]  # the FIFO's timer and early's
         fifo.discard(deadlines["b"])
         fifo.discard(deadlines["b"])  # again: nothing
         assert len(fifo) == 3 and fifo.live == 2  # dead, not at the head: stays
@@ -623,11 +630,12 @@ def test_the_deadline_fifo_expires_in_deadline_order_behind_one_timer():
         assert len(fifo) == 0 and fifo.live == 0
         fifo.discard(deadlines["a"])  # after it fired: nothing
 
+        armed.clear()
         head = fifo.add(loop.time() + 60, Owner("head"))
         for i in range(10_000):
             fifo.discard(fifo.add(loop.time() + 60, Owner(str(i))))
             assert len(fifo) <= 2 * fifo.live + 64
-        assert len(loop._scheduled) <= timers_before + 2  # no timer per deadline
+        assert len(armed) == 1  # the head's: no timer per deadline
         fifo.discard(head)
         assert len(fifo) == 0
 

@@ -494,6 +494,17 @@ def test_an_array_takes_lists_tuples_and_numpy_arrays_but_not_strings_or_sets():
             _one(T.ArrayType(T.StringType()), wrong)
 
 
+def test_numpy_arrays_inside_containers_that_cannot_hold_null():
+    """A numpy array answers ``== None`` element-wise: the null checks go by identity."""
+    rows = T.ArrayType(T.ArrayType(T.DoubleType()), containsNull=False)
+    assert _one(rows, np.array([[1.0, 2.0], [3.0, 4.0]])) == [[1.0, 2.0], [3.0, 4.0]]
+    assert _one(rows, [np.array([1.0]), np.array([2.0])]) == [[1.0], [2.0]]
+    with pytest.raises(TypeError, match=r"at x\[1\]: null, but the array's elements are not"):
+        _one(rows, [np.array([1.0]), None])
+    vectors = T.MapType(T.StringType(), T.ArrayType(T.DoubleType()), valueContainsNull=False)
+    assert _one(vectors, {"e": np.array([1.0, 2.0])}) == [("e", [1.0, 2.0])]
+
+
 def test_one_struct_column_may_mix_dicts_tuples_and_rows():
     struct = _struct(("a", T.LongType(), True), ("b", T.StringType(), True))
     values = [{"a": 1, "b": "x"}, (2, "y"), Row(b="z", a=3), [4, "w"], None, {"a": 5.0}]

@@ -314,7 +314,8 @@ class ExternalCalls:
     def deadline_entries(self) -> int:
         """Timeouts of batched calls held on the loop thread, live or of calls since
         finished (not yet dropped): about twice the calls waiting at most, however
-        many finished (``aec.runtime.deadlines``). Read from any thread: a gauge."""
+        many finished (``aec.runtime.deadlines``). Read it on the mailbox thread (which
+        adds batchers); a gauge."""
         return sum(len(deadlines) for _, _, deadlines in self._queues.values())
 
     def close(self) -> None:
