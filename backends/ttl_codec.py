@@ -108,9 +108,7 @@ def index_head(ttl_kind: str) -> Callable[[Any, bytes], bytes]:
 def row_head(ttl_kind: str, stored: Any) -> bytes:
     """The index head of a decoded row of a TTL state of ``ttl_kind`` (when indexing
     rows written without their index entries)."""
-    if ttl_kind == "list":
-        return head(max((pair[1] for pair in stored), default=-math.inf))
-    return head(stored[1])
+    return list_head(stored, b"") if ttl_kind == "list" else head(stored[1])
 
 
 # --- a sweep's verdict on one row -----------------------------------------------------------
