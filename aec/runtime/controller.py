@@ -122,7 +122,7 @@ class AsyncExecutionController:
         "_join_batches", "_complete_inline", "_holders_run_at_once", "_blocked_since_flush",
         "mailbox", "mails",
         "keys", "active", "blocking", "ready", "current", "completing", "in_flight",
-        "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_occupy",
+        "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_claim",
         "holding", "max_in_flight", "batches", "requests", "ran_alone", "blocked",
         "batch_sizes", "request_latency", "record_latency", "_sent", "_untimed",
     )  # fmt: skip
@@ -186,7 +186,9 @@ class AsyncExecutionController:
         # only a store answering on this thread with no call to share gains from it
         self._holders_run_at_once = not (self._concurrent or self._join_batches)
         self._enqueue = self.active.add  # where a request goes when it may not run at once
-        self._occupy = self.keys.try_occupy  # whether an admitted context may start
+        # claim(key, context): the key's holder once an admitted context asked for it
+        # (the context itself: it may start)
+        self._claim = self.keys.claim
 
     # -- admission -------------------------------------------------------------------------
     def admit(self, context: RecordContext, inline: bool) -> None:
@@ -201,8 +203,8 @@ class AsyncExecutionController:
         self.epochs.enter(context.epoch)
         if not context.sequence & _SAMPLED:
             context.admitted = monotonic()
-        occupy = self._occupy  # a slot read, then a call: CPython 3.11 caches both
-        if occupy(context):
+        claim = self._claim  # a slot read, then a call: CPython 3.11 caches both
+        if claim(context.key, context) is context:
             if inline:
                 self.run_entry(context)
             else:
@@ -559,13 +561,13 @@ class StateOrderedController(AsyncExecutionController):
         self._complete_inline = False  # a callback's request may need to wait for its key
         self._holders_run_at_once = False  # its records never run a request at once
         self._enqueue = self._enqueue_in_key_order
-        self._occupy = self._occupy_for_timers
+        self._claim = self._claim_for_timers
         self.waiting_requests: dict[Hashable, deque[StateRequest]] = {}
 
-    def _occupy_for_timers(self, context: RecordContext) -> bool:
-        """A record starts at once (its first state request takes the key); a timer
-        firing holds its key as in record order."""
-        return context.timer is None or self.keys.try_occupy(context)
+    def _claim_for_timers(self, key: Hashable, context: RecordContext) -> RecordContext:
+        """A record starts at once (its first state request takes the key): it is its
+        own answer; a timer firing claims its key as in record order."""
+        return context if context.timer is None else self.keys.claim(key, context)
 
     def _enqueue_in_key_order(self, request: StateRequest) -> None:
         """Into the active buffer if the request's record holds (or takes) its key,

@@ -39,6 +39,7 @@ import pickle
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 import msgpack
@@ -196,10 +197,6 @@ def _default(value: Any) -> object:
 _PACKERS = _Packers()
 
 
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
-
-
 def _ext_hook(code: int, data: bytes) -> object:
     if code == _TUPLE:
         return tuple(_unpack(data))
@@ -227,6 +224,13 @@ def _ext_hook(code: int, data: bytes) -> object:
     if rebuild is not None:
         return rebuild(_unpack(data))
     raise ValueError(f"unknown msgpack extension type {code}")
+
+
+# bytes -> value; a partial, not a def: every state read calls it, and a C call
+# costs no Python frame
+_unpack: Callable[[bytes], Any] = partial(
+    msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=_ext_hook
+)
 
 
 class MsgpackSerializer(Serializer):
