@@ -301,3 +301,46 @@ def test_an_error_answering_a_batch_now_fails_the_job_naming_a_record():
         source = [Record(k, k) for k in range(10)]
         run_keyed(source, Counter(), RaisingNow(), AecConfig(buffer_size=2))
     assert "record" in str(failure.value)
+
+
+class ReadCallWrite(KeyedProcessFunction):
+    """Reads its count, awaits an external call, writes the count + 1."""
+
+    def open(self, ctx) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    async def process_element(self, value, ctx):
+        seen = await self.count.async_value()
+        doubled = await ctx.call_async(_double, value)
+        await self.count.async_update(seen + 1)
+        ctx.output((ctx.current_key, doubled, seen + 1))
+
+
+async def _double(value: int) -> int:
+    return 2 * value
+
+
+def test_requests_after_an_external_calls_completion_run_at_once_on_a_store_in_memory():
+    # the write follows the call's completion mail: its record holds its key with
+    # nothing queued, so it runs at once, as the write in a completed read's callback does
+    source = [Record(k, k) for k in range(400)]
+    executor = CountingInline()
+    backend = MemoryBackend()
+    result = run_keyed(source, ReadCallWrite(), backend, AecConfig(), executor=executor)
+    assert per_key(result.outputs) == per_key(run_sync(source, ReadCallWrite()).outputs)
+    assert backend.state_items("count") == {k: 1 for k in range(400)}
+    # every write ran at once; the reads (records on free keys) went out in batches
+    assert executor.now == 400
+    assert executor.flushed < 10
+
+
+def test_requests_after_external_calls_join_a_batch_on_a_store_preferring_batches():
+    source = [Record(k, k) for k in range(400)]
+    executor = CountingInline(prefers_batches=True)
+    backend = MemoryBackend()
+    result = run_keyed(source, ReadCallWrite(), backend, AecConfig(), executor=executor)
+    assert per_key(result.outputs) == per_key(run_sync(source, ReadCallWrite()).outputs)
+    assert backend.state_items("count") == {k: 1 for k in range(400)}
+    # more calls' mails may follow: their writes share batches, none runs alone
+    assert executor.now == 0
+    assert executor.flushed < 400

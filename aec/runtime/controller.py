@@ -27,8 +27,8 @@ Invariants (mailbox thread only):
   one. It waited for the only record that could touch its key, and records of
   other keys may interleave in any order (rule 2), so the results are those
   of the buffered path; the buffer keeps batching the records of other keys.
-  The same holds for a request made in a callback of a completed request
-  (``completing``; inline executor only): its record holds its key. Either
+  The same holds for a request made in a callback of a completed request or
+  external call (``completing``; inline executor only): its record holds its key. Either
   runs at once only when none of its record's requests is still queued
   (``RecordContext.queued``), so a record's requests reach the backend in
   submission order, and, when the executor ``prefers_batches`` (a store call
@@ -46,7 +46,7 @@ Invariants (mailbox thread only):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from time import monotonic
 from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
@@ -87,6 +87,12 @@ class Mail(Protocol):
     on the mailbox thread with the controller."""
 
     def run(self, controller: AsyncExecutionController) -> None: ...
+
+
+class CallOutcome(Protocol):
+    """One external call's outcome in a mail (``aec.runtime.external_calls``)."""
+
+    def finish(self, controller: AsyncExecutionController) -> None: ...
 
 
 class BatchFailed(Exception):
@@ -404,6 +410,17 @@ class AsyncExecutionController:
             context.release()  # the reference the pending request held
         self.completing = completing
         self.current = None
+
+    def complete_calls(self, outcomes: Sequence[CallOutcome]) -> None:
+        """Finish external calls whose outcomes came in one mail (a batch call's, or
+        one call's), in order. Requests their records make in the callbacks run at once
+        (``completing``) where a context starting to hold its key would
+        (``start_holding``): a store preferring batches keeps them batched, since more
+        calls' mails may follow with requests to share its call."""
+        completing, self.completing = self.completing, self._holders_run_at_once
+        for outcome in outcomes:
+            outcome.finish(self)
+        self.completing = completing
 
     def run_available(self, start_ready: bool = True) -> None:
         """Handle every completion mail and start every ready context (unless

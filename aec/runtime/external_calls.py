@@ -169,6 +169,10 @@ class CallCompletion:
         self._mailbox.post(CallCompletions([self, *others]) if others else self)
 
     def run(self, controller: AsyncExecutionController) -> None:
+        """On the mailbox thread: the mail of one call (``finish`` through the AEC)."""
+        controller.complete_calls((self,))
+
+    def finish(self, controller: AsyncExecutionController) -> None:
         """On the mailbox thread: complete the future, drop the call's reference.
 
         Raises the error of an ``abort``ed call (the job fails, rule 10)."""
@@ -192,8 +196,7 @@ class CallCompletions(list[CallCompletion]):
     __slots__ = ()
 
     def run(self, controller: AsyncExecutionController) -> None:
-        for completion in self:
-            completion.run(controller)
+        controller.complete_calls(self)
 
 
 class ExternalCalls:
