@@ -153,6 +153,32 @@ def test_a_watermark_and_a_snapshot_send_the_partial_batch_at_once(tmp_path):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_inputs_right_behind_a_watermark_never_join_the_batch_before_it(mode):
+    # the inputs after the watermark arrive while the loop thread may not yet have
+    # taken the flushed batch: they must start a batch of their own all the same
+    source = [(0, 0), (1, 1), Watermark(5), (2, 2), (3, 3)]
+    for _ in range(20):
+        function = Recording()
+        out = list(batch_wait(source, function, max_batch_size=10, batch_timeout=10.0,
+                              timeout=10.0, capacity=10, mode=mode))  # fmt: skip
+        assert function.batches == [[(0, 0), (1, 1)], [(2, 2), (3, 3)]]
+        check_segments(source, out)
+        function = Recording()
+        op = AsyncBatchWaitOperator(function, max_batch_size=10, batch_timeout=10.0,
+                                    timeout=10.0, capacity=10, mode=mode)  # fmt: skip
+        op.open()
+        for element in source:
+            if isinstance(element, Watermark):
+                op.process_watermark(element)
+            else:
+                op.process(element)
+        op.finish()
+        assert function.batches == [[(0, 0), (1, 1)], [(2, 2), (3, 3)]]
+        check_segments(source, op.drain_outputs())
+        op.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_capacity_reached_sends_the_partial_batch(mode):
     function = Recording()
     source = numbered(25)

@@ -30,7 +30,11 @@ Invariants (loop thread unless said otherwise):
   is full, its batch's ``max_wait`` ends, or the owner flushes; after a flush nothing
   stays pending until the owner hands over again (``flush`` also asks when inputs
   re-entered on the loop are pending, and a ``take`` while the owner sleeps sends
-  what is left). The first input of a batch wakes the loop to start that timer:
+  what is left).
+- A flush is a boundary: it puts a mark in the outbox, and the loop sends the pending
+  batch when it takes the mark, so no input handed over after a flush shares a batch
+  call with one handed over before it (a watermark's inputs never travel with the
+  next epoch's, however the two threads interleave). The first input of a batch wakes the loop to start that timer:
   ``_loop_empty`` is set by the loop when it sent its pending batch (however it
   left: full, on its timer, flushed) and cleared by the owner's wake-up; the loop
   sets it before looking at the outbox once more, so an input handed over while it
@@ -44,6 +48,7 @@ Invariants (loop thread unless said otherwise):
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 import math
 from collections import deque
@@ -130,11 +135,17 @@ def check_max_wait(seconds: object, name: str = "max_wait") -> float | None:
     return None if math.isinf(seconds) else float(seconds)
 
 
+class _Mark(enum.Enum):
+    """What else the outbox carries: ``FLUSH``, a flush's boundary."""
+
+    FLUSH = "flush"
+
+
 class BatchItem(Generic[OWNER]):
     """One input waiting for, or travelling in, a batch call.
 
     ``value`` is what the batch function gets; ``owner`` is the caller's (the async
-    I/OWNER entry and its attempt, or a batched call). ``batch`` and ``dropped`` are
+    I/O entry and its attempt, or a batched call). ``batch`` and ``dropped`` are
     loop-thread fields.
     """
 
@@ -203,8 +214,9 @@ class BatchQueue(Generic[OWNER]):
         self.max_wait = max_wait
         self._deliver = deliver
         self._entered = entered
-        # handed over by the owner, taken by the loop (a deque: atomic append/popleft)
-        self._outbox: deque[BatchItem[OWNER]] = deque()
+        # handed over by the owner, taken by the loop (a deque: atomic append/popleft);
+        # a flush's mark ends the batch of the inputs before it
+        self._outbox: deque[BatchItem[OWNER] | _Mark] = deque()
         self._handed = 0  # owner thread: inputs handed over since the loop was last asked
         self._loop_empty = True  # no pending batch: the next input must wake the loop
         self._owner_idle = False  # written by the owner, read on the loop
@@ -250,17 +262,24 @@ class BatchQueue(Generic[OWNER]):
         re-entering on the loop without waiting until the next ``submit``: the owner
         is about to sleep, or progress needs every input on its way."""
         self._owner_idle = True  # first: the loop's checks of it follow its own writes
-        if self._handed or self._pending:  # a list's truth is one atomic read
+        if self._outbox or self._pending:  # a deque's or list's truth is one atomic read
+            self._outbox.append(_Mark.FLUSH)  # what was handed over so far leaves there
             self._handed = 0
-            self.loop.call_soon(self.take_and_send)
+            self.loop.call_soon(self.take)
 
     # -- loop thread -------------------------------------------------------------------------
     def take(self) -> None:
-        """Move the inputs handed over into the pending batch (full batches leave; the
-        rest too if the owner sleeps, as nothing would join it)."""
+        """Move the inputs handed over into the pending batch (full batches leave, and
+        the batch before a flush's mark; the rest too if the owner sleeps, as nothing
+        would join it)."""
         outbox = self._outbox
         while outbox:
-            self.add(outbox.popleft())
+            item = outbox.popleft()
+            if item is _Mark.FLUSH:
+                if self._pending:
+                    self.send()
+            else:
+                self.add(item)
         if self._owner_idle and self._pending:
             self.send()
 
