@@ -44,6 +44,7 @@ from spark_glue.flights.functions import (
     Rotations,
     _no_tailnum_row,
     rotation_row,
+    rotation_state,
 )
 from spark_glue.flights.service import (
     DEFAULT_ITEM_LATENCY,
@@ -106,9 +107,7 @@ class EnrichedRotations(Rotations):
             plane_year=plane.get("year"),
         )
         ctx.output(row)
-        await self.previous.async_update(
-            (ctx.timestamp, flight["origin"], flight["dest"], flight["arr_delay"])
-        )
+        await self.previous.async_update(rotation_state(flight, ctx.timestamp))
 
 
 class Enricher:
