@@ -557,3 +557,66 @@ def test_buffers_hold_values_as_they_are_never_pickled(order):
     stored = sorted((e[0], e[3]) for bucket in buckets for side in bucket for e in side)
     assert stored == [(1.0, {"flight": 1}), (5.0, ("obs", 2))]  # the values, not their bytes
     operator.close()
+
+
+# -- float bounds: rounding at the interval's edges, extreme and tiny bounds ---------------
+FLOAT_BOUNDS = [(-0.3, 0.1), (-1e-3, 0.0), (0.0, 1e-6), (0.1, 0.7), (-0.7, -0.1), (-1e-9, 1e-9)]
+
+
+@st.composite
+def edge_cases(draw):
+    """Records of one key at inexact float times (epoch seconds and others) whose partners
+    sit exactly on, or one float beside, the interval's computed edges: where a bucket
+    range that rounds the wrong way would miss a pair."""
+    base = draw(st.sampled_from([0.0, 1.7e9 + 0.123456, 1e10 / 3, -12345.678]))
+    lower, upper = draw(st.sampled_from(FLOAT_BOUNDS))
+    source = []
+    for n in range(draw(st.integers(1, 6))):
+        t = base + draw(st.integers(0, 5)) * (upper - lower + 0.37)
+        source.append((1, Record("k", f"L{n}", t)))
+        for edge in (t + lower, t + upper):
+            step = draw(st.sampled_from((-math.inf, 0, math.inf)))
+            at = edge if step == 0 else math.nextafter(edge, step)
+            source.append((draw(st.sampled_from((1, 2))), Record("k", f"R{n}{len(source)}", at)))
+    order = draw(st.permutations(range(len(source))))
+    return [source[i] for i in order], lower, upper, draw(st.tuples(st.booleans(), st.booleans()))
+
+
+@settings(max_examples=200)
+@given(case=edge_cases(), name=st.sampled_from(sorted(CONFIGS)))
+def test_pairs_on_the_float_edges_of_the_interval_equal_a_brute_force_model(case, name):
+    source, lower, upper, (lower_inclusive, upper_inclusive) = case
+    function = interval_join(
+        lower, upper, lambda left, right: (left, right), lower_inclusive=lower_inclusive,
+        upper_inclusive=upper_inclusive,
+    )  # fmt: skip
+    result = run_keyed_co(source, function, config=CONFIGS[name])
+    pairs, _ = model(source, lower, upper, lower_inclusive, upper_inclusive)
+    assert values(result.outputs) == pairs.get("k", [])
+
+
+@pytest.mark.parametrize(
+    "lower, upper, left, right",
+    [(-1e308, 1e308, 5.0, 6.0), (0.0, 1e308, 5.0, 6.0), (-1e300, 1e300, -7.0, 3.0),
+     (0.0, 1e-300, 1e10, 1e10), (0.0, 5e-324, 1.0, 1.0)],
+)  # fmt: skip
+def test_extreme_finite_bounds_join_like_any_others(lower, upper, left, right, config):
+    source = [(1, Record("k", "L", left)), (2, Record("k", "R", right))]
+    result = run_keyed_co(source, interval_join(lower, upper, pair), config=config)
+    assert values(result.outputs) == [("lhs:L", "rhs:R")]
+
+
+@pytest.mark.parametrize("width", [1e-3, 1e-6, 1e-9])
+def test_a_narrow_interval_at_epoch_seconds_reads_a_few_buckets(width):
+    # a margin relative to the timestamp made a 1 ms interval read five buckets per
+    # record and a microsecond one thousands
+    backend = CountingGets()
+    operator = KeyedCoProcessOperator(joined(0.0, width), backend, AecConfig(async_state=False))
+    t = 1.7e9 + 0.25
+    operator.process1(Record("k", "L", t))
+    before = backend.gets
+    operator.process2(Record("k", "R", t + width))
+    assert backend.gets - before <= 8
+    operator.finish()
+    assert values(operator.drain_outputs()) == [("lhs:L", "rhs:R")]
+    operator.close()

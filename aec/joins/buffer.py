@@ -40,6 +40,7 @@ the timers only free the memory.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -49,7 +50,24 @@ from aec.state.handles import MapState
 Entry = list[Any]  # [timestamp, cleanup time, arrival watermark, value]
 Bucket = list[list[Entry]]  # [left entries, right entries], each in arrival order
 LEFT, RIGHT = 0, 1
-_MARGIN = 1e-12  # relative: a bucket range widened by this much at each end
+# Bucket widths: a float timestamp of today (about 1.7e9 s) resolves 2.4e-7 s, so
+# buckets narrower than a microsecond would only multiply the buckets a record reads
+MIN_WIDTH = 1e-6
+_SPAN = sys.float_info.max  # the largest float: bounds a huge span apart, and overflows
+# A bucket range is widened at each end by this many units in the last place: a bound
+# computed with two roundings (``timestamp + bound + shift``) is within a few of the
+# exact one; a margin relative to the timestamp instead made a 1 ms interval at epoch
+# seconds read five buckets, a microsecond one thousands.
+_ULPS = 8
+
+
+def bucket_width(lower: float, upper: float) -> float:
+    """The bucket width (seconds) of an interval join with finite bounds ``lower <=
+    upper``: the interval's length, at least ``MIN_WIDTH`` and at most the largest
+    float; a single point (``lower == upper``) gets buckets of a second."""
+    if upper <= lower:
+        return 1.0
+    return min(max(upper - lower, MIN_WIDTH), _SPAN)  # upper - lower may overflow to inf
 
 
 def entry(timestamp: float, cleanup: float, watermark: float, value: Any) -> Entry:
@@ -68,14 +86,17 @@ class JoinBuffer:
 
     Args:
         state: the ``MapState`` (bucket index -> ``Bucket``).
-        width: bucket width in seconds (> 0, finite).
+        width: bucket width in seconds (``bucket_width``: > 0, finite).
+        bound: the larger magnitude of the join's bounds (seconds, finite): the
+            rounding of a record's interval grows with it.
     """
 
-    __slots__ = ("state", "width")
+    __slots__ = ("state", "width", "_slack")
 
-    def __init__(self, state: MapState, width: float) -> None:
+    def __init__(self, state: MapState, width: float, bound: float) -> None:
         self.state = state
         self.width = width
+        self._slack = _ULPS * math.ulp(bound)  # the bounds' part of a range's margin
 
     def bucket(self, timestamp: float) -> int:
         """The bucket holding entries of ``timestamp``."""
@@ -83,9 +104,11 @@ class JoinBuffer:
 
     def buckets(self, low: float, high: float) -> range:
         """Every bucket that may hold a timestamp in ``[low, high]`` (widened by a
-        rounding margin, so a bound computed as ``a + b`` never misses its bucket)."""
-        margin = _MARGIN * max(abs(low), abs(high), self.width)
-        return range(self.bucket(low - margin), self.bucket(high + margin) + 1)
+        rounding margin, so a bound computed as ``a + b`` never misses its bucket; a
+        bound that overflowed to an infinity is the largest float)."""
+        margin = _ULPS * math.ulp(max(abs(low), abs(high))) + self._slack
+        low, high = max(low - margin, -_SPAN), min(high + margin, _SPAN)
+        return range(self.bucket(low), self.bucket(high) + 1)
 
     def read(self, buckets: Iterable[int]) -> StateFuture:
         """A future of the ``Bucket``s (None: empty) of ``buckets``, in order (one batch

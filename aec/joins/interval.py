@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
-from aec.joins.buffer import LEFT, RIGHT, Bucket, Entry, JoinBuffer, entry, live
+from aec.joins.buffer import LEFT, RIGHT, Bucket, Entry, JoinBuffer, bucket_width, entry, live
 from aec.joins.bundle import JoinBundle
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aec.state.future import StateFuture
@@ -164,8 +164,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         self.lower_inclusive, self.upper_inclusive = lower_inclusive, upper_inclusive
         self.process = process
         self.late_tags = (left_late_tag, right_late_tag)
-        # the interval's length; a single point (lower == upper) gets buckets of a second
-        self.bucket_width = upper - lower if upper > lower else 1.0
+        self.bucket_width = bucket_width(lower, upper)
         self.late_records_dropped = 0
 
     # -- set-up ------------------------------------------------------------------------------
@@ -187,7 +186,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         ctx.get_state(ValueStateDescriptor(self.layout_marker()))  # a name, never written
         descriptor: MapStateDescriptor[int, Bucket] = MapStateDescriptor(BUFFER)
         state = ctx.get_state(descriptor)
-        self.buffer = JoinBuffer(state, self.bucket_width)
+        self.buffer = JoinBuffer(state, self.bucket_width, max(abs(self.lower), abs(self.upper)))
         self.late_records_dropped = 0
         self.joined = self._pair_function()
         config = ctx.config  # bundles: asynchronous, serial watermark order, record order
