@@ -320,27 +320,21 @@ async def _double(value: int) -> int:
     return 2 * value
 
 
-def test_requests_after_an_external_calls_completion_run_at_once_on_a_store_in_memory():
+@pytest.mark.parametrize("prefers_batches", [False, True])
+def test_requests_after_an_external_calls_completion(prefers_batches):
     # the write follows the call's completion mail: its record holds its key with
-    # nothing queued, so it runs at once, as the write in a completed read's callback does
+    # nothing queued, so on a store answering from memory it runs at once, as the write
+    # in a completed read's callback does; a store preferring batches keeps it batched
+    # (more calls' mails may follow with writes to share its call)
     source = [Record(k, k) for k in range(400)]
-    executor = CountingInline()
+    executor = CountingInline(prefers_batches)
     backend = MemoryBackend()
     result = run_keyed(source, ReadCallWrite(), backend, AecConfig(), executor=executor)
     assert per_key(result.outputs) == per_key(run_sync(source, ReadCallWrite()).outputs)
     assert backend.state_items("count") == {k: 1 for k in range(400)}
-    # every write ran at once; the reads (records on free keys) went out in batches
-    assert executor.now == 400
-    assert executor.flushed < 10
-
-
-def test_requests_after_external_calls_join_a_batch_on_a_store_preferring_batches():
-    source = [Record(k, k) for k in range(400)]
-    executor = CountingInline(prefers_batches=True)
-    backend = MemoryBackend()
-    result = run_keyed(source, ReadCallWrite(), backend, AecConfig(), executor=executor)
-    assert per_key(result.outputs) == per_key(run_sync(source, ReadCallWrite()).outputs)
-    assert backend.state_items("count") == {k: 1 for k in range(400)}
-    # more calls' mails may follow: their writes share batches, none runs alone
-    assert executor.now == 0
-    assert executor.flushed < 400
+    if prefers_batches:
+        assert executor.now == 0
+        assert executor.flushed < 400
+    else:  # every write at once; the reads (records on free keys) in batches
+        assert executor.now == 400
+        assert executor.flushed < 10

@@ -167,11 +167,8 @@ def test_inputs_right_behind_a_watermark_never_join_the_batch_before_it(mode):
         op = AsyncBatchWaitOperator(function, max_batch_size=10, batch_timeout=10.0,
                                     timeout=10.0, capacity=10, mode=mode)  # fmt: skip
         op.open()
-        for element in source:
-            if isinstance(element, Watermark):
-                op.process_watermark(element)
-            else:
-                op.process(element)
+        for e in source:
+            op.process_watermark(e) if isinstance(e, Watermark) else op.process(e)
         op.finish()
         assert function.batches == [[(0, 0), (1, 1)], [(2, 2), (3, 3)]]
         check_segments(source, op.drain_outputs())
