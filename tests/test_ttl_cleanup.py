@@ -213,6 +213,40 @@ def test_ttl_state_of_ever_new_keys_stays_bounded(kind, state_kind, tmp_path, mo
     assert found["default"] <= live * c / (c - 1) + ttl_cleanup.SWEEP_CHUNK, found
 
 
+class WritesEvery(KeyedProcessFunction):
+    """Writes each record's key into ``states`` TTL value states (a new key per record)."""
+
+    def __init__(self, states: int) -> None:
+        self.count = states
+
+    def open(self, ctx):
+        self.states = [ctx.get_state(ValueStateDescriptor(f"s{i}", ttl=TTL))
+                       for i in range(self.count)]  # fmt: skip
+
+    async def process_element(self, value, ctx):
+        for state in self.states:
+            await state.async_update(value)
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb", "slatedb"])
+def test_every_one_of_several_ttl_states_stays_bounded(kind, tmp_path, monkeypatch):
+    # the states take turns: the first ones once re-swept their live entries at every
+    # clock tick and spent every sweep's budget, so the last grew with every key written
+    if kind == "slatedb":
+        from backends.slatedb import SlateDBBackend
+
+        monkeypatch.setattr(SlateDBBackend, "ttl_sweep_chunk", ttl_cleanup.SWEEP_CHUNK)
+    records, per_second, states = 8_000, 50, 5  # 160 s; a TTL of 10 s keeps 500 keys
+    clock = ManualClock(0)
+    backend = make_backend(kind, tmp_path)
+    run_keyed(writing(clock, records, per_second), WritesEvery(states), backend, AecConfig(),
+              clock=clock)  # fmt: skip
+    stored = {f"s{i}": backend.stored_entries(f"s{i}") for i in range(states)}
+    backend.close()
+    live, c = int(TTL) * per_second, ttl_cleanup.CLEANUP_SIZE
+    assert all(n <= live * c / (c - 1) + ttl_cleanup.SWEEP_CHUNK for n in stored.values()), stored
+
+
 def test_a_restored_memory_base_is_swept_too(tmp_path):
     clock = ManualClock(0)
     from aec import KeyedProcessOperator

@@ -18,13 +18,15 @@ their own, in the background of the batches they run:
   batch of one request does not pay a sweep's fixed cost). Each TTL state has a
   cursor that continues where the last sweep stopped: a round examines every
   entry once, and a new round starts only after ``now`` moved past the time the
-  last round used (before that, nothing new can have expired).
+  last round used (before that, nothing new can have expired). The states take
+  turns: a state whose round ended waits until every other TTL state had its turn,
+  so each state gets a round in every cycle, however many there are.
 - **The bound.** A write adds at most one entry (a new key, list element or map
   entry; ``put_all``/``add_all`` aside) and lets ``CLEANUP_SIZE`` (c) be examined, so
-  a round over S stored entries takes at most S / c writes, and an entry is
-  removed at most one round after it expired: S <= live + S / c, so the stored
-  state stays within c / (c - 1) times the live state (1.5x with c = 3), plus what
-  expires while ``now`` does not advance.
+  a cycle over the S entries all TTL states store takes at most S / c writes, and an
+  entry is removed at most one cycle after it expired: S <= live + S / c, so the
+  stored state stays within c / (c - 1) times the live state (1.5x with c = 3), plus
+  what expires while ``now`` does not advance.
 
 Which backend sweeps how: MemoryBackend walks a copy of each TTL state's key list,
 RocksDB reads an expiry index of its writes up to ``now`` (only what expired), SlateDB
@@ -110,6 +112,9 @@ class TtlCleanup:
         self._credit = 0
         self._cursors: dict[str, Any] = {}  # state -> where its round goes on
         self._rounds: dict[str, float] = {}  # state -> ``now`` of its last full round
+        # the position (in ``states``' order) of the state whose turn it is: a sweep
+        # starts there, and moves on when that state's round ends or it has none to do
+        self._turn = 0
 
     def register(self, name: str, ttl: float, kind: str) -> None:
         """State ``name`` is stored with expiry times (``TtlState``).
@@ -156,23 +161,31 @@ class TtlCleanup:
         return bool(self.states) and self.now != -math.inf
 
     def sweep(self, budget: int, step: Step) -> int:
-        """Examine up to ``budget`` entries, state after state, each from its cursor:
-        ``step(state, cursor, limit, now)`` examines up to ``limit`` entries from
-        ``cursor`` (None: the start), removes or rewrites the expired ones and returns
-        how many it examined and where to go on (None: the round is over). A state
-        whose last round already used this ``now`` is skipped. The entries examined."""
+        """Examine up to ``budget`` entries, state after state from the one whose turn
+        it is, each from its cursor: ``step(state, cursor, limit, now)`` examines up to
+        ``limit`` entries from ``cursor`` (None: the start), removes or rewrites the
+        expired ones and returns how many it examined and where to go on (None: the
+        round is over). A state whose last round already used this ``now`` is skipped.
+        The entries examined."""
         now, examined = self.now, 0
-        for state in list(self.states.values()):
+        states = list(self.states.values())
+        count = len(states)
+        for offset in range(count):
+            turn = (self._turn + offset) % count
             if examined >= budget:
+                self._turn = turn  # its turn comes first next time
                 break
+            state = states[turn]
             cursor = self._cursors.get(state.name)
             if cursor is None and self._rounds.get(state.name, -math.inf) >= now:
                 continue  # nothing expired since its last round
-            count, cursor = step(state, cursor, budget - examined, now)
-            examined += count
+            done, cursor = step(state, cursor, budget - examined, now)
+            examined += done
             self._cursors[state.name] = cursor
-            if cursor is None:
-                self._rounds[state.name] = now
+            if cursor is not None:  # the budget ran out inside its round: on next time
+                self._turn = turn
+                break
+            self._rounds[state.name] = now  # its round is over: the next state's turn
         return examined
 
     def restart(self) -> None:
