@@ -4,7 +4,9 @@ latency timed on the first batch and one in ``BATCH_SAMPLE`` after it."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -51,6 +53,42 @@ def test_batch_sizes_are_exact_and_request_latency_is_timed_on_sampled_batches()
     # the first batch, then every BATCH_SAMPLE-th: 1, 1 + BATCH_SAMPLE, 1 + 2 * BATCH_SAMPLE
     assert timed["count"] == 4 * 3
     assert timed["p50"] >= latency * 0.95 and timed["max"] >= timed["p50"]
+
+
+class CountingCalls(MemoryBackend):
+    """A MemoryBackend that records the size of every batch it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def execute_batch(self, requests):
+        self.sizes.append(len(requests))
+        super().execute_batch(requests)
+
+
+class ReadWrite(KeyedProcessFunction):
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=0))
+
+    async def process_element(self, value, ctx):
+        seen = await self.seen.async_value()
+        await self.seen.async_update(seen + 1)
+
+
+@pytest.mark.parametrize("async_state", [True, False])
+def test_batch_size_counts_every_batch_the_store_ran(async_state):
+    # requests run at once (a waiting record's, a callback's, every synchronous one) are
+    # batches of one the store runs like any other
+    backend = CountingCalls()
+    source = [Record(k, i) for i, k in enumerate("aaabccddddd")]
+    result = run_keyed(source, ReadWrite(), backend, AecConfig(async_state=async_state))
+    metrics = result.metrics
+    assert metrics["batches"] == len(backend.sizes)
+    assert metrics["batch_size"] == count_summary(Counter(backend.sizes))
+    assert metrics["max_batch_size"] == max(backend.sizes)
+    if async_state:
+        assert max(backend.sizes) > 1 and backend.sizes.count(1) > 1  # both kinds ran
 
 
 def test_a_run_with_one_batch_times_it():

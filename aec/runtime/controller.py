@@ -173,7 +173,7 @@ class AsyncExecutionController:
         self.max_in_flight = 0
         self.batches = 0
         self.requests = 0
-        self.ran_alone = False  # a request ran at once: a batch of one, not in batch_sizes
+        self.ran_alone = False  # a request ran at once: a batch of one (only in batches)
         self.blocked = 0
         self.batch_sizes: dict[int, int] = {}  # size -> batches of it handed to the executor
         self.request_latency = latency_histogram()  # hand-off to completion, sampled batches' requests
@@ -519,13 +519,19 @@ class AsyncExecutionController:
 
     def gauges(self) -> dict[str, object]:
         """Flink's AEC gauges now, and the histograms and hot keys so far (the
-        operator's ``metrics`` adds them)."""
+        operator's ``metrics`` adds them). ``batch_size`` counts every batch the store
+        ran: those flushed from the active buffer and the requests run at once (a
+        batch of one each, counted only in ``batches`` as they run)."""
+        sizes = self.batch_sizes
+        alone = self.batches - sum(sizes.values())
+        if alone:
+            sizes = {**sizes, 1: sizes.get(1, 0) + alone}
         return {
             "num_in_flight_records": self.in_flight,
             "active_buffer_size": len(self.active.requests),
             "blocking_buffer_size": self.blocking.size,
             "num_blocking_keys": self.blocking.key_count(),
-            "batch_size": count_summary(self.batch_sizes),
+            "batch_size": count_summary(sizes),
             "state_request_latency_s": self.request_latency.summary(),
             "record_latency_s": self.record_latency.summary(),
             "hot_keys": hottest(self.blocking.waits),

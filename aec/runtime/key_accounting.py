@@ -25,9 +25,7 @@ class KeyAccountingUnit:
         # claim(key, context): the key's holder after the call, ``context`` itself if
         # the key was free (it holds it now). The map's setdefault, bound once: the
         # AEC asks once per admitted record, and a C call costs no Python frame.
-        self.claim: Callable[[Hashable, RecordContext], RecordContext] = (
-            self._holders.setdefault
-        )
+        self.claim: Callable[[Hashable, RecordContext], RecordContext] = self._holders.setdefault
 
     def try_occupy(self, context: RecordContext) -> bool:
         """Let ``context`` hold its key if free; False if another record holds it. O(1)."""
