@@ -97,3 +97,4 @@ def test_a_run_with_one_batch_times_it():
     )
     assert result.metrics["state_request_latency_s"]["count"] == 2
     assert result.metrics["batch_size"]["count"] == 1
+    assert result.metrics["record_latency_s"]["count"] == 1  # the first record is timed

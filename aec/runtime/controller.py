@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 R = TypeVar("R")  # a future's result (wait_for)
 HOLDER = TypeVar("HOLDER", bound=RecordContext)  # a context kind (start_holding)
 BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
-_SAMPLED = RECORD_SAMPLE - 1  # a record whose sequence & _SAMPLED is 0 has its latency measured
+_SAMPLED = RECORD_SAMPLE - 1  # a record whose sequence & _SAMPLED is 1 has its latency measured
 
 Completion = tuple[list[StateRequest], BaseException | None]  # an executor's mail
 
@@ -207,7 +207,7 @@ class AsyncExecutionController:
         if in_flight > self.max_in_flight:
             self.max_in_flight = in_flight
         self.epochs.enter(context.epoch)
-        if not context.sequence & _SAMPLED:
+        if context.sequence & _SAMPLED == 1:  # the first (sequences start at 1), then 1 in 16
             context.admitted = monotonic()
         claim = self._claim  # a slot read, then a call: CPython 3.11 caches both
         if claim(context.key, context) is context:

@@ -6,7 +6,7 @@
 Always on, so cheap: a histogram insert is a bisect over fixed log-spaced bucket
 bounds (no per-sample storage); batch sizes, whole numbers bounded by the buffer
 size, are counted exactly in a dict (``count_summary``); latencies are sampled: a
-record's (one record in ``RECORD_SAMPLE``) and a batch's requests' (the first batch
+record's (the first record and one in ``RECORD_SAMPLE`` after it) and a batch's requests' (the first batch
 and one in ``BATCH_SAMPLE``: a skewed run hands over a batch every few records, and
 two clock reads, a dict entry and an insert per batch cost it about 2 %); a
 histogram's ``count`` is what was measured. Hot keys count only records that had to
@@ -21,7 +21,8 @@ from bisect import bisect_left
 from collections.abc import Hashable
 from typing import Any
 
-RECORD_SAMPLE = 16  # one record in this many has its latency measured (a power of two)
+# the first record and one in this many after it have their latency measured (a power of two)
+RECORD_SAMPLE = 16
 BATCH_SAMPLE = 8  # one batch in this many has its requests' latency measured (a power of two)
 HOT_KEYS = 10  # keys reported by hot_keys
 HOT_KEYS_KEPT = 1 << 16  # keys counted before the coldest are forgotten
