@@ -27,8 +27,9 @@ Invariants (mailbox thread only):
   one. It waited for the only record that could touch its key, and records of
   other keys may interleave in any order (rule 2), so the results are those
   of the buffered path; the buffer keeps batching the records of other keys.
-  The same holds for a request made in a callback of a completed request or
-  external call (``completing``; inline executor only): its record holds its key. Either
+  The same holds for a request made in a callback of a completed request
+  (``completing``; inline executor only) or of a completed external call (on a
+  store that does not prefer batches): its record holds its key. Either
   runs at once only when none of its record's requests is still queued
   (``RecordContext.queued``), so a record's requests reach the backend in
   submission order, and, when the executor ``prefers_batches`` (a store call
