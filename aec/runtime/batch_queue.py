@@ -30,15 +30,15 @@ Invariants (loop thread unless said otherwise):
   is full, its batch's ``max_wait`` ends, or the owner flushes; after a flush nothing
   stays pending until the owner hands over again (``flush`` also asks when inputs
   re-entered on the loop are pending, and a ``take`` while the owner sleeps sends
-  what is left).
-- A flush is a boundary: it puts a mark in the outbox, and the loop sends the pending
-  batch when it takes the mark, so no input handed over after a flush shares a batch
-  call with one handed over before it (a watermark's inputs never travel with the
-  next epoch's, however the two threads interleave). The first input of a batch wakes the loop to start that timer:
+  what is left). The first input of a batch wakes the loop to start that timer:
   ``_loop_empty`` is set by the loop when it sent its pending batch (however it
   left: full, on its timer, flushed) and cleared by the owner's wake-up; the loop
   sets it before looking at the outbox once more, so an input handed over while it
   sent is either seen there or wakes the loop itself.
+- A flush is a boundary: it puts a mark in the outbox, and the loop sends the pending
+  batch when it takes the mark, so no input handed over after a flush shares a batch
+  call with one handed over before it (a watermark's inputs never travel with the
+  next epoch's, however the two threads interleave).
 - ``_owner_idle`` is set by the owner's ``flush`` and cleared by its ``submit``:
   while the owner sleeps, an input that re-enters on the loop (a retry after its
   backoff) leaves in the next loop turn (with the other retries due in this one)
