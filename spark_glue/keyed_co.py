@@ -80,8 +80,8 @@ def resolve(
 ) -> tuple[Side, Side]:
     """Each side's key, timestamp and order columns, checked on the driver.
 
-    ``key``: a column (or a list of columns) present on both sides, or a pair
-    ``(left, right)`` of those. ``timestamp`` and ``order_by``: a column on both
+    ``key``: a column present on both sides, or a pair ``(left, right)`` of columns
+    or of lists of columns (a plain list of two names is that pair). ``timestamp`` and ``order_by``: a column on both
     sides or a ``(left, right)`` pair; None for none.
 
     Raises:
@@ -380,9 +380,10 @@ def process_keyed_co(
         left, right: the inputs; each row reaches the function as a dict of its own
             side's columns (as ``process_keyed`` gives them).
         function: the two-input function; cloudpickled to the executors.
-        key: a column (or list of columns) present on both sides, or a pair
-            ``(left_key, right_key)``; the key columns must have the same type on both
-            sides. A null key fails the job.
+        key: a column present on both sides, or a pair ``(left_key, right_key)`` of
+            columns or of lists of columns (several key columns: ``(["a", "b"], ["a",
+            "b"])``; a list of two names is a pair); the key columns must have the same
+            type on both sides. A null key fails the job.
         output_schema, watermark_interval, backend, config, num_partitions,
             side_outputs: as ``process_keyed``'s.
         timestamp: event-time column on both sides, or a ``(left, right)`` pair (types

@@ -28,14 +28,21 @@ this works on classic and Connect sessions and the state read is the one at the 
 memory.
 
 Rows: one per stored value: value, reducing and aggregating state one per key, list
-state one per key (the whole list), map state one per entry. Window state (the map
-states ``aec.windowing`` keeps per key and window, named ``window-...``) has one row
-per key and window with the window in ``namespace``. State with a TTL shows the
-values still alive at the checkpoint's processing time, without their expiry.
+state one per key (the whole list), map state one per entry. Window state (a checkpoint
+of a ``aec.windowing`` function: its states ``window-contents``, ``window-timers``,
+``window-trigger.<name>``, ``window-process.<name>``, and its sessions and panes) has
+one row per key and window with the window in ``namespace``; a session window kept
+with its contents (``window-sessions-contents``) one row per session; a sliding window
+kept as panes of ``gcd(size, slide)`` seconds (each window merges its panes when it
+fires) one row per pane, the pane's slice of time in ``namespace``. State with a TTL
+shows the values still alive at the checkpoint's processing time, without their
+expiry. Rows come in key group, key, state, namespace and user key order across every
+checkpoint read.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import pickle
 import re
@@ -43,6 +50,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from fractions import Fraction
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
@@ -55,6 +63,9 @@ from aec.keygroups import key_group_for
 from aec.runtime.timers import TimerQueue
 from aec.state.backend import StateBackend
 from aec.state.serialization import PICKLE, Serializer, resolve
+from aec.windowing.grid import pane_size
+from aec.windowing.panes import LIVE_PANES
+from aec.windowing.sessions import STATE as SESSIONS
 from aec.windowing.windows import GlobalWindow, TimeWindow
 from spark_glue.stream_state import Layout, StateStore, batch_ids, locations
 
@@ -68,7 +79,14 @@ _ARROW = pa.schema([
     ("value_pickle", pa.binary()),
 ])  # fmt: skip
 _CHECKPOINT_NAME = re.compile(r"chk-(\d+)$")
-_WINDOW_STATE = "window-"  # aec.windowing's per-window map states: window-contents, ...
+# aec.windowing's states (only in a checkpoint of a window function, which declares its
+# assigner as a state named ASSIGNER + the assigner's description): maps keyed by window
+# (or, for sliding windows kept as panes, by pane index), and values holding a key's
+# sessions or panes
+_ASSIGNER = "window-assigner="
+_WINDOW_MAPS = ("window-contents", "window-timers")
+_WINDOW_SCOPED = ("window-trigger.", "window-process.")  # + a trigger's or function's name
+_SLIDING = re.compile(r"Sliding(?:EventTime|ProcessingTime)Windows\.of\((.+), (.+), (.+)\)$")
 
 # The file (or directory) each backend's snapshot writes, and the backend that reads it:
 # aec.state.memory_changelog.BASE / SEGMENTED_BASE, backends.rocksdb_snapshots.
@@ -122,12 +140,14 @@ def read_state(
             serializer this process does not know, or pickle not opted in to.
         CheckpointStorageError: the object store could not be read.
     """
-    rows: dict[str, list[Any]] = {name: [] for name in _ARROW.names}
-    for handle in checkpoints_of(checkpoint, spark_checkpoint_location):
-        for row in sorted(_rows(handle, serializers or {}), key=_order):
-            for name, value in zip(_ARROW.names, row, strict=True):
-                rows[name].append(value)
-    table = pa.table(rows, schema=_ARROW)
+    found = [
+        row
+        for handle in checkpoints_of(checkpoint, spark_checkpoint_location)
+        for row in _rows(handle, serializers or {})
+    ]
+    found.sort(key=_order)  # across checkpoints: each holds some key groups
+    columns = [list(c) for c in zip(*found, strict=True)] if found else [[]] * len(_ARROW.names)
+    table = pa.table(dict(zip(_ARROW.names, columns, strict=True)), schema=_ARROW)
     return spark.createDataFrame(table, schema=SCHEMA)
 
 
@@ -219,27 +239,31 @@ def _rows(handle: Any, serializers: Mapping[str, Serializer]) -> Iterator[tuple[
         state = restored.state
         with _restored_backend(restored.backend_dir, state.states, serializers) as backend:
             now = state.processing_time
+            windows = _Windows(list(state.states))
             for name, about in sorted(state.states.items()):
                 for key, stored in backend.state_items(name).items():
-                    yield from _state_rows(name, about, key, stored, now, state.max_parallelism)
+                    yield from _state_rows(
+                        name, about, key, stored, now, state.max_parallelism, windows
+                    )
 
 
 def _state_rows(
-    name: str, about: dict[str, Any], key: Any, stored: Any, now: float, max_parallelism: int
-) -> Iterator[tuple[Any, ...]]:
+    name: str, about: dict[str, Any], key: Any, stored: Any, now: float, max_parallelism: int,
+    windows: _Windows,
+) -> Iterator[tuple[Any, ...]]:  # fmt: skip
     kind, ttl = about.get("type"), bool(about.get("ttl"))
     base = (text(key), key_group_for(key, max_parallelism), name)
+    if windows.per_window(name, kind):
+        for namespace, value in windows.split(name, stored):
+            yield (*base, namespace, None, *_value(value))
+        return
     if kind == "map":
-        window = name.startswith(_WINDOW_STATE)
         for user_key, value in stored.items():
             if ttl:
                 if not _alive(value, now):
                     continue
                 value = value[0]
-            if window:
-                yield (*base, _window_text(user_key), None, *_value(value))
-            else:
-                yield (*base, None, text(user_key), *_value(value))
+            yield (*base, None, text(user_key), *_value(value))
         return
     if ttl:
         if kind == "list":
@@ -265,13 +289,57 @@ def text(key: Any) -> str:
     return key if isinstance(key, str) else repr(key)
 
 
-def _window_text(window_key: Any) -> str:
-    """The window a window state's map key names (``aec.windowing.windows.window_key``)."""
-    if window_key == "global":
-        return repr(GlobalWindow())
-    if isinstance(window_key, tuple) and len(window_key) == 2:
-        return repr(TimeWindow(*window_key))
-    return repr(window_key)
+class _Windows:
+    """How a checkpoint's window state names its windows: none unless the checkpoint
+    declares a window assigner (``_ASSIGNER``), so a user's own state named
+    ``window-...`` stays what it is."""
+
+    def __init__(self, state_names: list[str]) -> None:
+        assigner = next((n[len(_ASSIGNER) :] for n in state_names if n.startswith(_ASSIGNER)), None)
+        self.present = assigner is not None
+        # a sliding assigner's panes: (offset, width) as exact fractions
+        self.panes: tuple[Fraction, Fraction] | None = None
+        match = None if assigner is None else _SLIDING.match(assigner)
+        if match is not None:
+            size, slide, offset = (ast.literal_eval(part) for part in match.groups())
+            g = pane_size(size, slide)
+            if g is not None:
+                self.panes = Fraction(offset), g
+
+    def per_window(self, name: str, kind: Any) -> bool:
+        """Whether state ``name`` (of ``kind``) holds values per window (or pane)."""
+        if not self.present:
+            return False
+        if kind == "map":
+            return name in _WINDOW_MAPS or name.startswith(_WINDOW_SCOPED)
+        return name in (SESSIONS, LIVE_PANES)
+
+    def split(self, name: str, stored: Any) -> Iterator[tuple[str, Any]]:
+        """``(namespace, value)`` per window (or pane) of one key's stored value."""
+        if name == SESSIONS:  # ((start, end, contents), ...)
+            for start, end, contents in stored or ():
+                yield repr(TimeWindow(start, end)), contents
+            return
+        for window_key, value in stored.items():  # a map, or the live panes' dict
+            yield self.window_text(window_key), value
+
+    def window_text(self, window_key: Any) -> str:
+        """The window a map key names (``aec.windowing.windows.window_key``), or the
+        slice of time of a pane index."""
+        if window_key == "global":
+            return repr(GlobalWindow())
+        if isinstance(window_key, tuple) and len(window_key) == 2:
+            return repr(TimeWindow(*window_key))
+        if type(window_key) is int and self.panes is not None:
+            offset, g = self.panes
+            start, end = offset + window_key * g, offset + (window_key + 1) * g
+            return repr(TimeWindow(_number(start), _number(end)))
+        return repr(window_key)
+
+
+def _number(value: Fraction) -> int | float:
+    """An exact time as the windows' own bounds print: an int when whole."""
+    return value.numerator if value.denominator == 1 else float(value)
 
 
 def snapshot_kind(backend_dir: str) -> str:

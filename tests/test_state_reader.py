@@ -35,7 +35,12 @@ from aec.clock import ManualClock
 from aec.keygroups import key_group_for, key_group_range_for
 from aec.state import memory_changelog
 from aec.state.serialization import PICKLE, Serializer
-from aec.windowing import TumblingEventTimeWindows, window
+from aec.windowing import (
+    EventTimeSessionWindows,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    window,
+)
 from backends import LatencyBackend, LocalRedisServer, MemoryBackend, RocksDBBackend, SlateDBBackend
 from spark_glue.state_reader import SNAPSHOT_MARKERS, checkpoints_of, read_state
 
@@ -250,6 +255,68 @@ def test_window_state_names_its_window(tmp_path):
         if r["state"] == "window-contents"
     }
     assert windows == {"TimeWindow(0, 3600)": 3, "TimeWindow(3600, 7200)": 5}
+
+
+@pytest.mark.parametrize(
+    "assigner, lateness, state, expected",
+    [
+        # sliding windows keep panes of gcd(size, slide) seconds: a row per pane
+        (SlidingEventTimeWindows.of(10, 5), 0.0, "window-panes",
+         {"TimeWindow(0, 5)": 2, "TimeWindow(10, 15)": 2}),
+        (SlidingEventTimeWindows.of(10, 5), 5.0, "window-contents",
+         {"TimeWindow(0, 5)": 2, "TimeWindow(10, 15)": 2}),
+        # sessions kept with their contents: a row per session
+        (EventTimeSessionWindows.with_gap(3), 0.0, "window-sessions-contents",
+         {"TimeWindow(1.0, 5.0)": 2, "TimeWindow(12.0, 16.0)": 2}),
+    ],
+)  # fmt: skip
+def test_sliding_and_session_window_state_names_its_windows(
+    assigner, lateness, state, expected, tmp_path
+):
+    function = window(assigner, aggregate=Sum(), allowed_lateness=lateness)
+    operator = KeyedProcessOperator(function, MemoryBackend(), AecConfig())
+    for t in (1.0, 2.0, 12.0, 13.0):
+        operator.process(Record("w", 1, t))
+    handle = operator.snapshot(1, str(tmp_path))
+    operator.close()
+    found = {r["namespace"]: pickle.loads(r["value_pickle"]) for r in rows_of(handle)
+             if r["state"] == state}  # fmt: skip
+    assert found == expected
+
+
+class OwnWindowNamedMap(KeyedProcessFunction):
+    """A user's map state whose name starts like aec.windowing's."""
+
+    def open(self, ctx):
+        self.sizes = ctx.get_state(MapStateDescriptor("window-sizes"))
+
+    def process_element(self, value, ctx):
+        return self.sizes.async_put(value, len(value))
+
+
+def test_a_users_state_named_like_window_state_is_read_as_what_it_is(tmp_path):
+    operator = KeyedProcessOperator(OwnWindowNamedMap(), MemoryBackend(), AecConfig())
+    operator.process(Record("k", "abc"))
+    handle = operator.snapshot(1, str(tmp_path))
+    operator.close()
+    [row] = [r for r in rows_of(handle) if r["state"] == "window-sizes"]
+    assert (row["namespace"], row["user_key"], row["value"]) == (None, "abc", "3")
+
+
+def test_rows_are_in_key_group_order_across_every_checkpoint_read(tmp_path):
+    mp = 16
+    config = AecConfig(max_parallelism=mp)
+    handles = []
+    for index in range(2):
+        owned = key_group_range_for(mp, 2, index)
+        op = KeyedProcessOperator(EveryKind(), MemoryBackend(), config, key_group_range=owned)
+        for n in range(40):
+            if key_group_for(f"k{n}", mp) in owned:
+                op.process(Record(f"k{n}", n))
+        handles.append(op.snapshot(3, str(tmp_path / f"op-{index}")))
+        op.close()
+    groups = [r["key_group"] for r in rows_of(list(reversed(handles)))]
+    assert groups == sorted(groups) and len(set(groups)) > 2
 
 
 class Tagged(Serializer):
