@@ -27,7 +27,7 @@ from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.record_context import RecordContext
 from aec.state.handles import Submit
 from aec.state.requests import DefaultedGet, StateRequest
-from aec.state.serialization import SAFE, Serializer
+from aec.state.serialization import SAFE, Serializer, StateSerializers, dumps_exactly
 
 # request classes a stored request may have (by name in the checkpoint)
 _KINDS: dict[str, type[StateRequest]] = {"get": DefaultedGet, "": StateRequest}
@@ -110,13 +110,15 @@ def carry(
     epochs: EpochManager,
     program: DeclaredProgram,
     serializer: Serializer,
+    states: StateSerializers,
 ) -> tuple[list[CarriedRecord] | None, bytes]:
     """The checkpoint side of a declaring function's operator: wait only for the
     work handed out (the AEC holds its buffered requests back meanwhile), then
     ``capture`` and ``encode``: the carried records and their bytes. ``(None, b"")``
     (the AEC no longer holding) when the checkpoint must drain: a closed epoch is
-    still finishing, a record cannot be carried, or a record's own value is one
-    ``serializer`` cannot store. A declared variable it cannot store raises
+    still finishing, a record cannot be carried, or a record's key, value or request
+    payload is one ``serializer`` (``states``' for a payload) cannot store exactly. A
+    declared variable it cannot store exactly raises
     ``Unserializable`` (the contract: declared variables are storable). The caller
     sets ``controller.holding`` back to False once the checkpoint is written."""
     if not epochs.all_closed_done():
@@ -128,7 +130,7 @@ def carry(
         controller.holding = carried is not None
         return carried, b""
     try:
-        return carried, encode(carried, serializer)
+        return carried, encode(carried, serializer, states)
     except Unserializable as exc:
         if exc.variable is not None:
             raise
@@ -235,15 +237,19 @@ def check_steps(records: list[CarriedRecord], program: DeclaredProgram) -> None:
             program.step_named(record.next_step)
 
 
-_FORMAT = "aec-in-flight/1"
+_FORMAT = "aec-in-flight/2"
+_FORMAT_1 = "aec-in-flight/1"  # request payloads by the job's serializer, not their state's
 
 
-def encode(records: list[CarriedRecord], serializer: Serializer) -> bytes:
+def encode(
+    records: list[CarriedRecord], serializer: Serializer, states: StateSerializers
+) -> bytes:
     """The carried records as checkpoint bytes: the envelope in msgpack (``SAFE``),
-    what user code made (values, declared variables, request payloads) by the
-    job's ``serializer``. ``Unserializable`` (a ValueError) names the declared
-    variable, or the record, it cannot encode."""
-    dumps = serializer.dumps
+    record values and declared variables by the job's ``serializer``, request
+    payloads by their state's serializer in ``states`` (as the backend stores them).
+    A key, value or variable must come back exactly as it is (``dumps_exactly``: a
+    named tuple must not return a tuple). ``Unserializable`` (a ValueError) names the
+    declared variable, or the record, it cannot encode."""
     rows = []
     for r in records:
         try:
@@ -252,19 +258,23 @@ def encode(records: list[CarriedRecord], serializer: Serializer) -> bytes:
                 variables = {}
                 for name, value in r.variables.items():
                     try:
-                        variables[name] = dumps(value)
+                        variables[name] = dumps_exactly(serializer, value)
                     except Exception as exc:
                         raise Unserializable(
                             f"declared variable {name!r} of the record of key {r.key!r} in "
                             f"flight cannot be serialized ({type(value).__name__}, "
-                            f"{serializer.name}): no checkpoint was taken",
+                            f"{serializer.name}: {exc}): no checkpoint was taken",
                             name,
                         ) from exc
+            dumps_exactly(SAFE, r.key)  # the envelope stores it: it must come back as it is
+            requests = []
+            for q in r.requests:
+                dumps = states.of(q.state).dumps
+                requests.append([q.op, q.state, dumps(q.user_key), dumps(q.value), q.kind])
             rows.append([
-                r.key, r.key_group, dumps(r.value), r.timestamp, r.sequence, r.watermark,
-                r.processing_time, r.started, r.next_step, variables,
-                [[q.op, q.state, dumps(q.user_key), dumps(q.value), q.kind] for q in r.requests],
-                r.awaited,
+                r.key, r.key_group, dumps_exactly(serializer, r.value), r.timestamp,
+                r.sequence, r.watermark, r.processing_time, r.started, r.next_step,
+                variables, requests, r.awaited,
             ])  # fmt: skip
         except Unserializable:
             raise
@@ -277,18 +287,24 @@ def encode(records: list[CarriedRecord], serializer: Serializer) -> bytes:
 
 
 def decode(
-    blobs: list[bytes], where: str, owned: KeyGroupRange, serializer: Serializer
+    blobs: list[bytes],
+    where: str,
+    owned: KeyGroupRange,
+    serializer: Serializer,
+    states: StateSerializers,
 ) -> list[CarriedRecord]:
     """The carried records of restored checkpoints (one blob each) whose key group
-    ``owned`` holds, each checkpoint's in their stored order. Raises ValueError for
-    data that does not read."""
+    ``owned`` holds, each checkpoint's in their stored order (``encode``'s
+    serializers). Raises ValueError for data that does not read."""
     loads = serializer.loads
     records: list[CarriedRecord] = []
     for blob in blobs:
         try:
             data = SAFE.loads(blob)
-            if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            version = data.get("format") if isinstance(data, dict) else None
+            if version not in (_FORMAT, _FORMAT_1):
                 raise ValueError(f"not {_FORMAT} data")
+            payloads = states.of if version == _FORMAT else lambda _: serializer
             for row in data["records"]:
                 (key, key_group, value, timestamp, sequence, watermark, processing_time,
                  started, next_step, variables, requests, awaited) = row  # fmt: skip
@@ -298,7 +314,8 @@ def decode(
                     key, int(key_group), loads(value), timestamp, int(sequence),
                     float(watermark), float(processing_time), bool(started), next_step,
                     None if variables is None else {n: loads(v) for n, v in variables.items()},
-                    [StoredRequest(int(op), str(state), loads(uk), loads(v), str(kind))
+                    [StoredRequest(int(op), str(state), payloads(state).loads(uk),
+                                   payloads(state).loads(v), str(kind))
                      for op, state, uk, v, kind in requests],
                     awaited,
                 ))  # fmt: skip

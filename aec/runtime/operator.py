@@ -63,7 +63,7 @@ from aec.runtime.user_code import DeclaredEntryRunner, EntryRunner, InitialState
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
 from aec.state.handles import StateHandle, make_handle
-from aec.state.serialization import Serializer, resolve
+from aec.state.serialization import Serializer, StateSerializers, resolve
 from aec.state.ttl import with_ttl
 
 if TYPE_CHECKING:
@@ -533,7 +533,7 @@ class KeyedProcessOperator:
         try:
             program = self._program if self.carries_records else None
             carried, in_flight = (
-                carry(self.controller, self.epochs, program, self._serializer())
+                carry(self.controller, self.epochs, program, *self._serializers())
                 if program is not None
                 else (None, b"")
             )
@@ -629,7 +629,7 @@ class KeyedProcessOperator:
             self.open()
             # first: a serializer change is named by its state, not by undecodable records
             check_states(restored, self._descriptors(), config, self.backend)
-            carried = decode(plan.in_flight, where, self.key_group_range, self._serializer())
+            carried = decode(plan.in_flight, where, self.key_group_range, *self._serializers())
             if carried:
                 if self._program is None:
                     raise ValueError(
@@ -660,9 +660,9 @@ class KeyedProcessOperator:
         self.epochs.restart_at(state.epoch)
         self._sequence = state.record_sequence
 
-    def _serializer(self) -> Serializer:
-        """The job's serializer (``AecConfig.state_serializer``): carried records."""
-        return resolve(self.config.state_serializer)
+    def _serializers(self) -> tuple[Serializer, StateSerializers]:
+        """Carried records': the job's (``AecConfig.state_serializer``), each state's."""
+        return resolve(self.config.state_serializer), self.backend.serializers
 
     def _descriptors(self) -> list[StateDescriptor]:
         """The descriptors of the states the function made (in ``open`` and since)."""

@@ -40,7 +40,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import msgpack
 
@@ -54,6 +54,7 @@ __all__ = [
     "PickleSerializer",
     "Serializer",
     "StateSerializers",
+    "dumps_exactly",
     "register_type",
     "resolve",
 ]
@@ -272,6 +273,54 @@ class PickleSerializer(Serializer):
 SAFE = MsgpackSerializer()
 PICKLE = PickleSerializer()
 SERIALIZERS: dict[str, Serializer] = {SAFE.name: SAFE, PICKLE.name: PICKLE}
+
+
+def dumps_exactly(serializer: Serializer, value: object) -> bytes:
+    """``serializer.dumps(value)``, checked to come back as ``value`` itself: equal, and
+    of the same types all the way down (msgpack gives a named tuple back as a tuple,
+    a ``bytearray`` as ``bytes``). For what must be restored as it was, not as state
+    is (a record in flight, a declared variable).
+
+    Raises:
+        TypeError: the value would come back changed (naming the type it would lose).
+        Exception: the serializer's own error for a value it cannot store.
+    """
+    data = serializer.dumps(value)
+    back = serializer.loads(data)
+    if not _same(back, value):
+        raise TypeError(
+            f"the {serializer.name!r} serializer would give {describe_type(value)} back as "
+            f"{describe_type(back)} (or with other contents)"
+        )
+    return data
+
+
+def _same(a: object, b: object) -> bool:
+    """``a == b`` with the same types at every level (NaN equals NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        other = cast("list[object] | tuple[object, ...]", b)
+        return len(a) == len(other) and all(map(_same, a, other))
+    if isinstance(a, dict):
+        mapping = cast("dict[object, object]", b)
+        return len(a) == len(mapping) and all(
+            _same(ka, kb) and _same(va, vb)
+            for (ka, va), (kb, vb) in zip(a.items(), mapping.items(), strict=True)
+        )
+    if isinstance(a, (set, frozenset)):
+        return a == b and sorted(map(repr, a)) == sorted(map(repr, cast("set[object]", b)))
+    if isinstance(a, float) and a != a:
+        return b != b
+    return a == b
+
+
+def describe_type(value: object) -> str:
+    """``module.qualname`` of ``value``'s type (builtins without the module)."""
+    kind = type(value)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def resolve(choice: str | Serializer | None, default: Serializer = SAFE) -> Serializer:
