@@ -585,3 +585,23 @@ def test_a_serializer_change_under_carried_records_is_refused_naming_the_state(
     restored = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig(state_serializer=after))
     with pytest.raises(ValueError, match="state 'count' was a value state stored with"):
         restored.restore(handle)
+
+
+def test_carried_records_of_the_first_format_still_read():
+    # aec-in-flight/1 stored request payloads by the job's serializer
+    from aec.keygroups import KeyGroupRange
+    from aec.runtime import in_flight
+    from aec.state.serialization import SAFE, StateSerializers
+
+    record = in_flight.CarriedRecord(
+        "k", 3, 7, 1.0, 4, 0.0, 0.0, True, "write", {"seen": 2},
+        [in_flight.StoredRequest(1, "count", None, 5, "")], 0,
+    )  # fmt: skip
+    blob = in_flight.encode([record], SAFE, StateSerializers())
+    data = SAFE.loads(blob)
+    assert data["format"] == "aec-in-flight/2"
+    old = SAFE.dumps({**data, "format": "aec-in-flight/1"})
+    for stored in (blob, old):
+        [back] = in_flight.decode([stored], "chk-1", KeyGroupRange(0, 127), SAFE,
+                                  StateSerializers())  # fmt: skip
+        assert back == record
