@@ -7,6 +7,7 @@ import math
 from collections import Counter
 
 import pytest
+from engine_helpers import Counter as KeyedCounter
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -67,22 +68,13 @@ class CountingCalls(MemoryBackend):
         super().execute_batch(requests)
 
 
-class ReadWrite(KeyedProcessFunction):
-    def open(self, ctx):
-        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=0))
-
-    async def process_element(self, value, ctx):
-        seen = await self.seen.async_value()
-        await self.seen.async_update(seen + 1)
-
-
 @pytest.mark.parametrize("async_state", [True, False])
 def test_batch_size_counts_every_batch_the_store_ran(async_state):
     # requests run at once (a waiting record's, a callback's, every synchronous one) are
     # batches of one the store runs like any other
     backend = CountingCalls()
     source = [Record(k, i) for i, k in enumerate("aaabccddddd")]
-    result = run_keyed(source, ReadWrite(), backend, AecConfig(async_state=async_state))
+    result = run_keyed(source, KeyedCounter(), backend, AecConfig(async_state=async_state))
     metrics = result.metrics
     assert metrics["batches"] == len(backend.sizes)
     assert metrics["batch_size"] == count_summary(Counter(backend.sizes))
