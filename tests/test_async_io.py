@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from aec import JobFailure, Watermark
 from aec.async_io import (
     AsyncFunction,
+    AsyncWaitOperator,
     ResultFuture,
     key_ordered_wait,
     ordered_wait,
@@ -565,6 +566,33 @@ def test_a_retry_that_would_start_after_the_timeout_is_not_made():
     assert len(function.starts) == 1
 
 
+def test_a_retry_found_overdue_after_the_deadline_is_not_made():
+    # the retry was due before the deadline, but the caller pushed nothing until after
+    # it: the retry timer and the timeout are both overdue, and only the timeout counts
+    class FailsAtOnce(AsyncFunction):
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def async_invoke(self, value, result_future):
+            self.calls.append(value)
+            if value == "B":
+                result_future.complete_exceptionally(ConnectionError("transient"))
+            else:
+                result_future.complete([value])
+
+        def timeout(self, value, result_future):
+            result_future.complete([f"{value}-fallback"])
+
+    function = FailsAtOnce()
+    op = AsyncWaitOperator(function, 0.05, 10, retry=FixedDelay(3, 0.01))
+    op.process("B")  # fails at once: its retry is due at 0.01 s, its deadline 0.05 s
+    time.sleep(0.1)
+    op.process("C")
+    op.finish()
+    assert op.drain_outputs() == ["B-fallback", "C"]
+    assert function.calls == ["B", "C"]  # no second call of B after its deadline
+
+
 def test_a_timeout_during_a_backoff_calls_the_timeout_fallback():
     class FailsWithFallback(AlwaysFails):
         def timeout(self, value, result_future):
@@ -971,6 +999,16 @@ def test_bad_arguments_are_rejected_at_the_call(kwargs, error, match):
             wait([1], Boom(), **arguments)
     with pytest.raises(error, match=match):
         key_ordered_wait([1], Boom(), **arguments, key_selector=lambda v: v)
+
+
+@pytest.mark.parametrize("source", [5, None])
+def test_a_source_that_is_no_iterable_is_rejected_at_the_call(source):
+    for wait in (ordered_wait, unordered_wait):
+        with pytest.raises(TypeError, match="source must be an iterable"):
+            wait(source, Boom(), 1.0, 2)
+    with pytest.raises(TypeError, match="source must be an iterable"):
+        key_ordered_wait(source, Boom(), 1.0, 2, key_selector=lambda v: v)
+    assert not loop_threads()
 
 
 def test_bad_functions_and_selectors_are_rejected_at_the_call():

@@ -406,8 +406,11 @@ class CallDriver:
         while (timer := self._timers.pop_due(now)) is not None:
             kind, entry, attempt = timer
             if kind == _RETRY:
-                # a retry timer exists only in BACKOFF, for the attempt that asked for it
-                self._invoke(entry)
+                # a retry timer exists only in BACKOFF, for the attempt that asked for it;
+                # one found overdue at or after the deadline is not made (the mailbox
+                # thread was busy past both): the entry's timeout, due too, decides
+                if entry.deadline is None or now < entry.deadline:
+                    self._invoke(entry)
             else:
                 self._time_out(entry)
 
