@@ -62,6 +62,11 @@ def test_a_tumbling_slot_is_the_contract_start_formula(size_slide, offset, t):
 
 @given(sizes, offsets, times)
 @example((10, 10), 0, -5e-324)  # the quotient rounds to -0.0: window 0 does not hold it
+# the quotient rounds down: t sits exactly on a start (4.1 == 0.1 + 4 * 1)
+@example((3, 1), 0.1, 4.1)
+@example((0.5, 0.25), 0.1, 4.1)
+@example((0.7, 0.2), 0, 8.6)
+@example((0.3, 0.1), 0, 18.7)
 def test_the_sliding_windows_of_a_time_are_every_grid_window_holding_it(size_slide, offset, t):
     size, slide = size_slide
     grid = _grid(size, slide, offset)

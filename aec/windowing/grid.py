@@ -43,6 +43,19 @@ def _floor_index(timestamp: float, offset: float, step: float) -> int:
         ) from None
 
 
+def _holding_index(timestamp: float, offset: float, step: float) -> int:
+    """The ``k`` with ``offset + k * step <= timestamp < offset + (k + 1) * step`` as the
+    floats compute those bounds: ``_floor_index``, corrected when the quotient rounded
+    up (a timestamp just below a start) or down (one exactly on a start, as 4.1 on the
+    grid ``0.1 + k``). ValueError as ``_floor_index``."""
+    k = _floor_index(timestamp, offset, step)
+    while offset + k * step > timestamp:
+        k -= 1
+    while offset + (k + 1) * step <= timestamp:
+        k += 1
+    return k
+
+
 class Grid:
     """Windows of ``size`` seconds starting every ``slide`` seconds at ``offset + k * slide``
     (all in seconds; ``slide == size``: tumbling). Immutable.
@@ -88,9 +101,7 @@ class Grid:
     def windows(self, timestamp: float) -> list[TimeWindow]:
         """Every window holding ``timestamp``, the latest start first (Flink's
         ``SlidingEventTimeWindows.assignWindows``): ``size / slide`` windows, rounded."""
-        k = self.index(timestamp)
-        while self.offset + k * self.slide > timestamp:
-            k -= 1  # the quotient rounded up: a timestamp just below a start (-5e-324)
+        k = _holding_index(timestamp, self.offset, self.slide)
         windows: list[TimeWindow] = []
         while True:
             window = self.window(k)
@@ -157,13 +168,7 @@ class Panes(Grid):
     def pane(self, timestamp: float) -> int:
         """The index ``j`` of the pane holding ``timestamp``: ``offset + j * g <= t <
         offset + (j + 1) * g`` (the float estimate checked both ways)."""
-        offset, g = self.offset, self.g
-        j = _floor_index(timestamp, offset, g)
-        if offset + j * g > timestamp:
-            j -= 1
-        elif offset + (j + 1) * g <= timestamp:
-            j += 1
-        return j
+        return _holding_index(timestamp, self.offset, self.g)
 
     def windows_of(self, j: int) -> tuple[int, int]:
         """Grid indexes ``(first, last)`` of the windows holding pane ``j``."""
