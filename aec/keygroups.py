@@ -136,7 +136,12 @@ def _decimal_bytes(number: decimal.Decimal) -> bytes:
 
 
 def key_group_for(key: object, max_parallelism: int) -> int:
-    """The key group of ``key``: an int in ``range(max_parallelism)``."""
+    """The key group of ``key``: an int in ``range(max_parallelism)``.
+
+    Raises TypeError / ValueError for a ``max_parallelism`` that is not an int >= 1
+    (as ``key_group_range_for``), TypeError for a key of no stable encoding."""
+    if type(max_parallelism) is not int or max_parallelism < 1:
+        _check_max_parallelism(max_parallelism)  # raises, unless an int subclass >= 1
     return zlib.crc32(stable_key_bytes(key)) % max_parallelism
 
 

@@ -596,6 +596,28 @@ def test_backend_failing_to_snapshot_commits_no_checkpoint(tmp_path, async_state
     operator.close()
 
 
+def test_a_commit_whose_last_fsync_fails_leaves_no_checkpoint(tmp_path, monkeypatch):
+    # the rename is the commit, but it is durable only once its directory is synced:
+    # if that fails the snapshot fails, and a failed snapshot commits nothing
+    location = tmp_path / "checkpoints"
+    real = os.fsync
+
+    def fsync(fd):
+        if os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath(location):
+            raise OSError(5, "Input/output error")
+        return real(fd)
+
+    operator = KeyedProcessOperator(Counter(), MemoryBackend())
+    operator.process(Record("k", 1))
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(JobFailure, match="checkpoint 1.*Input/output error"):
+        operator.snapshot(1, location)
+    monkeypatch.setattr(os, "fsync", real)
+    assert os.listdir(location) == []  # neither chk-1 nor a staging directory
+    assert latest_checkpoint(location) is None
+    operator.close()
+
+
 class TimerAfterEach(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: Any) -> None:
         ctx.timer_service.register_event_time_timer(ctx.timestamp + 1)

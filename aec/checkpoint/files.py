@@ -258,7 +258,12 @@ def commit(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    _fsync_directory(parent)
+    try:
+        _fsync_directory(parent)  # the rename is durable once its directory is
+    except BaseException:
+        # not known to be durable: undone, so a snapshot that fails commits nothing
+        shutil.rmtree(target, ignore_errors=True)
+        raise
     return CheckpointHandle(checkpoint_id, target)
 
 
