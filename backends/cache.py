@@ -84,6 +84,7 @@ class CachedBackend(StateBackend):
         capacity_bytes: at most about this many bytes of state in memory (pickled
             sizes plus a per-entry overhead); None: unbounded.
         policy: the eviction policy; only ``"lru"``.
+        capacity: ``capacity_entries`` by the contract's name (keyword; not both).
 
     Answers every sequence of batches exactly as ``MemoryBackend`` does, except
     that maps iterate in encoded-key order (see the module docstring).
@@ -102,7 +103,8 @@ class CachedBackend(StateBackend):
     ``bytes`` (the current size).
 
     Raises:
-        TypeError: ``remote`` is not a StateBackend, a capacity is not an int.
+        TypeError: ``remote`` is not a StateBackend, a capacity is not an int, or both
+            ``capacity`` and ``capacity_entries`` are given.
         ValueError: a capacity < 1, or an unknown ``policy``.
     """
 
@@ -112,9 +114,15 @@ class CachedBackend(StateBackend):
         capacity_entries: int | None = None,
         capacity_bytes: int | None = None,
         policy: str = "lru",
+        *,
+        capacity: int | None = None,
     ) -> None:
         if not isinstance(remote, StateBackend):
             raise TypeError(f"remote must be a StateBackend, got {type(remote).__name__}")
+        if capacity is not None:  # the contract's name: CachedBackend(remote, capacity)
+            if capacity_entries is not None:
+                raise TypeError("give capacity or capacity_entries, not both (the same limit)")
+            capacity_entries = capacity
         self.capacity_entries = _check_capacity("capacity_entries", capacity_entries)
         self.capacity_bytes = _check_capacity("capacity_bytes", capacity_bytes)
         if policy != "lru":

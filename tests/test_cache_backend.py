@@ -629,6 +629,8 @@ def test_spec_pickles_and_builds_a_cache_per_partition(tmp_path):
         ({"capacity_entries": 2.5}, TypeError, "capacity_entries"),
         ({"capacity_bytes": "1MB"}, TypeError, "capacity_bytes"),
         ({"policy": "lfu"}, ValueError, "policy"),
+        ({"capacity": 0}, ValueError, "capacity_entries"),
+        ({"capacity": 5, "capacity_entries": 5}, TypeError, "not both"),
     ],
 )
 def test_bad_arguments_are_rejected_by_name(kwargs, error, match):
@@ -636,6 +638,13 @@ def test_bad_arguments_are_rejected_by_name(kwargs, error, match):
         CachedBackend(MemoryBackend(), **kwargs)
     with pytest.raises(TypeError, match="remote"):
         CachedBackend("redis://")
+
+
+def test_capacity_is_the_contracts_name_for_the_entry_limit():
+    cached = CachedBackend(MemoryBackend(), capacity=3)
+    assert cached.capacity_entries == 3
+    assert cached.spec().build(0).capacity_entries == 3  # what a Spark partition builds
+    cached.close()
 
 
 # --- engine level --------------------------------------------------------------------------
