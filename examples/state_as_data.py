@@ -27,7 +27,12 @@ from pyspark.sql import DataFrame, SparkSession
 from spark_glue import process_keyed_stream, read_state
 from spark_glue.flights import data as flights_data
 from spark_glue.flights import job, stream_job
-from spark_glue.flights.functions import NO_TAILNUM_SCHEMA, ROTATIONS_SCHEMA, Rotations
+from spark_glue.flights.functions import (
+    NO_TAILNUM_SCHEMA,
+    ROTATIONS_SCHEMA,
+    Rotations,
+    rotation_state,
+)
 
 FIRST, NEXT = 600, 300  # departures of the first query, then of the bootstrapped one
 
@@ -36,8 +41,7 @@ class SeededRotations(Rotations):
     """``Rotations`` whose ``previous`` state may come from an initial-state row."""
 
     async def process_initial_state(self, row: dict[str, Any], ctx: Any) -> None:
-        previous = (row["event_time"], row["origin"], row["dest"], row["arr_delay"])
-        await self.previous.async_update(previous)
+        await self.previous.async_update(rotation_state(row, row["event_time"]))
 
 
 def main() -> None:

@@ -81,8 +81,8 @@ def resolve(
     """Each side's key, timestamp and order columns, checked on the driver.
 
     ``key``: a column present on both sides, or a pair ``(left, right)`` of columns
-    or of lists of columns (a plain list of two names is that pair). ``timestamp`` and ``order_by``: a column on both
-    sides or a ``(left, right)`` pair; None for none.
+    or of lists of columns (a plain list of two names is that pair). ``timestamp``
+    and ``order_by``: a column on both sides or a ``(left, right)`` pair; None for none.
 
     Raises:
         TypeError: an argument of another shape; a timestamp column that is not a time.

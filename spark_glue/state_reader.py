@@ -64,6 +64,7 @@ from aec.runtime.timers import TimerQueue
 from aec.state.backend import StateBackend
 from aec.state.serialization import PICKLE, Serializer, resolve
 from aec.windowing.grid import pane_size
+from aec.windowing.operator import ASSIGNER_MARKER
 from aec.windowing.panes import LIVE_PANES
 from aec.windowing.sessions import STATE as SESSIONS
 from aec.windowing.windows import GlobalWindow, TimeWindow
@@ -80,10 +81,9 @@ _ARROW = pa.schema([
 ])  # fmt: skip
 _CHECKPOINT_NAME = re.compile(r"chk-(\d+)$")
 # aec.windowing's states (only in a checkpoint of a window function, which declares its
-# assigner as a state named ASSIGNER + the assigner's description): maps keyed by window
+# assigner as a state named ASSIGNER_MARKER + its description): maps keyed by window
 # (or, for sliding windows kept as panes, by pane index), and values holding a key's
 # sessions or panes
-_ASSIGNER = "window-assigner="
 _WINDOW_MAPS = ("window-contents", "window-timers")
 _WINDOW_SCOPED = ("window-trigger.", "window-process.")  # + a trigger's or function's name
 _SLIDING = re.compile(r"Sliding(?:EventTime|ProcessingTime)Windows\.of\((.+), (.+), (.+)\)$")
@@ -291,11 +291,12 @@ def text(key: Any) -> str:
 
 class _Windows:
     """How a checkpoint's window state names its windows: none unless the checkpoint
-    declares a window assigner (``_ASSIGNER``), so a user's own state named
+    declares a window assigner (``ASSIGNER_MARKER``), so a user's own state named
     ``window-...`` stays what it is."""
 
     def __init__(self, state_names: list[str]) -> None:
-        assigner = next((n[len(_ASSIGNER) :] for n in state_names if n.startswith(_ASSIGNER)), None)
+        marker = ASSIGNER_MARKER
+        assigner = next((n[len(marker) :] for n in state_names if n.startswith(marker)), None)
         self.present = assigner is not None
         # a sliding assigner's panes: (offset, width) as exact fractions
         self.panes: tuple[Fraction, Fraction] | None = None

@@ -390,6 +390,17 @@ class RunsOnLoad:
         return (_touch, (self.path,))
 
 
+def test_an_input_msgpack_would_give_back_changed_is_not_stored_so(tmp_path):
+    # a named tuple would be re-invoked as a plain tuple after the restore
+    pair = collections.namedtuple("Pair", "a b")
+    op = make(Held(), "ordered")
+    op.process(pair(1, 2))
+    with pytest.raises(JobFailure, match="serializer='pickle'") as info:
+        op.snapshot(1, tmp_path)
+    assert "Pair back as tuple" in str(info.value)
+    assert not (tmp_path / "chk-1").exists()
+
+
 def test_inputs_are_stored_as_plain_data_unless_the_operator_opts_in_to_pickle(tmp_path):
     import hashlib
     import json

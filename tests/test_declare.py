@@ -584,20 +584,26 @@ def test_a_serializer_change_under_carried_records_is_refused_naming_the_state(
 
 
 def test_carried_records_of_the_first_format_still_read():
-    # aec-in-flight/1 stored request payloads by the job's serializer
+    # aec-in-flight/2 stores a request payload by its state's serializer (here pickle),
+    # /1 stored it by the job's (msgpack): each is read by its own
     from aec.keygroups import KeyGroupRange
     from aec.runtime import in_flight
-    from aec.state.serialization import SAFE, StateSerializers
+    from aec.state.serialization import PICKLE, SAFE, StateSerializers
 
+    states = StateSerializers()
+    states.register("count", PICKLE)
     record = in_flight.CarriedRecord(
         "k", 3, 7, 1.0, 4, 0.0, 0.0, True, "write", {"seen": 2},
-        [in_flight.StoredRequest(1, "count", None, 5, "")], 0,
+        [in_flight.StoredRequest(1, "count", None, Point(5, 6), "")], 0,
     )  # fmt: skip
-    blob = in_flight.encode([record], SAFE, StateSerializers())
+    blob = in_flight.encode([record], SAFE, states)
     data = SAFE.loads(blob)
     assert data["format"] == "aec-in-flight/2"
-    old = SAFE.dumps({**data, "format": "aec-in-flight/1"})
-    for stored in (blob, old):
-        [back] = in_flight.decode([stored], "chk-1", KeyGroupRange(0, 127), SAFE,
-                                  StateSerializers())  # fmt: skip
-        assert back == record
+    assert data["records"][0][10][0][3] == PICKLE.dumps(Point(5, 6))
+    first = [row[:10] + [[[1, "count", SAFE.dumps(None), SAFE.dumps(5), ""]]] + row[11:]
+             for row in data["records"]]  # fmt: skip
+    old = SAFE.dumps({"format": "aec-in-flight/1", "records": first})
+    [now] = in_flight.decode([blob], "chk-1", KeyGroupRange(0, 127), SAFE, states)
+    [then] = in_flight.decode([old], "chk-1", KeyGroupRange(0, 127), SAFE, states)
+    assert now == record and type(now.requests[0].value) is Point
+    assert then.requests[0].value == 5 and then.variables == {"seen": 2}

@@ -209,7 +209,6 @@ def test_a_record_of_another_key_group_is_refused_and_the_operator_stays_usable(
     assert operator.metrics["records_in"] == 2
 
 
-
 @pytest.mark.parametrize(
     "bad, error", [(0, ValueError), (-4, ValueError), (2.5, TypeError), (True, TypeError)]
 )  # fmt: skip
@@ -218,6 +217,7 @@ def test_key_group_for_refuses_a_max_parallelism_as_key_group_range_for_does(bad
         key_group_for("b", bad)
     with pytest.raises(error, match="max_parallelism"):
         key_group_range_for(bad, 1, 0)
+
 
 @pytest.mark.parametrize("bad", [KeyGroupRange(0, 8), KeyGroupRange(7, 9), KeyGroupRange(3, 2)])
 def test_a_key_group_range_outside_max_parallelism_is_refused(bad):

@@ -31,7 +31,7 @@ from aec.checkpoint import files as checkpoint
 from aec.checkpoint.files import CheckpointHandle
 from aec.checkpoint.storage import local_copy
 from aec.elements import Watermark
-from aec.state.serialization import Serializer
+from aec.state.serialization import Serializer, dumps_exactly
 
 __all__ = ["encode", "files", "read"]
 
@@ -61,8 +61,9 @@ def encode(queued: Iterable[AsyncEntry | Watermark], watermark: float) -> Inputs
 def files(mode: str, capacity: int, inputs: Inputs, serializer: Serializer) -> dict[str, bytes]:
     """``name -> bytes`` of the checkpoint (``aec.checkpoint.files.write_files``).
 
-    Raises TypeError for an input value ``serializer`` cannot store (named, with the
-    way to opt in to pickle).
+    Raises TypeError for an input value ``serializer`` cannot store, or would give
+    back changed (a named tuple as a tuple: ``dumps_exactly``), naming it, with the way
+    to opt in to pickle.
     """
     metadata = {
         "format": checkpoint.FORMAT,
@@ -72,8 +73,8 @@ def files(mode: str, capacity: int, inputs: Inputs, serializer: Serializer) -> d
         "serializer": serializer.name,
         "inputs": sum(1 for e in inputs["elements"] if e[0] == "record"),
     }
-    try:
-        stored = serializer.dumps(inputs)
+    try:  # restored inputs are re-invoked: they must come back as they were
+        stored = dumps_exactly(serializer, inputs)
     except TypeError as exc:
         raise TypeError(
             f"an input cannot be stored by the {serializer.name!r} serializer ({exc}); "

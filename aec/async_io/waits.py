@@ -198,22 +198,24 @@ def batch_wait(
 def _iterate(
     source: Iterable[IN | Watermark], operator: AsyncWaitOperator[IN, OUT]
 ) -> Iterator[OUT | Watermark]:
-    """``_drive`` over ``source``, checked now (not at the first ``next()``): a
+    """``_drive`` over ``iter(source)``, taken now (not at the first ``next()``): a
     ``TypeError`` names a ``source`` that is no iterable."""
-    kind = type(source)
-    if not (hasattr(kind, "__iter__") or hasattr(kind, "__getitem__")):
-        raise TypeError(f"source must be an iterable of inputs and watermarks, got {source!r}")
-    return _drive(source, operator)
+    try:
+        elements = iter(source)
+    except TypeError:
+        raise TypeError(
+            f"source must be an iterable of inputs and watermarks, got {source!r}"
+        ) from None
+    return _drive(elements, operator)
 
 
 def _drive(
-    source: Iterable[IN | Watermark], operator: AsyncWaitOperator[IN, OUT]
+    elements: Iterator[IN | Watermark], operator: AsyncWaitOperator[IN, OUT]
 ) -> Iterator[OUT | Watermark]:
     """Drive ``operator`` over ``source``: completions first, then emission, then new
     input only while there is room (so ``source`` is never pulled ahead of capacity)."""
     try:
         operator.open()
-        elements = iter(source)
         exhausted = False
         while True:
             operator.advance()

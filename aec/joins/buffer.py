@@ -56,8 +56,7 @@ MIN_WIDTH = 1e-6
 _SPAN = sys.float_info.max  # the largest float: bounds a huge span apart, and overflows
 # A bucket range is widened at each end by this many units in the last place: a bound
 # computed with two roundings (``timestamp + bound + shift``) is within a few of the
-# exact one; a margin relative to the timestamp instead made a 1 ms interval at epoch
-# seconds read five buckets, a microsecond one thousands.
+# exact one
 _ULPS = 8
 
 

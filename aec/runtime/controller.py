@@ -28,8 +28,8 @@ Invariants (mailbox thread only):
   other keys may interleave in any order (rule 2), so the results are those
   of the buffered path; the buffer keeps batching the records of other keys.
   The same holds for a request made in a callback of a completed request
-  (``completing``; inline executor only) or of a completed external call (on a
-  store that does not prefer batches): its record holds its key. Either
+  (``completing``; inline executor only) or of a completed external call (inline
+  executor, store not preferring batches): its record holds its key. Either
   runs at once only when none of its record's requests is still queued
   (``RecordContext.queued``), so a record's requests reach the backend in
   submission order, and, when the executor ``prefers_batches`` (a store call
@@ -78,7 +78,6 @@ if TYPE_CHECKING:
 R = TypeVar("R")  # a future's result (wait_for)
 HOLDER = TypeVar("HOLDER", bound=RecordContext)  # a context kind (start_holding)
 BLOCKED_FLUSH = 100  # records blocked since the last flush that make the next one due
-_SAMPLED = RECORD_SAMPLE - 1  # a record whose sequence & _SAMPLED is 1 has its latency measured
 
 Completion = tuple[list[StateRequest], BaseException | None]  # an executor's mail
 
@@ -132,6 +131,7 @@ class AsyncExecutionController:
         "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_claim",
         "holding", "max_in_flight", "batches", "requests", "ran_alone", "blocked",
         "batch_sizes", "request_latency", "record_latency", "_sent", "_untimed",
+        "_unsampled",
     )  # fmt: skip
 
     def __init__(
@@ -181,6 +181,7 @@ class AsyncExecutionController:
         self.record_latency = latency_histogram()  # admission to finish, sampled records
         self._sent: dict[int, float] = {}  # id(sampled batch) -> monotonic seconds at hand-off
         self._untimed = 1  # batches to hand over until the next one timed (the first is)
+        self._unsampled = 1  # contexts to admit until the next one timed (the first is)
 
     def _bind_mode(self) -> None:
         """The mode's rules, bound once (``StateOrderedController`` binds its own)."""
@@ -208,7 +209,11 @@ class AsyncExecutionController:
         if in_flight > self.max_in_flight:
             self.max_in_flight = in_flight
         self.epochs.enter(context.epoch)
-        if context.sequence & _SAMPLED == 1:  # the first (sequences start at 1), then 1 in 16
+        unsampled = self._unsampled - 1
+        if unsampled:
+            self._unsampled = unsampled
+        else:  # the first context admitted, then one in RECORD_SAMPLE
+            self._unsampled = RECORD_SAMPLE
             context.admitted = monotonic()
         claim = self._claim  # a slot read, then a call: CPython 3.11 caches both
         if claim(context.key, context) is context:

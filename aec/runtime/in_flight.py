@@ -116,9 +116,9 @@ def carry(
     work handed out (the AEC holds its buffered requests back meanwhile), then
     ``capture`` and ``encode``: the carried records and their bytes. ``(None, b"")``
     (the AEC no longer holding) when the checkpoint must drain: a closed epoch is
-    still finishing, a record cannot be carried, or a record's key, value or request
-    payload is one ``serializer`` (``states``' for a payload) cannot store exactly. A
-    declared variable it cannot store exactly raises
+    still finishing, a record cannot be carried, a record's key or value is one
+    ``serializer`` cannot store exactly, or a request payload one its state's serializer
+    (in ``states``) cannot store. A declared variable it cannot store exactly raises
     ``Unserializable`` (the contract: declared variables are storable). The caller
     sets ``controller.holding`` back to False once the checkpoint is written."""
     if not epochs.all_closed_done():

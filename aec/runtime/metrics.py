@@ -6,9 +6,9 @@
 Always on, so cheap: a histogram insert is a bisect over fixed log-spaced bucket
 bounds (no per-sample storage); batch sizes, whole numbers bounded by the buffer
 size, are counted exactly in a dict (``count_summary``); latencies are sampled: a
-record's (the first record and one in ``RECORD_SAMPLE`` after it) and a batch's requests' (the first batch
-and one in ``BATCH_SAMPLE``: a skewed run hands over a batch every few records, and
-two clock reads, a dict entry and an insert per batch cost it about 2 %); a
+record's (the first and one in ``RECORD_SAMPLE`` after it) and a batch's requests'
+(the first and one in ``BATCH_SAMPLE``: a skewed run hands over a batch every few
+records, and two clock reads, a dict entry and an insert per batch cost it about 2 %); a
 histogram's ``count`` is what was measured. Hot keys count only records that had to
 wait for their key.
 """

@@ -187,7 +187,7 @@ def _default(value: Any) -> object:
     if isinstance(value, tuple):  # a named tuple: its fields, as a plain tuple
         return _new_ext(_ExtType, (_TUPLE, _pack_nested(list(value))))
     raise TypeError(
-        f"the 'msgpack' state serializer cannot store a {kind.__module__}.{kind.__qualname__} "
+        f"the 'msgpack' state serializer cannot store a {describe_type(value)} "
         "(it keeps plain data: None, bool, int, float, str, bytes, tuples, lists, dicts, "
         "sets, dates, times and Decimal); convert the value to plain data, or opt in to "
         "pickle for this state (serializer='pickle' on its descriptor) or for the job "
@@ -279,40 +279,46 @@ def dumps_exactly(serializer: Serializer, value: object) -> bytes:
     """``serializer.dumps(value)``, checked to come back as ``value`` itself: equal, and
     of the same types all the way down (msgpack gives a named tuple back as a tuple,
     a ``bytearray`` as ``bytes``). For what must be restored as it was, not as state
-    is (a record in flight, a declared variable).
+    is (a record in flight, a declared variable, an async I/O input).
 
     Raises:
-        TypeError: the value would come back changed (naming the type it would lose).
+        TypeError: the value would come back changed (naming the first part that would,
+            and its type after the round trip).
         Exception: the serializer's own error for a value it cannot store.
     """
     data = serializer.dumps(value)
-    back = serializer.loads(data)
-    if not _same(back, value):
-        raise TypeError(
-            f"the {serializer.name!r} serializer would give {describe_type(value)} back as "
-            f"{describe_type(back)} (or with other contents)"
-        )
+    change = _change(value, serializer.loads(data))
+    if change is not None:
+        raise TypeError(f"the {serializer.name!r} serializer would give {change}")
     return data
 
 
-def _same(a: object, b: object) -> bool:
-    """``a == b`` with the same types at every level (NaN equals NaN)."""
+def _change(a: object, b: object) -> str | None:
+    """The first part of ``a`` that ``b`` does not give back as it is (``"<type> back as
+    <type>"``), or None: ``a == b`` with the same types at every level (NaN equals NaN)."""
     if type(a) is not type(b):
-        return False
+        return f"{describe_type(a)} back as {describe_type(b)}"
     if isinstance(a, (list, tuple)):
         other = cast("list[object] | tuple[object, ...]", b)
-        return len(a) == len(other) and all(map(_same, a, other))
+        if len(a) != len(other):
+            return f"a {describe_type(a)} of {len(a)} back with {len(other)}"
+        return next((c for x, y in zip(a, other, strict=True) if (c := _change(x, y))), None)
     if isinstance(a, dict):
         mapping = cast("dict[object, object]", b)
-        return len(a) == len(mapping) and all(
-            _same(ka, kb) and _same(va, vb)
-            for (ka, va), (kb, vb) in zip(a.items(), mapping.items(), strict=True)
-        )
+        if len(a) != len(mapping):
+            return f"a dict of {len(a)} entries back with {len(mapping)}"
+        for (ka, va), (kb, vb) in zip(a.items(), mapping.items(), strict=True):
+            change = _change(ka, kb) or _change(va, vb)
+            if change is not None:
+                return change
+        return None
     if isinstance(a, (set, frozenset)):
-        return a == b and sorted(map(repr, a)) == sorted(map(repr, cast("set[object]", b)))
+        if a != b or sorted(map(repr, a)) != sorted(map(repr, cast("set[object]", b))):
+            return f"a {describe_type(a)} back changed"
+        return None
     if isinstance(a, float) and a != a:
-        return b != b
-    return a == b
+        return None if b != b else f"{a!r} back as {b!r}"
+    return None if a == b else f"{a!r} back as {b!r}"
 
 
 def describe_type(value: object) -> str:

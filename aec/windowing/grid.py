@@ -4,8 +4,10 @@ Tumbling and sliding windows lie on the grid ``start = offset + k * slide``,
 ``end = start + size`` (an integer index ``k``; tumbling: ``slide == size``). Every
 time window of the package is computed here from its index, never as ``t - t % size``
 (float drift), so a window rebuilt from a timer's time is bit-for-bit the window a
-record was put in. The contract's start formula is taken as written:
-``offset + floor((t - offset) / slide) * slide``, evaluated in floats, no nudging.
+record was put in. A tumbling slot takes the contract's start formula as written:
+``offset + floor((t - offset) / slide) * slide``, evaluated in floats, no nudging
+(``slot``, ``index``). Sliding windows and panes follow the contract's rule that
+their bounds hold ``t`` as the floats compute them (``_holding_index``).
 
 Sliding windows over an aggregate or a reduce are kept as panes (slices) of
 ``g = gcd(size, slide)`` seconds (``Panes``, Flink SQL's slicing): pane ``j`` holds
@@ -45,10 +47,13 @@ def _floor_index(timestamp: float, offset: float, step: float) -> int:
 
 def _holding_index(timestamp: float, offset: float, step: float) -> int:
     """The ``k`` with ``offset + k * step <= timestamp < offset + (k + 1) * step`` as the
-    floats compute those bounds: ``_floor_index``, corrected when the quotient rounded
+    floats compute those bounds: the floor of the quotient, corrected when it rounded
     up (a timestamp just below a start) or down (one exactly on a start, as 4.1 on the
     grid ``0.1 + k``). ValueError as ``_floor_index``."""
-    k = _floor_index(timestamp, offset, step)
+    try:  # _floor_index's floor, inline: the pane path asks once per record
+        k = math.floor((timestamp - offset) / step)
+    except (OverflowError, ValueError):
+        return _floor_index(timestamp, offset, step)  # raises, naming the timestamp
     while offset + k * step > timestamp:
         k -= 1
     while offset + (k + 1) * step <= timestamp:

@@ -60,6 +60,10 @@ class Driver(Protocol):
     def on_timer(self, time: float, ctx: Context) -> Awaitable[None] | None: ...
 
 
+# the start of the state name a window function declares for its assigner (never written)
+ASSIGNER_MARKER = "window-assigner="
+
+
 class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
     """The function ``window(...)`` returns; see ``aec.windowing.window``. Once opened it
     is the ``WindowFunction`` its drivers see (the attributes are set in ``open``)."""
@@ -126,7 +130,7 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
     def assigner_marker(self) -> str:
         """A state name naming the assigner: in the checkpoint's state names, so a
         restore into a function with another assigner is refused (``check_restore``)."""
-        return f"window-assigner={self.spec.assigner.describe()}"
+        return f"{ASSIGNER_MARKER}{self.spec.assigner.describe()}"
 
     def check_restore(self, state_names: list[str]) -> None:
         """Called by the operator's ``restore`` with the checkpoint's state names.
@@ -135,7 +139,7 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
             ValueError: the checkpoint was taken with another window assigner, or keeps
                 sessions in the other layout.
         """
-        theirs = [n for n in state_names if n.startswith("window-assigner=")]
+        theirs = [n for n in state_names if n.startswith(ASSIGNER_MARKER)]
         mine = self.assigner_marker()
         if theirs and theirs != [mine]:
             raise ValueError(
