@@ -152,8 +152,11 @@ def async_udf(
 
     The result is used like any pandas UDF: ``df.select(f("url"))``,
     ``df.filter(f("x"))``, ``spark.udf.register("f", f)`` for SQL. Each argument
-    arrives as the row's Python value (``None`` for null); the return value must fit
-    ``return_type``.
+    arrives as the row's Python value, as Spark hands it to a pandas UDF and then made
+    plain (``_plain``): ``None`` for null (pandas' NaN, NaT or NA: a double NaN too,
+    which pandas does not tell from null), a list for an array, a dict for a map or a
+    struct; an integer column with nulls in the batch gives floats (pandas holds it as
+    float64). The return value must fit ``return_type``.
 
     Args:
         return_type: the Spark type of the result (``DataType`` or DDL string).
@@ -310,6 +313,34 @@ class _PendingBatch:
         self.index = index
 
 
+def _plain_values(column: pd.Series | pd.DataFrame) -> list[Any]:
+    """A pandas UDF argument's values as plain Python values (``_plain``); a struct
+    column, which arrives as a DataFrame of its fields, as one dict per row."""
+    if isinstance(column, pd.DataFrame):
+        names = [str(name) for name in column.columns]
+        fields = [_plain_values(column[name]) for name in column.columns]
+        return [dict(zip(names, row, strict=True)) for row in zip(*fields, strict=True)]
+    return [_plain(value) for value in column.tolist()]
+
+
+def _plain(value: Any) -> Any:
+    """``None`` for pandas' missing values (NaN, NaT, NA), a list for a numpy array
+    (an array argument) and a Python number for a numpy one, recursively; anything
+    else as it is."""
+    if value is None or value is pd.NaT or value is pd.NA:
+        return None
+    if isinstance(value, float):
+        return None if value != value else value
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    tolist = getattr(value, "tolist", None)  # a numpy array (an array argument) or scalar
+    if tolist is not None and not isinstance(value, (str, bytes)):
+        return _plain(tolist())
+    return value
+
+
 def _udf_batches(
     batches: Iterator[Any], calls: Callable[[Iterator[Any]], Iterator[Any]], tagged: bool = True
 ) -> Iterator[tuple[list[Any], pd.Index]]:
@@ -331,7 +362,7 @@ def _udf_batches(
             columns = batch if isinstance(batch, tuple) else (batch,)
             size = len(columns[0])
             waiting.append(_PendingBatch(position, size, columns[0].index))
-            values = [column.tolist() for column in columns]
+            values = [_plain_values(column) for column in columns]
             if not tagged:
                 yield from values[0] if len(values) == 1 else zip(*values, strict=True)
                 position += size

@@ -66,6 +66,44 @@ def test_async_udf_with_several_columns_and_nulls(spark, ordered):
         assert row.s == (None if row.b is None else row.a + row.b)
 
 
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_async_udf_arguments_are_plain_python_values(spark, batch_size):
+    # a null is None (pandas hands the UDF NaN for a number, NaT for a time), a struct a
+    # dict (pandas hands a DataFrame of its fields), an array a list (a numpy array)
+    def describe(n, st, xs):
+        return (
+            "null" if n is None else f"{type(n).__name__}:{int(n)}",
+            "null" if st is None else f"{type(st).__name__}:{sorted(st.items())}",
+            "null" if xs is None else f"{type(xs).__name__}:{xs}",
+        )
+
+    if batch_size is None:
+
+        @async_udf("array<string>", capacity=4)
+        async def show(n, st, xs):
+            return list(describe(n, st, xs))
+
+    else:
+
+        @async_udf("array<string>", capacity=4, batch_size=batch_size)
+        async def show(values):
+            return [list(describe(*row)) for row in values]
+
+    df = spark.sql(
+        "select i, if(i % 2 = 0, null, i * 10) as n, named_struct('a', i, 'b', 'x') as st, "
+        "array(i, i + 1) as xs from range(6) as t(i)"
+    ).repartition(1)
+    rows = df.select("i", show("n", "st", "xs").alias("d")).orderBy("i").collect()
+    for row in rows:
+        i = row.i
+        if i % 2 == 0:
+            assert row.d[0] == "null"
+        else:  # a bigint column with nulls in the batch is float64 in pandas
+            assert row.d[0] in (f"float:{10 * i}", f"int:{10 * i}")
+        assert row.d[1] == f"dict:{[('a', i), ('b', 'x')]}"
+        assert row.d[2] == f"list:{[i, i + 1]}"
+
+
 def test_async_udf_in_filter_and_sql(spark):
     @async_udf("boolean", capacity=10)
     async def is_even(x):
