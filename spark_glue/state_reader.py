@@ -64,7 +64,7 @@ from aec.runtime.timers import TimerQueue
 from aec.state.backend import StateBackend
 from aec.state.serialization import PICKLE, Serializer, resolve
 from aec.windowing.grid import pane_size
-from aec.windowing.operator import ASSIGNER_MARKER
+from aec.windowing.operator import ASSIGNER_MARKER, CONTENTS, SCOPED_PREFIXES, TIMERS
 from aec.windowing.panes import LIVE_PANES
 from aec.windowing.sessions import STATE as SESSIONS
 from aec.windowing.windows import GlobalWindow, TimeWindow
@@ -84,8 +84,6 @@ _CHECKPOINT_NAME = re.compile(r"chk-(\d+)$")
 # assigner as a state named ASSIGNER_MARKER + its description): maps keyed by window
 # (or, for sliding windows kept as panes, by pane index), and values holding a key's
 # sessions or panes
-_WINDOW_MAPS = ("window-contents", "window-timers")
-_WINDOW_SCOPED = ("window-trigger.", "window-process.")  # + a trigger's or function's name
 _SLIDING = re.compile(r"Sliding(?:EventTime|ProcessingTime)Windows\.of\((.+), (.+), (.+)\)$")
 
 # The file (or directory) each backend's snapshot writes, and the backend that reads it:
@@ -312,7 +310,7 @@ class _Windows:
         if not self.present:
             return False
         if kind == "map":
-            return name in _WINDOW_MAPS or name.startswith(_WINDOW_SCOPED)
+            return name in (CONTENTS, TIMERS) or name.startswith(SCOPED_PREFIXES)
         return name in (SESSIONS, LIVE_PANES)
 
     def split(self, name: str, stored: Any) -> Iterator[tuple[str, Any]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aec.declare.program import DeclaredProgram
 from aec.functions import Context
@@ -314,8 +315,7 @@ def decode(
                     key, int(key_group), loads(value), timestamp, int(sequence),
                     float(watermark), float(processing_time), bool(started), next_step,
                     None if variables is None else {n: loads(v) for n, v in variables.items()},
-                    [StoredRequest(int(op), str(state), payloads(state).loads(uk),
-                                   payloads(state).loads(v), str(kind))
+                    [_stored(payloads(state), op, state, uk, v, kind)
                      for op, state, uk, v, kind in requests],
                     awaited,
                 ))  # fmt: skip
@@ -329,6 +329,16 @@ def decode(
                 raise ValueError(f"the in-flight records of {where} hold a request of kind "
                                  f"{request.kind!r}")
     return records
+
+
+def _stored(
+    payload: Serializer, op: Any, state: Any, user_key: bytes, value: bytes, kind: Any
+) -> StoredRequest:
+    """A stored request read back (fields as ``encode`` wrote them), its payloads by
+    ``payload``."""
+    return StoredRequest(
+        int(op), str(state), payload.loads(user_key), payload.loads(value), str(kind)
+    )
 
 
 def readmitted(

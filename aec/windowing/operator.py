@@ -62,6 +62,18 @@ class Driver(Protocol):
 
 # the start of the state name a window function declares for its assigner (never written)
 ASSIGNER_MARKER = "window-assigner="
+CONTENTS = "window-contents"  # MapState: window key (or pane index) -> contents
+TIMERS = "window-timers"  # MapState: window key -> its timers
+SESSIONS_APART = "window-sessions"  # ValueState: a key's sessions, contents kept apart
+
+
+def scoped_state_name(kind: str, name: str) -> str:
+    """The MapState (per window) of a trigger's (``kind`` "trigger") or process
+    function's ("process") own state ``name``."""
+    return f"window-{kind}.{name}"
+
+
+SCOPED_PREFIXES = tuple(scoped_state_name(kind, "") for kind in ("trigger", "process"))
 
 
 class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
@@ -87,14 +99,14 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
         # the session driver keeps contents with the sessions, the chain mode panes as one
         # value per key: no window-contents then
         apart = not (together or path.chain)
-        store = ctx.get_state(MapStateDescriptor("window-contents")) if apart else None
-        index = None if path.implied else ctx.get_state(MapStateDescriptor("window-timers"))
+        store = ctx.get_state(MapStateDescriptor(CONTENTS)) if apart else None
+        index = None if path.implied else ctx.get_state(MapStateDescriptor(TIMERS))
         self.timers = WindowTimers(index, path.implied)
         self.session_contents = (
             ctx.get_state(ValueStateDescriptor(session_driver.STATE)) if together else None
         )
         merging = path.sessions == "apart"
-        self.sessions = ctx.get_state(ValueStateDescriptor("window-sessions")) if merging else None
+        self.sessions = ctx.get_state(ValueStateDescriptor(SESSIONS_APART)) if merging else None
         live = ctx.get_state(ValueStateDescriptor(LIVE_PANES)) if path.chain else None
         self.grid = assigner.grid if isinstance(assigner, SlidingEventTimeWindows) else None
         contents = spec.make_contents(store)
@@ -150,7 +162,7 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
         # contents on the session driver only, panes as one value in the chain mode only
         path = choose_path(self.spec, None)
         together = session_driver.STATE in state_names
-        if (together or "window-sessions" in state_names) and together != (
+        if (together or SESSIONS_APART in state_names) and together != (
             path.sessions == "together"
         ):
             layouts = ("apart from", "with")
@@ -160,7 +172,7 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
                 "process function changed, or a checkpoint of an earlier version)"
             )
         live = LIVE_PANES in state_names
-        if live != path.chain and (live or "window-contents" in state_names):
+        if live != path.chain and (live or CONTENTS in state_names):
             layouts = ("one entry per pane or window", "one value per key")
             raise ValueError(
                 f"the checkpoint keeps sliding windows' panes as {layouts[live]}; this "
@@ -178,7 +190,7 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
 
     # -- state per key and window -----------------------------------------------------------
     def window_store(self, descriptor: StateDescriptor, kind: str) -> MapState:
-        name = f"window-{kind}.{descriptor.name}"
+        name = scoped_state_name(kind, descriptor.name)
         store = self._stores.get(name)
         if store is None:
             store = self._stores[name] = self._runtime.get_state(MapStateDescriptor(name))
