@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import aiohttp
+import orjson
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 from aiohttp import web
 
@@ -48,6 +49,9 @@ DEFAULT_ITEM_LATENCY = 0.00005  # seconds per lookup a batch request carries
 DEFAULT_FAILURE_RATE = 0.01  # share of requests answered 503
 CONNECTIONS = 100  # per event loop of a caller
 REQUEST_TIMEOUT = 10.0  # seconds per HTTP request: a stuck one fails and is retried
+# the caller's bodies are JSON, encoded and decoded by orjson: a batch answer of 32 rows
+# decodes in a third of the standard library's time, a per-item cost a batch call pays
+_JSON_BODY = {"Content-Type": "application/json"}
 
 
 class ServiceError(Exception):
@@ -354,25 +358,26 @@ class ServiceClient:
             if response.status >= 500:
                 raise ServiceError(f"{self.url}{path}: HTTP {response.status}")
             response.raise_for_status()
-            return await response.json()
+            return orjson.loads(await response.read())
 
     async def _post(self, path: str, lookups: list[Any]) -> list[Any]:
         if not lookups:
             return []
         session = _session_of_this_loop()
-        async with session.post(self.url + path, json=lookups) as response:
+        body = orjson.dumps(lookups)
+        async with session.post(self.url + path, data=body, headers=_JSON_BODY) as response:
             if response.status >= 500:
                 raise ServiceError(f"{self.url}{path}: HTTP {response.status}")
             response.raise_for_status()
-            rows: list[Any] = await response.json()
+            rows: list[Any] = orjson.loads(await response.read())
             return rows
 
 
 async def _json_list(request: web.Request) -> list[Any] | None:
     """The request's JSON body if it is a list, else None."""
     try:
-        body = await request.json()
-    except ValueError:
+        body = orjson.loads(await request.read())
+    except ValueError:  # orjson's JSONDecodeError is one
         return None
     return body if isinstance(body, list) else None
 
