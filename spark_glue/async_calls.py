@@ -41,7 +41,13 @@ from aec.async_io import AsyncBatchFunction, AsyncFunction, batch_wait, ordered_
 from aec.async_io.operator import check_capacity
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from aec.runtime.batch_queue import batch_results, check_max_batch_size, check_max_wait
-from spark_glue.convert import arrow_schema, encode_columns, rows_as_dicts, struct_type
+from spark_glue.convert import (
+    arrow_schema,
+    check_values,
+    encode_columns,
+    rows_as_dicts,
+    struct_type,
+)
 from spark_glue.workers import ensure_workers
 
 DEFAULT_CAPACITY = 100  # calls in flight per Spark task
@@ -156,7 +162,13 @@ def async_udf(
     plain (``_plain``): ``None`` for null (pandas' NaN, NaT or NA: a double NaN too,
     which pandas does not tell from null), a list for an array, a dict for a map or a
     struct; an integer column with nulls in the batch gives floats (pandas holds it as
-    float64). The return value must fit ``return_type``.
+    float64). The return value must fit ``return_type`` by the rules of the glue's
+    outputs (``spark_glue.convert.encode_columns``): an integer type takes ints and
+    floats with an integral value, a struct a dict, a tuple in field order or a
+    ``Row`` whose fields fit theirs; a value that does not fit fails the job with a
+    ``TypeError`` naming the UDF and the value, where pandas would coerce it silently
+    (``1.5`` in a ``bigint`` would become 1). A struct takes a dict's values of its
+    fields by name and ignores its other keys, as PySpark's Python UDFs do.
 
     Args:
         return_type: the Spark type of the result (``DataType`` or DDL string).
@@ -216,6 +228,7 @@ def async_udf(
             # pyspark's stub lists atomic and array return types; struct types work too
             udf = pandas_udf(body, return_type, PythonEvalType.SQL_SCALAR_PANDAS_ITER_UDF)  # type: ignore[arg-type]
         resolved = udf.returnType  # a DDL string is parsed here (pandas_udf needs a session)
+        body.return_type = resolved
         if isinstance(resolved, T.StructType):
             body.struct_fields = resolved.fieldNames()
         return udf
@@ -243,6 +256,7 @@ class _UdfBody:
         self.retry = retry
         self.ordered = ordered
         self.batching = batching  # (batch_size, batch_timeout) for a batched UDF
+        self.return_type: T.DataType | None = None  # set by async_udf once resolved
         self.struct_fields: list[str] | None = None  # set when the result is a struct
         self.__name__ = getattr(fn, "__name__", "async_udf")  # Spark names the UDF after it
         self.__doc__ = fn.__doc__
@@ -250,6 +264,9 @@ class _UdfBody:
     def __call__(self, batches: Iterator[Any]) -> Iterator[pd.Series | pd.DataFrame]:
         results = _udf_batches(batches, self._calls, self._tagged)
         for values, index in results:
+            if self.return_type is not None:  # pandas would coerce what does not fit
+                what = f"async_udf {self.__name__!r} returned a value its type cannot hold"
+                check_values(_fields_only(values, self.struct_fields), self.return_type, what)
             if self.struct_fields is None:
                 yield pd.Series(values, index=index, dtype=object)
             else:
@@ -277,6 +294,18 @@ class _UdfBody:
             mode="ordered" if self.ordered else "unordered",
             retry=_Untagged(self.retry) if tagged else self.retry,
         )  # fmt: skip
+
+
+def _fields_only(values: list[Any], fields: list[str] | None) -> list[Any]:
+    """Struct results (``fields``: the type's field names; None: not a struct) with each
+    mapping cut to those fields, as ``_struct_frame`` reads it (PySpark's Python UDFs
+    ignore a dict's other keys too); anything else as it is."""
+    if fields is None:
+        return values
+    return [
+        {name: value.get(name) for name in fields} if isinstance(value, Mapping) else value
+        for value in values
+    ]
 
 
 def _struct_frame(values: list[Any], fields: list[str], index: pd.Index) -> pd.DataFrame:

@@ -225,6 +225,48 @@ def test_batched_async_udf_result_of_the_wrong_length_fails_the_job(spark):
         _numbers(spark, 8, partitions=1).select(short("x")).collect()
 
 
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_async_udf_results_that_do_not_fit_the_type_fail_the_job_naming_them(spark, batch_size):
+    # pandas would make 3.5 a 3 in a bigint column, in a struct's field or in an array
+    if batch_size is None:
+
+        @async_udf("bigint", capacity=4)
+        async def half(x):
+            return x + 0.5 if x == 3 else x
+
+    else:
+
+        @async_udf("bigint", capacity=4, batch_size=batch_size)
+        async def half(values):
+            return [x + 0.5 if x == 3 else x for x in values]
+
+    numbers = _numbers(spark, 8, partitions=1)
+    with pytest.raises(Exception, match=r"async_udf 'half' .*: 3\.5 is not an integral value"):
+        numbers.select(half("x")).collect()
+
+    @async_udf("struct<a:int>", capacity=4)
+    async def field(x):
+        return {"a": x / 2, "b": "other keys are ignored, as PySpark's UDFs do"}
+
+    with pytest.raises(Exception, match=r"async_udf 'field' .*at result\.a: 0\.5 is not an"):
+        numbers.select(field("x")).collect()
+
+    @async_udf("array<bigint>", capacity=4)
+    async def nested(x):
+        return [x, x / 2]
+
+    with pytest.raises(Exception, match=r"async_udf 'nested' .*0\.5 is not an integral value"):
+        numbers.select(nested("x")).collect()
+
+    @async_udf("bigint", capacity=4)
+    async def whole(x):
+        return float(x)  # an integral float fits: kept as the integer
+
+    rows = numbers.select("x", whole("x").alias("w")).collect()
+    assert sorted((r.x, r.w) for r in rows) == [(i, i) for i in range(8)]
+    assert all(type(r.w) is int for r in rows)
+
+
 def test_batched_async_udf_rejects_bad_batch_arguments():
     with pytest.raises(ValueError, match="batch_size"):
         async_udf("int", batch_size=0)
