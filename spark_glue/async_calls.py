@@ -263,14 +263,17 @@ class _UdfBody:
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[pd.Series | pd.DataFrame]:
         results = _udf_batches(batches, self._calls, self._tagged)
+        fields = self.struct_fields
         for values, index in results:
+            if fields is not None:
+                values = [_by_name(value, fields) for value in values]
             if self.return_type is not None:  # pandas would coerce what does not fit
                 what = f"async_udf {self.__name__!r} returned a value its type cannot hold"
-                check_values(_fields_only(values, self.struct_fields), self.return_type, what)
-            if self.struct_fields is None:
+                check_values(values, self.return_type, what)
+            if fields is None:
                 yield pd.Series(values, index=index, dtype=object)
             else:
-                yield _struct_frame(values, self.struct_fields, index)
+                yield _struct_frame(values, fields, index)
 
     @property
     def _tagged(self) -> bool:
@@ -296,21 +299,21 @@ class _UdfBody:
         )  # fmt: skip
 
 
-def _fields_only(values: list[Any], fields: list[str] | None) -> list[Any]:
-    """Struct results (``fields``: the type's field names; None: not a struct) with each
-    mapping cut to those fields, as ``_struct_frame`` reads it (PySpark's Python UDFs
-    ignore a dict's other keys too); anything else as it is."""
-    if fields is None:
-        return values
-    return [
-        {name: value.get(name) for name in fields} if isinstance(value, Mapping) else value
-        for value in values
-    ]
+def _by_name(value: Any, fields: list[str]) -> Any:
+    """A struct result as its fields by name when it has names: a mapping's or a named
+    ``Row``'s values of ``fields`` (other keys ignored, as PySpark's Python UDFs ignore
+    them); a tuple or list in field order, None or anything else as it is."""
+    if getattr(value, "__fields__", None):  # a pyspark Row built with names
+        value = cast(T.Row, value).asDict()
+    if isinstance(value, Mapping):
+        return {name: value.get(name) for name in fields}
+    return value
 
 
 def _struct_frame(values: list[Any], fields: list[str], index: pd.Index) -> pd.DataFrame:
-    """A struct result per row (a dict, a ``Row`` or a tuple in field order; None: all
-    fields null) as the DataFrame a pandas UDF returns for a struct type."""
+    """A struct result per row (a dict, or a tuple or list in field order: ``_by_name``
+    made the rest so; None: all fields null) as the DataFrame a pandas UDF returns for a
+    struct type."""
     rows = []
     for value in values:
         if value is None:

@@ -181,9 +181,9 @@ def encode_rows(rows: Sequence[Any], schema: T.StructType, target: pa.Schema) ->
 
 def check_values(values: Sequence[Any], data_type: T.DataType, what: str) -> None:
     """Check that ``values`` (Python values, None for null) fit ``data_type`` by the
-    rules ``encode_columns`` applies to an output field: for the results of a UDF, which
-    pandas and pyarrow would otherwise coerce silently (``1.5`` in a ``bigint`` becomes
-    1, a struct dict's unknown fields are dropped).
+    rules ``encode_columns`` applies to an output field (a struct dict's unknown fields
+    refused too): for the results of a UDF, which pandas and pyarrow would otherwise
+    coerce silently (``1.5`` in a ``bigint`` becomes 1).
 
     Raises:
         TypeError: ``what`` (e.g. ``"async_udf 'seats'"``), the type and the first value

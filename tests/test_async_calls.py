@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 from pyspark import cloudpickle as spark_cloudpickle
+from pyspark.sql import Row
 from pyspark.sql import types as T
 
 from aec.async_io import AsyncFunction
@@ -257,6 +258,13 @@ def test_async_udf_results_that_do_not_fit_the_type_fail_the_job_naming_them(spa
 
     with pytest.raises(Exception, match=r"async_udf 'nested' .*0\.5 is not an integral value"):
         numbers.select(nested("x")).collect()
+
+    @async_udf("struct<a:int, b:string>", capacity=4)
+    async def named(x):
+        return Row(b=str(x), a=x)  # a Row built with names is read by its names
+
+    rows = numbers.select("x", named("x").alias("r")).collect()
+    assert sorted((r.x, r.r.a, r.r.b) for r in rows) == [(i, i, str(i)) for i in range(8)]
 
     @async_udf("bigint", capacity=4)
     async def whole(x):
