@@ -25,11 +25,13 @@ Spark job, with the ``aec.JobFailure`` message naming the input.
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, cast
 
+import numpy as np
 import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
 from pyspark.sql import DataFrame, SparkSession
@@ -41,13 +43,7 @@ from aec.async_io import AsyncBatchFunction, AsyncFunction, batch_wait, ordered_
 from aec.async_io.operator import check_capacity
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from aec.runtime.batch_queue import batch_results, check_max_batch_size, check_max_wait
-from spark_glue.convert import (
-    arrow_schema,
-    check_values,
-    encode_columns,
-    rows_as_dicts,
-    struct_type,
-)
+from spark_glue.convert import arrow_schema, encode_columns, rows_as_dicts, struct_type
 from spark_glue.workers import ensure_workers
 
 DEFAULT_CAPACITY = 100  # calls in flight per Spark task
@@ -162,13 +158,14 @@ def async_udf(
     plain (``_plain``): ``None`` for null (pandas' NaN, NaT or NA: a double NaN too,
     which pandas does not tell from null), a list for an array, a dict for a map or a
     struct; an integer column with nulls in the batch gives floats (pandas holds it as
-    float64). The return value must fit ``return_type`` by the rules of the glue's
-    outputs (``spark_glue.convert.encode_columns``): an integer type takes ints and
-    floats with an integral value, a struct a dict, a tuple in field order or a
-    ``Row`` whose fields fit theirs; a value that does not fit fails the job with a
-    ``TypeError`` naming the UDF and the value, where pandas would coerce it silently
-    (``1.5`` in a ``bigint`` would become 1). A struct takes a dict's values of its
-    fields by name and ignores its other keys, as PySpark's Python UDFs do.
+    float64). The return value must fit ``return_type`` as for any pandas UDF (None,
+    NaN, NA and NaT are null), with one rule more: a result pandas would change
+    without a word fails the job with a ``TypeError`` naming the UDF and the value (a
+    number with a fraction in an integer type, which would be truncated, or a finite
+    number beyond a ``float``'s range, which would become infinity, also inside
+    arrays, maps and structs). A struct takes a dict or a ``Row`` built with names by
+    its field names (other keys ignored, as PySpark's Python UDFs do), a tuple or list
+    in field order.
 
     Args:
         return_type: the Spark type of the result (``DataType`` or DDL string).
@@ -267,9 +264,8 @@ class _UdfBody:
         for values, index in results:
             if fields is not None:
                 values = [_by_name(value, fields) for value in values]
-            if self.return_type is not None:  # pandas would coerce what does not fit
-                what = f"async_udf {self.__name__!r} returned a value its type cannot hold"
-                check_values(values, self.return_type, what)
+            if self.return_type is not None:
+                _check_nothing_lost(values, self.return_type, self.__name__)
             if fields is None:
                 yield pd.Series(values, index=index, dtype=object)
             else:
@@ -297,6 +293,83 @@ class _UdfBody:
             mode="ordered" if self.ordered else "unordered",
             retry=_Untagged(self.retry) if tagged else self.retry,
         )  # fmt: skip
+
+
+def _check_nothing_lost(values: list[Any], data_type: T.DataType, name: str) -> None:
+    """Raise TypeError naming the UDF, the value and its place for a result pandas and
+    pyarrow would change without a word on its way to Spark: a number with a fraction
+    in an integer type (``1.5`` would become 1), a finite number beyond a ``float``'s
+    range (it would become infinity), anywhere inside arrays, maps and structs. What
+    they take as it is, or refuse themselves, is left to them (NaN, NA and NaT are
+    null; ``"2"`` in a ``bigint`` is 2, as for any pandas UDF)."""
+    if isinstance(data_type, _INTEGRAL) and all(type(v) is int or v is None for v in values):
+        return  # the common case, at C speed
+    for row, value in enumerate(values):
+        lost = _lost(value, data_type, "")
+        if lost is not None:
+            where, why = lost
+            raise TypeError(
+                f"async_udf {name!r} returned {value!r} (row {row} of its batch) for "
+                f"{data_type.simpleString()}: {why}" + (f" (at result{where})" if where else "")
+            )
+
+
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _lost(value: Any, data_type: T.DataType, where: str) -> tuple[str, str] | None:
+    """What converting ``value`` (at path ``where`` in a result) to ``data_type`` would
+    lose without an error (see ``_check_nothing_lost``): ``(path, why)``, or None."""
+    if value is None:
+        return None
+    if isinstance(data_type, _INTEGRAL):
+        if isinstance(value, (float, np.floating)) and math.isfinite(value):
+            if not float(value).is_integer():
+                return where, f"{value!r} is not an integral value"
+        return None
+    if isinstance(data_type, T.FloatType):
+        if isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, bool):
+            number = float(value)
+            if math.isfinite(number) and abs(number) > _FLOAT32_MAX:
+                return where, f"{value!r} overflows a float (use double)"
+        return None
+    if isinstance(data_type, T.ArrayType):
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            return None
+        for index, item in enumerate(value):
+            lost = _lost(item, data_type.elementType, f"{where}[{index}]")
+            if lost is not None:
+                return lost
+        return None
+    if isinstance(data_type, T.MapType):
+        pairs = list(value.items()) if isinstance(value, Mapping) else value
+        if not isinstance(pairs, (list, tuple)):
+            return None
+        for pair in pairs:
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+                return None  # not pairs: Spark's conversion says what is wrong
+            key, item = pair
+            lost = _lost(key, data_type.keyType, f"{where}[key {key!r}]") or _lost(
+                item, data_type.valueType, f"{where}[{key!r}]"
+            )
+            if lost is not None:
+                return lost
+        return None
+    if isinstance(data_type, T.StructType):
+        names = data_type.names
+        value = _by_name(value, names)
+        if isinstance(value, Mapping):
+            items = [value.get(field) for field in names]
+        elif isinstance(value, (list, tuple)) and len(value) == len(names):
+            items = list(value)
+        else:
+            return None
+        for field, item in zip(data_type.fields, items, strict=True):
+            lost = _lost(item, field.dataType, f"{where}.{field.name}")
+            if lost is not None:
+                return lost
+    return None
 
 
 def _by_name(value: Any, fields: list[str]) -> Any:

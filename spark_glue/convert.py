@@ -179,24 +179,6 @@ def encode_rows(rows: Sequence[Any], schema: T.StructType, target: pa.Schema) ->
     return _encode_all(columns, schema, target)
 
 
-def check_values(values: Sequence[Any], data_type: T.DataType, what: str) -> None:
-    """Check that ``values`` (Python values, None for null) fit ``data_type`` by the
-    rules ``encode_columns`` applies to an output field (a struct dict's unknown fields
-    refused too): for the results of a UDF, which pandas and pyarrow would otherwise
-    coerce silently (``1.5`` in a ``bigint`` becomes 1).
-
-    Raises:
-        TypeError: ``what`` (e.g. ``"async_udf 'seats'"``), the type and the first value
-            that does not fit, with its path inside a nested value.
-    """
-    field = T.StructField("result", data_type, True)
-    arrow_type = arrow_schema(T.StructType([field])).field(0).type
-    try:
-        _encode(list(values), field, arrow_type)
-    except TypeError as exc:
-        raise TypeError(f"{what}: {exc}") from None
-
-
 def _encode_all(
     columns: list[list[Any]], schema: T.StructType, target: pa.Schema
 ) -> list[pa.Array]:

@@ -7,6 +7,7 @@ import sys
 import threading
 from collections import Counter
 
+import pandas as pd
 import pytest
 from pyspark import cloudpickle as spark_cloudpickle
 from pyspark.sql import Row
@@ -227,8 +228,9 @@ def test_batched_async_udf_result_of_the_wrong_length_fails_the_job(spark):
 
 
 @pytest.mark.parametrize("batch_size", [None, 4])
-def test_async_udf_results_that_do_not_fit_the_type_fail_the_job_naming_them(spark, batch_size):
-    # pandas would make 3.5 a 3 in a bigint column, in a struct's field or in an array
+def test_async_udf_results_pandas_would_change_silently_fail_the_job_naming_them(spark, batch_size):
+    # pandas would make 3.5 a 3 in a bigint column (also in a struct's field or an array)
+    # and 1e300 an infinity in a float one, without a word
     if batch_size is None:
 
         @async_udf("bigint", capacity=4)
@@ -242,22 +244,29 @@ def test_async_udf_results_that_do_not_fit_the_type_fail_the_job_naming_them(spa
             return [x + 0.5 if x == 3 else x for x in values]
 
     numbers = _numbers(spark, 8, partitions=1)
-    with pytest.raises(Exception, match=r"async_udf 'half' .*: 3\.5 is not an integral value"):
+    with pytest.raises(Exception, match=r"async_udf 'half' returned 3\.5 .*not an integral"):
         numbers.select(half("x")).collect()
 
-    @async_udf("struct<a:int>", capacity=4)
+    @async_udf("struct<a:int, s:array<bigint>>", capacity=4)
     async def field(x):
-        return {"a": x / 2, "b": "other keys are ignored, as PySpark's UDFs do"}
+        return {"a": x, "s": [x, x / 2], "b": "other keys are ignored, as PySpark's UDFs do"}
 
-    with pytest.raises(Exception, match=r"async_udf 'field' .*at result\.a: 0\.5 is not an"):
+    with pytest.raises(Exception, match=r"0\.5 is not an integral value \(at result\.s\[1\]\)"):
         numbers.select(field("x")).collect()
 
-    @async_udf("array<bigint>", capacity=4)
-    async def nested(x):
-        return [x, x / 2]
+    @async_udf("float", capacity=4)
+    async def huge(x):
+        return 1e300 if x == 5 else float(x)
 
-    with pytest.raises(Exception, match=r"async_udf 'nested' .*0\.5 is not an integral value"):
-        numbers.select(nested("x")).collect()
+    with pytest.raises(Exception, match=r"async_udf 'huge' returned 1e\+300 .*overflows a float"):
+        numbers.select(huge("x")).collect()
+
+    @async_udf("struct<n:bigint, t:string, d:double>", capacity=4)
+    async def missing(x):  # pandas' missing values are null, as for any pandas UDF
+        return {"n": float("nan"), "t": pd.NA, "d": None} if x % 2 else {"n": x, "t": "x", "d": 1.0}
+
+    rows = numbers.select("x", missing("x").alias("r")).collect()
+    assert all((r.r.n, r.r.t) == ((None, None) if r.x % 2 else (r.x, "x")) for r in rows)
 
     @async_udf("struct<a:int, b:string>", capacity=4)
     async def named(x):
