@@ -178,7 +178,7 @@ class CallCompletion:
         Raises the error of an ``abort``ed call (the job fails, rule 10)."""
         controller.calls_in_flight -= 1
         future = self.future
-        context = cast(RecordContext, future.context)  # a call's future is its record's
+        context: RecordContext = future.context  # type: ignore[assignment]  # a call's future is its record's
         controller.current = context
         if self.fatal:
             raise cast(BaseException, self.error)
@@ -295,7 +295,8 @@ class ExternalCalls:
         self._count_pending(context)
         completion = CallCompletion(future, controller.mailbox)
         call = BatchedCall(arg, completion, queue, deadlines, retry, seconds, deadline)
-        queue.submit(cast("BatchItem[BatchedCall]", call.first))
+        first: BatchItem[BatchedCall] = call.first  # type: ignore[assignment]  # set, not entered yet
+        queue.submit(first)  # (not typing.cast: a Python call per record)
         return future
 
     @property
