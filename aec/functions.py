@@ -130,7 +130,8 @@ class KeyedProcessFunction(Generic[IN]):
         load the row into state)."""
 
     def close(self) -> None:
-        """Release what ``open`` acquired; called once at the end of the run."""
+        """Release what ``open`` acquired; called once at the end of the run, also of
+        a failed one (its error is then a note on the run's ``JobFailure``)."""
 
 
 class KeyedCoProcessFunction:
@@ -157,7 +158,8 @@ class KeyedCoProcessFunction:
         """A timer of key ``ctx.current_key`` at ``timestamp`` (seconds) fired."""
 
     def close(self) -> None:
-        """Release what ``open`` acquired; called once at the end of the run."""
+        """Release what ``open`` acquired; called once at the end of the run, also of
+        a failed one (its error is then a note on the run's ``JobFailure``)."""
 
 
 def check_function_kind(function: Any, expected: type, takes: str) -> None:

@@ -261,6 +261,72 @@ def test_user_exception_becomes_job_failure(where, async_state):
         assert failure.key == "bad-key" and failure.record == "bad"
 
 
+class Closing(KeyedProcessFunction):
+    """Counts its close() calls; ``fail`` raises in process_element, ``close_error`` in
+    close()."""
+
+    def __init__(self, fail: bool, close_error: bool) -> None:
+        self.fail, self.close_error, self.closed = fail, close_error, 0
+
+    def process_element(self, value, ctx):
+        if self.fail:
+            raise Boom("in process_element")
+
+    def close(self) -> None:
+        self.closed += 1
+        if self.close_error:
+            raise Boom("in close")
+
+
+@pytest.mark.parametrize("async_state", [True, False])
+def test_close_runs_once_at_the_end_of_every_run_and_its_error_fails_a_clean_one(async_state):
+    config = AecConfig(async_state=async_state)
+    source = [Record("k", 1), Watermark(5)]
+    clean = Closing(fail=False, close_error=True)
+    with pytest.raises(JobFailure, match=r"Closing.close\(\) failed: Boom: in close") as info:
+        run_keyed(source, clean, config=config)
+    assert isinstance(info.value.__cause__, Boom) and clean.closed == 1
+    # a failed run closes the function too (what open() acquired is released), once; an
+    # error of close() then is a note on the run's failure, which stays the one raised
+    failed = Closing(fail=True, close_error=True)
+    with pytest.raises(JobFailure, match="in process_element") as info:
+        run_keyed(source, failed, config=config)
+    assert failed.closed == 1
+    assert any("Closing.close() also failed: Boom: in close" in n for n in info.value.__notes__)
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ exploded")
+
+
+class RaisesUnprintable(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        raise Unprintable()
+
+
+@pytest.mark.parametrize("async_state", [True, False])
+def test_an_error_whose_str_raises_still_fails_the_run_naming_the_record(async_state):
+    error_config = AecConfig(async_state=async_state)
+    with pytest.raises(JobFailure, match="record 'v' of key 'k'") as info:
+        run_keyed([Record("k", "v")], RaisesUnprintable(), config=error_config)
+    assert isinstance(info.value.__cause__, Unprintable)
+    assert info.value.key == "k" and info.value.record == "v"
+
+
+class RunsAnotherJob(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        run_keyed([Record("inner-key", "inner")], RaisesUnprintable())  # fails: JobFailure
+
+
+def test_a_job_failure_raised_by_user_code_is_the_error_of_its_record():
+    with pytest.raises(JobFailure, match="record 'outer' of key 'outer-key'") as info:
+        run_keyed([Record("outer-key", "outer")], RunsAnotherJob())
+    assert info.value.key == "outer-key" and info.value.record == "outer"
+    inner = info.value.__cause__
+    assert isinstance(inner, JobFailure) and inner.key == "inner-key"
+
+
 class BrokenBackend(MemoryBackend):
     blocking = True  # runs on the I/O thread pool
 

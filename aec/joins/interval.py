@@ -51,7 +51,7 @@ class ProcessJoinFunction:
         raise NotImplementedError(f"{type(self).__name__} must override process_element")
 
     def close(self) -> None:
-        """Called once at the end of the run."""
+        """Called once at the end of the run, also of a failed one."""
 
 
 class JoinContext:

@@ -55,7 +55,7 @@ from aec.runtime.operator_checkpoints import (
     read_checkpoints,
     restore_backend,
 )
-from aec.runtime.operator_failures import cause_of, job_failure, stuck_error
+from aec.runtime.operator_failures import cause_of, close_function, job_failure, stuck_error
 from aec.runtime.operator_timers import OperatorTimers
 from aec.runtime.output import OperatorOutput, Trace
 from aec.runtime.record_context import RecordContext
@@ -162,15 +162,13 @@ class KeyedProcessOperator:
             self.entries.submit = self.controller.submit
         self.external_calls = ExternalCalls(self.controller)  # Context.call_async
         self.clock = clock if clock is not None else SystemClock()
-        # poll the clock per input element: always for deterministic clocks, else
-        # once processing-time timers or TTL state are in use
+        # poll the clock per element: a deterministic one always, else once timers or TTL use it
         self._poll = self.clock.deterministic
         self._now = -math.inf  # last clock reading
         # TTL state closes an epoch every _ttl_tick s of clock: expiry needs no watermark
         self._ttl_tick, self._next_ttl_tick = math.inf, math.inf
         self._handles: dict[str, StateHandle[Any]] = {}
-        # states made in function.open(): what identifies the function in a checkpoint
-        # (states made later on demand, e.g. a window trigger's, depend on the data seen)
+        # states made in open(): the function's identity in a checkpoint (later ones: data's)
         self.declared_states: list[str] = []
         self._key_groups: dict[Hashable, int] = {}
         self._first_group = self.key_group_range.start
@@ -178,16 +176,13 @@ class KeyedProcessOperator:
         self._ticks = type(executor).tick is not StateExecutor.tick
         self._limit = self.config.in_flight_records_limit
         self._on_finished = self.controller.on_context_finished  # bound once, not per record
-        # serial watermark order (and the synchronous run): an entry returns once the
-        # epochs it closed have left
+        # serial watermark order (and sync runs): an entry returns once its epochs have left
         self._waits_for_epochs = self.config.watermark_order == "serial" or self.synchronous
         self._watermark = -math.inf  # last watermark that arrived
         self._sequence = 0  # last number given to a record, timer firing or bundle fold
         self._records_in = 0
-        self._started = 0.0
-        self._elapsed = 0.0
-        self._state = "new"
-        # new -> open -> (ended: after Watermark(inf)) -> finished | failed -> closed
+        self._started = self._elapsed = 0.0  # perf_counter seconds: the run's start, length
+        self._state = "new"  # -> open -> (ended: after Watermark(inf)) -> finished | failed -> closed
         self._restorable = True  # until the first input, snapshot or restore
         self._bundles: BundleFlusher | None = None  # the function's mini-batches, if any
         self._program: DeclaredProgram | None = None  # a declaring function's, from open
@@ -232,13 +227,14 @@ class KeyedProcessOperator:
         assert isinstance(self.entries, DeclaredEntryRunner)
         try:
             self._program = self.entries.program = self.function.declarations()
-        except BaseException:
+        except BaseException as exc:
             self._state = "failed"
             self.executor.close()
+            close_function(self.function, exc)
             raise
 
     def close(self) -> None:
-        """Stop the executor threads and close the function. Idempotent."""
+        """Stop the engine threads, close the function (JobFailure if that fails). Idempotent."""
         if self._state == "closed":
             return
         was_open = self._state in ("open", "ended", "finished")
@@ -248,7 +244,7 @@ class KeyedProcessOperator:
             self.executor.close()
             self.external_calls.close()
             if was_open:
-                self.function.close()
+                close_function(self.function, None)
         finally:
             if held_gc:
                 interpreter_tuning.release()
@@ -887,13 +883,18 @@ class KeyedProcessOperator:
         return stuck_error(self.controller)
 
     def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn:
-        """Stop every engine thread, then raise ``JobFailure`` (KeyboardInterrupt,
-        SystemExit and an existing JobFailure are re-raised as they are). ``where``
-        names the action when no record is current (a checkpoint)."""
-        context = self.controller.current
+        """Stop every engine thread, close the function (once), then raise ``JobFailure``
+        (``where`` names the action when no record is current: a checkpoint). As they are:
+        KeyboardInterrupt, SystemExit, a JobFailure raised here before (not a user's)."""
+        context, first = self.controller.current, self._state != "failed"
         self._state = "failed"
         self.executor.close()
         self.external_calls.close()
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, JobFailure)):
+        interrupt = isinstance(exc, (KeyboardInterrupt, SystemExit))
+        as_is = interrupt or (not first and isinstance(exc, JobFailure))
+        failure = exc if as_is else job_failure(exc, context, where)
+        if first:
+            close_function(self.function, failure)  # its error a note on the failure
+        if as_is:
             raise exc
-        raise job_failure(exc, context, where) from cause_of(exc)
+        raise failure from cause_of(exc)

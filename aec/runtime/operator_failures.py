@@ -40,8 +40,32 @@ def job_failure(
     cause = cause_of(exc)
     what = "state backend failed" if isinstance(exc, BatchFailed) else "job failed"
     return JobFailure(
-        f"{what} at {where}: {type(cause).__name__}: {cause}", key=key, record=record
+        f"{what} at {where}: {type(cause).__name__}: {_text(cause)}", key=key, record=record
     )
+
+
+def _text(error: BaseException) -> str:
+    """``str(error)``, or a stand-in when the error's own ``__str__`` raises (the
+    failure must still name the key and the record, with the error as its cause)."""
+    try:
+        return str(error)
+    except Exception as exc:
+        return f"<str() of the error raised {type(exc).__name__}>"
+
+
+def close_function(function: object, failure: BaseException | None) -> None:
+    """``function.close()`` at the end of a run, failed or not (Flink closes a
+    function in either case). After a failure (``failure``, about to be raised) its
+    error is a note on that failure, which stays the error the caller sees; else it
+    fails the run: JobFailure naming it, the error as ``__cause__``."""
+    try:
+        function.close()  # type: ignore[attr-defined]  # every function kind has close()
+    except Exception as exc:
+        name = f"{type(function).__name__}.close()"
+        if failure is not None:
+            failure.add_note(f"{name} also failed: {type(exc).__name__}: {_text(exc)}")
+            return
+        raise JobFailure(f"{name} failed: {type(exc).__name__}: {_text(exc)}") from exc
 
 
 def cause_of(exc: BaseException) -> BaseException:
