@@ -15,7 +15,8 @@ class JobFailure(Exception):
     ``KeyedProcessOperator`` entry point after all engine threads have stopped.
 
     Attributes:
-        key: the key of the failing record or timer (None if none was current).
+        key: the key of the failing record or timer (None if none was current, or a
+            backend failed on a batch of several records: the message names them all).
         record: the record value or a ``"timer@<t>"`` description (None if none).
     """
 

@@ -349,6 +349,18 @@ def test_backend_failure_on_io_thread_fails_job_and_stops_threads():
     assert engine_threads() == []
 
 
+def test_a_failed_batch_of_several_records_names_them_all():
+    # the store's error does not say which request failed: the failure names the batch's
+    # records (not the first one alone, which may be a good record that shared it)
+    source = [Record(i, i) for i in range(6)] + [Record("p", "poison")]
+    with pytest.raises(JobFailure) as info:
+        run_keyed(source, Failing("none"), backend=BrokenBackend(), config=AecConfig(buffer_size=7))
+    message = str(info.value)
+    assert "a batch of 7 requests of 7 records" in message, message
+    assert "record 'poison' of key 'p'" in message and "record 0 of key 0" in message
+    assert info.value.key is None and info.value.record is None
+
+
 def test_threads_stop_after_a_successful_run():
     backend = BrokenBackend()
     result = run_keyed([Record(i % 5, i) for i in range(100)], Counter(), backend=backend)

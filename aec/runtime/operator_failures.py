@@ -7,6 +7,7 @@ from __future__ import annotations
 from aec.errors import JobFailure, describe
 from aec.runtime.controller import AsyncExecutionController, BatchFailed, StuckError
 from aec.runtime.record_context import RecordContext
+from aec.state.requests import StateRequest
 
 _SHOWN_KEYS = 10
 
@@ -29,7 +30,14 @@ def job_failure(
 ) -> JobFailure:
     """The ``JobFailure`` for ``exc`` raised while ``context`` ran (None: during
     ``action``, e.g. "checkpoint 3"); raise it ``from cause_of(exc)``."""
-    if context is not None:
+    batch = exc.batch if isinstance(exc, BatchFailed) else []
+    records = _records_of(batch)
+    if len(records) > 1:  # the store's error does not say which request it was
+        shown = ", ".join(r.describe() for r in records[:_SHOWN_KEYS])
+        more = f" and {len(records) - _SHOWN_KEYS} more" if len(records) > _SHOWN_KEYS else ""
+        where = f"a batch of {len(batch)} requests of {len(records)} records ({shown}{more})"
+        key = record = None
+    elif context is not None:
         where = context.describe()
         key, record = (
             context.key,
@@ -42,6 +50,16 @@ def job_failure(
     return JobFailure(
         f"{what} at {where}: {type(cause).__name__}: {_text(cause)}", key=key, record=record
     )
+
+
+def _records_of(batch: list[StateRequest]) -> list[RecordContext]:
+    """The distinct records (and timer firings) whose requests ``batch`` holds, in order."""
+    found: dict[int, RecordContext] = {}
+    for request in batch:
+        context = request.context
+        if isinstance(context, RecordContext):
+            found.setdefault(id(context), context)
+    return list(found.values())
 
 
 def _text(error: BaseException) -> str:
