@@ -302,6 +302,8 @@ def _check_nothing_lost(values: list[Any], data_type: T.DataType, name: str) -> 
     range (it would become infinity), anywhere inside arrays, maps and structs. What
     they take as it is, or refuse themselves, is left to them (NaN, NA and NaT are
     null; ``"2"`` in a ``bigint`` is 2, as for any pandas UDF)."""
+    if not _may_lose(data_type):
+        return  # strings, doubles, times...: nothing to check
     if isinstance(data_type, _INTEGRAL) and all(type(v) is int or v is None for v in values):
         return  # the common case, at C speed
     for row, value in enumerate(values):
@@ -316,6 +318,19 @@ def _check_nothing_lost(values: list[Any], data_type: T.DataType, name: str) -> 
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _may_lose(data_type: T.DataType) -> bool:
+    """Whether a value of ``data_type`` can hold an integer or float leaf (``_lost``)."""
+    if isinstance(data_type, (*_INTEGRAL, T.FloatType)):
+        return True
+    if isinstance(data_type, T.ArrayType):
+        return _may_lose(data_type.elementType)
+    if isinstance(data_type, T.MapType):
+        return _may_lose(data_type.keyType) or _may_lose(data_type.valueType)
+    if isinstance(data_type, T.StructType):
+        return any(_may_lose(field.dataType) for field in data_type.fields)
+    return False
 
 
 def _lost(value: Any, data_type: T.DataType, where: str) -> tuple[str, str] | None:
