@@ -373,7 +373,8 @@ def _lost(value: Any, data_type: T.DataType, where: str) -> tuple[str, str] | No
         return None
     if isinstance(data_type, T.StructType):
         names = data_type.names
-        value = _by_name(value, names)
+        if type(value) is not dict:  # a dict is read by name as it is (no copy per row)
+            value = _by_name(value, names)
         if isinstance(value, Mapping):
             items = [value.get(field) for field in names]
         elif isinstance(value, (list, tuple)) and len(value) == len(names):
