@@ -348,6 +348,16 @@ class BatchQueue(Generic[OWNER]):
             batch.task.cancel()
 
     async def _call(self, batch: SentBatch[OWNER]) -> None:
+        try:
+            await self._call_and_deliver(batch)
+        finally:
+            # a finished call: its inputs let go of it (a batch and its inputs would
+            # otherwise be a reference cycle, freed by the GC only, and each input holds
+            # its caller's objects: a keyed record, its future and its completion)
+            for item in batch.items:
+                item.batch = None
+
+    async def _call_and_deliver(self, batch: SentBatch[OWNER]) -> None:
         fn = self.fn
         size = len(batch.items)  # fn may consume its list: results are counted against this
         values = [item.value for item in batch.items]

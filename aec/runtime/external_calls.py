@@ -59,8 +59,6 @@ __all__ = ["CallCompletion", "CallCompletions", "CallFuture", "ExternalCalls"]
 R = TypeVar("R")
 
 _NO_RETRY = NoRetry()
-# a batcher's queue in one operator: (the batcher, its queue, its calls' timeouts)
-_Queue = tuple[BatchCalls[Any, Any], BatchQueue[BatchedCall], DeadlineFifo]
 _CLOSE_GRACE = 0.5  # seconds close() gives cancelled calls to unwind
 
 
@@ -199,6 +197,26 @@ class CallCompletions(list[CallCompletion]):
         controller.complete_calls(self)
 
 
+class _Queue:
+    """A batcher's queue in one operator: the batcher (kept so its id stays its own),
+    its ``BatchQueue``, its calls' timeouts (``DeadlineFifo``, loop thread), and the
+    ``timeout`` and ``retry`` objects of the last call, checked then (``seconds``:
+    what ``check_timeout`` made of ``timeout``)."""
+
+    __slots__ = ("batcher", "queue", "deadlines", "timeout", "retry", "seconds")
+
+    def __init__(self, batcher: BatchCalls[Any, Any], queue: BatchQueue[BatchedCall]) -> None:
+        self.batcher = batcher
+        self.queue = queue
+        self.deadlines = DeadlineFifo()
+        self.timeout: object = _UNCHECKED
+        self.retry: object = _UNCHECKED
+        self.seconds: float | None = None
+
+
+_UNCHECKED = object()  # no call checked yet
+
+
 class ExternalCalls:
     """The external calls of one operator: single calls and batched calls.
 
@@ -264,13 +282,22 @@ class ExternalCalls:
         timeout <= 0), RuntimeError outside a record.
         """
         known = self._queues.get(id(batcher))
-        if known is None:
-            _check_batcher(batcher)
-        seconds = check_timeout(timeout)
-        check_strategy(retry)
-        context = self._current_record("call_batched")
+        if known is not None and timeout is known.timeout and retry is known.retry:
+            seconds = known.seconds  # checked at an earlier call with these objects
+        else:
+            if known is None:
+                _check_batcher(batcher)
+            seconds = check_timeout(timeout)
+            check_strategy(retry)
         controller = self._controller
-        _, queue, deadlines = self._queue(batcher) if known is None else known
+        context = controller.current
+        if context is None:
+            raise _outside_record("call_batched")
+        if known is None:
+            known = self._queue(batcher)
+        known.timeout, known.retry, known.seconds = timeout, retry, seconds
+        queue = known.queue
+        deadlines = known.deadlines
         self.batched_calls += 1
         future: CallFuture[OUT] = CallFuture(context)
         # monotonic seconds: asyncio's loop.time(), which the deadlines are compared with
@@ -303,7 +330,7 @@ class ExternalCalls:
     def metrics(self) -> dict[str, float]:
         """``call_async`` calls, ``call_batched`` calls, the batch calls they made, the
         arguments those carried and the largest batch (counters of this operator)."""
-        queues = [queue for _, queue, _ in self._queues.values()]
+        queues = [known.queue for known in self._queues.values()]
         batches = sum(q.calls for q in queues)
         items = sum(q.items for q in queues)
         return {
@@ -320,7 +347,7 @@ class ExternalCalls:
         finished (not yet dropped): about twice the calls waiting at most, however
         many finished (``aec.runtime.deadlines``). Read it on the mailbox thread (which
         adds batchers); a gauge."""
-        return sum(len(deadlines) for _, _, deadlines in self._queues.values())
+        return sum(len(known.deadlines) for known in self._queues.values())
 
     def close(self) -> None:
         """Cancel every running call and stop the loop thread (bounded, ~1 s at most:
@@ -335,10 +362,7 @@ class ExternalCalls:
     def _current_record(self, what: str) -> RecordContext:
         context = self._controller.current
         if context is None:
-            raise RuntimeError(
-                f"{what}() outside a record: call it in process_element, on_timer or "
-                "their callbacks (not in open() or after finish())"
-            )
+            raise _outside_record(what)
         return context
 
     def _count_pending(self, context: RecordContext) -> None:
@@ -361,14 +385,21 @@ class ExternalCalls:
         if not self._queues and not self._controller.synchronous:
             # nothing else can run once the mailbox thread sleeps: partial batches go
             self._controller.mailbox.before_sleep = self.flush_batches
-        known = self._queues[id(batcher)] = (batcher, queue, DeadlineFifo())
+        known = self._queues[id(batcher)] = _Queue(batcher, queue)
         return known
 
     def flush_batches(self) -> None:
         """Send every partial batch now: progress needs it (a watermark arrived behind
         it, or the mailbox thread is about to sleep)."""
-        for _, queue, _ in self._queues.values():
-            queue.flush()
+        for known in self._queues.values():
+            known.queue.flush()
+
+
+def _outside_record(what: str) -> RuntimeError:
+    return RuntimeError(
+        f"{what}() outside a record: call it in process_element, on_timer or "
+        "their callbacks (not in open() or after finish())"
+    )
 
 
 def _check_batcher(batcher: object) -> None:
