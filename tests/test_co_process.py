@@ -330,6 +330,18 @@ def test_the_watermark_is_the_minimum_of_both_inputs_and_never_regresses(config)
     assert result.metrics["watermarks_out"] == 6
 
 
+def test_a_record_of_an_input_after_its_final_watermark_is_refused_the_other_goes_on():
+    operator = harness(Nothing(), AecConfig())
+    operator.process_watermark1(Watermark(math.inf))  # input 1 ended; input 2 has not
+    with pytest.raises(ValueError, match="input 1 arrived after that input's Watermark"):
+        operator.process1(Record("k", "late", 5))
+    operator.process2(Record("k", "b", 5))  # the operator is still usable
+    operator.finish()
+    assert values(operator.drain_outputs()) == [("2", "b", -math.inf)]
+    with pytest.raises(ValueError, match="input 2 arrived after that input's Watermark"):
+        run_keyed_co([(2, Watermark(math.inf)), (2, Record("k", "x", 1))], Nothing())
+
+
 def test_a_watermark_below_its_own_inputs_previous_is_refused_and_the_other_is_free():
     operator = harness(Nothing(), AecConfig())
     operator.process_watermark1(Watermark(10))

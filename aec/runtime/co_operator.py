@@ -150,9 +150,15 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         self, key: Hashable, value: object, timestamp: float | None, input: int = 0
     ) -> None:
         """``KeyedProcessOperator.process_fields`` for input ``input`` (1 or 2; the
-        Spark glue's per-row call). Raises ValueError for another input number."""
+        Spark glue's per-row call). Raises ValueError for another input number, or for
+        a record of an input that ended (its ``Watermark(math.inf)`` arrived)."""
         if input != 1 and input != 2:
             raise ValueError(f"a KeyedCoProcessOperator has inputs 1 and 2, got {input!r}")
+        if self._input_watermarks[input - 1] == math.inf:
+            raise ValueError(
+                f"a record of input {input} arrived after that input's Watermark(inf), its "
+                "end: no record of an input may follow its final watermark"
+            )
         self.offering = input
         super().process_fields(key, value, timestamp, input)
 
