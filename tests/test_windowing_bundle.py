@@ -358,3 +358,49 @@ def test_a_raising_session_aggregate_names_its_record(backend, tmp_path):
                 backend=make_backend(backend, tmp_path))  # fmt: skip
         assert failure.value.key == "a" and failure.value.record == ("a", 13)
         assert isinstance(failure.value.__cause__, ArithmeticError)
+
+
+class _FailingResult(AggregateFunction):
+    def create_accumulator(self):
+        return 0
+
+    def add(self, value, accumulator):
+        return accumulator + value[1]
+
+    def get_result(self, accumulator):
+        raise ValueError("get_result failed")
+
+    def merge(self, a, b):
+        return a + b
+
+
+class _FailingProcess(ProcessWindowFunction):
+    def process(self, key, context, elements):
+        raise ValueError("process failed")
+
+
+@pytest.mark.parametrize(
+    "assigner, fired",
+    [
+        (TumblingEventTimeWindows.of(10), "timer@20"),
+        (SlidingEventTimeWindows.of(10, 5), "timer@15"),
+        (EventTimeSessionWindows.with_gap(3), "timer@16"),  # sessions [13, 16) and [17, 20)
+    ],
+)
+@pytest.mark.parametrize("kind", ["aggregate", "process"])
+def test_a_failing_window_firing_names_its_timer_as_the_synchronous_run(assigner, fired, kind):
+    """A flush fires the key's due windows instead of their timers: a failure there
+    names the window's timer, as the firing by its timer does (not the bundle)."""
+    source = [rec("k", 13, 13), rec("k", 17, 17), Watermark(25)]
+    named = []
+    for config in (SYNC, ASYNC):
+        function = (
+            window(assigner, aggregate=_FailingResult())
+            if kind == "aggregate"
+            else window(assigner, process=_FailingProcess())
+        )
+        with pytest.raises(JobFailure) as failure:
+            run(source, function, config)
+        assert failure.value.key == "k" and isinstance(failure.value.__cause__, ValueError)
+        named.append((failure.value.record, str(failure.value).split(":")[0]))
+    assert named[0] == named[1] == (fired, f"job failed at event-time {fired} of key 'k'")

@@ -78,9 +78,13 @@ class BundledRecords:
 
 
 class BundleContext(RecordContext):
-    """The derived context folding one key's share of a bundle (``share``)."""
+    """The derived context folding one key's share of a bundle (``share``).
 
-    __slots__ = ("share",)
+    ``firing``: while the fold fires a window its timer would have fired (a flush at a
+    watermark), that timer's time (event time, seconds), else None: a failure then
+    names the timer, as the window's firing by its timer would."""
+
+    __slots__ = ("share", "firing")
 
     def __init__(
         self,
@@ -99,11 +103,17 @@ class BundleContext(RecordContext):
             on_finished, None, processing_time,
         )  # fmt: skip
         self.share = share
+        self.firing: float | None = None
 
     def describe(self) -> str:
+        if self.firing is not None:
+            return f"event-time timer@{self.firing!r} of key {describe(self.key)}"
         if type(self.value) is BundledRecords:
             return f"{self.value!r} of key {describe(self.key)}"
         return super().describe()
+
+    def named(self) -> object:
+        return super().named() if self.firing is None else f"timer@{self.firing!r}"
 
 
 class BundleFlusher:

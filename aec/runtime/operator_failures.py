@@ -38,11 +38,7 @@ def job_failure(
         where = f"a batch of {len(batch)} requests of {len(records)} records ({shown}{more})"
         key = record = None
     elif context is not None:
-        where = context.describe()
-        key, record = (
-            context.key,
-            (context.value if context.timer is None else f"timer@{context.timer[1]!r}"),
-        )
+        where, key, record = context.describe(), context.key, context.named()
     else:
         where, key, record = action or "no current record", None, None
     cause = cause_of(exc)

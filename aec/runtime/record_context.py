@@ -110,3 +110,8 @@ class RecordContext:
         if self.timer is not None:
             return f"{self.timer[0]} timer@{self.timer[1]!r} of key {describe(self.key)}"
         return f"record {describe(self.value)} of key {describe(self.key)}"
+
+    def named(self) -> object:
+        """What ``JobFailure.record`` holds for a failure here: the record's value, or
+        ``"timer@<t>"`` for a timer firing."""
+        return self.value if self.timer is None else f"timer@{self.timer[1]!r}"

@@ -57,18 +57,20 @@ Taken = tuple[float | None, Share[S]]  # (the flushing watermark if the fold fir
 
 
 def emit_at_watermark(
-    function: WindowFunction, context: BundleContext, ctx: Context, window: object,
+    function: WindowFunction, context: BundleContext, ctx: Context, window: TimeWindow,
     stored: object, watermark: float,
 ) -> None:  # fmt: skip
     """Emit a window fired by a flush as its timer's firing would: the flush ``context``
     reports ``watermark``, the flushing one, while the process function runs, then its
-    records' watermark again."""
+    records' watermark again; a failure names the window's timer (its end)."""
     records_watermark = context.watermark
     context.watermark = watermark
+    context.firing = window.end
     try:
         function.emit(ctx, window, stored)
     finally:
         context.watermark = records_watermark
+    context.firing = None  # kept by a failure, which names it
 
 
 def when_read(reads: list[StateFuture], fn: Callable[[list[object]], None]) -> None:
@@ -362,7 +364,8 @@ class PaneBundle(_SlotBundle[int]):
         if until is not None:
             # the first window not fired yet: its end is after the records' watermark
             k = panes.first_open(panes.first_window(min(found)), watermark)
-            self.driver.fire_due(ctx, found, k, until)
+            self.driver.fire_due(ctx, found, k, until, flush=context)
+            context.firing = None  # kept by a failure, which names it
         elif new:
             service.register_event_time_timer(self.rules.chain_start(panes, first, watermark))
         if found or held:  # nothing stored and nothing left: no write

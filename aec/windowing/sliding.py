@@ -18,6 +18,7 @@ from collections.abc import Container
 from typing import cast
 
 from aec.functions import Context
+from aec.runtime.bundle import BundleContext
 from aec.windowing.contents import AggregateContents
 from aec.windowing.grid import Panes
 from aec.windowing.panes import LivePanes, PaneContents
@@ -104,13 +105,15 @@ class PanesDriver:
         live.async_value().on_complete(fire)
 
     def fire_due(
-        self, ctx: Context, found: LivePanes, k: int, due: float, firing: float = math.nan
-    ) -> bool:
+        self, ctx: Context, found: LivePanes, k: int, due: float, firing: float = math.nan,
+        flush: BundleContext | None = None,
+    ) -> bool:  # fmt: skip
         """Fire what ``Panes.chain`` lists for the key's panes ``found`` (index ->
         accumulator, changed in place) from window ``k`` up to ``due``: emit each window,
         delete its timer (event time; none at ``firing``, the firing timer's time), drop
         its last-use panes from ``found``, and register the chain's next timer. True when
-        panes went (``found`` is to be written)."""
+        panes went (``found`` is to be written). A bundle's ``flush`` firing them
+        instead of their timers names each window's timer while it is emitted."""
         indexes = sorted(found)
         fired, next_end = self.panes.chain(indexes, k, due)
         service = ctx.timer_service
@@ -122,6 +125,8 @@ class PanesDriver:
         # their own: one chain timer per key); asked once, when a window needs it
         timers: Container[float] | None = None
         for start, end, lo, hi, cut in fired:
+            if flush is not None:
+                flush.firing = end
             if aggregate is not None:  # merge_fresh and elements, inlined
                 accumulator = self.create()
                 merge = self.merge
