@@ -688,3 +688,39 @@ def test_finished_batched_calls_are_freed_without_the_garbage_collector():
     # a run leaves a fixed number of objects in cycles (its operator, loop thread);
     # 2,000 more records must not add one per record (they added 5 or more each)
     assert cyclic_garbage(3000) - cyclic_garbage(1000) < 200
+
+
+@pytest.mark.parametrize("config", [AecConfig(), SYNC], ids=["async", "sync"])
+def test_batched_calls_failing_or_synchronous_are_freed_without_the_garbage_collector(config):
+    """A batch call's error the function catches, and a synchronous run's batches of
+    one, leave no reference cycle per call."""
+    import gc
+
+    async def lookup(args):
+        if args[0] % 3 == 0:
+            raise OSError(f"no {args}")
+        return [a + 1 for a in args]
+
+    class Catches(KeyedProcessFunction):
+        def __init__(self) -> None:
+            self.batcher = Batcher(lookup, max_batch_size=4, max_wait=0.001)
+
+        async def process_element(self, value, ctx):
+            try:
+                ctx.output(await ctx.call_batched(self.batcher, value, timeout=5.0))
+            except OSError:
+                ctx.output("failed")
+
+    def cyclic_garbage(n: int) -> int:
+        records = [Record(i % 20, i) for i in range(n)]
+        gc.collect()
+        gc.disable()
+        try:
+            result = aec.run_keyed(records, Catches(), config=config)
+            assert len(values_of(result.outputs)) == n
+            del result
+            return gc.collect()
+        finally:
+            gc.enable()
+
+    assert cyclic_garbage(600) - cyclic_garbage(200) < 100

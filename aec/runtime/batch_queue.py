@@ -348,41 +348,51 @@ class BatchQueue(Generic[OWNER]):
             batch.task.cancel()
 
     async def _call(self, batch: SentBatch[OWNER]) -> None:
+        items = batch.items
+        values = [item.value for item in items]
         try:
-            await self._call_and_deliver(batch)
+            # the outcome is made where no local holds the batch: a failure's traceback
+            # holds that frame, and each input's owner ends up holding the failure
+            self._deliver(batch, *await _outcome(self.fn, values, len(items)))
         finally:
-            # a finished call: its inputs let go of it (a batch and its inputs would
-            # otherwise be a reference cycle, freed by the GC only, and each input holds
-            # its caller's objects: a keyed record, its future and its completion)
-            for item in batch.items:
+            # a finished call: its inputs let go of it, and it of its task (a batch and
+            # its inputs would otherwise be a reference cycle, freed by the GC only, and
+            # each input holds its caller's objects: a record, its future and completion)
+            for item in items:
                 item.batch = None
+            batch.task = None
 
-    async def _call_and_deliver(self, batch: SentBatch[OWNER]) -> None:
-        fn = self.fn
-        size = len(batch.items)  # fn may consume its list: results are counted against this
-        values = [item.value for item in batch.items]
-        try:
-            awaitable = fn(values)
-        except (Exception, asyncio.CancelledError) as exc:  # before any awaitable: a failed call
-            self._deliver(batch, None, exc, False)
-            return
-        if not inspect.isawaitable(awaitable):
-            error = TypeError(
-                f"{qualified_name(fn)} returned {describe(awaitable, 80)}, not an awaitable: "
-                "a batch function is an `async def fn(values: list) -> list`"
-            )
-            self._deliver(batch, None, error, True)
-            return
-        try:
-            results = batch_results(fn, size, await awaitable)
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise  # dropped by every input, or the loop stops: nobody takes an outcome
-            self._deliver(batch, None, exc, False)  # fn's own (it awaited a cancelled future)
-        except BatchResultError as exc:  # also raised inside fn by a wrapper that checks
-            self._deliver(batch, None, exc, True)
-        except Exception as exc:
-            self._deliver(batch, None, exc, False)
-        else:
-            self._deliver(batch, results, None, False)
+
+async def _outcome(
+    fn: BatchFn, values: list[object], size: int
+) -> tuple[list[object] | None, BaseException | None, bool]:
+    """``fn(values)``'s ``(results, error, fatal)`` (``fatal``: a misused batch function,
+    no retry). ``size`` is ``len(values)`` before the call (``fn`` may consume its list).
+    Raises CancelledError when its task is cancelled (dropped by every input, or the
+    loop stops: nobody takes an outcome)."""
+    try:
+        awaitable = fn(values)
+    except (Exception, asyncio.CancelledError) as exc:  # before any awaitable: a failed call
+        return None, exc, False
+    if not inspect.isawaitable(awaitable):
+        error = TypeError(
+            f"{qualified_name(fn)} returned {describe(awaitable, 80)}, not an awaitable: "
+            "a batch function is an `async def fn(values: list) -> list`"
+        )
+        return None, error, True
+    try:
+        return batch_results(fn, size, await awaitable), None, False
+    except asyncio.CancelledError as exc:
+        if _cancelling():
+            raise
+        return None, exc, False  # fn's own (it awaited a cancelled future)
+    except BatchResultError as exc:  # also raised inside fn by a wrapper that checks
+        return None, exc, True
+    except Exception as exc:
+        return None, exc, False
+
+
+def _cancelling() -> bool:
+    """Whether the running task is being cancelled (not a CancelledError of its own)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -136,14 +136,6 @@ class EventLoopThread:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._start_tasks)
 
-    def run(self, coro: Call[R]) -> R:
-        """Run ``coro`` on the loop and block the calling thread until it finished;
-        its return value, or raises what it raised (synchronous mode)."""
-        if self._loop is None:
-            self._start()
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
     def stop(self) -> None:
         """Cancel every task, stop the loop and join the thread (at most ~2 x grace s)."""
         loop, thread = self._loop, self._thread
@@ -214,6 +206,9 @@ async def _deliver(coro: Call[R], future: Completable[R]) -> None:
         results = await coro
     except BaseException as exc:  # CancelledError too: the driver drops stale attempts
         future.complete_exceptionally(exc)
+        # the error's traceback holds this frame, and ``future`` holds the error: drop
+        # it, else each failed call is a reference cycle
+        del future
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
     else:

@@ -100,9 +100,16 @@ class CallFuture(StateFuture[T]):
     def __await__(self) -> Generator[StateFuture[T], T, T]:
         if self._result is _PENDING:
             yield self
-        if self._error is not None:
-            raise self._error
-        return self._result
+        error = self._error
+        if error is None:
+            return self._result
+        # the error's traceback holds this frame: no local may keep it (or this future,
+        # which holds it) alive, else each caught error is a reference cycle
+        del self
+        try:
+            raise error
+        finally:
+            del error
 
     def then_apply(self, fn: Callable[[T], R]) -> StateFuture[R]:
         return super().then_apply(self._checked(fn))
@@ -135,6 +142,11 @@ class CallCompletion:
         self.fatal = False  # the error fails the job when the mail runs
         self._mailbox = mailbox
         self._posted = False
+
+    @property
+    def mailbox(self) -> Mailbox:
+        """Where the outcome is posted."""
+        return self._mailbox
 
     def complete(self, result: object) -> None:
         if self.settle(result, None, False):
@@ -257,12 +269,9 @@ class ExternalCalls:
         future: CallFuture[R] = CallFuture(context)
         coroutine = _call(fn, args, seconds, retry)
         if controller.synchronous:
-            try:
-                result = loop.run(coroutine)
-            except Exception as exc:
-                future.settle(None, exc)
-            else:
-                future.settle(result, None)
+            completion = _completion_here(future)
+            loop.submit(coroutine, completion)
+            _settle_when_done(future, completion)
             return future
         self._count_pending(context)
         loop.submit(coroutine, CallCompletion(future, controller.mailbox))
@@ -303,15 +312,11 @@ class ExternalCalls:
         # monotonic seconds: asyncio's loop.time(), which the deadlines are compared with
         deadline = None if seconds is None else monotonic() + seconds
         if controller.synchronous:
-            mailbox = Mailbox()
-            # read below, not from the mail: the mail may hold it in a group of one
-            completion = CallCompletion(future, mailbox)
+            completion = _completion_here(future)
             call = BatchedCall(arg, completion, queue, deadlines, retry, seconds, deadline)
             queue.submit(cast("BatchItem[BatchedCall]", call.first))
             queue.flush()  # a batch of one: the mailbox thread waits for nothing else
-            while not mailbox:
-                mailbox.wait(None)
-            future.settle(completion.result, completion.error)  # type: ignore[arg-type]
+            _settle_when_done(future, completion)
             if completion.fatal:
                 # a misused batch function fails the job even if the caller catches
                 # the error: its mail runs next on the operator's mailbox, as in async
@@ -393,6 +398,24 @@ class ExternalCalls:
         it, or the mailbox thread is about to sleep)."""
         for known in self._queues.values():
             known.queue.flush()
+
+
+def _completion_here(future: CallFuture[Any]) -> CallCompletion:
+    """The completion of a synchronous-mode call: posted to a mailbox of its own,
+    which the mailbox thread waits on (``_settle_when_done``)."""
+    return CallCompletion(future, Mailbox())
+
+
+def _settle_when_done(future: CallFuture[Any], completion: CallCompletion) -> None:
+    """Wait for ``completion`` (made by ``_completion_here``) on the mailbox thread and
+    settle ``future`` with its outcome (read from the completion, not from the mail,
+    which may hold it in a group of one). The mail is taken out: left in its mailbox
+    it would hold the completion, which holds the mailbox (a reference cycle)."""
+    mailbox = completion.mailbox
+    while not mailbox:
+        mailbox.wait(None)
+    mailbox.take()
+    future.settle(completion.result, completion.error)
 
 
 def _outside_record(what: str) -> RuntimeError:
