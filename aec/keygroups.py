@@ -83,22 +83,42 @@ def _other_bytes(key: object) -> bytes:
         return b"a" + key.isoformat().encode()
     if isinstance(key, decimal.Decimal):
         return _decimal_bytes(key)
-    if isinstance(key, bool | int):  # an IntEnum equals its int
-        return b"i" + str(int(key)).encode()
-    if isinstance(key, float):
-        return _float_bytes(float(key))
-    if isinstance(key, str):  # a StrEnum equals its str
-        return stable_key_bytes(str(key))
-    if isinstance(key, bytes):
-        return b"b" + bytes(key)
-    if isinstance(key, tuple):  # a named tuple equals the plain tuple
-        return b"t" + b"\x00".join(stable_key_bytes(k) for k in key)
+    if isinstance(key, _PLAIN_BASES):  # an enum or a named tuple equals its plain value
+        return stable_key_bytes(plain_key(key))
     kind = type(key)
     raise TypeError(
         f"a key of type {kind.__module__}.{kind.__qualname__} has no encoding that is "
         f"the same in every process ({_why(key)}): keys must be {KEY_TYPES}; convert "
         "it, e.g. a frozenset to a sorted tuple, an object to a tuple of its fields"
     )
+
+
+# the built-in types a key may subclass, and the plain value of such a key (what it
+# equals): base methods, not str() or int(), which a subclass may redefine (str() of
+# a ``class Color(str, Enum)`` member is "Color.RED", not the string it equals)
+_PLAIN_BASES = (int, float, str, bytes, tuple)
+_PLAIN: dict[type, Any] = {
+    int: int.__int__, float: float.__float__, str: str.__str__, bytes: bytes.__bytes__,
+}  # fmt: skip
+
+
+def plain_key(key: Any) -> Any:  # Any: a key of any of ``KEY_TYPES``
+    """``key`` as the built-in values it equals, with the same hash: a member of an
+    ``IntEnum``, a ``StrEnum`` or a ``class C(str, Enum)`` as its int or str, a named
+    tuple as a tuple (its elements too). Any other key is returned as it is. What a
+    snapshot stores of a key that has no serialized form of its own type (it is
+    restored as the plain value, which keys the same state)."""
+    if type(key) in _EXACT:
+        return key
+    if isinstance(key, tuple):  # a named tuple too
+        return tuple(plain_key(k) for k in key)
+    for base, plain in _PLAIN.items():
+        if isinstance(key, base):
+            return plain(key)
+    return key
+
+
+_EXACT = frozenset({int, bool, float, str, bytes, type(None)})
 
 
 def _why(key: object) -> str:

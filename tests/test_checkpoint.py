@@ -637,3 +637,59 @@ def test_a_checkpoint_after_the_final_watermark_restores_an_ended_operator(tmp_p
     with pytest.raises(ValueError, match="after Watermark\\(inf\\)"):
         restored.process(Record("k", 2, 2.0))  # refused as the original refuses it
     restored.finish()
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_enum_and_named_tuple_keys_are_checkpointed_as_the_plain_values_they_equal(
+    backend, tmp_path
+):
+    """Keys that subclass built-in types (a ``StrEnum``, a ``class C(str, Enum)``, an
+    ``IntEnum``, a named tuple) key state as the values they equal: a checkpoint
+    stores those (state and timers, on every backend), and the restored job finds
+    the same state under the original keys; a timer restored fires for the plain key."""
+    import collections
+    import enum
+
+    from aec import KeyedProcessFunction, ValueStateDescriptor
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    class Shade(enum.StrEnum):
+        DARK = "dark"
+
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    Pair = collections.namedtuple("Pair", "color level")
+
+    class CountWithTimer(KeyedProcessFunction):
+        def open(self, ctx):
+            self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+        def process_element(self, value, ctx):
+            self.count.update(self.count.value() + 1)
+            ctx.timer_service.register_event_time_timer(100.0)
+
+        def on_timer(self, timestamp, ctx):
+            ctx.output((ctx.current_key, self.count.value()))
+
+    def make_backend(name: str) -> Any:
+        return MemoryBackend() if backend == "memory" else RocksDBBackend(str(tmp_path / name))
+
+    keys = [Color.RED, Shade.DARK, Level.HIGH, Pair(Color.RED, Level.HIGH)]
+    first = KeyedProcessOperator(CountWithTimer(), make_backend("a"))
+    first.open()
+    for i, key in enumerate(keys * 2):
+        first.process(Record(key, i, float(i)))
+    handle = first.snapshot(1, tmp_path / "checkpoints")
+    first.close()
+    second = KeyedProcessOperator(CountWithTimer(), make_backend("b"))
+    second.restore(handle)
+    second.open()
+    for key in keys:
+        second.process(Record(key, "again", 50.0))
+    second.finish()
+    fired = {out for out in second.drain_outputs() if isinstance(out, tuple)}
+    assert fired == {("red", 3), ("dark", 3), (2, 3), (("red", 2), 3)}
+    assert all(type(key) in (str, int, tuple) for key, _ in fired)

@@ -379,6 +379,38 @@ def test_equal_keys_of_different_types_are_one_key_on_every_backend(tmp_path):
         backend.close()
 
 
+def test_an_enum_or_named_tuple_key_is_the_key_it_equals_in_every_key_group():
+    """A key whose type subclasses a built-in one is in the key group of the plain
+    value it equals (a ``class C(str, Enum)`` member's ``str()`` is "C.RED", not the
+    string it equals: its group must not follow that)."""
+    import collections
+    import enum
+
+    from aec.keygroups import key_group_for, plain_key, stable_key_bytes
+
+    class Color(str, enum.Enum):
+        RED = "red"
+
+    class Shade(enum.StrEnum):
+        DARK = "dark"
+
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    Pair = collections.namedtuple("Pair", "color level")
+    for key, plain in [
+        (Color.RED, "red"),
+        (Shade.DARK, "dark"),
+        (Level.HIGH, 2),
+        (Pair(Color.RED, Level.HIGH), ("red", 2)),
+        (("x", Shade.DARK), ("x", "dark")),
+    ]:
+        assert key == plain and hash(key) == hash(plain)
+        assert stable_key_bytes(key) == stable_key_bytes(plain), key
+        assert key_group_for(key, 32768) == key_group_for(plain, 32768), key
+        assert plain_key(key) == plain and type(plain_key(key)) is type(plain), key
+
+
 _GROUPS = textwrap.dedent(
     """
     import datetime, decimal, json, sys

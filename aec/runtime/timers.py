@@ -27,6 +27,8 @@ from typing import Any, TypedDict
 
 from sortedcontainers import SortedList
 
+from aec.keygroups import plain_key
+
 _NONE: frozenset[float] = frozenset()
 _TIMES = (int, float)  # a restored timestamp's types (bool excluded)
 
@@ -202,7 +204,8 @@ class TimerQueue:
     def export(self) -> ExportedTimers:
         """The full queue as plain data for a checkpoint (msgpack, with the keys: plain
         data only, ``aec.state.serialization.SAFE``; a key is one of the stable key
-        types, ``aec.keygroups``).
+        types, ``aec.keygroups``, an enum or named tuple as the plain value it equals:
+        ``plain_key``).
 
         Shape: ``{"timers": [(timestamp, sequence, key, epoch), ...]`` in firing
         order, ``"sequence"``: the registration counter, ``"rearmed"``:
@@ -211,10 +214,13 @@ class TimerQueue:
         same order and makes the same duplicate decisions as this one.
         """
         by_key = self._by_key
+        plain = plain_key
         return {
-            "timers": [(t, seq, key, by_key[key][t][1]) for t, seq, key in self._order],
+            "timers": [(t, seq, plain(key), by_key[key][t][1]) for t, seq, key in self._order],
             "sequence": self._sequence,
-            "rearmed": [(key, t, list(epochs)) for (key, t), epochs in self._rearmed.items()],
+            "rearmed": [
+                (plain(key), t, list(epochs)) for (key, t), epochs in self._rearmed.items()
+            ],
             "boundaries": list(self._boundaries),
         }
 

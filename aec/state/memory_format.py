@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aec.keygroups import plain_key
 from aec.state.serialization import SAFE, StateSerializers
 
 FORMAT = "aec-memory/2"
@@ -37,10 +38,27 @@ def _encode(kind: str, payloads: dict[str, Any], serializers: StateSerializers) 
     for name, payload in payloads.items():
         serializer = serializers.of(name)
         try:
-            states[str(name)] = [serializer.name, serializer.dumps(payload)]
+            data = serializer.dumps(payload)
         except TypeError as exc:
-            raise TypeError(f"state {name!r} cannot be snapshotted: {exc}") from exc
+            # a key of a subclass of a built-in type (an enum, a named tuple) has no
+            # form of its own in a safe serializer: its plain value keys the same state
+            try:
+                data = serializer.dumps(_with_plain_keys(kind, payload))
+            except TypeError:
+                raise TypeError(f"state {name!r} cannot be snapshotted: {exc}") from exc
+        states[str(name)] = [serializer.name, data]
     return SAFE.dumps({"format": FORMAT, "kind": kind, "states": states})
+
+
+def _with_plain_keys(kind: str, payload: Any) -> Any:
+    """A table ``{key: ...}`` or a delta ``[updates, deletions]`` keyed by ``plain_key``s."""
+    if kind == "tables":
+        return {plain_key(key): value for key, value in payload.items()}
+    updates, deletions = payload
+    return [
+        {plain_key(key): value for key, value in updates.items()},
+        [plain_key(key) for key in deletions],
+    ]
 
 
 def decode_tables(data: bytes, serializers: StateSerializers, where: str) -> Tables:
