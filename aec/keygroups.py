@@ -84,7 +84,9 @@ def _other_bytes(key: object) -> bytes:
     if isinstance(key, decimal.Decimal):
         return _decimal_bytes(key)
     if isinstance(key, _PLAIN_BASES):  # an enum or a named tuple equals its plain value
-        return stable_key_bytes(plain_key(key))
+        plain = plain_key(key)
+        if plain is not key:
+            return stable_key_bytes(plain)
     kind = type(key)
     raise TypeError(
         f"a key of type {kind.__module__}.{kind.__qualname__} has no encoding that is "
@@ -105,17 +107,23 @@ _PLAIN: dict[type, Any] = {
 def plain_key(key: Any) -> Any:  # Any: a key of any of ``KEY_TYPES``
     """``key`` as the built-in values it equals, with the same hash: a member of an
     ``IntEnum``, a ``StrEnum`` or a ``class C(str, Enum)`` as its int or str, a named
-    tuple as a tuple (its elements too). Any other key is returned as it is. What a
-    snapshot stores of a key that has no serialized form of its own type (it is
-    restored as the plain value, which keys the same state)."""
+    tuple as a tuple (its elements too). Any other key is returned as it is, and so is
+    one of a subclass with an equality or hash of its own (a case-insensitive str):
+    its base value is another key. What a snapshot stores of a key that has no
+    serialized form of its own type (restored as the plain value, which keys the same
+    state)."""
     if type(key) in _EXACT:
         return key
     if isinstance(key, tuple):  # a named tuple too
-        return tuple(plain_key(k) for k in key)
-    for base, plain in _PLAIN.items():
-        if isinstance(key, base):
-            return plain(key)
-    return key
+        plain: Any = tuple(plain_key(k) for k in key)
+    else:
+        for base, base_value in _PLAIN.items():
+            if isinstance(key, base):
+                plain = base_value(key)
+                break
+        else:
+            return key
+    return plain if plain == key and hash(plain) == hash(key) else key
 
 
 _EXACT = frozenset({int, bool, float, str, bytes, type(None)})
@@ -124,6 +132,8 @@ _EXACT = frozenset({int, bool, float, str, bytes, type(None)})
 def _why(key: object) -> str:
     if isinstance(key, (set, frozenset)):
         return "a set's order depends on PYTHONHASHSEED"
+    if isinstance(key, _PLAIN_BASES):
+        return "its equality or hash is not that of the plain value it holds"
     if getattr(type(key), "__eq__", None) is getattr(object, "__eq__"):  # noqa: B009
         return "it compares by identity"
     return "its bytes are not defined by its value"

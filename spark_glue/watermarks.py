@@ -98,8 +98,6 @@ class BoundedOutOfOrderness:
     def check_now(self) -> float | None:
         """A watermark now, between intervals (a micro-batch's end): ``max event time
         - delay`` if it is finite and ahead of the last one, else None."""
-        if math.isinf(self.max_timestamp - self.delay):
-            return None
         return self._advance()
 
     def restarted(self) -> BoundedOutOfOrderness:
@@ -122,7 +120,9 @@ class BoundedOutOfOrderness:
 
     def _advance(self) -> float | None:
         candidate = self.max_timestamp - self.delay
-        if candidate <= self.current:  # no progress (or nothing seen yet): stay silent
+        # no progress (or nothing seen yet): stay silent; an infinite event time never
+        # ends the input (only the end of the data does, with its own Watermark(inf))
+        if candidate <= self.current or candidate == math.inf:
             return None
         self.current = candidate
         self.emitted += 1

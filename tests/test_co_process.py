@@ -335,9 +335,13 @@ def test_a_record_of_an_input_after_its_final_watermark_is_refused_the_other_goe
     operator.process_watermark1(Watermark(math.inf))  # input 1 ended; input 2 has not
     with pytest.raises(ValueError, match="input 1 arrived after that input's Watermark"):
         operator.process1(Record("k", "late", 5))
+    with pytest.raises(TypeError, match="key is None"):  # a bad record is named as such first
+        operator.process_fields(None, "late", 5.0, 1)
     operator.process2(Record("k", "b", 5))  # the operator is still usable
     operator.finish()
     assert values(operator.drain_outputs()) == [("2", "b", -math.inf)]
+    with pytest.raises(RuntimeError, match="no more input"):  # done: not "after its end"
+        operator.process1(Record("k", "later", 6))
     with pytest.raises(ValueError, match="input 2 arrived after that input's Watermark"):
         run_keyed_co([(2, Watermark(math.inf)), (2, Record("k", "x", 1))], Nothing())
 

@@ -104,3 +104,18 @@ def test_on_records_matches_on_record(stamps, interval, delay, chunking):
             chunked.append((start - 1, mark))
     assert chunked == per_record
     assert (many.current, many.emitted) == (one.current, one.emitted)
+
+
+def test_an_infinite_event_time_never_ends_the_input():
+    """A row at event time +inf would make ``max - delay`` infinite: that is no
+    watermark (only the end of the data ends an input), per record, per chunk and at a
+    micro-batch's end."""
+    import math
+
+    for interval in (1, 3):
+        generator = BoundedOutOfOrderness(5.0, interval)
+        marks = [generator.on_record(t) for t in (10.0, math.inf, 20.0)]
+        assert math.inf not in marks and generator.check_now() is None
+        chunked = BoundedOutOfOrderness(5.0, interval)
+        assert chunked.on_records(1, 10.0) in (None, 5.0)
+        assert chunked.on_records(1, math.inf) is None and chunked.check_now() is None

@@ -410,6 +410,20 @@ def test_an_enum_or_named_tuple_key_is_the_key_it_equals_in_every_key_group():
         assert key_group_for(key, 32768) == key_group_for(plain, 32768), key
         assert plain_key(key) == plain and type(plain_key(key)) is type(plain), key
 
+    class CaseInsensitive(str):  # equal to other strings than the one it holds
+        def __eq__(self, other):
+            return isinstance(other, str) and self.lower() == other.lower()
+
+        def __hash__(self):
+            return hash(self.lower())
+
+    key = CaseInsensitive("Alice")
+    assert plain_key(key) is key  # its plain value "Alice" is another key
+    with pytest.raises(TypeError, match="equality or hash is not that of the plain value"):
+        stable_key_bytes(key)
+    with pytest.raises(TypeError, match="CaseInsensitive"):
+        run_keyed([Record(key, 1)], Counter())
+
 
 _GROUPS = textwrap.dedent(
     """

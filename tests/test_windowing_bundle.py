@@ -404,3 +404,22 @@ def test_a_failing_window_firing_names_its_timer_as_the_synchronous_run(assigner
         assert failure.value.key == "k" and isinstance(failure.value.__cause__, ValueError)
         named.append((failure.value.record, str(failure.value).split(":")[0]))
     assert named[0] == named[1] == (fired, f"job failed at event-time {fired} of key 'k'")
+
+
+def test_a_failing_later_window_of_a_sliding_chain_names_the_chains_timer():
+    """Sync: the chain's timer at 15 fires the windows ending at 15, 20 and 25 together;
+    the window [10, 20) failing is named by that timer, in the bundled flush too."""
+
+    class FailsOnThirty(_FailingResult):
+        def get_result(self, accumulator):
+            if accumulator == 30:  # window [10, 20): 13 + 17
+                raise ValueError("window [10, 20) failed")
+            return accumulator
+
+    source = [rec("k", 13, 13), rec("k", 17, 17), Watermark(25)]
+    named = []
+    for config in (SYNC, ASYNC):
+        with pytest.raises(JobFailure) as failure:
+            run(source, window(SlidingEventTimeWindows.of(10, 5), aggregate=FailsOnThirty()), config)
+        named.append(failure.value.record)
+    assert named == ["timer@15", "timer@15"]

@@ -154,7 +154,11 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         a record of an input that ended (its ``Watermark(math.inf)`` arrived)."""
         if input != 1 and input != 2:
             raise ValueError(f"a KeyedCoProcessOperator has inputs 1 and 2, got {input!r}")
-        if self._input_watermarks[input - 1] == math.inf:
+        if self._input_watermarks[input - 1] == math.inf and self._state == "open":
+            # a bad key or timestamp is named first, as on any record
+            self._checked_key_group(key)
+            if timestamp is not None:
+                check_timestamp(timestamp)
             raise ValueError(
                 f"a record of input {input} arrived after that input's Watermark(inf), its "
                 "end: no record of an input may follow its final watermark"

@@ -113,7 +113,7 @@ class PanesDriver:
         delete its timer (event time; none at ``firing``, the firing timer's time), drop
         its last-use panes from ``found``, and register the chain's next timer. True when
         panes went (``found`` is to be written). A bundle's ``flush`` firing them
-        instead of their timers names each window's timer while it is emitted."""
+        instead of the chain's timer names that timer (the first window's end)."""
         indexes = sorted(found)
         fired, next_end = self.panes.chain(indexes, k, due)
         service = ctx.timer_service
@@ -124,9 +124,9 @@ class PanesDriver:
         # our deletes, so absent ones are skipped (most fired windows have no timer of
         # their own: one chain timer per key); asked once, when a window needs it
         timers: Container[float] | None = None
+        if flush is not None and fired:
+            flush.firing = fired[0][1]  # the chain's timer, which fires them all at once
         for start, end, lo, hi, cut in fired:
-            if flush is not None:
-                flush.firing = end
             if aggregate is not None:  # merge_fresh and elements, inlined
                 accumulator = self.create()
                 merge = self.merge
