@@ -137,6 +137,16 @@ class VariableNamedLikeAStep(Counter):
         return super().declare_process(d)
 
 
+class VariableTwiceAcrossTimer(Counter):
+    def declare_process(self, d):
+        d.declare_variable("tmp")
+        return super().declare_process(d)
+
+    def declare_on_timer(self, d):
+        d.declare_variable("tmp")
+        return d.chain(d.declare("fire", lambda timestamp, ctx: None))
+
+
 class PlacedTwice(Counter):
     def declare_process(self, d):
         step = d.declare("only", lambda v, ctx: None)
@@ -145,7 +155,7 @@ class PlacedTwice(Counter):
 
 @pytest.mark.parametrize(
     "function, name",
-    [(Twice, "read"), (TwiceAcrossTimer, "write"), (VariableNamedLikeAStep, "emit"),
+    [(Twice, "read"), (TwiceAcrossTimer, "write"), (VariableTwiceAcrossTimer, "tmp"),
      (PlacedTwice, "only")],
 )  # fmt: skip
 def test_a_name_declared_twice_fails_open_with_the_name_unwrapped(function, name):
@@ -154,6 +164,15 @@ def test_a_name_declared_twice_fails_open_with_the_name_unwrapped(function, name
         operator.open()
     assert not isinstance(raised.value, JobFailure)
     assert operator.status == "failed"
+
+
+def test_a_variable_may_share_a_steps_name():
+    """Steps (and branches) and variables are named apart, as Flink's
+    ``DeclarationManager`` keeps its callbacks and its variables."""
+    result = run_keyed([Record("k", 1), Record("k", 2)], VariableNamedLikeAStep())
+    assert [o for o in result.outputs if not isinstance(o, Watermark)] == run_keyed(
+        [Record("k", 1), Record("k", 2)], Counter()
+    ).outputs[:-1]
 
 
 def test_declared_processing_gives_the_synchronous_answer():

@@ -338,6 +338,8 @@ def test_construction_errors():
     for bad in (math.inf, -math.inf, math.nan):
         with pytest.raises(ValueError, match="finite"):
             interval_join(bad, 1, pair) if bad != math.inf else interval_join(0, bad, pair)
+    with pytest.raises(ValueError, match="finite"):  # an int beyond a float's range
+        interval_join(-(10**400), 10**400, pair)
     with pytest.raises(ValueError, match="above the upper bound"):
         interval_join(2, 1, pair)
     with pytest.raises(ValueError, match="exclusive"):

@@ -130,7 +130,7 @@ _S = TypeVar("_S", bound=DeclaredStep)
 class Declarations(Protocol):
     """What declaring writes into and variables read from (``DeclaredProgram``)."""
 
-    def claim(self, name: str) -> str: ...
+    def claim(self, name: str, kind: str = "step") -> str: ...
     def register(self, step: _S) -> _S: ...
     def add_variable(self, variable: DeclaredVariable) -> None: ...
     def variables(self) -> dict[str, Any]: ...  # each variable's own type
@@ -212,6 +212,6 @@ class DeclarationContext:
 
     def declare_variable(self, name: str, default: V | None = None) -> DeclaredVariable[V]:
         """A value per record in flight, starting from ``default`` for each record."""
-        variable = DeclaredVariable(self._program.claim(name), default, self._program)
+        variable = DeclaredVariable(self._program.claim(name, "variable"), default, self._program)
         self._program.add_variable(variable)
         return variable

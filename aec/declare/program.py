@@ -75,7 +75,9 @@ class DeclaredProgram:
     """
 
     def __init__(self) -> None:
-        self._names: set[str] = set()
+        # steps and branches share one namespace, variables have their own (as Flink's
+        # DeclarationManager keeps its callbacks and its variables)
+        self._names: dict[str, set[str]] = {"step": set(), "variable": set()}
         self._steps: dict[str, DeclaredStep] = {}
         self._defaults: dict[str, object] = {}
         # each record starts from the defaults: a mutable one (a list, a dict) is copied
@@ -87,16 +89,21 @@ class DeclaredProgram:
         self.runs: dict[object, DeclaredRun] = {}  # by record identity
 
     # -- declaring ----------------------------------------------------------------------------
-    def claim(self, name: str) -> str:
-        """Reserve ``name``; ValueError if a step, branch or variable has it already."""
+    def claim(self, name: str, kind: str = "step") -> str:
+        """Reserve ``name`` for a ``kind`` ("step": a step or a branch, or "variable");
+        ValueError if one of that kind has it already (in ``declare_process`` or
+        ``declare_on_timer``)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"a declared name must be a non-empty str, got {name!r}")
-        if name in self._names:
+        names = self._names[kind]
+        if name in names:
+            what = "variable" if kind == "variable" else "step or branch"
             raise ValueError(
-                f"declared name {name!r} is used twice (steps, branches and variables "
-                "of declare_process and declare_on_timer share one namespace)"
+                f"declared {what} name {name!r} is used twice (declare_process and "
+                "declare_on_timer share the names of steps and branches, and those of "
+                "variables)"
             )
-        self._names.add(name)
+        names.add(name)
         return name
 
     def register(self, step: _S) -> _S:

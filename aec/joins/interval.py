@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
 
+from aec.errors import describe
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
 from aec.joins.buffer import LEFT, RIGHT, Bucket, Entry, JoinBuffer, bucket_width, entry, live
 from aec.joins.bundle import JoinBundle
@@ -136,8 +137,14 @@ def interval_join(
 def _check_bound(name: str, bound: Any) -> None:
     if isinstance(bound, bool) or not isinstance(bound, numbers.Real):
         raise TypeError(f"interval bound {name} must be a real number of seconds, got {bound!r}")
-    if not math.isfinite(bound):
-        raise ValueError(f"interval bound {name} must be finite, got {bound!r}")
+    try:
+        finite = math.isfinite(bound)
+    except OverflowError:  # an int beyond a float's range: seconds never that many
+        finite = False
+    if not finite:
+        raise ValueError(
+            f"interval bound {name} must be finite (within a float's range), got {describe(bound, 40)}"
+        )
 
 
 class Plan:
