@@ -1,6 +1,7 @@
 """A ``pyarrow.fs`` file system that counts and fails writes, for checkpoint store tests
 and the S3 benchmark: ``StoreFaults(inner, fail_at=k)`` delegates to ``inner`` and
-fails its k-th write (opening an output stream) with ``OSError``, or, with
+fails its k-th write (opening an output stream, or with ``midway`` its first write
+to the stream, which then stores what it got when closed) with ``OSError``, or, with
 ``crash=True``, with ``Crash``: a ``BaseException`` no cleanup code catches, as a
 killed process leaves things. ``install(monkeypatch, ...)`` makes every checkpoint
 store use it (``aec.checkpoint.storage.resolve_filesystem``).
@@ -22,20 +23,30 @@ class StoreFaults(pafs.FileSystemHandler):
     """Delegates to ``inner``; counts writes (``writes``) and bytes written
     (``written``); fails write number ``fail_at`` (1-based; None: never)."""
 
-    def __init__(self, inner: pafs.FileSystem, fail_at: int | None = None, crash: bool = False):
-        self.inner, self.fail_at, self.crash = inner, fail_at, crash
+    def __init__(
+        self,
+        inner: pafs.FileSystem,
+        fail_at: int | None = None,
+        crash: bool = False,
+        midway: bool = False,
+    ):
+        self.inner, self.fail_at, self.crash, self.midway = inner, fail_at, crash, midway
         self.writes = 0
         self.written = 0
         self.paths: list[str] = []
 
     def open_output_stream(self, path, metadata):
         self.writes += 1
-        if self.writes == self.fail_at:
-            message = f"injected failure on write {self.writes} ({path})"
+        failing = self.writes == self.fail_at
+        message = f"injected failure on write {self.writes} ({path})"
+        if failing and not self.midway:
             raise Crash(message) if self.crash else OSError(message)
         self.paths.append(path)
         stream = self.inner.open_output_stream(path, metadata=metadata)
-        return pa.PythonFile(_Counted(self, stream), mode="w")
+        counted = _Counted(self, stream)
+        if failing:  # the stream opened, then its first write fails
+            counted.failure = Crash(message) if self.crash else OSError(message)
+        return pa.PythonFile(counted, mode="w")
 
     def get_type_name(self):
         return "faults-" + self.inner.type_name
@@ -89,12 +100,17 @@ class _Counted:
 
     def __init__(self, handler: StoreFaults, stream) -> None:
         self.handler, self.stream = handler, stream
+        # raised by the first write; closing still stores what was written (nothing),
+        # as an object store's stream closed on the way out of an interrupt does
+        self.failure: BaseException | None = None
 
     @property
     def closed(self) -> bool:
         return self.stream.closed
 
     def write(self, data) -> int:
+        if self.failure is not None:
+            raise self.failure
         self.handler.written += len(data)
         return self.stream.write(data)
 
@@ -105,15 +121,18 @@ class _Counted:
         self.stream.close()
 
 
-def install(monkeypatch, fail_at: int | None = None, crash: bool = False) -> list[StoreFaults]:
+def install(
+    monkeypatch, fail_at: int | None = None, crash: bool = False, midway: bool = False
+) -> list[StoreFaults]:
     """Make every checkpoint store resolve its file system through a new
-    ``StoreFaults`` (one per resolution); the handlers made, newest last."""
+    ``StoreFaults`` (one per resolution); the handlers made, newest last. ``midway``:
+    the failing write opens its stream and fails at its first write instead."""
     real = storage.resolve_filesystem
     made: list[StoreFaults] = []
 
     def resolve(uri, timeouts=None):
         fs, path = real(uri, timeouts)
-        made.append(StoreFaults(fs, fail_at, crash))
+        made.append(StoreFaults(fs, fail_at, crash, midway))
         return pafs.PyFileSystem(made[-1]), path
 
     monkeypatch.setattr(storage, "resolve_filesystem", resolve)

@@ -177,8 +177,14 @@ def _writes_of_second_checkpoint(s3, monkeypatch, tmp_path) -> int:
     return sum(h.writes for h in faults)
 
 
-@pytest.mark.parametrize("crash", [False, True], ids=["failed-write", "process-died"])
-def test_a_checkpoint_failing_at_each_write_commits_nothing(s3, monkeypatch, tmp_path, crash):
+@pytest.mark.parametrize(
+    "crash, midway",
+    [(False, False), (True, False), (True, True)],
+    ids=["failed-write", "process-died", "interrupted-in-stream"],
+)
+def test_a_checkpoint_failing_at_each_write_commits_nothing(
+    s3, monkeypatch, tmp_path, crash, midway
+):
     server, bucket = s3
     writes = _writes_of_second_checkpoint(s3, monkeypatch, tmp_path)
     assert writes >= 3  # own files, then the manifest (and more)
@@ -192,7 +198,7 @@ def test_a_checkpoint_failing_at_each_write_commits_nothing(s3, monkeypatch, tmp
         first = operator.backend.state_items("count")
         feed(operator, range(5))
         with monkeypatch.context() as patch:
-            faults = store_faults.install(patch, fail_at=k, crash=crash)
+            faults = store_faults.install(patch, fail_at=k, crash=crash, midway=midway)
             with pytest.raises(JobFailure if crash else CheckpointStorageError, match="injected"):
                 operator.snapshot(2, uri)
             assert faults[-1].writes == k
@@ -379,3 +385,74 @@ def test_retained_checkpoints_are_at_least_two():
     with pytest.raises(ValueError, match="checkpoints_retained"):
         AecConfig(checkpoints_retained=1)
     assert AecConfig().checkpoints_retained == 2
+
+
+def test_deleting_rereads_manifests_another_process_rewrote(s3, monkeypatch, tmp_path):
+    """A retried attempt elsewhere deletes chk-2 and takes it again as a delta on
+    chk-1's base (``spark_glue``'s ``clear_attempt``); this process still holds the old
+    chk-2 (a base of its own). Its ``retain(1)`` must not delete chk-1's base, which
+    the new chk-2 references."""
+    server, bucket = s3
+    uri = f"s3://{bucket}/rewritten"
+    operator = loaded("memory", tmp_path, 2000)
+    operator.snapshot(1, uri)
+    feed(operator, range(2000, 8000))  # grown: chk-2 is a new base
+    operator.snapshot(2, uri)
+    store = CheckpointStore.at(uri)
+    mine = shared.registry(store.location)  # this process's view, read before the rewrite
+    shared.forget_all()  # the other process
+    digests.forget()
+    other = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig())
+    other.restore(f"{uri}/chk-1")
+    store.delete(2)
+    feed(other, range(5))
+    other.snapshot(2, uri)
+    live = other.backend.state_items("count")
+    other.close()
+    new_chk2 = json.loads(server.get_object(bucket, "rewritten/chk-2/MANIFEST.json"))
+    assert any(e.get("object", "").startswith("chk-1/") for e in new_chk2["files"].values())
+    shared.forget_all()
+    monkeypatch.setitem(shared._REGISTRIES, store.location, mine)  # back to this process
+    assert CheckpointStore.at(uri).retain(1) == [1]
+    shared.forget_all()
+    digests.forget()
+    assert restored_state("memory", tmp_path, latest_checkpoint(uri), "after") == live
+
+
+def test_a_checkpoint_whose_uploaded_files_vanished_is_not_committed(s3, monkeypatch, tmp_path):
+    """Another writer's garbage collection deleted files this checkpoint uploaded,
+    before its manifest: the commit fails instead of naming missing files."""
+    server, bucket = s3
+    uri = f"s3://{bucket}/vanished"
+    operator = loaded("memory", tmp_path, 500)
+    store = CheckpointStore.at(uri)
+    real_stamps = CheckpointStore.stamps
+
+    def stamps_after_a_deletion(self, paths):
+        for path in paths:  # the other writer deletes them now
+            server.client().delete_object(Bucket=bucket, Key=f"vanished/{path}")
+        return real_stamps(self, paths)
+
+    monkeypatch.setattr(CheckpointStore, "stamps", stamps_after_a_deletion)
+    with pytest.raises(CheckpointStorageError, match="vanished"):
+        operator.snapshot(1, uri)
+    monkeypatch.undo()
+    assert store.checkpoint_ids() == []
+    operator.close()
+
+
+def test_retain_deletes_nothing_while_a_kept_manifest_cannot_be_read(s3, tmp_path):
+    server, bucket = s3
+    uri = f"s3://{bucket}/unreadable"
+    operator = loaded("memory", tmp_path, 200)
+    operator.snapshot(1, uri)
+    first = operator.backend.state_items("count")
+    feed(operator, range(5))
+    operator.snapshot(2, uri)
+    operator.close()
+    server.put_object(bucket, "unreadable/chk-2/MANIFEST.json", b"")  # damaged in the store
+    shared.forget_all()
+    assert CheckpointStore.at(uri).retain(1) == []
+    assert CheckpointStore.at(uri).checkpoint_ids() == [1, 2]
+    digests.forget()
+    assert restored_state("memory", tmp_path, f"{uri}/chk-1", "kept") == first

@@ -148,12 +148,20 @@ class SharedRegistry:
         self.lock = threading.RLock()  # tasks of one worker may share a location
 
     def sync(
-        self, committed: Iterable[int], read_manifest: Callable[[int], Mapping[str, Any]]
+        self,
+        committed: Iterable[int],
+        read_manifest: Callable[[int], Mapping[str, Any]],
+        fresh: bool = False,
     ) -> None:
         """Follow the store: forget checkpoints no longer ``committed`` (ids with a
         manifest), read the manifests of new ones (``read_manifest(id)`` returns the
-        parsed manifest; an error marks the checkpoint unreadable)."""
+        parsed manifest; an error marks the checkpoint unreadable). ``fresh``: read
+        every one again (what deletes files must not trust a manifest read before:
+        elsewhere a checkpoint may have been deleted and taken again under its id)."""
         ids = set(committed)
+        if fresh:
+            self.objects.clear()
+            self.unreadable.clear()
         for gone in set(self.objects) - ids:
             del self.objects[gone]
         self.unreadable &= ids

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CHUNK = 1 << 20  # bytes per upload/download write
+_STAGING = ".uploading"  # beside a whole file until it is copied over (``_put_whole``)
 # how pyarrow's S3 client (curl under the AWS SDK) reports a request that timed out
 _TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out", re.IGNORECASE)
 _log = logging.getLogger(__name__)
@@ -245,7 +246,8 @@ class CheckpointStore:
         if self.exists(f"chk-{checkpoint_id}"):
             raise FileExistsError(
                 f"checkpoint {checkpoint_id} already exists at {target}; checkpoint ids are "
-                "never reused (delete it first to take it again)"
+                "never reused (delete it first to take it again; on an object store its "
+                "files stay while a later checkpoint references them: take another id)"
             )
         return target
 
@@ -312,8 +314,14 @@ class CheckpointStore:
             for relative in own:
                 self._put(os.path.join(source, relative), self._path(name, relative))
             stamps = self.stamps(list(uploads))
-            for relative in [*signature, MANIFEST]:  # the manifest last: the commit
+            gone = sorted(path for path in uploads if stamps.get(path) is None)
+            if gone:  # deleted since their upload (another writer's garbage collection)
+                raise FileNotFoundError(f"uploaded files vanished before the commit: {gone}")
+            for relative in signature:
                 self._put(os.path.join(source, relative), self._path(name, relative))
+            # the manifest last, whole or not at all: the commit
+            with open(os.path.join(source, MANIFEST), "rb") as src:
+                self._put_whole(self._path(name, MANIFEST), src.read())
         except Exception as exc:
             with contextlib.suppress(Exception):
                 path = self._path(name)
@@ -336,6 +344,21 @@ class CheckpointStore:
                     out.write(chunk)
 
         self._call("upload", path, put)
+
+    def _put_whole(self, path: str, data: bytes) -> None:
+        """Store ``data`` at ``path`` on the object store so that ``path`` holds all of
+        it or nothing: uploaded beside it, then copied over (one server-side copy). An
+        output stream cannot be abandoned: closed on the way out of an interrupt (or by
+        its destructor), it stores what was written so far, under its name."""
+        staging = f"{path}{_STAGING}"
+
+        def upload() -> None:
+            with self._remote.open_output_stream(staging) as out:
+                out.write(data)
+
+        self._call("upload", staging, upload)
+        self._call("commit", path, functools.partial(self._remote.copy_file, staging, path))
+        self._call("delete", staging, functools.partial(self._remote.delete_file, staging))
 
     # -- incremental checkpoints (aec.checkpoint.shared) -----------------------------------------
     def registry(self) -> SharedRegistry:
@@ -384,7 +407,7 @@ class CheckpointStore:
             return []
         registry = self.registry()
         with registry.lock:
-            self._sync(registry)
+            registry.sync(self.checkpoint_ids(), self._manifest_of, fresh=True)
             doomed = registry.garbage(self.stored_files())
             for relative in doomed:
                 path = self._path(relative)
@@ -399,7 +422,8 @@ class CheckpointStore:
         return doomed
 
     def retain(self, keep: int) -> list[int]:
-        """Keep the newest ``keep`` committed checkpoints: delete the older ones, then
+        """Keep the ``keep`` committed checkpoints of the highest ids (the newest, as ids
+        increase: ``latest`` is the highest too): delete the others, then
         what no kept checkpoint references (``collect_garbage``: on an object store
         also the leftovers of uploads that never committed; locally, directories
         without a manifest older than the oldest kept). Flink's
@@ -413,6 +437,17 @@ class CheckpointStore:
         if len(committed) <= keep:
             return []
         doomed = committed[:-keep]
+        if not self.local:
+            registry = self.registry()
+            with registry.lock:
+                registry.sync(committed, self._manifest_of, fresh=True)
+                unreadable = sorted(registry.unreadable & set(committed[-keep:]))
+            if unreadable:  # the older ones may be the only checkpoints that restore
+                _log.warning(
+                    "%s: the manifest of checkpoint(s) %s cannot be read; retain deletes "
+                    "nothing while a kept checkpoint may not restore", self.location, unreadable,
+                )  # fmt: skip
+                return []
         for checkpoint_id in doomed:
             self.delete(checkpoint_id, collect=False)
         if self.local:
@@ -493,11 +528,7 @@ class CheckpointStore:
             os.replace(staging, path)
             return
 
-        def write() -> None:
-            with self._remote.open_output_stream(path) as out:
-                out.write(data)
-
-        self._call("write", path, write)
+        self._put_whole(path, data)
 
     def delete_file(self, *parts: str) -> None:
         """Remove a file if present."""
@@ -549,7 +580,7 @@ class CheckpointStore:
             if info.type != pafs.FileType.File:
                 continue
             relative = info.path[len(self.root) :].lstrip("/")
-            if relative in skip:
+            if relative in skip or relative.endswith(_STAGING):  # a whole file's upload
                 continue
             destination = os.path.join(local, *relative.split("/"))
             os.makedirs(os.path.dirname(destination), exist_ok=True)
