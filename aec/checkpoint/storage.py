@@ -356,7 +356,7 @@ class CheckpointStore:
             with self._remote.open_output_stream(staging) as out:
                 out.write(data)
 
-        self._call("upload", staging, upload)
+        self._call("write", staging, upload)
         self._call("commit", path, functools.partial(self._remote.copy_file, staging, path))
         self._call("delete", staging, functools.partial(self._remote.delete_file, staging))
 
