@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import enum
+
 from aec import (
     KeyedProcessFunction,
     ListStateDescriptor,
@@ -158,3 +161,35 @@ class Everything(KeyedProcessFunction):
                 lambda mean: ctx.output(("timer", ctx.current_key, timestamp, list(entries), mean))
             )
         )
+
+
+def cyclic_garbage(run) -> int:
+    """Objects ``run()`` leaves in reference cycles (freed only by the cyclic GC): run
+    with the collector off after a full collection, then count what a collection
+    finds. ``run`` drops its results before it returns."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        run()
+        return gc.collect()
+    finally:
+        gc.enable()
+
+
+class Color(str, enum.Enum):  # noqa: UP042  # the mixin, not StrEnum: its str() differs
+    """Key types that subclass built-in ones (``aec.keygroups.plain_key``)."""
+
+    RED = "red"
+
+
+class Shade(enum.StrEnum):
+    DARK = "dark"
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+Pair = collections.namedtuple("Pair", "color level")

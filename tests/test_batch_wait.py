@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+from engine_helpers import cyclic_garbage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_async_wait_operator import (
@@ -486,8 +487,6 @@ def test_finished_inputs_are_freed_without_the_garbage_collector(mode, slow):
     """An input's objects (its entry, future, batch entry) are freed when its batch call
     finishes, or is cancelled as all its inputs timed out, by reference counting: no
     reference cycle per input."""
-    import gc
-
     class Plus(AsyncBatchFunction):
         async def async_invoke_batch(self, values):
             if slow and values[0] % 32 == 0:  # some batches never answer in time
@@ -497,19 +496,11 @@ def test_finished_inputs_are_freed_without_the_garbage_collector(mode, slow):
         def timeout(self, value, result_future):
             result_future.complete([value + 1])
 
-    def cyclic_garbage(n: int) -> int:
-        gc.collect()
-        gc.disable()
-        try:
-            outputs = list(batch_wait(range(n), Plus(), max_batch_size=16,
-                                      batch_timeout=0.01, timeout=0.05 if slow else 10.0,
-                                      capacity=256, mode=mode))  # fmt: skip
-            assert sorted(outputs) == list(range(1, n + 1))
-            del outputs
-            return gc.collect()
-        finally:
-            gc.enable()
+    def run(n: int) -> None:
+        outputs = list(batch_wait(range(n), Plus(), max_batch_size=16, batch_timeout=0.01,
+                                  timeout=0.05 if slow else 10.0, capacity=256, mode=mode))  # fmt: skip
+        assert sorted(outputs) == list(range(1, n + 1))
 
     # a run leaves a fixed number of objects in cycles (its operator, loop thread);
     # 2,000 more inputs must not add one per input (they added 5 each)
-    assert cyclic_garbage(3000) - cyclic_garbage(1000) < 200
+    assert cyclic_garbage(lambda: run(3000)) - cyclic_garbage(lambda: run(1000)) < 200

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from engine_helpers import cyclic_garbage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -321,8 +322,6 @@ def test_failed_calls_a_function_catches_are_freed_without_the_garbage_collector
     """A call's error, caught by the function (a timeout among them), holds neither its
     future nor its record: no reference cycle per failed call (each held its record's
     objects for the GC)."""
-    import gc
-
     async def flaky(value):
         if value % 2:
             raise OSError(f"no {value}")
@@ -337,18 +336,10 @@ def test_failed_calls_a_function_catches_are_freed_without_the_garbage_collector
             except (OSError, TimeoutError) as error:
                 ctx.output(type(error).__name__)
 
-    def cyclic_garbage(n: int) -> int:
-        records = [Record(i % 20, i) for i in range(n)]
-        gc.collect()
-        gc.disable()
-        try:
-            result = run_keyed(records, Catches(), config=config)
-            assert len([o for o in result.outputs if not isinstance(o, Watermark)]) == n
-            del result
-            return gc.collect()
-        finally:
-            gc.enable()
+    def run(n: int) -> None:
+        result = run_keyed([Record(i % 20, i) for i in range(n)], Catches(), config=config)
+        assert len([o for o in result.outputs if not isinstance(o, Watermark)]) == n
 
     # a run leaves a fixed number of objects in cycles (its operator, loop thread);
     # more calls must not add some per call (a failed one added 30 or more)
-    assert cyclic_garbage(120) - cyclic_garbage(40) < 60
+    assert cyclic_garbage(lambda: run(120)) - cyclic_garbage(lambda: run(40)) < 60

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from engine_helpers import cyclic_garbage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -667,35 +668,23 @@ def test_a_bad_timeout_or_retry_is_refused_after_good_calls_of_the_same_batcher(
 def test_finished_batched_calls_are_freed_without_the_garbage_collector():
     """A record's objects (its context, future, completion, batch entry) are freed when
     its call's batch finishes, by reference counting: no reference cycle per call."""
-    import gc
-
     async def lookup(args):
         return [a + 1 for a in args]
 
-    def cyclic_garbage(n: int) -> int:
+    def run(n: int) -> None:
         batcher = Batcher(lookup, max_batch_size=16, max_wait=0.01)
-        records = [Record(i % 50, i) for i in range(n)]
-        gc.collect()
-        gc.disable()
-        try:
-            result = aec.run_keyed(records, ReadCallWrite(batcher))
-            assert len(values_of(result.outputs)) == n
-            del result
-            return gc.collect()
-        finally:
-            gc.enable()
+        result = aec.run_keyed([Record(i % 50, i) for i in range(n)], ReadCallWrite(batcher))
+        assert len(values_of(result.outputs)) == n
 
     # a run leaves a fixed number of objects in cycles (its operator, loop thread);
     # 2,000 more records must not add one per record (they added 5 or more each)
-    assert cyclic_garbage(3000) - cyclic_garbage(1000) < 200
+    assert cyclic_garbage(lambda: run(3000)) - cyclic_garbage(lambda: run(1000)) < 200
 
 
 @pytest.mark.parametrize("config", [AecConfig(), SYNC], ids=["async", "sync"])
 def test_batched_calls_failing_or_synchronous_are_freed_without_the_garbage_collector(config):
     """A batch call's error the function catches, and a synchronous run's batches of
     one, leave no reference cycle per call."""
-    import gc
-
     async def lookup(args):
         if args[0] % 3 == 0:
             raise OSError(f"no {args}")
@@ -711,16 +700,8 @@ def test_batched_calls_failing_or_synchronous_are_freed_without_the_garbage_coll
             except OSError:
                 ctx.output("failed")
 
-    def cyclic_garbage(n: int) -> int:
-        records = [Record(i % 20, i) for i in range(n)]
-        gc.collect()
-        gc.disable()
-        try:
-            result = aec.run_keyed(records, Catches(), config=config)
-            assert len(values_of(result.outputs)) == n
-            del result
-            return gc.collect()
-        finally:
-            gc.enable()
+    def run(n: int) -> None:
+        result = aec.run_keyed([Record(i % 20, i) for i in range(n)], Catches(), config=config)
+        assert len(values_of(result.outputs)) == n
 
-    assert cyclic_garbage(600) - cyclic_garbage(200) < 100
+    assert cyclic_garbage(lambda: run(600)) - cyclic_garbage(lambda: run(200)) < 100

@@ -647,21 +647,9 @@ def test_enum_and_named_tuple_keys_are_checkpointed_as_the_plain_values_they_equ
     ``IntEnum``, a named tuple) key state as the values they equal: a checkpoint
     stores those (state and timers, on every backend), and the restored job finds
     the same state under the original keys; a timer restored fires for the plain key."""
-    import collections
-    import enum
+    from engine_helpers import Color, Level, Pair, Shade
 
     from aec import KeyedProcessFunction, ValueStateDescriptor
-
-    class Color(str, enum.Enum):  # noqa: UP042  # the mixin, not StrEnum: its str() differs
-        RED = "red"
-
-    class Shade(enum.StrEnum):
-        DARK = "dark"
-
-    class Level(enum.IntEnum):
-        HIGH = 2
-
-    Pair = collections.namedtuple("Pair", "color level")
 
     class CountWithTimer(KeyedProcessFunction):
         def open(self, ctx):

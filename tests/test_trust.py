@@ -383,21 +383,9 @@ def test_an_enum_or_named_tuple_key_is_the_key_it_equals_in_every_key_group():
     """A key whose type subclasses a built-in one is in the key group of the plain
     value it equals (a ``class C(str, Enum)`` member's ``str()`` is "C.RED", not the
     string it equals: its group must not follow that)."""
-    import collections
-    import enum
+    from engine_helpers import Color, Level, Pair, Shade
 
     from aec.keygroups import key_group_for, plain_key, stable_key_bytes
-
-    class Color(str, enum.Enum):  # noqa: UP042  # the mixin, not StrEnum: its str() differs
-        RED = "red"
-
-    class Shade(enum.StrEnum):
-        DARK = "dark"
-
-    class Level(enum.IntEnum):
-        HIGH = 2
-
-    Pair = collections.namedtuple("Pair", "color level")
     for key, plain in [
         (Color.RED, "red"),
         (Shade.DARK, "dark"),
