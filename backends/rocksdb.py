@@ -39,7 +39,10 @@ them every round, so its cost grew with every key the job had ever written). The
 rows they name are read (one multi-get) and removed if their stored expiry has
 passed (a row written again since stays; a list is rewritten with its live
 elements), the index entries read deleted (by one range delete per ``_INDEX_DROP``
-of them), all in one ``WriteBatch``. A restore that
+of them), all in one ``WriteBatch``. With a thread pool a sweep waits for the
+batches running on other I/O threads, and they for it (``backends.sweep_gate``):
+else it could delete a value another thread's batch wrote after it read the row
+expired. A restore that
 merges further snapshots copies their index entries of the key groups kept; a TTL
 state found without an index (written before the state had a TTL) is indexed once
 when opened.
@@ -85,6 +88,7 @@ from backends.rocksdb_snapshots import (
     write_checkpoint,
 )
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
+from backends.sweep_gate import SweepGate
 from backends.ttl_codec import (
     HEAD_SIZE,
     UNCHANGED,
@@ -172,6 +176,7 @@ class RocksDBBackend(StateBackend):
         self._swept: dict[str, bytes] = {}  # state -> its index holds nothing below this
         # state -> (the first index key read and not deleted yet, how many were read)
         self._read_since: dict[str, tuple[bytes, int]] = {}
+        self._gate = SweepGate()  # TTL sweeps never overlap a batch (I/O threads)
         self._stamps: dict[str, tuple[int, int]] = {}  # live tables' (size, mtime) when linked
         self._closed = False
 
@@ -361,10 +366,16 @@ class RocksDBBackend(StateBackend):
     # batches
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        db = self._live_db()
         cleanup = self._ttl_cleanup
-        if cleanup is not None and (budget := cleanup.charge_requests(requests)):
-            cleanup.sweep(budget, self._sweep_step)
+        if cleanup is None:
+            self._execute(requests)
+        else:  # a sweep never overlaps a batch running on another I/O thread
+            self._gate.run_batch(
+                cleanup, requests, self._sweep_step, lambda: self._execute(requests)
+            )
+
+    def _execute(self, requests: Sequence[StateRequest]) -> None:
+        db = self._live_db()
         if run_value_batch(db, self._table_of, requests, self._write_options):
             return
         # Plan each request's table and DB key and collect the keys to multi-get per

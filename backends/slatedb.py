@@ -351,13 +351,10 @@ class SlateDBBackend(StateBackend):
         if cleanup is None:
             self._call(execute(db, requests, self._state_prefix, self._codec))
             return
-        budget = cleanup.charge_requests(requests)
-        if budget:
-            with self._gate.sweep() as alone:
-                if alone:
-                    cleanup.sweep(budget, self._sweep_step)
-        with self._gate.batch():
-            self._call(execute(db, requests, self._state_prefix, self._codec))
+        self._gate.run_batch(
+            cleanup, requests, self._sweep_step,
+            lambda: self._call(execute(db, requests, self._state_prefix, self._codec)),
+        )  # fmt: skip
 
     def _codec(self, state: str) -> Serializer:
         """How ``state``'s values are stored: its serializer, or ``TtlPairs`` over it for

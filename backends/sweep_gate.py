@@ -1,6 +1,7 @@
 """A gate between a backend's batches and its TTL sweep (``aec.state.ttl_cleanup``).
 
-A backend whose batches run on several I/O threads at once (SlateDB) may not
+A backend whose batches may run on several I/O threads at once (SlateDB, RocksDB
+with a thread pool) may not
 sweep a key while a batch writes it: the sweep could read an expired value, the
 batch write a new one, and the sweep delete the new one. Batches of different
 keys may overlap each other (the engine never runs two batches of one key at once),
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+
+from aec.state.requests import StateRequest
+from aec.state.ttl_cleanup import Step, TtlCleanup
 
 
 class SweepGate:
@@ -57,3 +61,21 @@ class SweepGate:
                 with self._changed:
                     self._sweeping = False
                     self._changed.notify_all()
+
+    def run_batch(
+        self,
+        cleanup: TtlCleanup,
+        requests: Sequence[StateRequest],
+        step: Step,
+        execute: Callable[[], None],
+    ) -> None:
+        """One batch of a backend with TTL states: the sweep its writes earned first,
+        alone (``cleanup.sweep(budget, step)``), then ``execute()`` (the batch) beside
+        other batches."""
+        budget = cleanup.charge_requests(requests)
+        if budget:
+            with self.sweep() as alone:
+                if alone:
+                    cleanup.sweep(budget, step)
+        with self.batch():
+            execute()

@@ -530,3 +530,54 @@ def test_ttl_state_stays_bounded_on_a_wall_clock_without_watermarks(kind, async_
     operator.finish()
     alive = 10 * per_second  # the keys of the last TTL
     assert stored <= 3 * alive, f"{stored} entries stored of {per_second * seconds} written"
+
+
+def test_a_rocksdb_sweep_never_deletes_a_value_another_io_thread_just_wrote(
+    monkeypatch, tmp_path
+):
+    """With a thread pool a sweep (on one I/O thread) read a row expired; another
+    thread's batch wrote the key again; the sweep's write deleted the fresh value. The
+    sweep now runs alone (``backends.sweep_gate``). Here it stalls once between its
+    read and its write, which made the loss certain."""
+    import backends.rocksdb as rocksdb_module
+
+    monkeypatch.setattr(RocksDBBackend, "ttl_sweep_chunk", 3)  # a sweep at almost every write
+    read_expired = rocksdb_module.swept_row
+    stalled = []
+
+    def stalling(*args):
+        if not stalled:
+            stalled.append(True)
+            time.sleep(0.05)
+        return read_expired(*args)
+
+    monkeypatch.setattr(rocksdb_module, "swept_row", stalling)
+
+    class WriteOrRead(KeyedProcessFunction):
+        def open(self, ctx):
+            self.value = ctx.get_state(ValueStateDescriptor("v", ttl=10))
+
+        async def process_element(self, value, ctx):
+            op, arg = value
+            if op == "write":
+                await self.value.async_update(arg)
+            else:
+                ctx.output((ctx.current_key, await self.value.async_value()))
+
+    clock = ManualClock(0)
+    keys = [f"k{k}" for k in range(200)]
+
+    def source():
+        yield from (Record(k, ("write", 1)) for k in keys)
+        clock.set(20)  # every first write expired (at 10)
+        yield from (Record(k, ("write", 2)) for k in keys)  # fresh until 30
+        clock.set(25)
+        yield from (Record(k, ("read", 0)) for k in keys)
+
+    backend = RocksDBBackend(str(tmp_path / "db"))
+    result = run_keyed(source(), WriteOrRead(), backend, AecConfig(buffer_size=8),
+                       executor=ThreadPoolStateExecutor(4), clock=clock)  # fmt: skip
+    backend.close()
+    assert stalled
+    read = [out for out in result.outputs if not isinstance(out, Watermark)]
+    assert sorted(read) == [(k, 2) for k in sorted(keys)]
