@@ -33,11 +33,16 @@ Stamps = dict[str, tuple[int, int]]  # immutable file name -> (size, mtime_ns)
 
 
 def stamps(directory: str, names: set[str] | None = None) -> Stamps:
-    """The size and mtime of every SST and blob file in ``directory`` (of ``names``)."""
+    """The size and mtime of every SST and blob file in ``directory`` (of ``names``).
+    A file gone between the listing and its ``stat`` (an open database's compaction
+    deleted it) is left out."""
     found: Stamps = {}
     for name in os.listdir(directory):
         if name.endswith(_IMMUTABLE) and (names is None or name in names):
-            info = os.stat(os.path.join(directory, name))
+            try:
+                info = os.stat(os.path.join(directory, name))
+            except FileNotFoundError:
+                continue
             found[name] = (info.st_size, info.st_mtime_ns)
     return found
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES}

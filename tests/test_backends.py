@@ -1100,3 +1100,40 @@ def test_rocksdb_fresh_backend_starts_empty_used_or_not(tmp_path):
     restored.restore(str(tmp_path / "snap"))
     assert restored.state_items("v") == {"old": 1}
     restored.close()
+
+
+def test_a_rocksdb_restore_survives_a_table_compacted_away_while_it_is_stamped(
+    tmp_path, monkeypatch
+):
+    """After a restore the live tables are stamped (a listing, then a ``stat`` each);
+    an open database's compaction may delete one between the two. The restore then
+    failed with ``FileNotFoundError`` after swapping the live directory in."""
+    from engine_helpers import Counter
+
+    from aec import KeyedProcessOperator, Record
+    from backends import rocksdb_snapshots
+
+    source = RocksDBBackend(str(tmp_path / "source"))
+    operator = KeyedProcessOperator(Counter(), source)
+    operator.open()
+    for i in range(300):
+        operator.process(Record(i % 30, i))
+    handle = operator.snapshot(1, tmp_path / "checkpoints")
+    operator.close()
+    real_stat = os.stat
+    compacted: list[str] = []
+
+    def stat_after_a_compaction(path, *args, **kwargs):
+        if str(path).endswith(".sst") and "restored" in str(path) and not compacted:
+            compacted.append(str(path))
+            raise FileNotFoundError(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(rocksdb_snapshots.os, "stat", stat_after_a_compaction)
+    target = RocksDBBackend(str(tmp_path / "restored"))
+    restored = KeyedProcessOperator(Counter(), target)
+    restored.restore(handle)
+    monkeypatch.undo()
+    assert compacted
+    assert target.state_items("count") == {k: 10 for k in range(30)}
+    restored.close()
