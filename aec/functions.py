@@ -263,9 +263,11 @@ class TimerService:
 
     def register_processing_time_timer(self, timestamp: float) -> None:
         """Fire ``on_timer(timestamp)`` for this key once the operator's clock reads
-        ``timestamp`` or later (checked between input elements; the firing waits
-        for the records that arrived before, like a watermark). Pending
-        processing-time timers do not fire at end of input (as in Flink)."""
+        ``timestamp`` or later (checked between input elements, at a reading that
+        advances the clock: a timer at or before the current reading fires at the
+        next advance; the firing waits for the records that arrived before, like a
+        watermark). Pending processing-time timers do not fire at end of input (as
+        in Flink)."""
         self._operator.register_timer("processing-time", _checked(timestamp, "processing-time"))
 
     def delete_processing_time_timer(self, timestamp: float) -> None:

@@ -383,3 +383,49 @@ def test_a_key_outside_the_range_is_refused_each_time_it_comes():
         (inside, 1), (inside, 2), (inside, 3)
     ]  # fmt: skip
     op.close()
+
+
+@pytest.mark.parametrize("config", [AecConfig(max_parallelism=16), AecConfig(max_parallelism=16, async_state=False)], ids=["async", "sync"])  # fmt: skip
+def test_a_processing_time_timer_due_at_a_merged_clock_reading_fires_before_new_input(
+    tmp_path, config
+):
+    """Operator A registered a processing-time timer at 105 and last read the clock at
+    100; B read 110. One operator restored from both takes 110 as read: the timer is
+    due already, so it fires before the next element (as A would have at its next
+    element), not at a clock advance that may never come."""
+    from aec.clock import ManualClock
+
+    class Arm(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            service = ctx.timer_service
+            if value == "arm":
+                service.register_processing_time_timer(service.current_processing_time() + 5)
+            ctx.output(("record", value))
+
+        def on_timer(self, timestamp, ctx):
+            ctx.output(("timer", timestamp, ctx.timer_service.current_processing_time()))
+
+    first, second = key_group_range_for(16, 2, 0), key_group_range_for(16, 2, 1)
+    a = next(f"a{i}" for i in range(1000) if key_group_for(f"a{i}", 16) in first)
+    b = next(f"b{i}" for i in range(1000) if key_group_for(f"b{i}", 16) in second)
+    clock = ManualClock(0)
+    operators = [
+        KeyedProcessOperator(Arm(), MemoryBackend(), config, clock=clock, key_group_range=r)
+        for r in (first, second)
+    ]
+    for operator in operators:
+        operator.open()
+    clock.set(100)
+    operators[0].process(Record(a, "arm"))
+    operators[1].process(Record(b, "x"))
+    clock.set(110)
+    operators[1].process(Record(b, "y"))  # only B reads 110
+    handles = [op.snapshot(1, tmp_path / f"op{i}") for i, op in enumerate(operators)]
+    for operator in operators:
+        operator.close()
+    merged = KeyedProcessOperator(Arm(), MemoryBackend(), config, clock=clock)
+    merged.restore(handles)
+    merged.process(Record(a, "after"))  # the clock still reads 110
+    merged.finish()
+    outputs = [o for o in merged.drain_outputs() if not isinstance(o, Watermark)]
+    assert outputs == [("timer", 105.0, 110.0), ("record", "after")]

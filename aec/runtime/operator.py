@@ -147,12 +147,9 @@ class KeyedProcessOperator:
             self.config, backend, executor, self.epochs, self.entries.run, self._next_timer
         )
         self.timers = OperatorTimers(
-            self.controller,
-            self.synchronous,
-            self._timer_context,
-            self.current_context,
+            self.controller, self.synchronous, self._timer_context, self.current_context,
             self.use_processing_time,
-        )
+        )  # fmt: skip
         self.output = OperatorOutput(self._running)
         self.emit = self.output.emit  # the Context's hooks, bound once
         self.emit_side = self.output.emit_side
@@ -350,9 +347,8 @@ class KeyedProcessOperator:
         if not self._first_group <= key_group <= self._last_group:
             del self._key_groups[key]
             raise ValueError(
-                f"record key {key!r} is in key group {key_group}, outside this "
-                f"operator's {self.key_group_range}: route records by key group "
-                "(operator_index_for)"
+                f"record key {key!r} is in key group {key_group}, outside this operator's "
+                f"{self.key_group_range}: route records by key group (operator_index_for)"
             )
         return key_group
 
@@ -643,6 +639,10 @@ class KeyedProcessOperator:
         for record in carried:  # before any input: they arrived before the checkpoint
             self._key_groups[record.key] = record.key_group
             self.controller.admit(readmitted(record, self.epochs.active, self._on_finished), False)
+        if (due := self.timers.processing.peek_time()) is not None and due <= self._now:
+            self._close_epoch(ClockTick(self._now, self._watermark))  # due at a merged reading
+            if self._waits_for_epochs:
+                self._run_until_epochs_done()
 
     def _apply_restored(self, state: OperatorState) -> None:
         """Take the restored operator state (the backend is restored already)."""
