@@ -354,3 +354,18 @@ def test_the_timer_service_shows_a_keys_timers_and_the_runtime_context_its_confi
     result = run_keyed([rec("a", 1, 0)], fn, config=SYNC)
     assert result.outputs[:2] == [([10.0, 20.0, 30.0], [10.0, 20.0]), []]
     assert fn.async_state is False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timestamp", [1.7e18, 1e308])
+@pytest.mark.parametrize("config", [SYNC, AecConfig()], ids=["sync", "async"])
+def test_a_timestamp_beyond_a_floats_exact_grid_fails_naming_it(timestamp, config):
+    """Sliding windows of 10 s every 2 s at a timestamp of nanoseconds (1.7e18 s):
+    the grid's bounds no longer move by a step (floats count 2**52 steps exactly):
+    the pane path emitted nothing and 1e308 spun forever. Now the record fails."""
+    from aec import JobFailure
+
+    function = window(SlidingEventTimeWindows.of(10, 2), aggregate=SumAggregate())
+    with pytest.raises(JobFailure, match=r"2\*\*52") as failure:
+        run_keyed([rec("k", 1, timestamp), Watermark(math.inf)], function, config=config)
+    assert isinstance(failure.value.__cause__, ValueError)

@@ -28,6 +28,7 @@ from fractions import Fraction
 from aec.windowing.windows import TimeWindow
 
 MAX_PANES_PER_WINDOW = 4096  # beyond this (odd float sizes) windows keep their own state
+_EXACT_STEPS = 2**52  # grid steps from the offset whose bounds a float still tells apart
 
 Fired = tuple[float, float, int, int, int]
 """A window of a chain firing: ``(start, end, lo, hi, cut)``; it merges the live panes
@@ -54,6 +55,12 @@ def _holding_index(timestamp: float, offset: float, step: float) -> int:
         k = math.floor((timestamp - offset) / step)
     except (OverflowError, ValueError):
         return _floor_index(timestamp, offset, step)  # raises, naming the timestamp
+    if not -_EXACT_STEPS < k < _EXACT_STEPS:  # the bounds below would not move (or hang)
+        raise ValueError(
+            f"timestamp {timestamp!r} is {k} steps of {step!r} s from the window grid's "
+            f"offset, beyond the 2**52 a float counts exactly: give timestamps in seconds "
+            "(not nanoseconds), or larger windows"
+        )
     while offset + k * step > timestamp:
         k -= 1
     while offset + (k + 1) * step <= timestamp:
