@@ -291,8 +291,9 @@ class ExternalCalls:
         timeout <= 0), RuntimeError outside a record.
         """
         known = self._queues.get(id(batcher))
-        if known is not None and timeout is known.timeout and retry is known.retry:
-            seconds = known.seconds  # checked at an earlier call with these objects
+        checked = known is not None and timeout is known.timeout and retry is known.retry
+        if checked:
+            seconds = known.seconds  # type: ignore[union-attr]  # checked: known is set
         else:
             if known is None:
                 _check_batcher(batcher)
@@ -304,7 +305,8 @@ class ExternalCalls:
             raise _outside_record("call_batched")
         if known is None:
             known = self._queue(batcher)
-        known.timeout, known.retry, known.seconds = timeout, retry, seconds
+        if not checked:  # remembered: the same objects next time are not checked again
+            known.timeout, known.retry, known.seconds = timeout, retry, seconds
         queue = known.queue
         deadlines = known.deadlines
         self.batched_calls += 1
