@@ -403,11 +403,16 @@ class CheckpointStore:
 
         Raises CheckpointStorageError when the store fails.
         """
+        return self._collect_garbage(fresh=True)
+
+    def _collect_garbage(self, fresh: bool) -> list[str]:
+        """``collect_garbage``; ``fresh``: read every committed manifest again (False
+        right after a caller read them all: ``retain``)."""
         if self.local:
             return []
         registry = self.registry()
         with registry.lock:
-            registry.sync(self.checkpoint_ids(), self._manifest_of, fresh=True)
+            registry.sync(self.checkpoint_ids(), self._manifest_of, fresh=fresh)
             doomed = registry.garbage(self.stored_files())
             for relative in doomed:
                 path = self._path(relative)
@@ -454,7 +459,7 @@ class CheckpointStore:
             for checkpoint_id in self.checkpoint_ids(complete=False):
                 if checkpoint_id < committed[-keep]:
                     self.delete(checkpoint_id)
-        self.collect_garbage()
+        self._collect_garbage(fresh=False)  # the manifests kept were read just now
         return doomed
 
     def delete(self, checkpoint_id: int, collect: bool = True) -> None:

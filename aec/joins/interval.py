@@ -143,7 +143,8 @@ def _check_bound(name: str, bound: Any) -> None:
         finite = False
     if not finite:
         raise ValueError(
-            f"interval bound {name} must be finite (within a float's range), got {describe(bound, 40)}"
+            f"interval bound {name} must be finite (within a float's range), got "
+            f"{describe(bound, 40)}"
         )
 
 
