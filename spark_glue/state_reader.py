@@ -266,6 +266,8 @@ def _state_rows(
     if ttl:
         if kind == "list":
             stored = [element[0] for element in stored if _alive(element, now)]
+            if not stored:
+                return  # every element expired: no row, as for an expired value
         elif not _alive(stored, now):
             return
         else:

@@ -209,6 +209,33 @@ def test_every_backend_reads_what_the_live_operator_held(make_backend, tmp_path)
     assert rows_of(str(tmp_path / "ckpt")) == rows
 
 
+class TtlList(KeyedProcessFunction):
+    def open(self, ctx):
+        self.seen = ctx.get_state(ListStateDescriptor("seen", ttl=10.0))
+
+    def process_element(self, value, ctx):
+        return self.seen.async_add(value)
+
+
+def test_a_ttl_list_whose_every_element_expired_has_no_row(make_backend, tmp_path):
+    """As an expired value has none: not a row holding an empty list."""
+    clock = ManualClock(0.0)
+    backend = make_backend()
+    operator = KeyedProcessOperator(TtlList(), backend, AecConfig(), clock=clock)
+    try:
+        operator.process(Record("old", 1))
+        operator.process(Record("both", 2))
+        clock.set(20.0)  # every element written at 0 expired (at 10)
+        operator.process(Record("both", 3))
+        operator.process(Record("new", 4))
+        handle = operator.snapshot(1, str(tmp_path / "ckpt"))
+    finally:
+        operator.close()
+        backend.close()
+    rows = {r["key"]: pickle.loads(r["value_pickle"]) for r in rows_of(handle)}
+    assert rows == {"both": [3], "new": [4]}
+
+
 def test_uris_file_and_s3(tmp_path, s3):
     _, bucket = s3
     local, expected = _snapshot(MemoryBackend, str(tmp_path / "local"))
