@@ -206,6 +206,7 @@ class PartitionRun:
         self.rows_in = 0
         self.samples = GaugeSamples()
         self.before = dict(self.operator.metrics)  # its counters count on across micro-batches
+        self.operator.controller.new_metrics_window()  # its histograms and hot keys start afresh
         self.watermarks = self.watermarks.restarted()  # the count of watermark_interval
 
     def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:

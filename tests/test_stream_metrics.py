@@ -9,6 +9,7 @@ import uuid
 
 import cloudpickle
 import pyarrow as pa
+import pytest
 
 from aec import AecConfig, KeyedProcessFunction, KeyedProcessOperator, Record, ValueStateDescriptor
 from aec.testing import ScriptedExecutor
@@ -126,11 +127,14 @@ def test_per_batch_counters_of_a_kept_operator():
     assert got["max_in_flight"] == 12 and got["num_in_flight_records"] == 4
 
 
-def test_the_operator_gauges_in_a_scripted_run_are_what_the_engine_holds():
+@pytest.mark.parametrize("state_ordered", [False, True])
+def test_the_operator_gauges_in_a_scripted_run_are_what_the_engine_holds(state_ordered):
     """A ScriptedExecutor holds every batch: three records of one key and one of another
-    are in flight, two of them waiting for their key."""
+    are in flight, two of them waiting for their key (in state order: their requests
+    wait, in Flink's blocking buffer of requests)."""
     executor = ScriptedExecutor()
-    operator = KeyedProcessOperator(Count(), MemoryBackend(), AecConfig(), executor)
+    config = AecConfig(state_ordered=state_ordered)
+    operator = KeyedProcessOperator(Count(), MemoryBackend(), config, executor)
     operator.open()
     for key in ["h", "h", "h", "c"]:
         operator.process(Record(key, {}))
@@ -140,6 +144,7 @@ def test_the_operator_gauges_in_a_scripted_run_are_what_the_engine_holds():
     samples = GaugeSamples(stride=1)
     samples.sample(operator, 4)
     assert samples.points[0][2:] == [4, 1, 2]
+    assert metrics["hot_keys"] == [("h", 2)] and metrics["blocked_requests"] == 2
     operator.close()
 
 

@@ -71,6 +71,28 @@ def test_each_micro_batch_is_merged_for_the_listener_and_logged(spark, tmp_path,
 
 
 @pytest.mark.spark
+def test_a_kept_operators_hot_keys_and_histograms_are_of_its_micro_batch(spark, tmp_path):
+    """On MemoryBackend each partition keeps its live operator between micro-batches:
+    a micro-batch of distinct keys after a skewed one has no hot key, and its
+    histograms count only its own batches and records."""
+    seen: list[tuple[int, dict]] = []
+    stream = Stream(spark, tmp_path)  # the default MemoryBackend
+    distinct = [{"k": f"d{s}", "seq": s, "x": 1, "t": float(s)} for s in range(60, 80)]
+    stream.start(RunningCount(), metrics_listener=lambda b, m: seen.append((b, m)))
+    try:
+        stream.add(_skewed(0, 60, 1))
+        stream.add(distinct)
+    finally:
+        stream.stop()
+    (_, first), (_, second) = seen
+    assert first["kept_operators"] == 0 and second["kept_operators"] >= 1
+    assert first["hot_keys"][0][0] == "hot" and first["blocked_requests"] > 0
+    assert second["blocked_requests"] == 0 and second["hot_keys"] == []
+    assert 0 < second["batch_size"]["count"] <= second["batches"]
+    assert second["record_latency_s"]["count"] <= second["records_in"] == len(distinct)
+
+
+@pytest.mark.spark
 def test_initial_state_is_seen_by_the_first_start_only(spark, tmp_path):
     """The first micro-batch fails in its sink (after the partitions took their
     checkpoints): its replay starts from empty state again and loads the initial state

@@ -113,6 +113,10 @@ class BlockingBuffer:
         if len(waits) > HOT_KEYS_KEPT:
             keep_hottest(waits)
 
+    def forget_waits(self) -> None:
+        """Count waits afresh (``hot_keys`` of a new metrics window)."""
+        self.waits = {}
+
     def pop_next(self, key: Hashable) -> RecordContext | None:
         """The oldest context waiting for ``key``, removed; None if none waits."""
         queue = self.queues.get(key)

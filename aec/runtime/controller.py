@@ -130,7 +130,7 @@ class AsyncExecutionController:
         "keys", "active", "blocking", "ready", "current", "completing", "in_flight",
         "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_claim",
         "holding", "max_in_flight", "batches", "requests", "ran_alone", "blocked",
-        "batch_sizes", "request_latency", "record_latency", "_sent", "_untimed",
+        "batch_sizes", "_window_batches", "request_latency", "record_latency", "_sent", "_untimed",
         "_unsampled",
     )  # fmt: skip
 
@@ -177,6 +177,7 @@ class AsyncExecutionController:
         self.ran_alone = False  # a request ran at once: a batch of one (only in batches)
         self.blocked = 0
         self.batch_sizes: dict[int, int] = {}  # size -> batches of it handed to the executor
+        self._window_batches = 0  # batches before the metrics window (new_metrics_window)
         self.request_latency = latency_histogram()  # hand-off to completion, sampled batches' requests
         self.record_latency = latency_histogram()  # admission to finish, sampled records
         self._sent: dict[int, float] = {}  # id(sampled batch) -> monotonic seconds at hand-off
@@ -529,19 +530,35 @@ class AsyncExecutionController:
         ran: those flushed from the active buffer and the requests run at once (a
         batch of one each, counted only in ``batches`` as they run)."""
         sizes = self.batch_sizes
-        alone = self.batches - sum(sizes.values())
+        alone = self.batches - self._window_batches - sum(sizes.values())
         if alone:
             sizes = {**sizes, 1: sizes.get(1, 0) + alone}
+        blocking_keys, blocking = self.blocking_gauges()
         return {
             "num_in_flight_records": self.in_flight,
             "active_buffer_size": len(self.active.requests),
-            "blocking_buffer_size": self.blocking.size,
-            "num_blocking_keys": self.blocking.key_count(),
+            "blocking_buffer_size": blocking,
+            "num_blocking_keys": blocking_keys,
             "batch_size": count_summary(sizes),
             "state_request_latency_s": self.request_latency.summary(),
             "record_latency_s": self.record_latency.summary(),
             "hot_keys": hottest(self.blocking.waits),
         }
+
+    def blocking_gauges(self) -> tuple[int, int]:
+        """``(num_blocking_keys, blocking_buffer_size)`` now: keys with waiting work and
+        what waits for its key (contexts in record order). O(1)."""
+        blocking = self.blocking
+        return blocking.key_count(), blocking.size
+
+    def new_metrics_window(self) -> None:
+        """Start the histograms and hot-key counts afresh (the counters count on): a
+        partition's operator kept between micro-batches reports them per micro-batch."""
+        self.batch_sizes = {}
+        self._window_batches = self.batches
+        self.request_latency = latency_histogram()
+        self.record_latency = latency_histogram()
+        self.blocking.forget_waits()
 
     def stuck_keys(self) -> list[Hashable]:
         """Keys held by unfinished records (for the stuck-run error)."""
@@ -584,7 +601,7 @@ class StateOrderedController(AsyncExecutionController):
     buffer, and ``completing`` stays off), so ``submit`` is the record-ordered one
     with ``_enqueue`` bound to the per-key queues."""
 
-    __slots__ = ("waiting_requests",)
+    __slots__ = ("waiting_requests", "_waiting")
 
     def _bind_mode(self) -> None:
         self._complete_inline = False  # a callback's request may need to wait for its key
@@ -592,6 +609,7 @@ class StateOrderedController(AsyncExecutionController):
         self._enqueue = self._enqueue_in_key_order
         self._claim = self._claim_for_timers
         self.waiting_requests: dict[Hashable, deque[StateRequest]] = {}
+        self._waiting = 0  # requests in waiting_requests, all keys
 
     def _claim_for_timers(self, key: Hashable, context: RecordContext) -> RecordContext:
         """A record starts at once (its first state request takes the key): it is its
@@ -610,10 +628,19 @@ class StateOrderedController(AsyncExecutionController):
             if queue is None:
                 queue = self.waiting_requests[context.key] = deque()
             queue.append(request)
+            self._waiting += 1
             self.blocked += 1
             self.blocking.count_wait(context.key)
             return
         self.active.add(request)
+
+    def blocking_gauges(self) -> tuple[int, int]:
+        """``AsyncExecutionController.blocking_gauges`` with the requests waiting for
+        their key (Flink's blocking buffer holds requests) and their keys; O(timer
+        firings waiting)."""
+        waiting, blocking = self.waiting_requests, self.blocking
+        keys = len(waiting) + sum(1 for key in blocking.queues if key not in waiting)
+        return keys, blocking.size + self._waiting
 
     def on_context_finished(self, context: RecordContext) -> None:
         self.in_flight -= 1
@@ -646,6 +673,7 @@ class StateOrderedController(AsyncExecutionController):
         if timer is not None and timer.sequence < waiter.sequence:
             return self.blocking.pop_next(key), False
         rest = deque(r for r in queue if r.context is not waiter)
+        self._waiting -= len(queue) - len(rest)
         if rest:
             self.waiting_requests[key] = rest
         else:

@@ -755,7 +755,7 @@ class KeyedProcessOperator:
         """``(num_in_flight_records, num_blocking_keys, blocking_buffer_size)`` now: O(1),
         cheap enough to sample while records flow (``metrics`` builds histograms)."""
         controller = self.controller
-        return controller.in_flight, controller.blocking.key_count(), controller.blocking.size
+        return (controller.in_flight, *controller.blocking_gauges())
 
     # -- state and timers (called by handles and the timer service: OperatorHooks) --------------
     def state_handle(self, descriptor: StateDescriptor) -> StateHandle[Any]:
