@@ -141,6 +141,22 @@ def test_restored_watermark_still_rejects_a_regression(tmp_path):
     restored.close()
 
 
+def test_a_restored_integer_watermark_is_exact_beyond_float_precision(tmp_path):
+    """Nanosecond timestamps (ints above 2**53) come back as stored, not rounded: the
+    next watermark the uninterrupted run accepts is accepted after a restore too."""
+    last = 1_700_000_000_000_000_200
+    op = AsyncWaitOperator(Held(), 5.0, 4)
+    op.process_watermark(Watermark(last))
+    handle = op.snapshot(1, tmp_path)
+    op.close()
+    restored = AsyncWaitOperator(Held(), 5.0, 4)
+    restored.restore(handle)
+    restored.process_watermark(Watermark(last + 1))
+    with pytest.raises(ValueError, match="backwards"):
+        restored.process_watermark(Watermark(last))
+    restored.close()
+
+
 def test_attempt_counts_survive_a_restore(tmp_path):
     class Failing(AsyncFunction):
         def __init__(self) -> None:

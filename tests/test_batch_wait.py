@@ -223,6 +223,34 @@ def test_results_that_are_not_a_list_fail_at_once():
                         capacity=2, retry=FixedDelay(3, 0.001)))  # fmt: skip
 
 
+def test_a_set_of_results_fails_at_once_it_has_no_order_to_pair_them_with_inputs():
+    class Unordered(AsyncBatchFunction):
+        async def async_invoke_batch(self, values):
+            return {(f"row-for-{v}",) for v in values}  # right length, arbitrary order
+
+    with pytest.raises(JobFailure, match="Unordered.async_invoke_batch returned {") as failure:
+        list(batch_wait("abcd", Unordered(), max_batch_size=4, batch_timeout=None,
+                        timeout=None, capacity=4))  # fmt: skip
+    assert type(failure.value.__cause__).__name__ == "BatchResultError"
+
+
+class Abort(BaseException):
+    """Not an Exception: a user's own, like KeyboardInterrupt or SystemExit."""
+
+
+class Aborting(AsyncBatchFunction):
+    async def async_invoke_batch(self, values):
+        raise Abort("the service told us to stop")
+
+
+def test_a_base_exception_of_the_batch_function_fails_the_job_and_does_not_hang():
+    with pytest.raises(JobFailure, match="the service told us to stop") as failure:
+        list(batch_wait([1, 2], Aborting(), max_batch_size=2, batch_timeout=0.01,
+                        timeout=None, capacity=2, retry=FixedDelay(3, 0.001)))  # fmt: skip
+    assert isinstance(failure.value.__cause__, Abort)
+    wait_until(lambda: not loop_threads())
+
+
 def test_an_input_result_that_is_not_iterable_fails_like_a_single_call():
     class Bare(AsyncBatchFunction):
         async def async_invoke_batch(self, values):
@@ -389,6 +417,56 @@ def test_restore_re_invokes_the_stored_inputs_in_batches(tmp_path):
     assert max(len(b) for b in function.batches) == 3  # in batches, not one by one
     assert restored.metrics["restored_inputs"] == 8
     assert restored.metrics["batches"] == len(function.batches)
+
+
+def test_restored_inputs_on_either_side_of_a_watermark_never_share_a_batch(tmp_path):
+    op = AsyncBatchWaitOperator(Hanging(), max_batch_size=10, batch_timeout=None,
+                                timeout=None, capacity=20)  # fmt: skip
+    a, b, c, d = numbered(4)
+    for element in [a, b, Watermark(5), c, Watermark(6), d]:
+        op.process(element)
+    handle = op.snapshot(1, tmp_path)
+    op.close()
+    function = Recording()
+    restored = AsyncBatchWaitOperator(function, max_batch_size=10, batch_timeout=None,
+                                      timeout=None, capacity=20)  # fmt: skip
+    restored.restore(handle)
+    restored.finish()
+    assert function.batches == [[a, b], [c], [d]]
+
+
+class SlowToUnwind(AsyncBatchFunction):
+    """Its first batch takes 0.2 s to unwind when cancelled; logs every batch call."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, list[Any]]] = []
+
+    async def async_invoke_batch(self, values):
+        self.log.append(("start", list(values)))
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if values == [1, 2]:
+                await asyncio.sleep(0.2)
+            raise
+        finally:
+            self.log.append(("end", list(values)))
+        return [[v] for v in values]
+
+
+def test_close_starts_no_batch_call_while_the_running_ones_unwind():
+    """A partial batch whose batch_timeout falls due while close() waits for a
+    cancelled call is not sent: no call starts after close() began."""
+    function = SlowToUnwind()
+    op = AsyncBatchWaitOperator(function, max_batch_size=2, batch_timeout=0.05, timeout=None,
+                                capacity=10, mode="unordered")  # fmt: skip
+    op.process(1)
+    op.process(2)  # a full batch: sent
+    op.process(3)  # a partial batch: its batch_timeout runs
+    wait_until(lambda: function.log)
+    op.close()
+    assert function.log == [("start", [1, 2]), ("end", [1, 2])]
+    assert not loop_threads()
 
 
 def batch_operator(seed: int, calls: Any, mode: str, capacity: int) -> AsyncBatchWaitOperator:

@@ -98,7 +98,8 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
         self.batch_timeout = check_max_wait(batch_timeout, "batch_timeout")
         super().__init__(function, timeout, capacity, mode=mode, retry=retry, serializer=serializer)
         self._batches: BatchQueue[Attempt] | None = None
-        self._restoring: list[BatchItem[Attempt]] | None = None  # during restore: the stored inputs
+        # during restore: the stored inputs, a list per stretch between watermarks
+        self._restoring: list[list[BatchItem[Attempt]]] | None = None
         # nothing else can run when the operator sleeps: the partial batch goes
         self._mailbox.before_sleep = self._flush
 
@@ -115,7 +116,7 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
         item = BatchItem(entry.value, (entry, future))
         entry.task = item
         if self._restoring is not None:
-            self._restoring.append(item)  # handed over together when the restore is done
+            self._restoring[-1].append(item)  # handed over together when the restore is done
             return
         queue = self._batches
         if queue is None:
@@ -184,18 +185,26 @@ class AsyncBatchWaitOperator(AsyncWaitOperator[IN, OUT]):
 
     # -- boundaries: a partial batch leaves at once --------------------------------------
     def _before_watermark(self) -> None:
+        if self._restoring is not None:  # the inputs before it leave in batches of their own
+            self._restoring.append([])
+            return
         self._flush()
 
     def restore(self, handle: CheckpointHandle | str | os.PathLike[str]) -> None:
-        """``AsyncWaitOperator.restore``; the stored inputs are handed to the batch queue
-        together, so they fill batches of ``max_batch_size`` in their stored order."""
-        self._restoring = []
+        """``AsyncWaitOperator.restore``; the stored inputs between two watermarks are
+        handed to the batch queue together, so they fill batches of ``max_batch_size``
+        in their stored order (a watermark ends a batch, as it did before)."""
+        self._restoring = [[]]
         try:
             super().restore(handle)
         finally:
-            items, self._restoring = self._restoring, None
-        if items:
-            self._batch_queue().submit_all(items)
+            stretches, self._restoring = self._restoring, None
+        for index, items in enumerate(stretches):
+            if items:
+                queue = self._batch_queue()
+                queue.submit_all(items)
+                if index < len(stretches) - 1:  # a watermark follows
+                    queue.flush()
 
     def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
         """``AsyncWaitOperator.snapshot``; the pending partial batch is sent first."""

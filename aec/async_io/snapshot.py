@@ -139,7 +139,9 @@ def read(
                 elements.append((Watermark(element[1]), 0))
             else:
                 raise ValueError(f"unknown element {element[0]!r}")
-        watermark = float(inputs["watermark"])
+        watermark = inputs["watermark"]
+        if type(watermark) not in (int, float):  # kept as stored: float() rounds big ints
+            raise TypeError(f"the last watermark {watermark!r} is not a number")
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: async I/O checkpoint is malformed: {exc}") from exc
     return elements, watermark

@@ -52,7 +52,8 @@ import enum
 import inspect
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any, Generic, TypeVar, final
 
 from aec.errors import describe, qualified_name
@@ -90,7 +91,8 @@ def batch_results(fn: object, size: int, results: Any) -> list[object]:
         BatchResultError: ``results`` is not an iterable of ``size`` entries (the
             message names ``fn`` as ``module.qualname`` and both lengths).
     """
-    if results is None or isinstance(results, (str, bytes, bytearray, dict)):
+    # a set or mapping has no order to pair its entries with the inputs
+    if results is None or isinstance(results, (str, bytes, bytearray, AbstractSet, Mapping)):
         raise BatchResultError(
             f"{qualified_name(fn)} returned {describe(results, 80)} for a batch of "
             f"{size} inputs: a batch function returns a list with one result per input"
@@ -323,7 +325,7 @@ class BatchQueue(Generic[OWNER]):
             self._loop_empty = False
             asyncio.get_running_loop().call_soon(self.take)
         items = [item for item in pending if not item.dropped]
-        if not items:
+        if not items or self.loop.stopping:  # stopping: the owner waits for no outcome
             return
         batch = SentBatch(items)
         for item in items:
@@ -374,6 +376,8 @@ async def _outcome(
         awaitable = fn(values)
     except (Exception, asyncio.CancelledError) as exc:  # before any awaitable: a failed call
         return None, exc, False
+    except BaseException as exc:
+        return None, exc, True
     if not inspect.isawaitable(awaitable):
         error = TypeError(
             f"{qualified_name(fn)} returned {describe(awaitable, 80)}, not an awaitable: "
@@ -390,6 +394,8 @@ async def _outcome(
         return None, exc, True
     except Exception as exc:
         return None, exc, False
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit, a user's: fail, no retry
+        return None, exc, True
 
 
 def _cancelling() -> bool:

@@ -104,6 +104,8 @@ class EventLoopThread:
         self._inbox: deque[tuple[TaskHandle, Call[Any], Completable[Any]]] = deque()
         self._calls: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
         self._wake_pending = False
+        # set by ``stop`` (owner thread), read on the loop: start no new call after it
+        self.stopping = False
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -138,6 +140,7 @@ class EventLoopThread:
 
     def stop(self) -> None:
         """Cancel every task, stop the loop and join the thread (at most ~2 x grace s)."""
+        self.stopping = True
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
@@ -187,11 +190,16 @@ class EventLoopThread:
 
     async def _shutdown(self, loop: asyncio.AbstractEventLoop) -> None:
         current = asyncio.current_task()
-        tasks = [t for t in asyncio.all_tasks(loop) if t is not current]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=self._grace)
+        deadline = loop.time() + self._grace
+        # again until none is left: a task may start while others unwind (a callback
+        # scheduled before the stop)
+        while tasks := [t for t in asyncio.all_tasks(loop) if t is not current]:
+            for task in tasks:
+                task.cancel()
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await asyncio.wait(tasks, timeout=left)
         try:
             await asyncio.wait_for(loop.shutdown_asyncgens(), self._grace)
         except Exception:  # best effort: a stuck async generator must not keep the loop alive

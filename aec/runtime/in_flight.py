@@ -311,9 +311,11 @@ def decode(
                  started, next_step, variables, requests, awaited) = row  # fmt: skip
                 if key_group not in owned:
                     continue
+                if type(watermark) not in (int, float):  # kept as stored: float() rounds big ints
+                    raise TypeError(f"watermark {watermark!r} is not a number")
                 records.append(CarriedRecord(
                     key, int(key_group), loads(value), timestamp, int(sequence),
-                    float(watermark), float(processing_time), bool(started), next_step,
+                    watermark, float(processing_time), bool(started), next_step,
                     None if variables is None else {n: loads(v) for n, v in variables.items()},
                     [_stored(payloads(state), op, state, uk, v, kind)
                      for op, state, uk, v, kind in requests],
