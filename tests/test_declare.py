@@ -214,6 +214,39 @@ def test_a_hot_keys_blocked_records_stay_pending_across_the_snapshot(tmp_path):
     assert before + after == [("hot", n) for n in range(1, 51)]
 
 
+class SeesTheWatermark(Counter):
+    def declare_process(self, d: DeclarationContext):
+        def read(value, ctx):
+            return self.count.async_value()
+
+        def emit(n, ctx):
+            ctx.output((ctx.current_key, ctx.timer_service.current_watermark()))
+            return self.count.async_update(n + 1)
+
+        return d.chain(d.declare("read", read), d.declare("emit", emit))
+
+
+def test_a_carried_record_sees_its_integer_watermark_exactly(tmp_path):
+    """Nanosecond watermarks (ints above 2**53) stored with a carried record come back
+    as stored, not rounded through float."""
+    mark = 1_700_000_000_000_000_201
+    operator = KeyedProcessOperator(
+        SeesTheWatermark(), MemoryBackend(), AecConfig(), ScriptedExecutor(seed=1)
+    )
+    operator.open()
+    operator.process_watermark(Watermark(mark))
+    for i in range(20):
+        operator.process(Record("hot", i, mark + 1))
+    handle = operator.snapshot(1, tmp_path)
+    assert operator.metrics["checkpoint_pending_records"] > 0
+    operator.close()
+    restored = KeyedProcessOperator(SeesTheWatermark(), MemoryBackend(), AecConfig())
+    restored.restore(handle)
+    restored.finish()
+    seen = {o[1] for o in restored.drain_outputs() if type(o) is tuple}
+    assert seen == {mark}
+
+
 def test_a_checkpoint_of_derived_waits_drains_and_stays_exact(tmp_path):
     operator = KeyedProcessOperator(
         DerivedWait(), MemoryBackend(), AecConfig(), ScriptedExecutor(seed=1)
