@@ -43,6 +43,7 @@ checkpoint read.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import pickle
 import re
@@ -58,8 +59,10 @@ from pyspark.sql import DataFrame
 
 from aec.checkpoint import CheckpointHandle, CheckpointStore
 from aec.checkpoint import files as checkpoint_files
+from aec.checkpoint.files import RestoredCheckpoint
 from aec.checkpoint.storage import local_copy
-from aec.keygroups import key_group_for
+from aec.keygroups import KeyGroupRange, key_group_for
+from aec.runtime.operator_rescale import merge
 from aec.runtime.timers import TimerQueue
 from aec.state.backend import StateBackend
 from aec.state.serialization import PICKLE, Serializer, resolve
@@ -138,11 +141,13 @@ def read_state(
             serializer this process does not know, or pickle not opted in to.
         CheckpointStorageError: the object store could not be read.
     """
+    read: list[RestoredCheckpoint] = []
     found = [
         row
         for handle in checkpoints_of(checkpoint, spark_checkpoint_location)
-        for row in _rows(handle, serializers or {})
+        for row in _rows(handle, serializers or {}, read)
     ]
+    _check_fit(read)
     found.sort(key=_order)  # across checkpoints: each holds some key groups
     columns = [list(c) for c in zip(*found, strict=True)] if found else [[]] * len(_ARROW.names)
     table = pa.table(dict(zip(_ARROW.names, columns, strict=True)), schema=_ARROW)
@@ -227,13 +232,31 @@ def _order(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return row[1], row[0], row[2], row[3] or "", row[4] or ""
 
 
-def _rows(handle: Any, serializers: Mapping[str, Serializer]) -> Iterator[tuple[Any, ...]]:
-    """The rows of one checkpoint (verified, restored into a scratch backend)."""
+def _check_fit(read: list[RestoredCheckpoint]) -> None:
+    """Checkpoints read together fit together as ``restore`` requires them to (one
+    ``max_parallelism``, the same states and inputs, disjoint key-group ranges), else
+    ValueError naming them: overlapping ones would give two values of a key."""
+    if len(read) > 1:
+        first = read[0].state
+        inputs = 1 if first.input_watermarks is None else len(first.input_watermarks)
+        everything = KeyGroupRange(0, first.max_parallelism - 1)
+        merge(read, first.max_parallelism, everything, inputs)
+
+
+def _rows(
+    handle: Any, serializers: Mapping[str, Serializer], read: list[RestoredCheckpoint]
+) -> Iterator[tuple[Any, ...]]:
+    """The rows of one checkpoint (verified, restored into a scratch backend); its
+    metadata is appended to ``read`` (named as the caller named it)."""
     with local_copy(handle) as local:
         target: CheckpointHandle | str = local
         if isinstance(handle, CheckpointHandle):  # its id is checked against the manifest
             target = CheckpointHandle(handle.checkpoint_id, local)
         restored = checkpoint_files.read(target, TimerQueue.from_export)
+        named = handle if isinstance(handle, CheckpointHandle) else os.fspath(handle)
+        if not isinstance(named, CheckpointHandle):
+            named = CheckpointHandle(restored.handle.checkpoint_id, named)
+        read.append(dataclasses.replace(restored, handle=named))
         state = restored.state
         with _restored_backend(restored.backend_dir, state.states, serializers) as backend:
             now = state.processing_time

@@ -209,6 +209,22 @@ def test_every_backend_reads_what_the_live_operator_held(make_backend, tmp_path)
     assert rows_of(str(tmp_path / "ckpt")) == rows
 
 
+def test_checkpoints_that_overlap_are_refused_as_restore_refuses_them(tmp_path):
+    """Two checkpoints of one operator both hold every key group: read together they
+    would give two values of a key."""
+    operator = KeyedProcessOperator(EveryKind(), MemoryBackend(), AecConfig())
+    operator.process(Record("k", 1))
+    first = operator.snapshot(1, str(tmp_path))
+    operator.process(Record("k", 2))
+    second = operator.snapshot(2, str(tmp_path))
+    operator.close()
+    with pytest.raises(ValueError, match="both hold key groups") as refused:
+        rows_of([first, second])
+    assert first.path in str(refused.value) and second.path in str(refused.value)
+    with pytest.raises(ValueError, match="both hold key groups"):
+        KeyedProcessOperator(EveryKind(), MemoryBackend(), AecConfig()).restore([first, second])
+
+
 class TtlList(KeyedProcessFunction):
     def open(self, ctx):
         self.seen = ctx.get_state(ListStateDescriptor("seen", ttl=10.0))
