@@ -18,8 +18,9 @@ Invariants:
 - Per entry, at most one ResultFuture is accepted at a time (``entry.future``); a
   completion of any other future (duplicate, earlier attempt, after timeout) is
   dropped.
-- ``entry.timers`` holds exactly the entry's live timers (``Timers`` may still hold
-  a cancelled timeout, dead, until it reaches the FIFO's head).
+- ``entry.timers`` holds exactly the entry's live retry timers, and
+  ``entry.timeout_sequence >= 0`` says its timeout is live (``Timers`` may still hold
+  the entry of a cancelled timeout, dead, until it reaches the FIFO's head).
 - Retry n starts ``backoff(n)`` seconds after attempt n completed, only if that is
   before the entry's deadline (first call's start + timeout) and n < max_attempts;
   a wanted retry that would start at or after the deadline waits for the timeout,
@@ -67,15 +68,17 @@ _RETRY = 1
 class Timers:
     """Pending timeouts and retries, earliest first.
 
-    A timer is ``(due, sequence, kind, entry, attempt)``: ``due`` in monotonic
+    A retry timer is ``(due, sequence, kind, entry, attempt)``: ``due`` in monotonic
     seconds, ``sequence`` breaks ties in creation order (and keeps tuples from ever
-    comparing entries). Timeouts wait in a FIFO: every timeout has the operator's one
-    length and starts on the monotonic clock, so they fall due in the order they are
-    added (one that would not is put in its place). A cancelled timeout stays in the
-    FIFO, dead (no longer in its entry's ``timers``), until it reaches the head or the
-    FIFO is compacted (when dead timeouts outnumber live ones), so removal costs
-    nothing per input and the FIFO stays within twice the live timeouts. Retry timers
-    are few and are removed from a ``SortedList`` when cancelled.
+    comparing entries); retries are few and wait in a ``SortedList``, removed when
+    cancelled. An entry has at most one timeout, kept on the entry itself
+    (``timeout_due``, ``timeout_sequence``; a cancelled or fired one has sequence -1),
+    the entry waiting in a FIFO: every timeout has the operator's one length and starts
+    on the monotonic clock, so they fall due in the order they are added (one that would
+    not is put in its place). A cancelled timeout's entry stays in the FIFO, dead, until
+    it reaches the head or the FIFO is compacted (when dead timeouts outnumber live
+    ones), so removal costs nothing per input and the FIFO stays within twice the live
+    timeouts.
 
     ``due`` is a lower bound of the earliest live timer's due time (``math.inf``: no
     timer), for a caller to skip ``pop_due`` until then: cheaper than asking.
@@ -84,7 +87,7 @@ class Timers:
     __slots__ = ("_timeouts", "_live_timeouts", "_others", "_sequence", "due")
 
     def __init__(self) -> None:
-        self._timeouts: deque[Timer] = deque()
+        self._timeouts: deque[AsyncEntry] = deque()  # by timeout_due, live or dead
         self._live_timeouts = 0
         self._others = SortedList()
         self._sequence = itertools.count()
@@ -95,48 +98,58 @@ class Timers:
         return self._live_timeouts + len(self._others)
 
     def add(self, due: float, kind: int, entry: AsyncEntry, attempt: int = 0) -> None:
-        timer = (due, next(self._sequence), kind, entry, attempt)
-        entry.timers.append(timer)
+        """A timer of ``kind`` for ``entry`` at ``due``; a timeout only for an entry
+        without a live one."""
+        sequence = next(self._sequence)
         if due < self.due:
             self.due = due
         if kind != _TIMEOUT:
+            timer = (due, sequence, kind, entry, attempt)
+            entry.timers.append(timer)
             self._others.add(timer)
             return
+        entry.timeout_due = due
+        entry.timeout_sequence = sequence
         timeouts = self._timeouts
         self._live_timeouts += 1
-        if not timeouts or timeouts[-1] < timer:
-            timeouts.append(timer)
+        if not timeouts or timeouts[-1].timeout_due <= due:
+            timeouts.append(entry)
             return
         place = len(timeouts) - 1  # a timeout due before the last one: find its place
-        while place > 0 and timeouts[place - 1] > timer:
+        while place > 0 and timeouts[place - 1].timeout_due > due:
             place -= 1
-        timeouts.insert(place, timer)
+        timeouts.insert(place, entry)
 
     def cancel_all(self, entry: AsyncEntry) -> None:
-        """Remove every timer of ``entry`` (its timeout is left dead in the FIFO)."""
-        for timer in entry.timers:
-            if timer[2] == _TIMEOUT:
-                self._live_timeouts -= 1
-            else:
+        """Remove every timer of ``entry`` (its timeout's entry is left dead in the FIFO)."""
+        if entry.timeout_sequence >= 0:
+            entry.timeout_sequence = -1
+            self._live_timeouts -= 1
+        retries = entry.timers
+        if retries:
+            for timer in retries:
                 self._others.remove(timer)
-        entry.timers.clear()
+            retries.clear()
         timeouts = self._timeouts
         if len(timeouts) > 2 * self._live_timeouts + 64:
-            self._timeouts = deque(timer for timer in timeouts if timer in timer[3].timers)
+            self._timeouts = deque(e for e in timeouts if e.timeout_sequence >= 0)
 
-    def _first_timeout(self) -> Timer | None:
-        """The earliest live timeout (dead ones before it are dropped)."""
+    def _first_timeout(self) -> AsyncEntry | None:
+        """The entry of the earliest live timeout (dead ones before it are dropped)."""
         timeouts = self._timeouts
         while timeouts:
-            timer = timeouts[0]
-            if timer in timer[3].timers:
-                return timer
+            entry = timeouts[0]
+            if entry.timeout_sequence >= 0:
+                return entry
             timeouts.popleft()
         return None
 
     def _first(self) -> Timer | None:
         """The earliest live timer; ``due`` becomes its due time."""
-        first = self._first_timeout()
+        entry = self._first_timeout()
+        first: Timer | None = None
+        if entry is not None:
+            first = (entry.timeout_due, entry.timeout_sequence, _TIMEOUT, entry, 0)
         if self._others:
             other: Timer = self._others[0]  # SortedList is untyped
             if first is None or other < first:
@@ -154,9 +167,10 @@ class Timers:
         if kind == _TIMEOUT:
             self._timeouts.popleft()
             self._live_timeouts -= 1
+            entry.timeout_sequence = -1
         else:
             self._others.pop(0)
-        entry.timers.remove(timer)
+            entry.timers.remove(timer)
         return kind, entry, attempt
 
     def next_delay(self, now: float) -> float | None:
@@ -165,6 +179,8 @@ class Timers:
         return None if timer is None else max(0.0, timer[0] - now)
 
     def clear(self) -> None:
+        for entry in self._timeouts:
+            entry.timeout_sequence = -1
         self._timeouts.clear()
         self._live_timeouts = 0
         self._others.clear()

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable
 from typing import Protocol, final
@@ -42,7 +43,7 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
-# a timeout or retry timer: (due, sequence, kind, entry, attempt) (``aec.async_io.driver``)
+# a timer: (due, sequence, kind, entry, attempt) (``aec.async_io.driver``)
 Timer = tuple[float, int, int, "AsyncEntry", int]
 
 
@@ -66,6 +67,8 @@ class AsyncEntry:
         "future",
         "task",
         "timers",
+        "timeout_due",
+        "timeout_sequence",
         "results",
         "segment",
         "sequence",
@@ -79,7 +82,11 @@ class AsyncEntry:
         self.deadline: float | None = None  # monotonic seconds; set when the first call starts
         self.future: object = None  # the ResultFuture accepted now (compared by identity)
         self.task: Cancellable | None = None  # the running attempt, if any
-        self.timers: list[Timer] = []  # this entry's live timers (timeout, retry)
+        self.timers: list[Timer] = []  # this entry's live retry timers
+        # its timeout in ``aec.async_io.driver.Timers``: due (monotonic seconds) and
+        # creation number, -1 when it has none live
+        self.timeout_due = math.inf
+        self.timeout_sequence = -1
         self.results: list[object] | None = None
         self.segment: _Segment | None = None  # unordered queues only
         self.sequence = 0  # arrival number in its operator (the snapshot's order)
