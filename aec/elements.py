@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import final
@@ -58,6 +59,9 @@ def check_key(key: object) -> None:
         ) from None
 
 
+_FLOAT_MAX = sys.float_info.max  # an int timestamp beyond it has no float to compare by
+
+
 def check_timestamp(timestamp: object, what: str = "record timestamp") -> None:
     """Raise TypeError/ValueError unless ``timestamp`` is a real number (or None)."""
     if timestamp is None:
@@ -65,6 +69,11 @@ def check_timestamp(timestamp: object, what: str = "record timestamp") -> None:
     if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)):
         raise TypeError(
             f"{what} must be a number of seconds, got {timestamp!r} ({type(timestamp).__name__})"
+        )
+    if type(timestamp) is not float and not -_FLOAT_MAX <= timestamp <= _FLOAT_MAX:
+        digits = len(str(abs(timestamp)))
+        raise ValueError(
+            f"{what} is an int of {digits} digits, beyond the float range (+-1.8e308 s)"
         )
     if math.isnan(timestamp):
         raise ValueError(f"{what} is NaN")

@@ -455,6 +455,7 @@ def test_the_wrong_kind_of_function_names_both_kinds():
         (1, Record("k", 1), 2),
         "12",
         None,
+        (1, type("MyRecord", (Record,), {})("k", 1)),  # process1 takes exactly a Record
     ],
 )
 def test_a_source_element_that_is_not_a_pair_names_its_position(bad):

@@ -607,6 +607,35 @@ def test_extreme_finite_bounds_join_like_any_others(lower, upper, left, right, c
     assert values(result.outputs) == [("lhs:L", "rhs:R")]
 
 
+@pytest.mark.parametrize("t", [1e22, 1e300, -1e300])
+def test_timestamps_spaced_wider_than_a_bucket_read_a_few_buckets(t):
+    """At 1e22 s floats are 2**21 s apart, buckets 2 s wide: a record reads the buckets
+    of the few floats in its range, not the millions its rounding margin spans."""
+    backend = CountingGets()
+    operator = KeyedCoProcessOperator(joined(-1.0, 1.0), backend, AecConfig(async_state=False))
+    operator.process1(Record("k", "L", t))
+    before = backend.gets
+    operator.process2(Record("k", "R", t))
+    assert backend.gets - before <= 40
+    operator.finish()
+    assert values(operator.drain_outputs()) == [("lhs:L", "rhs:R")]
+    operator.close()
+
+
+@pytest.mark.parametrize(
+    "left, right, lower, upper",
+    [(2**53 + 1, 2**53 + 2, 1, 1),  # the float sum rounds to 2**53 + 2 +- 1
+     (1_700_000_000_000_140_891, 1_700_000_000_000_141_890, 0, 1000),  # nanoseconds
+     (1_700_000_000_000_140_891, 1_700_000_000_000_140_891, -5, 0)],
+)  # fmt: skip
+def test_integer_timestamps_beyond_float_precision_pair_exactly(left, right, lower, upper, config):
+    """Flink's long arithmetic: int bounds and int timestamps are compared exactly."""
+    source = [(1, Record("k", "L", left)), (2, Record("k", "R", right)),
+              (2, Record("k", "far", left + upper + 1))]  # fmt: skip
+    result = run_keyed_co(source, interval_join(lower, upper, pair), config=config)
+    assert values(result.outputs) == [("lhs:L", "rhs:R")]
+
+
 @pytest.mark.parametrize("width, reads", [(1e-3, 1 + 3), (1e-6, 8), (1e-9, 8)])
 def test_a_narrow_interval_at_epoch_seconds_reads_a_few_buckets(width, reads):
     # the rounding margin is a few ulps of the bounds, not a share of the timestamp

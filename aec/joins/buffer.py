@@ -58,6 +58,7 @@ _SPAN = sys.float_info.max  # the largest float: bounds a huge span apart, and o
 # computed with two roundings (``timestamp + bound + shift``) is within a few of the
 # exact one
 _ULPS = 8
+_FEW_BUCKETS = 64  # a record reads one or two buckets, up to this many by their range
 
 
 def bucket_width(lower: float, upper: float) -> float:
@@ -101,13 +102,27 @@ class JoinBuffer:
         """The bucket holding entries of ``timestamp``."""
         return math.floor(timestamp / self.width)
 
-    def buckets(self, low: float, high: float) -> range:
+    def buckets(self, low: float, high: float) -> range | list[int]:
         """Every bucket that may hold a timestamp in ``[low, high]`` (widened by a
         rounding margin, so a bound computed as ``a + b`` never misses its bucket; a
-        bound that overflowed to an infinity is the largest float)."""
+        bound that overflowed to an infinity is the largest float), in order.
+
+        Where floats are spaced wider than a bucket (timestamps of 1e22 s in buckets of
+        2 s), the margin spans millions of buckets but only a few floats: then the
+        buckets are those of the floats in the range, as few as those."""
         margin = _ULPS * math.ulp(max(abs(low), abs(high))) + self._slack
         low, high = max(low - margin, -_SPAN), min(high + margin, _SPAN)
-        return range(self.bucket(low), self.bucket(high) + 1)
+        first, last = self.bucket(low), self.bucket(high)
+        if last - first < _FEW_BUCKETS:
+            return range(first, last + 1)
+        found: list[int] = []
+        point = float(low)
+        while point <= high:  # one of the two counts is small: see the docstring
+            bucket = self.bucket(point)
+            if not found or found[-1] != bucket:
+                found.append(bucket)
+            point = math.nextafter(point, math.inf)
+        return found
 
     def read(self, buckets: Iterable[int]) -> StateFuture:
         """A future of the ``Bucket``s (None: empty) of ``buckets``, in order (one batch

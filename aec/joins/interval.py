@@ -129,9 +129,15 @@ def interval_join(
             f"got {process!r}"
         )
     return IntervalJoinFunction(
-        float(lower), float(upper), process, lower_inclusive, upper_inclusive,
+        _seconds(lower), _seconds(upper), process, lower_inclusive, upper_inclusive,
         left_late_tag, right_late_tag,
     )  # fmt: skip
+
+
+def _seconds(bound: Any) -> float:
+    """A bound as an int if it is integral (int timestamps beyond 2**53, nanoseconds,
+    then pair exactly, as in Flink's long arithmetic), else a float."""
+    return int(bound) if isinstance(bound, numbers.Integral) else float(bound)
 
 
 def _check_bound(name: str, bound: Any) -> None:
@@ -154,7 +160,9 @@ class Plan:
 
     __slots__ = ("is_left", "cleanup", "own", "candidates")
 
-    def __init__(self, is_left: bool, cleanup: float, own: int, candidates: range) -> None:
+    def __init__(
+        self, is_left: bool, cleanup: float, own: int, candidates: range | list[int]
+    ) -> None:
         self.is_left = is_left
         self.cleanup = cleanup
         self.own = own
@@ -188,7 +196,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         """A state name naming the bounds, which place the entries in their buckets (the
         width and the cleanup times), so a restore into a join with other bounds is
         refused (``check_restore``)."""
-        return f"{_LAYOUT}[{self.lower!r}, {self.upper!r}]"
+        return f"{_LAYOUT}[{float(self.lower)!r}, {float(self.upper)!r}]"
 
     def open(self, ctx: RuntimeContext) -> None:
         ctx.get_state(ValueStateDescriptor(self.layout_marker()))  # a name, never written

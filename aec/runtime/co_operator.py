@@ -282,7 +282,10 @@ def co_element(item: Any, position: int) -> tuple[int, Record | Watermark]:
     """
     if type(item) in (tuple, list) and len(item) == 2:
         input, element = item
-        if type(input) is int and input in INPUTS and isinstance(element, (Record, Watermark)):
+        # exactly a Record (as process_input takes), or a Watermark
+        if type(input) is int and input in INPUTS and (
+            type(element) is Record or isinstance(element, Watermark)
+        ):
             return input, element
     raise TypeError(
         f"source element #{position} must be a pair (1 or 2, aec.Record or aec.Watermark), "
