@@ -24,8 +24,11 @@ Spark job, with the ``aec.JobFailure`` message naming the input.
 
 from __future__ import annotations
 
+import decimal
+import fractions
 import inspect
 import math
+import sys
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -157,13 +160,15 @@ def async_udf(
     arrives as the row's Python value, as Spark hands it to a pandas UDF and then made
     plain (``_plain``): ``None`` for null (pandas' NaN, NaT or NA: a double NaN too,
     which pandas does not tell from null), a list for an array, a dict for a map or a
-    struct; an integer column with nulls in the batch gives floats (pandas holds it as
-    float64). The return value must fit ``return_type`` as for any pandas UDF (None,
-    NaN, NA and NaT are null), with one rule more: a result pandas would change
+    struct (a null struct too, as a dict of None fields: a pandas UDF receives a struct
+    column as a DataFrame of its fields, which does not tell a null struct from one of
+    null fields); an integer column with nulls in the batch gives floats (pandas holds
+    it as float64). The return value must fit ``return_type`` as for any pandas UDF
+    (None, NaN, NA and NaT are null), with one rule more: a result pandas would change
     without a word fails the job with a ``TypeError`` naming the UDF and the value (a
-    number with a fraction in an integer type, which would be truncated, or a finite
-    number beyond a ``float``'s range, which would become infinity, also inside
-    arrays, maps and structs). A struct takes a dict or a ``Row`` built with names by
+    number with a fraction, a ``Decimal`` or ``Fraction`` too, in an integer type,
+    which would be truncated, or a finite number beyond a ``float``'s or ``double``'s
+    range, which would become infinity, also inside arrays, maps and structs). A struct takes a dict or a ``Row`` built with names by
     its field names (other keys ignored, as PySpark's Python UDFs do), a tuple or list
     in field order.
 
@@ -318,11 +323,22 @@ def _check_nothing_lost(values: list[Any], data_type: T.DataType, name: str) -> 
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_DOUBLE_MAX = sys.float_info.max
+# numbers an integral column would truncate, and every number a float column rounds
+_FRACTIONAL = (float, np.floating, decimal.Decimal, fractions.Fraction)
+_NUMBERS = (*_FRACTIONAL, int, np.integer)
+
+
+def _finite(value: Any) -> bool:
+    """Whether a number of ``_NUMBERS`` is finite (a Decimal may be NaN or infinite)."""
+    if isinstance(value, decimal.Decimal):
+        return value.is_finite()
+    return not isinstance(value, (float, np.floating)) or math.isfinite(value)
 
 
 def _may_lose(data_type: T.DataType) -> bool:
     """Whether a value of ``data_type`` can hold an integer or float leaf (``_lost``)."""
-    if isinstance(data_type, (*_INTEGRAL, T.FloatType)):
+    if isinstance(data_type, (*_INTEGRAL, T.FloatType, T.DoubleType)):
         return True
     if isinstance(data_type, T.ArrayType):
         return _may_lose(data_type.elementType)
@@ -339,15 +355,19 @@ def _lost(value: Any, data_type: T.DataType, where: str) -> tuple[str, str] | No
     if value is None:
         return None
     if isinstance(data_type, _INTEGRAL):
-        if isinstance(value, (float, np.floating)) and math.isfinite(value):
-            if not float(value).is_integer():
-                return where, f"{value!r} is not an integral value"
+        if isinstance(value, _FRACTIONAL) and _finite(value) and value != math.floor(value):
+            return where, f"{value!r} is not an integral value"
         return None
-    if isinstance(data_type, T.FloatType):
-        if isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, bool):
-            number = float(value)
-            if math.isfinite(number) and abs(number) > _FLOAT32_MAX:
+    if isinstance(data_type, (T.FloatType, T.DoubleType)):
+        if type(value) is float and isinstance(data_type, T.DoubleType):
+            return None  # the common case: nothing to lose
+        if isinstance(value, _NUMBERS) and not isinstance(value, bool) and _finite(value):
+            magnitude: Any = abs(value)
+            number = float(value) if magnitude <= _DOUBLE_MAX else math.inf
+            if isinstance(data_type, T.FloatType) and abs(number) > _FLOAT32_MAX:
                 return where, f"{value!r} overflows a float (use double)"
+            if math.isinf(number):
+                return where, f"{value!r} overflows a double"
         return None
     if isinstance(data_type, T.ArrayType):
         if not isinstance(value, (list, tuple, np.ndarray)):

@@ -6,6 +6,8 @@ import asyncio
 import sys
 import threading
 from collections import Counter
+from decimal import Decimal
+from fractions import Fraction
 
 import pandas as pd
 import pytest
@@ -260,6 +262,25 @@ def test_async_udf_results_pandas_would_change_silently_fail_the_job_naming_them
 
     with pytest.raises(Exception, match=r"async_udf 'huge' returned 1e\+300 .*overflows a float"):
         numbers.select(huge("x")).collect()
+
+    # numbers that are not floats: pyarrow truncates or overflows them silently too
+    @async_udf("struct<n:bigint, f:float, d:double>", capacity=4)
+    async def exact(x):
+        if x == 2:
+            return {"n": Fraction(3, 2), "f": 1.0, "d": 1.0}
+        if x == 4:
+            return {"n": 1, "f": Decimal("1e39"), "d": 1.0}
+        if x == 6:
+            return {"n": 1, "f": 1.0, "d": Decimal("1e400")}
+        return {"n": Decimal(x), "f": x / 2, "d": 0.5}  # a whole Decimal is an integer
+
+    for x, why in [(2, "Fraction.3, 2. is not an integral value .at result.n."),
+                   (4, "Decimal..1E.39.. overflows a float"),
+                   (6, "Decimal..1E.400.. overflows a double")]:  # fmt: skip
+        with pytest.raises(Exception, match=why):
+            numbers.where(f"x = {x}").select(exact("x")).collect()
+    fine = numbers.where("x = 5").select(exact("x").alias("r")).collect()
+    assert fine[0].r == Row(n=5, f=2.5, d=0.5)
 
     @async_udf("struct<n:bigint, t:string, d:double>", capacity=4)
     async def missing(x):  # pandas' missing values are null, as for any pandas UDF
