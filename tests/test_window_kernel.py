@@ -60,6 +60,40 @@ def test_a_tumbling_slot_is_the_contract_start_formula(size_slide, offset, t):
     assert grid.ending_at(end) == k
 
 
+@given(
+    st.integers(1, 10**12),
+    st.integers(-(10**12), 10**12),
+    st.integers(-(2**62), 2**62),
+)
+def test_an_int_grid_holds_nanosecond_timestamps_exactly(size, offset, t):
+    """Int sizes, offsets and timestamps beyond 2**53: the slot holds t, exactly."""
+    grid = Grid(offset, size, size)
+    start, end = grid.slot(t)
+    assert start <= t < end and end - start == size and (start - offset) % size == 0
+    k = grid.index(t)
+    assert (grid.start(k), grid.end(k)) == (start, end) and grid.ending_at(end) == k
+
+
+def test_a_tumbling_window_of_nanoseconds_fires_and_takes_late_records_exactly():
+    second = 10**9
+    end = 1_700_000_000 * second
+    t = end - 1  # the last nanosecond of [end - 1 s, end)
+    fn = window(TumblingEventTimeWindows.of(second), aggregate=SumAggregate(), late_data_tag="late")
+    for config in (SYNC, AecConfig()):
+        on_time = run_keyed([rec("a", 1, t), Watermark(end)], fn, config=config)
+        assert on_time.outputs[:2] == [("a", 1), Watermark(end)]
+        late = run_keyed([Watermark(end), rec("a", 1, t)], fn, config=config)
+        assert late.side_outputs == {"late": [("a", 1)]}
+
+
+def test_a_session_gap_below_the_float_resolution_fails_naming_it():
+    """At epoch seconds floats are 2.4e-7 s apart: [t, t + 1e-7) would be empty."""
+    fn = window(EventTimeSessionWindows.with_gap(1e-7), aggregate=SumAggregate())
+    with pytest.raises(Exception, match="gap of 1e-07 s .* below the float's resolution"):
+        run_keyed([rec("a", 1, 1.7e9)], fn, config=SYNC)
+    assert run_keyed([rec("a", 1, 1.0)], fn, config=SYNC).outputs[0] == ("a", 1)  # near zero
+
+
 @given(sizes, offsets, times)
 @example((10, 10), 0, -5e-324)  # the quotient rounds to -0.0: window 0 does not hold it
 # the quotient rounds down: t sits exactly on a start (4.1 == 0.1 + 4 * 1)

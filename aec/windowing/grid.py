@@ -6,7 +6,7 @@ time window of the package is computed here from its index, never as ``t - t % s
 (float drift), so a window rebuilt from a timer's time is bit-for-bit the window a
 record was put in. A tumbling slot takes the contract's start formula as written:
 ``offset + floor((t - offset) / slide) * slide``, evaluated in floats, no nudging
-(``slot``, ``index``). Sliding windows and panes follow the contract's rule that
+(``slot``, ``index``), or exactly when all are ints. Sliding windows and panes follow the contract's rule that
 their bounds hold ``t`` as the floats compute them (``_holding_index``).
 
 Sliding windows over an aggregate or a reduce are kept as panes (slices) of
@@ -36,8 +36,11 @@ Fired = tuple[float, float, int, int, int]
 
 
 def _floor_index(timestamp: float, offset: float, step: float) -> int:
-    """``floor((timestamp - offset) / step)``; ValueError naming a timestamp that is not
-    a finite number (no window or pane holds it)."""
+    """``floor((timestamp - offset) / step)``, exact when all three are ints (nanosecond
+    timestamps beyond 2**53); ValueError naming a timestamp that is not a finite number
+    (no window or pane holds it)."""
+    if type(timestamp) is int and type(offset) is int and type(step) is int:
+        return (timestamp - offset) // step
     try:
         return math.floor((timestamp - offset) / step)
     except (OverflowError, ValueError):
@@ -123,8 +126,12 @@ class Grid:
             k -= 1
 
     def ending_near(self, end: float) -> int:
-        """The index of the window whose end is nearest ``end`` (``end`` finite)."""
-        return round((end - self.size - self.offset) / self.slide)
+        """The index of the window whose end is nearest ``end`` (``end`` finite; exact
+        when all are ints)."""
+        start, slide = end - self.size - self.offset, self.slide
+        if type(start) is int and type(slide) is int:
+            return (2 * start + slide) // (2 * slide)
+        return round(start / slide)
 
     def ending_at(self, end: float) -> int | None:
         """The index of the window whose end is exactly ``end``, or None (``end`` finite)."""
