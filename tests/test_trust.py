@@ -145,6 +145,22 @@ def test_arbitrary_bytes_decode_as_plain_data_or_fail_with_a_value_error(data):
     assert same(SAFE.loads(SAFE.dumps(decoded)), decoded)
 
 
+def test_extension_values_nested_deeper_than_the_limit_fail_instead_of_overflowing_the_stack():
+    """Crafted bytes of a few hundred nested tuples crashed the process (each level a C
+    stack frame); 64 levels decode, more are a ValueError."""
+
+    def nested(depth):
+        value = 0
+        for _ in range(depth):
+            value = (value,)
+        return value
+
+    deep = nested(serialization.MAX_NESTING)
+    assert SAFE.loads(SAFE.dumps(deep)) == deep
+    with pytest.raises(ValueError, match="nested deeper than 64"):
+        SAFE.loads(SAFE.dumps(nested(serialization.MAX_NESTING + 36)))
+
+
 @pytest.mark.parametrize("value", [Point(1), object(), [1, Point(2)], {"a": {1, 2, Point(3)}}])
 def test_the_safe_serializer_refuses_other_objects_naming_their_type(value):
     with pytest.raises(TypeError, match="cannot store a .*(Point|object).*serializer='pickle'"):

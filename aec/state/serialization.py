@@ -198,7 +198,8 @@ def _default(value: Any) -> object:
 _PACKERS = _Packers()
 
 
-def _ext_hook(code: int, data: bytes) -> object:
+def _ext_value(code: int, data: bytes, _unpack: Callable[[bytes], Any]) -> object:
+    """The value of extension ``code`` holding ``data`` (nested values through ``_unpack``)."""
     if code == _TUPLE:
         return tuple(_unpack(data))
     if code == _BIGINT:
@@ -227,11 +228,28 @@ def _ext_hook(code: int, data: bytes) -> object:
     raise ValueError(f"unknown msgpack extension type {code}")
 
 
-# bytes -> value; a partial, not a def: every state read calls it, and a C call
-# costs no Python frame
-_unpack: Callable[[bytes], Any] = partial(
-    msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=_ext_hook
-)
+MAX_NESTING = 64  # extension values inside extension values: each level is a C stack frame
+
+
+def _unpacker(depth: int) -> Callable[[bytes], Any]:
+    """bytes -> value, with extension values nested at most ``MAX_NESTING - depth`` deep
+    (crafted bytes nested hundreds deep would overflow the C stack: ValueError); a
+    partial, not a def: every state read calls it, and a C call costs no Python frame."""
+    if depth > MAX_NESTING:
+
+        def too_deep(data: bytes) -> Any:
+            raise ValueError(f"msgpack extension values nested deeper than {MAX_NESTING}")
+
+        return too_deep
+    inner = _unpacker(depth + 1)
+
+    def hook(code: int, data: bytes) -> object:
+        return _ext_value(code, data, inner)
+
+    return partial(msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=hook)
+
+
+_unpack = _unpacker(0)
 
 
 class MsgpackSerializer(Serializer):
