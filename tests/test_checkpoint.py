@@ -346,6 +346,62 @@ def test_processing_time_timers_survive_restore(config, tmp_path):
     assert ("reminder", "a", 111, 2, 111) in reminders  # re-armed by the restored timer
 
 
+class ArmsAtTheReading(KeyedProcessFunction):
+    """A record "arm" sets a processing-time timer at the clock's current reading."""
+
+    def open(self, ctx):
+        self.last = ctx.get_state(ValueStateDescriptor("last"))
+
+    def process_element(self, value, ctx):
+        service = ctx.timer_service
+        if value == "arm":
+            service.register_processing_time_timer(service.current_processing_time())
+
+        def write(old):
+            ctx.output(("record", value, old))
+            return self.last.async_update(value)
+
+        return self.last.async_value().then_compose(write)
+
+    def on_timer(self, timestamp, ctx):
+        return self.last.async_value().then_apply(lambda old: ctx.output(("timer", old)))
+
+
+@pytest.mark.parametrize("config", [SYNC, AecConfig()], ids=["sync", "async"])
+@pytest.mark.parametrize("advance", [True, False])
+def test_a_timer_due_at_the_checkpoints_own_reading_waits_for_the_next_advance(
+    config, advance, tmp_path
+):
+    """A timer set at the current reading waits for the next clock advance (rule 8); a
+    restore of that one checkpoint (same reading) neither fires it early nor fires one
+    the uninterrupted run never fires (rule 9)."""
+
+    def run(cut):
+        clock = ManualClock(10.0)
+        operator = KeyedProcessOperator(ArmsAtTheReading(), MemoryBackend(), config, clock=clock)
+        operator.open()
+        operator.process(Record("k", "arm"))
+        out = []
+        if cut:
+            handle = operator.snapshot(1, str(tmp_path / f"{advance}"))
+            out += operator.drain_outputs()
+            operator.close()
+            operator = KeyedProcessOperator(ArmsAtTheReading(), MemoryBackend(), config, clock=clock)
+            operator.restore(handle)
+        operator.process(Record("k", "second"))  # the same instant
+        if advance:
+            clock.advance(1.0)
+            operator.process(Record("k", "third"))
+        operator.finish()
+        out += operator.drain_outputs()
+        operator.close()
+        return [o for o in out if type(o) is not Watermark]
+
+    whole = run(False)
+    assert run(True) == whole
+    assert (("timer", "second") in whole) == advance
+
+
 def test_snapshot_drains_in_flight_records_and_pending_timers(tmp_path):
     executor = ManualExecutor()
     operator = KeyedProcessOperator(

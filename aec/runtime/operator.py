@@ -639,8 +639,8 @@ class KeyedProcessOperator:
         for record in carried:  # before any input: they arrived before the checkpoint
             self._key_groups[record.key] = record.key_group
             self.controller.admit(readmitted(record, self.epochs.active, self._on_finished), False)
-        if (due := self.timers.processing.peek_time()) is not None and due <= self._now:
-            self._close_epoch(ClockTick(self._now, self._watermark))  # due at a merged reading
+        if plan.newly_due:
+            self._close_epoch(ClockTick(self._now, self._watermark))
             if self._waits_for_epochs:
                 self._run_until_epochs_done()
 

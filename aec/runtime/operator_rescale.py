@@ -48,12 +48,17 @@ class MergedCheckpoint:
             every stored key belongs to the operator (no filtering needed).
         in_flight: each checkpoint's carried records (``OperatorState.in_flight``),
             for the operator to decode and keep its key groups' of.
+        newly_due: a checkpoint holds a processing-time timer due at the merged clock
+            reading but not at its own: the restore fires the due timers. One of a
+            single checkpoint, or one already due at its own reading, waits for the
+            next advance (rule 8), as it would have.
     """
 
     state: OperatorState
     backend_dirs: list[str]
     key_groups: KeyGroupRange | None
     in_flight: list[bytes] = dataclasses.field(default_factory=list)
+    newly_due: bool = False
 
 
 def stored_range(state: OperatorState) -> KeyGroupRange:
@@ -139,11 +144,13 @@ def merge(
         input_watermarks=None if inputs == 1 else _per_input_minimum(states, inputs),
         in_flight=b"",
     )
+    now = merged.processing_time
     return MergedCheckpoint(
         merged,
         [item.backend_dir for item in restored],
         None if inside else own,
         [s.in_flight for s in states if s.in_flight],
+        any(s.processing_timers.any_in(s.processing_time, now) for s in states),
     )
 
 

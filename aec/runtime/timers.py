@@ -162,6 +162,12 @@ class TimerQueue:
         """The earliest registered timestamp, or None."""
         return self._order[0][0] if self._order else None
 
+    def any_in(self, after: float, upto: float) -> bool:
+        """Whether a timer is registered at a time in ``(after, upto]``. O(log n)."""
+        order = self._order
+        index = order.bisect_left((after, math.inf))  # past every timer at ``after``
+        return index < len(order) and bool(order[index][0] <= upto)
+
     def pop_earliest(self, limit: float) -> tuple[float, Hashable] | None:
         """Remove and return the earliest ``(timestamp, key)`` with timestamp <= limit."""
         if not self._order or self._order[0][0] > limit:
