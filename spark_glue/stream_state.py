@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aec.checkpoint import CheckpointHandle, CheckpointStore
+from aec.checkpoint import CheckpointHandle, CheckpointStore, signing
 from aec.keygroups import key_group_range_for
 
 _LAYOUT = "layout.json"
@@ -357,11 +357,23 @@ def watermarks_name(checkpoint_id: int) -> str:
     return f"watermarks-{checkpoint_id}.json"
 
 
+def _signed_watermarks(checkpoint_id: int, data: bytes) -> bytes:
+    """What a watermarks file's signature covers: its bytes and its checkpoint's id (a
+    signed file of another checkpoint put in its place does not verify)."""
+    return f"{watermarks_name(checkpoint_id)}\n".encode() + data
+
+
 def save_watermarks(store: CheckpointStore, batch_id: int, marks: Any) -> None:
     """The generator's progress (``marks.progress()``) beside ``chk-<batch_id>``,
     written before it (the checkpoint's commit covers both; a replay overwrites a
-    stale file)."""
-    store.write_bytes(json.dumps(marks.progress()).encode(), watermarks_name(batch_id))
+    stale file); signed beside it (``<name>.hmac``) when ``AEC_CHECKPOINT_KEY`` is set,
+    as the checkpoint's manifest is."""
+    data = json.dumps(marks.progress()).encode()
+    key = signing.current_key()
+    if key is not None:
+        signature = signing.sign(_signed_watermarks(batch_id, data), key)
+        store.write_bytes(signature, watermarks_name(batch_id) + ".hmac")
+    store.write_bytes(data, watermarks_name(batch_id))
 
 
 def load_watermarks(sources: list[CheckpointHandle], marks: Any) -> None:
@@ -369,20 +381,31 @@ def load_watermarks(sources: list[CheckpointHandle], marks: Any) -> None:
     ``sources``: the highest event time seen and the lowest watermark emitted (the
     operator restores the minimum watermark too).
 
-    Raises RuntimeError when a watermarks file is missing.
+    Raises RuntimeError when a watermarks file is missing; ValueError when
+    ``AEC_CHECKPOINT_KEY`` is set and the file is unsigned or its signature does not
+    match (before it is parsed).
     """
     progress = []
+    key = signing.current_key()
     for handle in sources:
         parent, _, _ = handle.path.rstrip("/").rpartition("/")
         store = CheckpointStore.at(parent)
+        name = watermarks_name(handle.checkpoint_id)
         try:
-            name = watermarks_name(handle.checkpoint_id)
-            progress.append(json.loads(store.read_bytes(name)))
+            data = store.read_bytes(name)
         except FileNotFoundError:
             raise RuntimeError(
-                f"{store.name_of(watermarks_name(handle.checkpoint_id))} is missing: "
+                f"{store.name_of(name)} is missing: "
                 f"checkpoint {handle.path} cannot continue its watermarks"
             ) from None
+        if key is not None:
+            try:
+                signature: bytes | None = store.read_bytes(name + ".hmac")
+            except FileNotFoundError:
+                signature = None
+            signed = _signed_watermarks(handle.checkpoint_id, data)
+            signing.check(store.name_of(name), signed, signature, key)
+        progress.append(json.loads(data))
     marks.resume(progress)
 
 

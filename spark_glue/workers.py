@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import threading
 import weakref
 import zipfile
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aec
+from aec.state import scratch
 from spark_glue.session_conf import SHIP_PACKAGE, conf_flag, is_connect
 
 # What the workers import to run the glue: the engine, the glue, Arrow, pandas (the
@@ -180,9 +180,9 @@ def ship_package(spark: Any) -> str:
 
 
 def package_archive() -> str:
-    """A zip of ``PACKAGES`` (sources only), built once per process in the temp
-    directory; its name carries the version and a digest of its contents (an
-    artifact name must not be reused for other contents)."""
+    """A zip of ``PACKAGES`` (sources only), built once per process in a private
+    directory (``aec.state.scratch``); its name carries the version and a digest of its
+    contents (an artifact name must not be reused for other contents)."""
     if _archive:
         return _archive[0]
     import backends
@@ -203,15 +203,13 @@ def package_archive() -> str:
         digest.update(name.encode())
         with open(path, "rb") as handle:
             digest.update(handle.read())
-    target = os.path.join(
-        tempfile.gettempdir(), f"aec-{aec.__version__}-{digest.hexdigest()[:12]}.zip"
-    )
-    if not os.path.exists(target):
-        staging = f"{target}.{os.getpid()}.tmp"
-        with zipfile.ZipFile(staging, "w", zipfile.ZIP_DEFLATED) as archive:
-            for path, name in sources:
-                archive.write(path, name)
-        os.replace(staging, target)
+    # built anew in a private directory: a file at a guessable path of the shared temp
+    # directory could be another user's, holding code the workers would import
+    name = f"aec-{aec.__version__}-{digest.hexdigest()[:12]}.zip"
+    target = os.path.join(scratch.make("aec-package-"), name)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path, name in sources:
+            archive.write(path, name)
     _archive.append(target)
     return target
 
@@ -372,20 +370,21 @@ def _carrier(name: str, data: bytes, payload: bytes) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         function = loaded.get("function")
         if function is None:
+            import atexit
             import os
+            import shutil
             import sys
             import tempfile
 
             from pyspark import cloudpickle
 
-            path = os.path.join(tempfile.gettempdir(), name)
-            if not os.path.exists(path):
-                staging = f"{path}.{os.getpid()}.tmp"
-                with open(staging, "wb") as handle:
-                    handle.write(data)
-                os.replace(staging, path)
-            if path not in sys.path:
-                sys.path.insert(0, path)
+            # a private directory of this process: an existing file at a shared path
+            # could be anyone's (removed when the worker exits)
+            path = os.path.join(tempfile.mkdtemp(prefix="aec-carried-"), name)
+            with open(path, "wb") as handle:
+                handle.write(data)
+            atexit.register(shutil.rmtree, os.path.dirname(path), True)
+            sys.path.insert(0, path)
             function = loaded["function"] = cloudpickle.loads(payload)
         return function(*args)
 

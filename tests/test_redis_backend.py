@@ -705,3 +705,29 @@ def test_an_empty_page_before_the_end_reads_on(backend):
     # each entry at most once (no rehash happened); the stale page may have lost a few
     assert len(seen) == len(dict(seen)) and 990 <= len(seen) <= 1000
     assert all(entries[k] == v for k, v in seen)
+
+
+# a DUMP payload from Redis's own corrupt-dump tests ("listpack too long entry len"):
+# decoded unchecked, it makes the server abort
+_CRASHING_DUMP = bytes.fromhex(
+    "0f011000000000000000020000000000000002405555000000"
+    "0f0001010001020188310000000000000009883200000000000000090001000100010001020289310000"
+    "000000000009886100000000000000098832000000000000000988620000000000000009"
+    "0801ff0a010000090040"
+    "63c93703a2e568"
+)
+
+
+def test_the_local_server_refuses_a_crafted_dump_payload_and_keeps_running():
+    """A restore sends a checkpoint's DUMP payloads to RESTORE: the server aec starts
+    checks them whole (``sanitize-dump-payload yes``) instead of crashing on one."""
+    server = LocalRedisServer().start()
+    try:
+        connection = redis.Redis.from_url(server.url)
+        connection.set("other-tenant", "kept")
+        with pytest.raises(redis.ResponseError, match="(?i)bad data format|payload"):
+            connection.restore("crafted", 0, _CRASHING_DUMP)
+        assert connection.get("other-tenant") == b"kept"
+        connection.close()
+    finally:
+        server.stop()

@@ -561,3 +561,51 @@ def test_slatedb_replies_outside_the_range_or_out_of_order_fail(monkeypatch):
     with pytest.raises(Exception, match="state 'count', key group 3: a str"):
         slatedb_store.checked_value(rows[0][0], "not bytes")
     assert serialization.SAFE.loads(rows[0][1]) == 1
+
+
+class _Progress:
+    """A watermark generator's progress, as ``save_watermarks`` / ``load_watermarks``
+    see it."""
+
+    def __init__(self, seen=None):
+        self.seen = seen
+        self.resumed = None
+
+    def progress(self):
+        return self.seen
+
+    def resume(self, progress):
+        self.resumed = progress
+
+
+def test_a_streams_watermark_progress_is_signed_with_its_checkpoint(tmp_path, monkeypatch):
+    """The progress beside ``chk-<n>`` is signed like the manifest when a key is set: a
+    changed file, an unsigned one, or another checkpoint's signed file in its place is
+    refused before it is parsed."""
+    from aec.checkpoint import CheckpointHandle, CheckpointStore
+    from spark_glue.stream_state import load_watermarks, save_watermarks
+
+    store = CheckpointStore.at(str(tmp_path))
+    monkeypatch.setenv(signing.KEY_VARIABLE, "a secret only the job holds")
+    save_watermarks(store, 6, _Progress({"max_timestamp": 50.0}))
+    save_watermarks(store, 7, _Progress({"max_timestamp": 100.0}))
+    seven = [CheckpointHandle(7, str(tmp_path / "chk-7"))]
+    marks = _Progress()
+    load_watermarks(seven, marks)
+    assert marks.resumed == [{"max_timestamp": 100.0}]
+    file = tmp_path / "watermarks-7.json"
+    file.write_bytes(b'{"max_timestamp": 1e15}')  # forged progress: every record late
+    with pytest.raises(ValueError, match="signature"):
+        load_watermarks(seven, _Progress())
+    file.write_bytes((tmp_path / "watermarks-6.json").read_bytes())  # another one's, signed
+    (tmp_path / "watermarks-7.json.hmac").write_bytes(
+        (tmp_path / "watermarks-6.json.hmac").read_bytes()
+    )
+    with pytest.raises(ValueError, match="signature"):
+        load_watermarks(seven, _Progress())
+    (tmp_path / "watermarks-7.json.hmac").unlink()
+    with pytest.raises(ValueError, match="not signed"):
+        load_watermarks(seven, _Progress())
+    monkeypatch.delenv(signing.KEY_VARIABLE)
+    load_watermarks(seven, marks)  # without the key: read as it is
+    assert marks.resumed == [{"max_timestamp": 50.0}]

@@ -8,6 +8,7 @@ adoption of the driver's interpreter on a real cluster in ``tests/test_standalon
 from __future__ import annotations
 
 import os
+import sys
 import zipfile
 
 import pytest
@@ -71,6 +72,39 @@ def test_the_shipped_archive_holds_the_three_packages_sources_only():
     assert {"aec/__init__.py", "backends/__init__.py", "spark_glue/workers.py"} <= names
     assert "spark_glue/flights/job.py" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+def test_a_file_planted_at_a_guessable_temp_path_is_never_shipped_or_imported(tmp_path):
+    """The archive is built in a private directory on the driver and written to one in
+    the worker: a zip another user left in the shared temp directory under the name is
+    neither shipped nor put on ``sys.path``."""
+    import subprocess
+
+    from pyspark import cloudpickle
+
+    name = os.path.basename(workers.package_archive())
+    marker = tmp_path / "planted-code-ran"
+    planted = tmp_path / name
+    with zipfile.ZipFile(planted, "w") as archive:
+        archive.writestr("aec/__init__.py", f"open({str(marker)!r}, 'w').close()\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    shipped, ours = subprocess.run(
+        [sys.executable, "-c", "import zipfile, spark_glue.workers as w; p = w.package_archive(); "
+         "print(p, b'open(' not in zipfile.ZipFile(p).read('aec/__init__.py'))"],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout.split()  # fmt: skip
+    assert shipped != str(planted) and os.path.dirname(shipped) != str(tmp_path)
+    assert ours == "True"
+    with open(workers.package_archive(), "rb") as handle:
+        carrier = workers._carrier(name, handle.read(), cloudpickle.dumps(lambda: 7))
+    ran = subprocess.run(
+        [sys.executable, "-c", "import pickle, sys; f = pickle.loads(sys.stdin.buffer.read()); "
+         "print(f(), sys.path[0].startswith(sys.argv[1]))", str(planted)],
+        input=cloudpickle.dumps(carrier), capture_output=True, env=env,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr.decode()
+    assert ran.stdout.split() == [b"7", b"False"]
+    assert not marker.exists()
 
 
 def test_the_probe_runs_in_a_python_without_aec(tmp_path):
