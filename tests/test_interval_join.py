@@ -622,6 +622,21 @@ def test_timestamps_spaced_wider_than_a_bucket_read_a_few_buckets(t):
     operator.close()
 
 
+@pytest.mark.parametrize("bound", [-(2**54), -1e17])
+def test_a_point_interval_with_a_large_bound_reads_its_few_buckets(bound):
+    """Buckets of a second, a rounding margin of many (the bound's ulps) near zero,
+    where floats are dense: a record reads one bucket per bucket, not per float."""
+    backend = CountingGets()
+    operator = KeyedCoProcessOperator(joined(bound, bound), backend, AecConfig(async_state=False))
+    operator.process1(Record("k", "L", -bound))
+    before = backend.gets
+    operator.process2(Record("k", "R", 0))
+    assert backend.gets - before <= 200
+    operator.finish()
+    assert values(operator.drain_outputs()) == [("lhs:L", "rhs:R")]
+    operator.close()
+
+
 @pytest.mark.parametrize(
     "left, right, lower, upper",
     [(2**53 + 1, 2**53 + 2, 1, 1),  # the float sum rounds to 2**53 + 2 +- 1

@@ -109,19 +109,22 @@ class JoinBuffer:
 
         Where floats are spaced wider than a bucket (timestamps of 1e22 s in buckets of
         2 s), the margin spans millions of buckets but only a few floats: then the
-        buckets are those of the floats in the range, as few as those."""
+        buckets are those of the floats in the range, as few as those. Each step moves
+        to the next float or the next bucket's start, whichever is further: at most
+        ``min(floats, buckets) + 1`` steps."""
         margin = _ULPS * math.ulp(max(abs(low), abs(high))) + self._slack
         low, high = max(low - margin, -_SPAN), min(high + margin, _SPAN)
         first, last = self.bucket(low), self.bucket(high)
         if last - first < _FEW_BUCKETS:
             return range(first, last + 1)
+        width = self.width
         found: list[int] = []
         point = float(low)
-        while point <= high:  # one of the two counts is small: see the docstring
+        while point <= high:
             bucket = self.bucket(point)
             if not found or found[-1] != bucket:
                 found.append(bucket)
-            point = math.nextafter(point, math.inf)
+            point = max(math.nextafter(point, math.inf), (bucket + 1) * width)
         return found
 
     def read(self, buckets: Iterable[int]) -> StateFuture:
