@@ -429,3 +429,28 @@ def test_a_processing_time_timer_due_at_a_merged_clock_reading_fires_before_new_
     merged.finish()
     outputs = [o for o in merged.drain_outputs() if not isinstance(o, Watermark)]
     assert outputs == [("timer", 105.0, 110.0), ("record", "after")]
+
+    # B's half alone, from both, with a timer of B's due at B's own reading: A's newly
+    # due timer is of a key B's half does not own, so no tick fires B's early
+    class ArmNow(Arm):
+        def process_element(self, value, ctx):
+            if value == "now":
+                ctx.timer_service.register_processing_time_timer(110)
+            return super().process_element(value, ctx)
+
+    clock = ManualClock(100)
+    before = [KeyedProcessOperator(ArmNow(), MemoryBackend(), config, clock=clock,
+                                   key_group_range=r) for r in (first, second)]  # fmt: skip
+    for operator in before:
+        operator.open()
+    before[0].process(Record(a, "arm"))  # due at 105
+    clock.set(110)
+    before[1].process(Record(b, "now"))  # due at 110, B's own reading
+    handles = [op.snapshot(2, tmp_path / f"again{i}") for i, op in enumerate(before)]
+    for operator in before:
+        operator.close()
+    half = KeyedProcessOperator(ArmNow(), MemoryBackend(), config, clock=clock,
+                                key_group_range=second)  # fmt: skip
+    half.restore(handles)
+    assert half.metrics["timers_fired"] == 0
+    half.close()

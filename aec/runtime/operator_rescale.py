@@ -48,10 +48,11 @@ class MergedCheckpoint:
             every stored key belongs to the operator (no filtering needed).
         in_flight: each checkpoint's carried records (``OperatorState.in_flight``),
             for the operator to decode and keep its key groups' of.
-        newly_due: a checkpoint holds a processing-time timer due at the merged clock
-            reading but not at its own: the restore fires the due timers. One of a
-            single checkpoint, or one already due at its own reading, waits for the
-            next advance (rule 8), as it would have.
+        newly_due: a checkpoint holds a timer of an owned key due at the merged clock
+            reading but not at its own reading: the restore closes an epoch with a
+            clock tick, which fires every due timer (those already due at their own
+            reading too). A single checkpoint has none: its timers due at its reading
+            wait for the next advance (rule 8), as they would have.
     """
 
     state: OperatorState
@@ -150,7 +151,10 @@ def merge(
         [item.backend_dir for item in restored],
         None if inside else own,
         [s.in_flight for s in states if s.in_flight],
-        any(s.processing_timers.any_in(s.processing_time, now) for s in states),
+        any(
+            _filtered(s.processing_timers, own, max_parallelism).any_in(s.processing_time, now)
+            for s in states
+        ),
     )
 
 
