@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import final
@@ -59,8 +58,6 @@ def check_key(key: object) -> None:
         ) from None
 
 
-_FLOAT_MAX = sys.float_info.max  # an int timestamp beyond it has no float to compare by
-
 
 def check_timestamp(timestamp: object, what: str = "record timestamp") -> None:
     """Raise TypeError/ValueError unless ``timestamp`` is a real number (or None)."""
@@ -70,10 +67,12 @@ def check_timestamp(timestamp: object, what: str = "record timestamp") -> None:
         raise TypeError(
             f"{what} must be a number of seconds, got {timestamp!r} ({type(timestamp).__name__})"
         )
-    if type(timestamp) is not float and not -_FLOAT_MAX <= timestamp <= _FLOAT_MAX:
-        digits = len(str(abs(timestamp)))
+    try:
+        nan = math.isnan(timestamp)
+    except OverflowError:  # an int no float holds
+        bits = int(timestamp).bit_length()
         raise ValueError(
-            f"{what} is an int of {digits} digits, beyond the float range (+-1.8e308 s)"
-        )
-    if math.isnan(timestamp):
+            f"{what} is an int of {bits} bits, beyond the float range (+-1.8e308 s)"
+        ) from None
+    if nan:
         raise ValueError(f"{what} is NaN")

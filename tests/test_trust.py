@@ -157,8 +157,14 @@ def test_extension_values_nested_deeper_than_the_limit_fail_instead_of_overflowi
 
     deep = nested(serialization.MAX_NESTING)
     assert SAFE.loads(SAFE.dumps(deep)) == deep
+    with pytest.raises(TypeError, match="nested at most 64 deep"):  # refused when written
+        SAFE.dumps((deep,))
+    tuple_code = msgpack.unpackb(SAFE.dumps((0,)), ext_hook=lambda code, data: code)
+    crafted = SAFE.dumps(deep)
+    for _ in range(36):  # bytes written by something else: a 1-tuple holding them
+        crafted = msgpack.packb(msgpack.ExtType(tuple_code, b"\x91" + crafted))
     with pytest.raises(ValueError, match="nested deeper than 64"):
-        SAFE.loads(SAFE.dumps(nested(serialization.MAX_NESTING + 36)))
+        SAFE.loads(crafted)
 
 
 @pytest.mark.parametrize("value", [Point(1), object(), [1, Point(2)], {"a": {1, 2, Point(3)}}])

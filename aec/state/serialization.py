@@ -128,6 +128,11 @@ class Serializer(ABC, Generic[V]):
         return hash((type(self), self.name))
 
 
+# extension values inside extension values, at most (each level decoded is a C stack
+# frame: crafted bytes nested hundreds deep would exhaust the stack)
+MAX_NESTING = 64
+
+
 class _Packers(threading.local):
     """Per-thread msgpack packers (a ``Packer`` is not thread-safe): ``top`` for a
     value, ``nested[d]`` for the contents of an extension type at depth ``d``."""
@@ -148,6 +153,11 @@ def _pack_nested(value: object) -> bytes:
     packers = _PACKERS
     depth = packers.depth
     nested = packers.nested
+    if depth >= MAX_NESTING:  # what loads() would refuse: refused when written
+        raise TypeError(
+            f"the 'msgpack' state serializer stores extension values (tuples, sets, "
+            f"dates...) nested at most {MAX_NESTING} deep; this value nests them deeper"
+        )
     if depth == len(nested):
         nested.append(_packer())
     packers.depth = depth + 1
@@ -228,9 +238,6 @@ def _ext_value(code: int, data: bytes, _unpack: Callable[[bytes], Any]) -> objec
     raise ValueError(f"unknown msgpack extension type {code}")
 
 
-MAX_NESTING = 64  # extension values inside extension values: each level is a C stack frame
-
-
 def _unpacker(depth: int) -> Callable[[bytes], Any]:
     """bytes -> value, with extension values nested at most ``MAX_NESTING - depth`` deep
     (crafted bytes nested hundreds deep would overflow the C stack: ValueError); a
@@ -241,11 +248,7 @@ def _unpacker(depth: int) -> Callable[[bytes], Any]:
             raise ValueError(f"msgpack extension values nested deeper than {MAX_NESTING}")
 
         return too_deep
-    inner = _unpacker(depth + 1)
-
-    def hook(code: int, data: bytes) -> object:
-        return _ext_value(code, data, inner)
-
+    hook = partial(_ext_value, _unpack=_unpacker(depth + 1))  # a C call: no frame of its own
     return partial(msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=hook)
 
 
