@@ -308,9 +308,11 @@ def _check_nothing_lost(values: list[Any], data_type: T.DataType, name: str) -> 
     they take as it is, or refuse themselves, is left to them (NaN, NA and NaT are
     null; ``"2"`` in a ``bigint`` is 2, as for any pandas UDF)."""
     if not _may_lose(data_type):
-        return  # strings, doubles, times...: nothing to check
+        return  # strings, times...: nothing to check
     if isinstance(data_type, _INTEGRAL) and all(type(v) is int or v is None for v in values):
         return  # the common case, at C speed
+    if isinstance(data_type, T.DoubleType) and all(type(v) is float or v is None for v in values):
+        return  # a Python float is a double: at C speed
     for row, value in enumerate(values):
         lost = _lost(value, data_type, "")
         if lost is not None:
@@ -327,6 +329,16 @@ _DOUBLE_MAX = sys.float_info.max
 # numbers an integral column would truncate, and every number a float column rounds
 _FRACTIONAL = (float, np.floating, decimal.Decimal, fractions.Fraction)
 _NUMBERS = (*_FRACTIONAL, int, np.integer)
+
+
+def _whole(value: Any) -> bool:
+    """Whether a finite number of ``_FRACTIONAL`` has no fraction (without building the
+    int of a Decimal like 1e1000000)."""
+    if isinstance(value, decimal.Decimal):
+        return bool(value == value.to_integral_value())
+    if isinstance(value, fractions.Fraction):
+        return value.denominator == 1
+    return float(value).is_integer()
 
 
 def _finite(value: Any) -> bool:
@@ -355,7 +367,7 @@ def _lost(value: Any, data_type: T.DataType, where: str) -> tuple[str, str] | No
     if value is None:
         return None
     if isinstance(data_type, _INTEGRAL):
-        if isinstance(value, _FRACTIONAL) and _finite(value) and value != math.floor(value):
+        if isinstance(value, _FRACTIONAL) and _finite(value) and not _whole(value):
             return where, f"{value!r} is not an integral value"
         return None
     if isinstance(data_type, (T.FloatType, T.DoubleType)):

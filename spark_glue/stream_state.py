@@ -404,7 +404,7 @@ def load_watermarks(sources: list[CheckpointHandle], marks: Any) -> None:
             except FileNotFoundError:
                 signature = None
             signed = _signed_watermarks(handle.checkpoint_id, data)
-            signing.check(store.name_of(name), signed, signature, key)
+            signing.check(store.name_of(name), signed, signature, key, name + ".hmac")
         progress.append(json.loads(data))
     marks.resume(progress)
 

@@ -370,21 +370,26 @@ def _carrier(name: str, data: bytes, payload: bytes) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         function = loaded.get("function")
         if function is None:
-            import atexit
             import os
-            import shutil
+            import socket
             import sys
             import tempfile
 
             from pyspark import cloudpickle
 
-            # a private directory of this process: an existing file at a shared path
-            # could be anyone's (removed when the worker exits)
-            path = os.path.join(tempfile.mkdtemp(prefix="aec-carried-"), name)
+            # a private directory of this process (an existing file at a shared path
+            # could be anyone's), named as aec.state.scratch names its directories so
+            # a later worker sweeps it once this one is gone (PySpark's workers leave
+            # through os._exit: no atexit runs); aec is not importable before it
+            host = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:32]
+            prefix = f"aec-carried-{host or 'host'}-{os.getpid()}-"
+            path = os.path.join(tempfile.mkdtemp(prefix=prefix), name)
             with open(path, "wb") as handle:
                 handle.write(data)
-            atexit.register(shutil.rmtree, os.path.dirname(path), True)
             sys.path.insert(0, path)
+            from aec.state import scratch
+
+            scratch.sweep("aec-carried-", tempfile.gettempdir())
             function = loaded["function"] = cloudpickle.loads(payload)
         return function(*args)
 

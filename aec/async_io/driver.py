@@ -98,8 +98,8 @@ class Timers:
         return self._live_timeouts + len(self._others)
 
     def add(self, due: float, kind: int, entry: AsyncEntry, attempt: int = 0) -> None:
-        """A timer of ``kind`` for ``entry`` at ``due``; a timeout only for an entry
-        without a live one."""
+        """A timer of ``kind`` for ``entry`` at ``due``; a timeout only for an entry that
+        never had one (the driver starts each entry's timeout once: its first call)."""
         sequence = next(self._sequence)
         if due < self.due:
             self.due = due
@@ -181,6 +181,8 @@ class Timers:
     def clear(self) -> None:
         for entry in self._timeouts:
             entry.timeout_sequence = -1
+        for timer in self._others:
+            timer[3].timers.clear()
         self._timeouts.clear()
         self._live_timeouts = 0
         self._others.clear()

@@ -42,9 +42,16 @@ def sign(manifest: bytes, key: bytes) -> bytes:
     return _SCHEME + hmac.new(key, manifest, hashlib.sha256).hexdigest().encode()
 
 
-def check(where: str, manifest: bytes, signature: bytes | None, key: bytes | None) -> None:
-    """Check ``signature`` (the bytes of ``MANIFEST.hmac``, None when absent) against
-    ``manifest``'s bytes with ``key``; nothing to check without a key.
+def check(
+    where: str,
+    manifest: bytes,
+    signature: bytes | None,
+    key: bytes | None,
+    signature_file: str = SIGNATURE,
+) -> None:
+    """Check ``signature`` (the bytes of ``signature_file``, ``MANIFEST.hmac`` by
+    default, None when absent) against ``manifest``'s bytes (or another signed file's)
+    with ``key``; nothing to check without a key.
 
     Raises ValueError naming ``where`` (the checkpoint): unsigned, or a signature
     that does not match (another key, or changed bytes).
@@ -53,12 +60,12 @@ def check(where: str, manifest: bytes, signature: bytes | None, key: bytes | Non
         return
     if signature is None:
         raise ValueError(
-            f"{where} is not signed ({SIGNATURE} is missing) but {KEY_VARIABLE} is set: "
+            f"{where} is not signed ({signature_file} is missing) but {KEY_VARIABLE} is set: "
             "refusing a checkpoint not written by a holder of the key"
         )
     expected = sign(manifest, key)
     if not hmac.compare_digest(expected, signature.strip()):
         raise ValueError(
-            f"{where}: the manifest's signature ({SIGNATURE}) does not match {KEY_VARIABLE}: "
-            "the checkpoint was changed, or written with another key; refusing it"
+            f"{where}: the signature ({signature_file}) does not match {KEY_VARIABLE}: "
+            "it was changed, or written with another key; refusing it"
         )

@@ -555,6 +555,7 @@ class AsyncExecutionController:
         """Start the histograms and hot-key counts afresh (the counters count on): a
         partition's operator kept between micro-batches reports them per micro-batch."""
         self.batch_sizes = {}
+        self.ran_alone = False
         self._window_batches = self.batches
         self.request_latency = latency_histogram()
         self.record_latency = latency_histogram()

@@ -162,6 +162,7 @@ class EventLoopThread:
             target=self._run, args=(loop,), name=f"{self._name}-{next(_names)}", daemon=True
         )
         self._loop, self._thread = loop, thread
+        self.stopping = False  # a loop started again after a stop sends again
         thread.start()
 
     @staticmethod

@@ -752,8 +752,8 @@ class KeyedProcessOperator:
 
     @property
     def in_flight_gauges(self) -> tuple[int, int, int]:
-        """``(num_in_flight_records, num_blocking_keys, blocking_buffer_size)`` now: O(1),
-        cheap enough to sample while records flow (``metrics`` builds histograms)."""
+        """``(num_in_flight_records, num_blocking_keys, blocking_buffer_size)`` now: O(1)
+        (state order: O(keys with timers waiting)), cheap to sample while records flow."""
         controller = self.controller
         return (controller.in_flight, *controller.blocking_gauges())
 
