@@ -58,7 +58,6 @@ def check_key(key: object) -> None:
         ) from None
 
 
-
 def check_timestamp(timestamp: object, what: str = "record timestamp") -> None:
     """Raise TypeError/ValueError unless ``timestamp`` is a real number (or None)."""
     if timestamp is None:

@@ -146,15 +146,18 @@ def merge(
         in_flight=b"",
     )
     now = merged.processing_time
+    # one checkpoint's reading is the merged one: nothing can be newly due (and a
+    # stream restores one per micro-batch: no queue filtered a second time)
+    newly_due = len(states) > 1 and any(
+        _filtered(s.processing_timers, own, max_parallelism).any_in(s.processing_time, now)
+        for s in states
+    )
     return MergedCheckpoint(
         merged,
         [item.backend_dir for item in restored],
         None if inside else own,
         [s.in_flight for s in states if s.in_flight],
-        any(
-            _filtered(s.processing_timers, own, max_parallelism).any_in(s.processing_time, now)
-            for s in states
-        ),
+        newly_due,
     )
 
 
