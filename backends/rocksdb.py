@@ -366,13 +366,8 @@ class RocksDBBackend(StateBackend):
     # batches
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
-        cleanup = self._ttl_cleanup
-        if cleanup is None:
-            self._execute(requests)
-        else:  # a sweep never overlaps a batch running on another I/O thread
-            self._gate.run_batch(
-                cleanup, requests, self._sweep_step, lambda: self._execute(requests)
-            )
+        # a sweep never overlaps a batch running on another I/O thread
+        self._gate.run_batch(self._ttl_cleanup, requests, self._sweep_step, self._execute)
 
     def _execute(self, requests: Sequence[StateRequest]) -> None:
         db = self._live_db()

@@ -347,13 +347,9 @@ class SlateDBBackend(StateBackend):
 
     def execute_batch(self, requests: Sequence[StateRequest]) -> None:
         db = self._ready_db()
-        cleanup = self._ttl_cleanup
-        if cleanup is None:
-            self._call(execute(db, requests, self._state_prefix, self._codec))
-            return
         self._gate.run_batch(
-            cleanup, requests, self._sweep_step,
-            lambda: self._call(execute(db, requests, self._state_prefix, self._codec)),
+            self._ttl_cleanup, requests, self._sweep_step,
+            lambda batch: self._call(execute(db, batch, self._state_prefix, self._codec)),
         )  # fmt: skip
 
     def _codec(self, state: str) -> Serializer:

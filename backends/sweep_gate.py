@@ -28,20 +28,29 @@ class SweepGate:
         self._batches = 0  # batches inside
         self._sweeping = False  # a sweep is inside or waiting for the batches to leave
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Hold the gate for one batch (waits while a sweep is inside or waiting)."""
+    def enter_batch(self) -> None:
+        """A batch passes the gate (waits while a sweep is inside or waiting)."""
         with self._changed:
             while self._sweeping:
                 self._changed.wait()
             self._batches += 1
+
+    def leave_batch(self) -> None:
+        """A batch that entered has ended."""
+        with self._changed:
+            self._batches -= 1
+            # only a sweep waits for the batches to leave (and batches for it to end)
+            if not self._batches and self._sweeping:
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold the gate for one batch (``enter_batch`` ... ``leave_batch``)."""
+        self.enter_batch()
         try:
             yield
         finally:
-            with self._changed:
-                self._batches -= 1
-                if not self._batches:
-                    self._changed.notify_all()
+            self.leave_batch()
 
     @contextlib.contextmanager
     def sweep(self) -> Iterator[bool]:
@@ -64,18 +73,28 @@ class SweepGate:
 
     def run_batch(
         self,
-        cleanup: TtlCleanup,
+        cleanup: TtlCleanup | None,
         requests: Sequence[StateRequest],
         step: Step,
-        execute: Callable[[], None],
+        execute: Callable[[Sequence[StateRequest]], None],
     ) -> None:
-        """One batch of a backend with TTL states: the sweep its writes earned first,
-        alone (``cleanup.sweep(budget, step)``), then ``execute()`` (the batch) beside
-        other batches."""
+        """One batch: with TTL states, the sweep its writes earned first, alone
+        (``cleanup.sweep(budget, step)``), then ``execute(requests)`` (the batch)
+        beside other batches; without, ``execute(requests)`` alone.
+
+        A batch that finds no TTL state needs no gate: it holds no request of a TTL
+        state (a state is registered before its first request is made), so no sweep
+        can touch its keys, and a sweep only waits for batches that may."""
+        if cleanup is None or not cleanup.states:
+            execute(requests)
+            return
         budget = cleanup.charge_requests(requests)
         if budget:
             with self.sweep() as alone:
                 if alone:
                     cleanup.sweep(budget, step)
-        with self.batch():
-            execute()
+        self.enter_batch()  # not ``batch()``: a generator's frames per batch cost
+        try:
+            execute(requests)
+        finally:
+            self.leave_batch()
