@@ -197,8 +197,9 @@ class BatchQueue(Generic[OWNER]):
         max_wait: seconds a partial batch waits for more inputs, or None.
         deliver: ``(batch, results, error, fatal) -> None``, called on the loop thread
             with each batch call's outcome (see the module's invariants).
-        entered: ``(item) -> None``, called on the loop thread when an input joins
-            the pending batch (a batched call starts its timeout there), or None.
+        entered: ``(owner) -> None``, called on the loop thread with an input's
+            ``owner`` when the input joins the pending batch (a batched call starts
+            its timeout there), or None.
     """
 
     def __init__(
@@ -208,7 +209,7 @@ class BatchQueue(Generic[OWNER]):
         max_batch_size: int,
         max_wait: float | None,
         deliver: Deliver[OWNER],
-        entered: Callable[[BatchItem[OWNER]], None] | None = None,
+        entered: Callable[[OWNER], None] | None = None,
     ) -> None:
         self.loop = loop
         self.fn = fn
@@ -296,7 +297,7 @@ class BatchQueue(Generic[OWNER]):
         if item.dropped:
             return
         if self._entered is not None:
-            self._entered(item)
+            self._entered(item.owner)
         pending = self._pending
         pending.append(item)
         if len(pending) >= self.max_batch_size:

@@ -21,7 +21,7 @@ from aec.retry import RetryStrategy
 from aec.runtime.batch_queue import BatchItem, BatchQueue, SentBatch
 from aec.runtime.deadlines import Deadline, DeadlineFifo
 
-__all__ = ["BatchedCall", "Settling", "call_entered", "deliver_to_calls"]
+__all__ = ["BatchedCall", "Settling", "deliver_to_calls"]
 
 
 class Settling(Protocol):
@@ -155,8 +155,3 @@ def deliver_to_calls(
                 finished.append(done)
     if finished:
         finished[0].post_together(finished[1:])
-
-
-def call_entered(item: BatchItem[BatchedCall]) -> None:
-    """An attempt of a batched call joined its pending batch (loop thread)."""
-    item.owner.entered()

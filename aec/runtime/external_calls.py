@@ -43,7 +43,7 @@ from aec.errors import describe, qualified_name
 from aec.functions import BatchCalls
 from aec.retry import NoRetry, RetryStrategy, check_strategy, check_timeout
 from aec.runtime.batch_queue import BatchItem, BatchQueue
-from aec.runtime.batched_calls import BatchedCall, call_entered, deliver_to_calls
+from aec.runtime.batched_calls import BatchedCall, deliver_to_calls
 from aec.runtime.deadlines import DeadlineFifo
 from aec.runtime.event_loop import EventLoopThread
 from aec.runtime.mailbox import Mailbox
@@ -387,7 +387,7 @@ class ExternalCalls:
         calls, made at its first call."""
         queue = BatchQueue(
             self._event_loop(), batcher.fn, batcher.max_batch_size, batcher.max_wait,
-            deliver_to_calls, call_entered,
+            deliver_to_calls, BatchedCall.entered,
         )  # fmt: skip
         if not self._queues and not self._controller.synchronous:
             # nothing else can run once the mailbox thread sleeps: partial batches go
