@@ -37,7 +37,9 @@ Usage::
 variant runs in two worker processes, this checkout's interpreted build and DIR's compiled
 one, taking turns in the same rounds; goals (compiled / interpreted records/s, uniform):
 Memory sync and async >= 2.0x, RocksDB async >= 1.7x, plain loop / compiled Memory sync
-<= 10x.
+<= 10x. ``--base DIR`` compares this checkout with another commit's the same way
+(``bench_core_base.{json,md,png}``; ``git worktree add DIR COMMIT``, this venv): every
+row's this / base records/s >= 0.95 is "no loss of speed".
 """
 
 from __future__ import annotations
@@ -417,28 +419,54 @@ BUILD_GOALS = (  # the compiled kernel's goals: compiled / interpreted records/s
     ("memory_async", "memory-async", 2.0),
     ("rocksdb_async", "rocksdb-async", 1.7),
 )
+BASE_GOAL = 0.95  # this checkout / base records/s, every row: "no loss of speed"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two checkouts compared side by side: ``new`` (``new_root``) over ``old``."""
+
+    name: str  # the results' file name
+    title: str
+    old: str  # labels
+    new: str
+    old_root: Path
+    new_root: Path
+
+
+def build_pair(args: argparse.Namespace) -> Pair:
+    """``--compiled DIR``: this checkout's interpreted build vs DIR's compiled one;
+    ``--base DIR``: DIR (another commit's checkout) vs this checkout."""
+    if args.compiled is not None:
+        return Pair("bench_core_compiled", "interpreted and compiled builds", "interpreted",
+                    "compiled", h.ROOT, args.compiled.resolve())  # fmt: skip
+    return Pair("bench_core_base", f"this checkout and {args.base}", "base", "this",
+                args.base.resolve(), h.ROOT)  # fmt: skip
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Worker of ``--compiled``: answers (variant, distribution) requests with samples."""
+    """Worker of ``--compiled`` / ``--base``: answers (variant, distribution) requests with
+    samples."""
     import aec
 
     variants = [v for v in VARIANTS if v.name in args.variants]
     sources, expected, _ = make_sources(args, show=False)
     warm_up(variants, sources[args.dists[0]])
     h.serve_samples(
-        {"compiled": aec.compiled, "aec": aec.__file__},
+        {"compiled": getattr(aec, "compiled", False), "aec": aec.__file__},
         lambda r: run_variant(BY_NAME[r["variant"]], sources[r["dist"]], expected[r["dist"]]),
     )
     return 0
 
 
 def compare_builds(args: argparse.Namespace) -> int:
-    """Every variant and distribution in both builds, alternately, in the same rounds."""
+    """Every variant and distribution in both checkouts of ``build_pair(args)``,
+    alternately, in the same rounds."""
+    pair = build_pair(args)
     machine = h.machine_facts(("rocksdict", "numpy", "matplotlib", "mypy"))
     variants = [v for v in VARIANTS if v.name in args.variants]
     _, _, dist_info = make_sources(args)
-    roots = {"interpreted": h.ROOT, "compiled": args.compiled.resolve()}
+    roots = {pair.old: pair.old_root, pair.new: pair.new_root}
     worker_args = ["--serve", "--records", str(args.records), "--keys", str(args.keys),
                    "--seed", str(args.seed), "--dists", ",".join(args.dists),
                    "--variants", ",".join(v.name for v in variants)]  # fmt: skip
@@ -446,8 +474,9 @@ def compare_builds(args: argparse.Namespace) -> int:
     try:
         for build, root in roots.items():
             workers[build] = h.BuildWorker(root, Path(__file__).resolve(), worker_args)
-            if workers[build].hello["compiled"] != (build == "compiled"):
-                raise SystemExit(f"{root}: aec.compiled is {workers[build].hello['compiled']} "
+            built = workers[build].hello["compiled"]
+            if args.compiled is not None and built != (build == "compiled"):
+                raise SystemExit(f"{root}: aec.compiled is {built} "
                                  f"({workers[build].hello['aec']}); bin/build-compiled builds it")  # fmt: skip
         runs = [(v, d, b) for d in args.dists for v in variants for b in roots]
         samples = h.run_rounds(
@@ -460,15 +489,48 @@ def compare_builds(args: argparse.Namespace) -> int:
     rows = []
     for d in args.dists:
         for v in variants:
-            i, c = (h.summarize(samples[f"{v.name}@{d}@{b}"]) for b in roots)
+            o, n = (h.summarize(samples[f"{v.name}@{d}@{b}"]) for b in roots)
             rows.append({"variant": v.name, "label": v.label, "distribution": d,
-                         "interpreted": i, "compiled": c,
-                         "speedup": c["best_rps"] / i["best_rps"],
-                         "cpu_speedup": c["cpu_rps"] / i["cpu_rps"],
-                         "per_round": h.paired(samples, f"{v.name}@{d}@compiled",
-                                               f"{v.name}@{d}@interpreted")})  # fmt: skip
-    by = {(r["variant"], r["distribution"]): r for r in rows}
+                         pair.old: o, pair.new: n,
+                         "speedup": n["best_rps"] / o["best_rps"],
+                         "cpu_speedup": n["cpu_rps"] / o["cpu_rps"],
+                         "per_round": h.paired(samples, f"{v.name}@{d}@{pair.new}",
+                                               f"{v.name}@{d}@{pair.old}")})  # fmt: skip
+    goals = build_goals(args, pair, rows)
+    print(f"\n{'variant':<26} {'keys':>9} {pair.old:>12} {pair.new:>12} {'ratio':>8} "
+          f"{'per CPU-s':>9}  per round")  # fmt: skip
+    for r in rows:
+        print(f"{r['label']:<26} {r['distribution']:>9} {h.fmt_rate(r[pair.old]['best_rps']):>12} "
+              f"{h.fmt_rate(r[pair.new]['best_rps']):>12} {r['speedup']:>7.2f}x "
+              f"{r['cpu_speedup']:>8.2f}x  {' '.join(f'{x:.2f}' for x in r['per_round'])}")  # fmt: skip
+    print()
+    for g in goals.values():
+        print(f"{h.verdict(g)}: {g['text']}: {g['measured']}")
+    report = {
+        "benchmark": pair.name, "date": h.now(), "machine": machine,
+        "params": {"records": args.records, "keys": args.keys, "repeats": args.repeats,
+                   "seed": args.seed, "quick": args.quick, pair.old: str(pair.old_root),
+                   pair.new: str(pair.new_root), "title": pair.title,
+                   "labels": [pair.old, pair.new],
+                   "statistic": "best of repeats; each checkout in its own worker process"},
+        "distributions": dist_info, "results": rows, "goals": goals,
+    }  # fmt: skip
+    h.write_outputs(args.out, pair.name, report, builds_markdown(report),
+                    lambda p: builds_plot(report, p))  # fmt: skip
+    return 0
+
+
+def build_goals(args: argparse.Namespace, pair: Pair, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``--compiled``: the compiled kernel's goals; ``--base``: every row >= BASE_GOAL."""
     goals = {}
+    if args.compiled is None:
+        for r in rows:
+            goals[f"{r['variant']}@{r['distribution']}"] = h.goal(
+                f"{r['distribution']} {r['label']}: this / base records/s", r["speedup"],
+                at_least=BASE_GOAL, cpu_value=r["cpu_speedup"], per_round=r["per_round"],
+            )  # fmt: skip
+        return goals
+    by = {(r["variant"], r["distribution"]): r for r in rows}
     for gid, name, bound in BUILD_GOALS:
         r = by.get((name, "uniform"))
         goals[gid] = h.goal(f"uniform {BY_NAME[name].label}: compiled / interpreted records/s",
@@ -480,38 +542,21 @@ def compare_builds(args: argparse.Namespace) -> int:
         plain and sync and plain["compiled"]["best_rps"] / sync["compiled"]["best_rps"],
         at_most=10.0,
     )  # fmt: skip
-    print(f"\n{'variant':<26} {'keys':>9} {'interpreted':>12} {'compiled':>12} {'speedup':>8} "
-          f"{'per CPU-s':>9}  per round")  # fmt: skip
-    for r in rows:
-        print(f"{r['label']:<26} {r['distribution']:>9} {h.fmt_rate(r['interpreted']['best_rps']):>12} "
-              f"{h.fmt_rate(r['compiled']['best_rps']):>12} {r['speedup']:>7.2f}x "
-              f"{r['cpu_speedup']:>8.2f}x  {' '.join(f'{x:.2f}' for x in r['per_round'])}")  # fmt: skip
-    print()
-    for g in goals.values():
-        print(f"{h.verdict(g)}: {g['text']}: {g['measured']}")
-    report = {
-        "benchmark": "bench_core_compiled", "date": h.now(), "machine": machine,
-        "params": {"records": args.records, "keys": args.keys, "repeats": args.repeats,
-                   "seed": args.seed, "quick": args.quick, "compiled": str(roots["compiled"]),
-                   "statistic": "best of repeats; each build in its own worker process"},
-        "distributions": dist_info, "results": rows, "goals": goals,
-    }  # fmt: skip
-    h.write_outputs(args.out, "bench_core_compiled", report, builds_markdown(report),
-                    lambda p: builds_plot(report, p))  # fmt: skip
-    return 0
+    return goals
 
 
 def builds_markdown(report: dict[str, Any]) -> str:
     p = report["params"]
+    old, new = p["labels"]
     lines = [
-        *h.md_header("bench_core: interpreted and compiled builds",
+        *h.md_header(f"bench_core: {p['title']}",
                      f"{p['records']:,} records over {p['keys']:,} keys", report),
         "",
         *h.md_table(
-            ["variant", "keys", "interpreted records/s", "compiled records/s", "speedup",
+            ["variant", "keys", f"{old} records/s", f"{new} records/s", f"{new} / {old}",
              "per CPU-s", "per round"],
-            [[r["label"], r["distribution"], h.fmt_rate(r["interpreted"]["best_rps"]),
-              h.fmt_rate(r["compiled"]["best_rps"]), f"{r['speedup']:.2f}x",
+            [[r["label"], r["distribution"], h.fmt_rate(r[old]["best_rps"]),
+              h.fmt_rate(r[new]["best_rps"]), f"{r['speedup']:.2f}x",
               f"{r['cpu_speedup']:.2f}x", " ".join(f"{x:.2f}" for x in r["per_round"])]
              for r in report["results"]],
             numeric_from=2,
@@ -524,9 +569,10 @@ def builds_markdown(report: dict[str, Any]) -> str:
 def builds_plot(report: dict[str, Any], path: Path) -> None:
     plt = h.pyplot()
     rows = report["results"]
+    old, new = report["params"]["labels"]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 5))
     xs = range(len(rows))
-    for offset, build, color in ((-0.2, "interpreted", "#4c72b0"), (0.2, "compiled", "#dd8452")):
+    for offset, build, color in ((-0.2, old, "#4c72b0"), (0.2, new, "#dd8452")):
         h.bars(ax, [x + offset for x in xs], [r[build]["best_rps"] for r in rows], 0.4,
                label=build, color=color)  # fmt: skip
     ax.set_yscale("log")
@@ -536,7 +582,7 @@ def builds_plot(report: dict[str, Any], path: Path) -> None:
                        rotation=20, ha="right", fontsize=8)  # fmt: skip
     ax.legend()
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.set_title(f"keyed counter, interpreted vs compiled kernel, {report['params']['records']:,} records",
+    ax.set_title(f"keyed counter, {report['params']['title']}, {report['params']['records']:,} records",
                  fontsize=10)  # fmt: skip
     h.save(fig, path)
 
@@ -558,6 +604,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "DIR); each variant runs in this checkout's interpreted build and in DIR's compiled "
         "one, in two worker processes taking turns; writes bench_core_compiled.*",
     )  # fmt: skip
+    parser.add_argument(
+        "--base", type=Path, metavar="DIR",
+        help="compare checkouts: DIR holds another commit's checkout (git worktree add DIR "
+        "COMMIT); each variant runs on DIR and on this checkout, in two worker processes "
+        "taking turns; every row's this / base >= 0.95; writes bench_core_base.*",
+    )  # fmt: skip
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a worker
     h.add_common_args(parser)
     args = h.finish_args(parser, parser.parse_args(argv), "bench_core", DEFAULTS, QUICK)
@@ -566,6 +618,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [n for n in args.variants if n not in BY_NAME] + [
         d for d in args.dists if d not in DISTS
     ]
+    if args.compiled is not None and args.base is not None:
+        parser.error("--compiled and --base compare two checkouts each: give one")
     if unknown or "plain" not in args.variants:
         parser.error(f"unknown variants/distributions {unknown} (or 'plain' missing: the baseline)")
     return args
@@ -598,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.serve:
         return serve(args)
-    if args.compiled is not None:
+    if args.compiled is not None or args.base is not None:
         return compare_builds(args)
     machine = h.machine_facts(("rocksdict", "numpy", "matplotlib"))
     variants = [v for v in VARIANTS if v.name in args.variants]
