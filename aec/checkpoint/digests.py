@@ -30,6 +30,7 @@ file's mtime; a younger one is hashed again (each file at most twice).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -180,7 +181,13 @@ def _check_digest(path: str, sha256: str, size: int, expected: Mapping[str, obje
 def _open_regular(path: str, where: str | None = None) -> BinaryIO:
     """``path`` open for reading: a regular file, not a symbolic link (a FIFO put in a
     file's place must not block the restore)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW met a symbolic link
+            raise ValueError(f"{where or path} is a symbolic link, not a regular file") from None
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{where or path} is not a regular file")
