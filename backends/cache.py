@@ -454,6 +454,9 @@ class CachedBackend(StateBackend):
         self.flush()
         self.remote.snapshot(directory)
 
+    def scratch_parent(self) -> str | None:
+        return self.remote.scratch_parent()
+
     def restore(
         self,
         directory: str | Sequence[str],

@@ -193,6 +193,9 @@ class LatencyBackend(StateBackend):
     def snapshot(self, directory: str) -> None:
         self.inner.snapshot(directory)
 
+    def scratch_parent(self) -> str | None:
+        return self.inner.scratch_parent()
+
     def restore(
         self,
         directory: str | Sequence[str],

@@ -479,6 +479,11 @@ class RocksDBBackend(StateBackend):
         with self._lock:
             self._stamps = write_checkpoint(self._live_db(), directory, self._stamps)
 
+    def scratch_parent(self) -> str:
+        """Beside the live directory, where restores stage it: a checkpoint's tables
+        are linked there once and linked again into the live directory."""
+        return os.path.dirname(os.path.abspath(self.path))
+
     def restore(
         self,
         directory: str | Sequence[str],

@@ -57,7 +57,7 @@ from typing import Any
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
 from pyspark.sql import DataFrame
 
-from aec.checkpoint import CheckpointHandle, CheckpointStore
+from aec.checkpoint import CheckpointHandle, CheckpointStore, private_copy
 from aec.checkpoint import files as checkpoint_files
 from aec.checkpoint.files import RestoredCheckpoint
 from aec.checkpoint.storage import local_copy
@@ -248,11 +248,12 @@ def _rows(
 ) -> Iterator[tuple[Any, ...]]:
     """The rows of one checkpoint (verified, restored into a scratch backend); its
     metadata is appended to ``read`` (named as the caller named it)."""
-    with local_copy(handle) as local:
+    # the scratch backend lives in the temporary directory: its private copy there too
+    with local_copy(handle) as local, private_copy.directory() as private:
         target: CheckpointHandle | str = local
         if isinstance(handle, CheckpointHandle):  # its id is checked against the manifest
             target = CheckpointHandle(handle.checkpoint_id, local)
-        restored = checkpoint_files.read(target, TimerQueue.from_export)
+        restored = checkpoint_files.read(target, TimerQueue.from_export, private)
         named = handle if isinstance(handle, CheckpointHandle) else os.fspath(handle)
         if not isinstance(named, CheckpointHandle):
             named = CheckpointHandle(restored.handle.checkpoint_id, named)

@@ -34,7 +34,7 @@ from aec import (
     ValueStateDescriptor,
     run_keyed,
 )
-from aec.checkpoint import signing
+from aec.checkpoint import digests, signing
 from aec.config import STATE_SERIALIZERS
 from aec.keygroups import key_group_for
 from aec.runtime.operator import KeyedProcessOperator
@@ -367,6 +367,103 @@ def test_unsigned_or_otherwise_signed_checkpoints_are_refused_when_a_key_is_set(
             KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
     monkeypatch.delenv(signing.KEY_VARIABLE)
     KeyedProcessOperator(Counter(), MemoryBackend()).restore(other)  # no key: checksums only
+
+
+# --- check, then use: what a backend opens is what was verified ------------------------------
+
+
+def _changed_after_verifying(monkeypatch, suffix: str, change) -> list[str]:
+    """Make every check of a checkpoint file ending in ``suffix`` call ``change(path)``
+    on the checkpoint's file right after the check passed, as someone writing the
+    checkpoint directory during the restore would; the paths changed."""
+    changed: list[str] = []
+
+    def after(check):
+        def checked(path, *args, **kwargs):
+            found = check(path, *args, **kwargs)
+            source = kwargs.get("name") or path  # a private copy's check names its source
+            if source.endswith(suffix) and source not in changed:
+                changed.append(source)
+                change(source)
+            return found
+
+        return checked
+
+    monkeypatch.setattr(digests, "verify", after(digests.verify))
+    copy = getattr(digests, "copy_verified", None)
+    if copy is not None:
+        monkeypatch.setattr(digests, "copy_verified", after(copy))
+    return changed
+
+
+def _swap(path: str, data: bytes) -> None:
+    """Replace the directory entry ``path`` by a new file holding ``data``."""
+    with open(f"{path}.new", "wb") as out:
+        out.write(data)
+    os.replace(f"{path}.new", path)
+
+
+def _overwrite(path: str, data: bytes) -> None:
+    """Write ``data`` over the file ``path`` in place (its inode kept)."""
+    with open(path, "r+b") as out:
+        out.write(data)
+        out.truncate()
+
+
+@pytest.mark.parametrize(
+    ("mode", "change"),
+    [(0o644, _swap), (0o666, _overwrite)],
+    ids=["swapped", "others may write it: overwritten"],
+)
+def test_a_state_file_changed_after_its_check_is_never_read(tmp_path, monkeypatch, mode, change):
+    handle = counted(tmp_path, function=Counter(serializer="pickle"))
+    base = os.path.join(handle.path, "backend", "memory-base.msgpack")
+    os.chmod(base, mode)
+    planted = tmp_path / "ran"
+    crafted = {
+        "format": "aec-memory/2",
+        "kind": "tables",
+        "states": {"count": ["pickle", payload(planted)]},
+    }
+    digests.forget()  # a restarted task
+    changed = _changed_after_verifying(
+        monkeypatch, "memory-base.msgpack", lambda path: change(path, msgpack.packb(crafted))
+    )
+    backend = MemoryBackend()
+    KeyedProcessOperator(Counter(serializer="pickle"), backend).restore(handle)
+    assert changed == [base]  # the change happened between the check and the use...
+    assert not planted.exists()  # ...and the changed bytes were never unpickled
+    assert backend.state_items("count") == {"a": 2, "b": 1}
+
+
+def test_a_symbolic_link_in_a_state_files_place_is_refused(tmp_path):
+    handle = counted(tmp_path)
+    base = os.path.join(handle.path, "backend", "memory-base.msgpack")
+    elsewhere = tmp_path / "elsewhere"
+    os.replace(base, elsewhere)
+    os.symlink(elsewhere, base)  # the same bytes, but they may change at any time
+    with pytest.raises(ValueError, match="memory-base.msgpack is a symbolic link"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+
+
+def test_a_table_swapped_after_its_check_is_not_the_one_rocksdb_opens(tmp_path, monkeypatch):
+    written = RocksDBBackend(tmp_path / "written")
+    handle = counted(tmp_path, backend=written)
+    written.close()
+    tables = os.path.join(handle.path, "backend", "rocksdb")
+    names = sorted(name for name in os.listdir(tables) if name.endswith(".sst"))
+    inodes = {name: os.stat(os.path.join(tables, name)).st_ino for name in names}
+    changed = _changed_after_verifying(
+        monkeypatch, ".sst", lambda path: _swap(path, b"\0" * os.path.getsize(path))
+    )
+    backend = RocksDBBackend(tmp_path / "restored")
+    KeyedProcessOperator(Counter(), backend).restore(handle)
+    assert changed and all(os.path.basename(path) in names for path in changed)
+    assert backend.state_items("count") == {"a": 2, "b": 1}
+    # the live tables are the verified inodes, linked (not copied), not the swapped ones
+    live = {name: os.stat(os.path.join(backend.path, name)).st_ino for name in names}
+    assert live == inodes
+    backend.close()
 
 
 # --- keys: one encoding in every process ----------------------------------------------------

@@ -29,11 +29,14 @@ file's mtime; a younger one is hashed again (each file at most twice).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
+import stat
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 _CHUNK = 1 << 20  # bytes hashed per read
 _CACHE = 8192  # remembered files; cleared when full
@@ -84,48 +87,130 @@ def describe(path: str) -> dict[str, object]:
     return {"size": size, "sha256": digest.hexdigest()}
 
 
-def verify(path: str, expected: Mapping[str, object], keep: bool) -> bytes | None:
+def verify(
+    path: str, expected: Mapping[str, object], keep: bool, name: str | None = None
+) -> bytes | None:
     """Check the file at ``path`` against its manifest entry; its bytes if ``keep``
     (read once, so what was verified is what gets parsed). A file this process
     wrote or verified with that digest, unchanged since, is checked by ``stat``
-    only (unless ``keep``).
+    only (unless ``keep``). The file is opened once: the identity remembered is the
+    open file's, whatever the path names meanwhile. ``name``: the file as messages
+    name it (default ``path``).
 
-    Raises ValueError naming the file: an entry without a SHA-256, or a size or
-    SHA-256 mismatch.
+    Raises ValueError naming the file: an entry without a SHA-256, not a regular
+    file, or a size or SHA-256 mismatch.
     """
+    where = path if name is None else name
+    sha256 = _expected_sha256(where, expected)
+    with _open_regular(path, where) as src:
+        info = os.fstat(src.fileno())
+        _check_size(where, info.st_size, expected)
+        if not keep and _trusted(info) == sha256:
+            return None
+        parts: list[bytes] | None = [] if keep else None
+        hashed_at = time.time_ns()
+        digest, size = _hash_open(src, parts=parts)
+    _check_digest(where, digest.hexdigest(), size, expected)
+    _remember(info, sha256, hashed_at)
+    return b"".join(parts) if parts is not None else None
+
+
+def copy_verified(source: str, target: str, expected: Mapping[str, object]) -> None:
+    """Copy the file at ``source`` to ``target`` (new, mode 0600), checking the bytes
+    copied against ``source``'s manifest entry on the way: ``target`` holds exactly
+    what was verified, whatever ``source`` holds later. Bytes of an open file this
+    process wrote or verified, unchanged, owned by this user and writable by no one
+    else, are copied without hashing them again.
+
+    Raises ValueError naming ``source`` as ``verify`` does (``target`` is removed).
+    """
+    sha256 = _expected_sha256(source, expected)
+    with _open_regular(source) as src:
+        info = os.fstat(src.fileno())
+        _check_size(source, info.st_size, expected)
+        known = _trusted(info) == sha256 and only_mine(info)
+        digest, written = hashlib.sha256(), 0
+        try:
+            with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+                while chunk := src.read(_CHUNK):
+                    if not known:
+                        digest.update(chunk)
+                    written += len(chunk)
+                    out.write(chunk)
+            if known:
+                _check_size(source, written, expected)
+            else:
+                _check_digest(source, digest.hexdigest(), written, expected)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(target)
+            raise
+
+
+def only_mine(info: os.stat_result) -> bool:
+    """Whether the file of ``info`` is a regular file owned by this user that no one
+    else may write: its bytes change only by this user's hand."""
+    return (
+        stat.S_ISREG(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _expected_sha256(path: str, expected: Mapping[str, object]) -> str:
     sha256 = expected.get("sha256")
     if not isinstance(sha256, str):
         raise ValueError(
             f"the manifest entry of {path} has no SHA-256: every checkpoint file must "
             "carry one (a checkpoint written by an older aec, or edited)"
         )
-    info = os.stat(path)
-    if info.st_size != expected.get("size"):
-        raise ValueError(f"{path} has {info.st_size} bytes, the manifest says {expected.get('size')}")
-    if not keep and _trusted(info) == sha256:
-        return None
-    parts: list[bytes] | None = [] if keep else None
-    hashed_at = time.time_ns()
-    digest, size = _hash(path, parts=parts)
-    if size != expected.get("size"):  # changed while being read
+    return sha256
+
+
+def _check_size(path: str, size: int, expected: Mapping[str, object]) -> None:
+    if size != expected.get("size"):
         raise ValueError(f"{path} has {size} bytes, the manifest says {expected.get('size')}")
-    if digest.hexdigest() != sha256:
+
+
+def _check_digest(path: str, sha256: str, size: int, expected: Mapping[str, object]) -> None:
+    _check_size(path, size, expected)  # changed while being read
+    if sha256 != expected.get("sha256"):
         raise ValueError(f"{path} does not match its SHA-256 checksum in the manifest")
-    _remember(info, sha256, hashed_at)
-    return b"".join(parts) if parts is not None else None
 
 
-def _hash(
-    path: str, fsync: bool = False, parts: list[bytes] | None = None
-) -> tuple[Any, int]:
-    digest = hashlib.sha256()
-    size = 0
+def _open_regular(path: str, where: str | None = None) -> BinaryIO:
+    """``path`` open for reading: a regular file, not a symbolic link (a FIFO put in a
+    file's place must not block the restore)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW met a symbolic link
+            raise ValueError(f"{where or path} is a symbolic link, not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{where or path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return open(fd, "rb")
+
+
+def _hash(path: str, fsync: bool = False) -> tuple[Any, int]:
     with open(path, "rb") as src:
-        while chunk := src.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-            if parts is not None:
-                parts.append(chunk)
+        found = _hash_open(src)
         if fsync:
             os.fsync(src.fileno())
+    return found
+
+
+def _hash_open(src: BinaryIO, parts: list[bytes] | None = None) -> tuple[Any, int]:
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := src.read(_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+        if parts is not None:
+            parts.append(chunk)
     return digest, size

@@ -31,6 +31,10 @@ Invariants:
   ``ValueError`` naming the first bad file; it changes nothing. Every file
   has a digest (none is left to the backend); a file this process wrote or
   verified already is checked by identity (``aec.checkpoint.digests``).
+- What is parsed or opened is what was verified: the operator's own files are
+  read once, and those bytes hashed and parsed; the backend's files are put
+  into a private directory and verified there (``aec.checkpoint.private_copy``),
+  and the backend restores from that directory, never from the checkpoint's.
 - An existing ``chk-<n>`` is never overwritten (checkpoint ids are unique,
   as in Flink): ``write`` (and ``storage.CheckpointStore.prepare``) raise
   ``FileExistsError``.
@@ -56,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aec.checkpoint import digests, signing
+from aec.checkpoint import digests, private_copy, signing
 from aec.checkpoint.signing import SIGNATURE
 from aec.state.serialization import SAFE
 
@@ -142,7 +146,8 @@ class RestoredCheckpoint:
     Attributes:
         handle: the checkpoint's handle (its id read from the manifest).
         state: the operator's part, with freshly loaded timer queues.
-        backend_dir: the directory to pass to ``backend.restore``.
+        backend_dir: the directory to pass to ``backend.restore``: the verified
+            private copy of the checkpoint's backend files (``read``'s ``private``).
     """
 
     handle: CheckpointHandle
@@ -315,14 +320,19 @@ def _fsync_directory(path: str) -> None:
 
 # -- reading -----------------------------------------------------------------------------------
 def read(
-    handle: CheckpointHandle | str | os.PathLike[str], load_timers: Callable[[Any], Any]
+    handle: CheckpointHandle | str | os.PathLike[str],
+    load_timers: Callable[[Any], Any],
+    private: str,
 ) -> RestoredCheckpoint:
-    """Verify and parse a checkpoint; changes nothing anywhere.
+    """Verify and parse a checkpoint; changes nothing but ``private``.
 
     Args:
         handle: a ``CheckpointHandle`` or the path of a ``chk-<id>`` directory.
         load_timers: builds a timer queue from its exported data (the runtime's
             ``TimerQueue.from_export``); may raise on malformed data.
+        private: an empty private directory (``private_copy.directory``) that holds
+            the backend's files, verified there (``private_copy.place``), until the
+            backend restored from them: what the backend opens is what was verified.
 
     Raises:
         TypeError: ``handle`` is neither.
@@ -333,7 +343,7 @@ def read(
             manifest or metadata of another format (an older aec's checkpoint), a
             handle whose id differs from the manifest's, or timers that do not load.
     """
-    handle, contents = read_files(handle, (METADATA, TIMERS), optional=(IN_FLIGHT,))
+    handle, contents = read_files(handle, (METADATA, TIMERS), (IN_FLIGHT,), private)
     path, checkpoint_id = handle.path, handle.checkpoint_id
     metadata = _parse(path, METADATA, contents[METADATA], json.loads)
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
@@ -360,19 +370,24 @@ def read(
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: operator metadata or timers are malformed: {exc}") from exc
-    return RestoredCheckpoint(
-        CheckpointHandle(checkpoint_id, path), state, os.path.join(path, BACKEND_DIR)
-    )
+    backend_dir = os.path.join(private, BACKEND_DIR)
+    os.makedirs(backend_dir, mode=0o700, exist_ok=True)  # a backend that wrote no file
+    return RestoredCheckpoint(CheckpointHandle(checkpoint_id, path), state, backend_dir)
 
 
 def read_files(
     handle: CheckpointHandle | str | os.PathLike[str],
     wanted: tuple[str, ...],
     optional: tuple[str, ...] = (),
+    private: str | None = None,
 ) -> tuple[CheckpointHandle, dict[str, bytes]]:
     """Verify a checkpoint (manifest, sizes, SHA-256, no unlisted file) and return its
     handle and the contents of the ``wanted`` files, which it must list, and of the
-    ``optional`` ones it lists.
+    ``optional`` ones it lists (read once: what was verified is what gets parsed).
+    With ``private`` (a private directory) every other file is put there, at its
+    relative path, and verified there (``private_copy.place``), for a reader that
+    opens them later; without it they are verified in place, and must not be
+    opened again.
 
     Raises TypeError, FileNotFoundError or ValueError as ``read`` does.
     """
@@ -393,7 +408,7 @@ def read_files(
             f"{os.path.join(path, MANIFEST)} is checkpoint {checkpoint_id}, "
             f"the handle says {expected_id}"
         )
-    contents = _verify_files(path, manifest["files"], wanted + optional)
+    contents = _verify_files(path, manifest["files"], wanted + optional, private)
     return CheckpointHandle(checkpoint_id, path), contents
 
 
@@ -447,11 +462,14 @@ def parse_manifest(
     return manifest
 
 
-def _verify_files(path: str, listed: dict[str, Any], wanted: tuple[str, ...]) -> dict[str, bytes]:
+def _verify_files(
+    path: str, listed: dict[str, Any], wanted: tuple[str, ...], private: str | None
+) -> dict[str, bytes]:
     """Check every listed file's size and SHA-256 and that none is unlisted; return
     the contents of the small operator files (read once, so what was verified is
-    what gets parsed); a file this process wrote or verified, unchanged, by
-    identity only (``aec.checkpoint.digests``)."""
+    what gets parsed); put the others into ``private`` (if given) and verify them
+    there; a file this process wrote or verified, unchanged, by identity only
+    (``aec.checkpoint.digests``)."""
     present = set(list_files(path)) - _OWN
     unlisted = sorted(present - set(listed))
     if unlisted:
@@ -464,9 +482,12 @@ def _verify_files(path: str, listed: dict[str, Any], wanted: tuple[str, ...]) ->
             raise ValueError(f"{file} is missing from the checkpoint")
         if not isinstance(expected, dict):
             raise ValueError(f"the manifest entry of {file} is malformed")
-        data = digests.verify(file, expected, name in wanted)
-        if data is not None:
-            contents[name] = data
+        if name in wanted:
+            contents[name] = digests.verify(file, expected, keep=True) or b""
+        elif private is not None:  # a listed name is a walked one: no "..", not absolute
+            private_copy.place(file, os.path.join(private, *name.split("/")), expected)
+        else:
+            digests.verify(file, expected, keep=False)
     return contents
 
 

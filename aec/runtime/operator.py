@@ -612,10 +612,10 @@ class KeyedProcessOperator:
                 f"restore() needs a fresh operator (the operator is {self._state} and has "
                 "taken input, a snapshot or a restore): restore before processing"
             )
-        config = self.config
+        config, parent = self.config, self.backend.scratch_parent()  # of the verified copies
         check = getattr(self.function, "check_restore", None)  # e.g. windows: same assigner
         reading = read_checkpoints(
-            handle, config.max_parallelism, self.key_group_range, check, self.inputs
+            handle, config.max_parallelism, self.key_group_range, check, self.inputs, parent
         )
         with reading as (plan, where, restored):
             self.open()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from aec.checkpoint import files as checkpoint
-from aec.checkpoint import state_meta
+from aec.checkpoint import private_copy, state_meta
 from aec.checkpoint.files import CheckpointHandle
 from aec.checkpoint.storage import local_copy
 from aec.keygroups import KeyGroupRange
@@ -37,6 +37,7 @@ def read_checkpoints(
     key_group_range: KeyGroupRange,
     check_state_names: Callable[[list[str]], None] | None = None,
     inputs: int = 1,
+    scratch_parent: str | None = None,
 ) -> Iterator[tuple[MergedCheckpoint, str, list[checkpoint.RestoredCheckpoint]]]:
     """Verify every checkpoint ``handle`` names (manifest, sizes, SHA-256), check
     that they fit together and into an operator owning ``key_group_range``, and
@@ -44,6 +45,8 @@ def read_checkpoints(
     names them for messages, ``restored`` are the checkpoints one by one). Nothing
     live changes here. ``inputs``: the operator's (1, or 2 for a
     ``KeyedCoProcessOperator``), which every checkpoint must have.
+    ``scratch_parent``: where the private copies of the backends' files go
+    (``StateBackend.scratch_parent``; ``aec.checkpoint.private_copy``).
 
     ``check_state_names`` (the function's ``check_restore``) may refuse the stored
     state names with ValueError.
@@ -62,7 +65,8 @@ def read_checkpoints(
         restored = []
         for original in handles:
             local = copies.enter_context(local_copy(original))
-            item = checkpoint.read(_relocated(original, local), TimerQueue.from_export)
+            private = copies.enter_context(private_copy.directory(scratch_parent))
+            item = checkpoint.read(_relocated(original, local), TimerQueue.from_export, private)
             restored.append(dataclasses.replace(item, handle=_named(original, item.handle)))
         plan = merge(restored, max_parallelism, key_group_range, inputs)
         if check_state_names is not None:

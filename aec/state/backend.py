@@ -173,6 +173,14 @@ class StateBackend(ABC):
         Raises FileNotFoundError or ValueError when a directory holds no valid snapshot.
         """
 
+    def scratch_parent(self) -> str | None:
+        """Where a restore makes the private directory it puts a checkpoint's files in
+        (verified there) before ``restore`` opens them: a directory on the file system
+        this backend keeps its own files on, written by this user only, so the files
+        are hard-linked there and linked again by the backend, never copied. None:
+        the system's temporary directory."""
+        return None
+
     def close(self) -> None:
         """Release resources; the backend is unusable afterwards. Idempotent."""
 
