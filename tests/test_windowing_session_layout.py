@@ -55,7 +55,7 @@ def test_a_session_record_reads_and_writes_one_value():
     assert requests_of(op, rec("a", 2, 3)) == 2  # inside: [1, 8)
     assert requests_of(op, rec("a", 3, 12)) == 2  # a second session [12, 17)
     assert requests_of(op, rec("a", 4, 7)) == 2  # bridges both: [1, 17)
-    assert backend.state_items(session_driver.STATE) == {"a": ((1, 17, ["a", 10]),)}
+    assert backend.state_items(session_driver.STATE) == {"a": [[1, 17, ["a", 10]]]}
     assert requests_of(op, Watermark(17)) == 1  # fires [1, 17): cleaned only at 19
     assert op.drain_outputs() == [("a", 10), Watermark(17)]
     assert requests_of(op, rec("a", 5, 9)) == 2  # a late firing of [1, 17)
@@ -76,7 +76,7 @@ def test_each_firing_reads_and_writes_once():
     # [1, 6) and [10, 15) fire at their own timers (a read and a write each); [30, 35) stays
     assert requests_of(op, Watermark(20)) == 4
     assert op.drain_outputs() == [("a", 1), ("a", 2), Watermark(20)]
-    assert backend.state_items(session_driver.STATE) == {"a": ((30, 35, ["a", 3]),)}
+    assert backend.state_items(session_driver.STATE) == {"a": [[30, 35, ["a", 3]]]}
 
 
 def test_general_path_keeps_its_layout():
@@ -153,7 +153,7 @@ def test_the_stored_value_is_sorted_sessions_with_contents():
     assert backend.state_items(session_driver.STATE) == {}  # end of input cleaned them
     sessions_, memory = session_driver.decode(((1, 6, ["a", 2]), (20, 25, ["a", 1])))
     assert sessions_ == [TimeWindow(1, 6), TimeWindow(20, 25)]
-    assert session_driver.encode(sessions_, memory) == ((1, 6, ["a", 2]), (20, 25, ["a", 1]))
+    assert session_driver.encode(sessions_, memory) == [[1, 6, ["a", 2]], [20, 25, ["a", 1]]]
     assert session_driver.encode([], {}) is None
 
 

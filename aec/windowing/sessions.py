@@ -2,8 +2,10 @@
 (``aec.windowing.path``), as StateFuture callbacks, on one value per key.
 
 ValueState ``window-sessions-contents`` (``STATE``) holds the key's sessions sorted
-by start, each with its contents, as ``(start, end, contents)`` triples (plain tuples:
-cheap to encode). Most keys hold one or two sessions, so reading them all
+by start, each with its contents, as ``[start, end, contents]`` triples in a list
+(lists: the default ``msgpack`` serializer packs them natively, a tuple is an
+extension value costing a Python call each way; a value stored as tuples reads the
+same). Most keys hold one or two sessions, so reading them all
 costs less than a second round trip:
 
 * a record reads the value, places its window (``place``: new, inside a session, or
@@ -19,7 +21,8 @@ coroutine driver (the set apart from the contents) gives the same results.
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
 
 from aec.functions import Context
 from aec.state.handles import ValueState
@@ -32,8 +35,8 @@ from aec.windowing.windows import TimeWindow
 STATE = "window-sessions-contents"
 """The ValueState of this driver: a key's sessions with their contents (see the module)."""
 
-Held = tuple[tuple[float, float, object], ...] | None
-"""The stored value: ``(start, end, contents)`` per session, sorted by start."""
+Held = Sequence[Sequence[Any]] | None
+"""The stored value: ``[start, end, contents]`` per session, sorted by start."""
 Memory = dict[tuple[float, float], object]
 """A key's sessions' contents in memory: ``(start, end) -> contents``."""
 
@@ -57,7 +60,7 @@ def decode(held: Held) -> tuple[list[TimeWindow], Memory]:
 
 def encode(sessions: list[TimeWindow], memory: Memory) -> Held:
     """Sessions and their contents -> the stored value (None: none left, a clear)."""
-    return tuple((w.start, w.end, memory.get((w.start, w.end))) for w in sessions) or None
+    return [[w.start, w.end, memory.get((w.start, w.end))] for w in sessions] or None
 
 
 class SessionsDriver:
