@@ -362,19 +362,25 @@ def test_the_sweep_gate_lets_a_sweep_run_alone():
     assert order == ["batch", ("sweep", True)]
 
 
+def _batch_on_another_thread(gate, cleanup):
+    """``gate.run_batch`` of a batch of ``cleanup``'s backend, started on a thread:
+    the thread, and an event set when the batch ran."""
+    ran = threading.Event()
+    worker = threading.Thread(
+        target=gate.run_batch, args=(cleanup, [], None, lambda requests: ran.set())
+    )
+    worker.start()
+    return worker, ran
+
 
 @pytest.mark.parametrize("cleanup", [None, TtlCleanup()], ids=["no cleanup", "no TTL state"])
 def test_a_batch_without_ttl_states_passes_no_gate(cleanup):
     """Without a TTL state no sweep can touch a batch's keys: the batch runs at once,
     even while a sweep holds the gate (no lock taken per batch)."""
     gate = SweepGate()
-    ran = threading.Event()
     with gate.sweep() as alone:
         assert alone
-        worker = threading.Thread(
-            target=gate.run_batch, args=(cleanup, [], None, lambda requests: ran.set())
-        )
-        worker.start()
+        worker, ran = _batch_on_another_thread(gate, cleanup)
         assert ran.wait(5)
     worker.join(5)
 
@@ -383,18 +389,15 @@ def test_a_batch_of_a_backend_with_ttl_states_waits_for_the_sweep_inside():
     cleanup = TtlCleanup()
     cleanup.register("s", 60.0, "value")
     gate = SweepGate()
-    ran = threading.Event()
     with gate.sweep() as alone:
         assert alone
-        worker = threading.Thread(
-            target=gate.run_batch, args=(cleanup, [], None, lambda requests: ran.set())
-        )
-        worker.start()
+        worker, ran = _batch_on_another_thread(gate, cleanup)
         assert not ran.wait(0.2)  # behind the sweep
     assert ran.wait(5)  # let in when it ended
     worker.join(5)
     with gate.sweep() as alone:  # and the batch left the gate
         assert alone
+
 
 # -- the byte stores' expiry index (backends.ttl_codec) ----------------------------------------
 def test_the_index_head_sorts_as_the_expiry_does():
