@@ -44,15 +44,6 @@ class SweepGate:
                 self._changed.notify_all()
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Hold the gate for one batch (``enter_batch`` ... ``leave_batch``)."""
-        self.enter_batch()
-        try:
-            yield
-        finally:
-            self.leave_batch()
-
-    @contextlib.contextmanager
     def sweep(self) -> Iterator[bool]:
         """Hold the gate alone; yields False (and holds nothing) when another sweep is
         inside or waiting already: then there is nothing to do."""
@@ -93,7 +84,7 @@ class SweepGate:
             with self.sweep() as alone:
                 if alone:
                     cleanup.sweep(budget, step)
-        self.enter_batch()  # not ``batch()``: a generator's frames per batch cost
+        self.enter_batch()  # not a context manager: a generator's frames per batch cost
         try:
             execute(requests)
         finally:

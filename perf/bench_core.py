@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections import Counter as Tally
@@ -440,8 +441,15 @@ def build_pair(args: argparse.Namespace) -> Pair:
     if args.compiled is not None:
         return Pair("bench_core_compiled", "interpreted and compiled builds", "interpreted",
                     "compiled", h.ROOT, args.compiled.resolve())  # fmt: skip
-    return Pair("bench_core_base", f"this checkout and {args.base}", "base", "this",
-                args.base.resolve(), h.ROOT)  # fmt: skip
+    return Pair("bench_core_base", f"this checkout and {args.base} ({_commit(args.base)})",
+                "base", "this", args.base.resolve(), h.ROOT)  # fmt: skip
+
+
+def _commit(checkout: Path) -> str:
+    """The short commit of a git checkout, or "not a git checkout"."""
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)  # fmt: skip
+    return done.stdout.strip() if done.returncode == 0 else "not a git checkout"
 
 
 def serve(args: argparse.Namespace) -> int:

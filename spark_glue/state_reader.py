@@ -341,7 +341,7 @@ class _Windows:
 
     def split(self, name: str, stored: Any) -> Iterator[tuple[str, Any]]:
         """``(namespace, value)`` per window (or pane) of one key's stored value."""
-        if name == SESSIONS:  # ((start, end, contents), ...)
+        if name == SESSIONS:  # [[start, end, contents], ...] (tuples if written so)
             for start, end, contents in stored or ():
                 yield repr(TimeWindow(start, end)), contents
             return

@@ -15,9 +15,11 @@ import hashlib
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 
 import msgpack
 import pytest
@@ -445,6 +447,50 @@ def test_a_symbolic_link_in_a_state_files_place_is_refused(tmp_path):
     with pytest.raises(ValueError, match="memory-base.msgpack is a symbolic link"):
         KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
 
+
+
+@pytest.mark.parametrize("name", ["MANIFEST.json", "MANIFEST.hmac"])
+def test_a_fifo_in_the_manifests_place_is_refused_not_waited_on(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("AEC_CHECKPOINT_KEY", "k")
+    handle = counted(tmp_path)
+    path = os.path.join(handle.path, name)
+    os.remove(path)
+    os.mkfifo(path)  # opening it for reading would wait for a writer
+    failures = []
+
+    def restore():
+        try:
+            KeyedProcessOperator(Counter(), MemoryBackend()).restore(handle)
+        except ValueError as exc:
+            failures.append(str(exc))
+
+    thread = threading.Thread(target=restore, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():  # unblock it: the restore waited on the FIFO
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(10)
+    assert failures and f"{name} is not a regular file" in failures[0]
+
+
+def test_a_restored_file_of_one_link_is_not_trusted_by_its_identity_later(tmp_path):
+    """A file with one link may be deleted and its inode reused by other bytes of the
+    same size and time: only files with other links are remembered, and the restore's
+    own private link does not count."""
+    handle = counted(tmp_path)
+    copy = tmp_path / "copy" / os.path.basename(handle.path)
+    shutil.copytree(handle.path, copy)  # new inodes, one link each
+    base = copy / "backend" / "memory-base.msgpack"
+    assert base.exists() and os.stat(base).st_nlink == 1
+    os.utime(base, ns=(10**18, 10**18))  # long before its digest: not a racy one
+    digests.forget()
+    KeyedProcessOperator(Counter(), MemoryBackend()).restore(str(copy))
+    data = bytearray(base.read_bytes())
+    data[-1] ^= 1  # other bytes at the same identity (size, inode, mtime)
+    base.write_bytes(bytes(data))
+    os.utime(base, ns=(10**18, 10**18))
+    with pytest.raises(ValueError, match="memory-base.msgpack does not match its SHA-256"):
+        KeyedProcessOperator(Counter(), MemoryBackend()).restore(str(copy))
 
 def test_a_table_swapped_after_its_check_is_not_the_one_rocksdb_opens(tmp_path, monkeypatch):
     written = RocksDBBackend(tmp_path / "written")

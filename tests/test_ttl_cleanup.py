@@ -335,10 +335,13 @@ def test_the_sweep_gate_lets_a_sweep_run_alone():
     order = []
 
     def batch():
-        with gate.batch():
+        gate.enter_batch()
+        try:
             inside.set()
             release.wait(5)
             order.append("batch")
+        finally:
+            gate.leave_batch()
 
     worker = threading.Thread(target=batch)
     worker.start()
@@ -361,6 +364,27 @@ def test_the_sweep_gate_lets_a_sweep_run_alone():
     sweeper.join(5)
     assert order == ["batch", ("sweep", True)]
 
+
+
+def test_a_backend_makes_one_ttl_cleanup_when_two_threads_ask_first(monkeypatch):
+    """An I/O thread's first table asks for it while the mailbox thread registers a TTL
+    state: both get the same one (a second would lose the registration)."""
+    import aec.state.backend as backend_module
+
+    class Slow(TtlCleanup):
+        def __init__(self, chunk=0):
+            time.sleep(0.05)  # both threads inside at once, without the lock
+            super().__init__(chunk)
+
+    monkeypatch.setattr(backend_module, "TtlCleanup", Slow)
+    backend = MemoryBackend()
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(backend.ttl_cleanup)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert len(got) == 2 and got[0] is got[1] is backend.ttl_cleanup
 
 def _batch_on_another_thread(gate, cleanup):
     """``gate.run_batch`` of a batch of ``cleanup``'s backend, started on a thread:

@@ -49,16 +49,17 @@ def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
-def _remember(info: os.stat_result, sha256: str, hashed_at: int) -> None:
-    if info.st_nlink > 1:
+def _remember(info: os.stat_result, sha256: str, hashed_at: int, own_links: int = 0) -> None:
+    # ``own_links``: links a restore made itself (a private copy's), not counted
+    if info.st_nlink - own_links > 1:
         if len(_KNOWN) >= _CACHE:
             _KNOWN.clear()
         _KNOWN[_identity(info)] = (sha256, hashed_at)
 
 
-def _trusted(info: os.stat_result) -> str | None:
+def _trusted(info: os.stat_result, own_links: int = 0) -> str | None:
     """The remembered digest of an unchanged multi-link file, if it is not racy."""
-    if info.st_nlink < 2:
+    if info.st_nlink - own_links < 2:
         return None
     known = _KNOWN.get(_identity(info))
     if known is None or known[1] - info.st_mtime_ns < _RACY_NS:
@@ -88,30 +89,36 @@ def describe(path: str) -> dict[str, object]:
 
 
 def verify(
-    path: str, expected: Mapping[str, object], keep: bool, name: str | None = None
+    path: str,
+    expected: Mapping[str, object],
+    keep: bool,
+    name: str | None = None,
+    own_links: int = 0,
 ) -> bytes | None:
     """Check the file at ``path`` against its manifest entry; its bytes if ``keep``
     (read once, so what was verified is what gets parsed). A file this process
     wrote or verified with that digest, unchanged since, is checked by ``stat``
     only (unless ``keep``). The file is opened once: the identity remembered is the
     open file's, whatever the path names meanwhile. ``name``: the file as messages
-    name it (default ``path``).
+    name it (default ``path``). ``own_links``: links to the file the caller made
+    itself (a private copy's link), which do not make a single-link file one whose
+    identity may be trusted (its inode could be reused once it is deleted).
 
     Raises ValueError naming the file: an entry without a SHA-256, not a regular
     file, or a size or SHA-256 mismatch.
     """
     where = path if name is None else name
     sha256 = _expected_sha256(where, expected)
-    with _open_regular(path, where) as src:
+    with open_regular(path, where) as src:
         info = os.fstat(src.fileno())
         _check_size(where, info.st_size, expected)
-        if not keep and _trusted(info) == sha256:
+        if not keep and _trusted(info, own_links) == sha256:
             return None
         parts: list[bytes] | None = [] if keep else None
         hashed_at = time.time_ns()
         digest, size = _hash_open(src, parts=parts)
     _check_digest(where, digest.hexdigest(), size, expected)
-    _remember(info, sha256, hashed_at)
+    _remember(info, sha256, hashed_at, own_links)
     return b"".join(parts) if parts is not None else None
 
 
@@ -125,7 +132,7 @@ def copy_verified(source: str, target: str, expected: Mapping[str, object]) -> N
     Raises ValueError naming ``source`` as ``verify`` does (``target`` is removed).
     """
     sha256 = _expected_sha256(source, expected)
-    with _open_regular(source) as src:
+    with open_regular(source) as src:
         info = os.fstat(src.fileno())
         _check_size(source, info.st_size, expected)
         known = _trusted(info) == sha256 and only_mine(info)
@@ -178,9 +185,10 @@ def _check_digest(path: str, sha256: str, size: int, expected: Mapping[str, obje
         raise ValueError(f"{path} does not match its SHA-256 checksum in the manifest")
 
 
-def _open_regular(path: str, where: str | None = None) -> BinaryIO:
+def open_regular(path: str, where: str | None = None) -> BinaryIO:
     """``path`` open for reading: a regular file, not a symbolic link (a FIFO put in a
-    file's place must not block the restore)."""
+    file's place must not block the restore). Raises ValueError naming ``where`` (default
+    ``path``) for anything else, OSError (FileNotFoundError...) as ``open`` does."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)

@@ -415,7 +415,7 @@ def read_files(
 def _read_manifest(path: str, wanted: tuple[str, ...]) -> dict[str, Any]:
     file = os.path.join(path, MANIFEST)
     try:
-        with open(file, "rb") as src:
+        with digests.open_regular(file) as src:  # not a FIFO's or a link's target
             data = src.read()
     except FileNotFoundError:
         raise ValueError(
@@ -424,7 +424,7 @@ def _read_manifest(path: str, wanted: tuple[str, ...]) -> dict[str, Any]:
     signature = None
     if signing.current_key() is not None:
         try:
-            with open(os.path.join(path, SIGNATURE), "rb") as src:
+            with digests.open_regular(os.path.join(path, SIGNATURE)) as src:
                 signature = src.read()
         except FileNotFoundError:
             pass

@@ -595,8 +595,7 @@ class KeyedProcessOperator:
                 every operator of the previous run).
 
         Raises:
-            RuntimeError: the operator took input already, was restored, or is
-                not usable.
+            RuntimeError: the operator took input already, was restored, or is unusable.
             TypeError: a handle that is none of the above.
             FileNotFoundError: no checkpoint directory at a handle's location.
             ValueError: an empty list; a missing manifest (incomplete checkpoint),
@@ -605,6 +604,7 @@ class KeyedProcessOperator:
                 or overlapping key-group ranges; an unresolvable URI scheme; a
                 backend snapshot this backend cannot read; nothing changed.
             CheckpointStorageError: an object store could not be read.
+            OSError: no private directory under ``backend.scratch_parent()``.
             JobFailure: the backend failed otherwise while restoring.
         """
         if not self._restorable or self._records_in or self._state not in ("new", "open"):

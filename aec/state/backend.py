@@ -7,6 +7,7 @@ for blocking backends) and must never call user code.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from aec.keygroups import KeyGroupRange
 from aec.state.requests import StateRequest
 from aec.state.serialization import Serializer, StateSerializers
 from aec.state.ttl_cleanup import TtlCleanup
+
+_MAKING = threading.Lock()  # held while a backend's TtlCleanup is made (once per backend)
 
 
 class BackendSpec(ABC):
@@ -92,7 +95,12 @@ class StateBackend(ABC):
         """The TTL states and how far their expired entries may go (made on first use)."""
         found = self._ttl_cleanup
         if found is None:
-            found = self._ttl_cleanup = TtlCleanup(self.ttl_sweep_chunk)
+            # once: an I/O thread's first table may ask while the mailbox thread
+            # registers a TTL state, and a second object would lose the registration
+            with _MAKING:
+                found = self._ttl_cleanup
+                if found is None:
+                    found = self._ttl_cleanup = TtlCleanup(self.ttl_sweep_chunk)
         return found
 
     def register_ttl(self, name: str, ttl: float, kind: str) -> None:
