@@ -178,6 +178,12 @@ def test_a_kept_operators_micro_batch_reports_its_own_counters(tmp_path, monkeyp
     assert [m["records_in"] for m in got] == [30, 12]
     assert [m["records_out"] for m in got] == [30, 12]
     assert got[0]["gauge_samples"] and got[0]["gauge_samples"][-1][1] == 30
+    # its hot keys and histograms are of its own micro-batch, not since it opened
+    assert got[0]["hot_keys"][0][0] == "a" and got[0]["blocked_requests"] > 0
+    assert [key for key, _ in got[1]["hot_keys"]] == ["b"]  # "a" waited in the one before
+    assert got[1]["hot_keys"][0][1] <= 11 and got[1]["blocked_requests"] <= 11
+    assert 0 < got[1]["batch_size"]["count"] <= got[1]["batches"]
+    assert got[1]["record_latency_s"]["count"] <= got[1]["records_in"]
 
 
 def test_a_skewed_runs_hot_key_is_named_in_its_partitions_metrics():

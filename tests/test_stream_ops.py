@@ -72,9 +72,11 @@ def test_each_micro_batch_is_merged_for_the_listener_and_logged(spark, tmp_path,
 
 @pytest.mark.spark
 def test_a_kept_operators_hot_keys_and_histograms_are_of_its_micro_batch(spark, tmp_path):
-    """On MemoryBackend each partition keeps its live operator between micro-batches:
-    a micro-batch of distinct keys after a skewed one has no hot key, and its
-    histograms count only its own batches and records."""
+    """A micro-batch of distinct keys after a skewed one has no hot key, and its
+    histograms count only its own batches and records, whether a partition kept its
+    live operator (MemoryBackend, when Spark runs it in the same Python worker again:
+    not certain) or restored one (the kept case alone:
+    test_stream_metrics.test_a_kept_operators_micro_batch_reports_its_own_counters)."""
     seen: list[tuple[int, dict]] = []
     stream = Stream(spark, tmp_path)  # the default MemoryBackend
     distinct = [{"k": f"d{s}", "seq": s, "x": 1, "t": float(s)} for s in range(60, 80)]
@@ -85,7 +87,7 @@ def test_a_kept_operators_hot_keys_and_histograms_are_of_its_micro_batch(spark, 
     finally:
         stream.stop()
     (_, first), (_, second) = seen
-    assert first["kept_operators"] == 0 and second["kept_operators"] >= 1
+    assert first["kept_operators"] == 0
     assert first["hot_keys"][0][0] == "hot" and first["blocked_requests"] > 0
     assert second["blocked_requests"] == 0 and second["hot_keys"] == []
     assert 0 < second["batch_size"]["count"] <= second["batches"]
