@@ -12,7 +12,7 @@ import datetime
 import decimal
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _pack_double = struct.Struct(">d").pack
@@ -99,7 +99,7 @@ def _other_bytes(key: object) -> bytes:
 # equals): base methods, not str() or int(), which a subclass may redefine (str() of
 # a ``class Color(str, Enum)`` member is "Color.RED", not the string it equals)
 _PLAIN_BASES = (int, float, str, bytes, tuple)
-_PLAIN: dict[type, Any] = {
+_PLAIN: dict[type, Callable[..., object]] = {
     int: int.__int__, float: float.__float__, str: str.__str__, bytes: bytes.__bytes__,
 }  # fmt: skip
 
@@ -115,7 +115,7 @@ def plain_key(key: Any) -> Any:  # Any: a key of any of ``KEY_TYPES``
     if type(key) in _EXACT:
         return key
     if isinstance(key, tuple):  # a named tuple too
-        plain: Any = tuple(plain_key(k) for k in key)
+        plain: object = tuple(plain_key(k) for k in key)
     else:
         for base, base_value in _PLAIN.items():
             if isinstance(key, base):

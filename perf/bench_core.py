@@ -478,22 +478,19 @@ def compare_builds(args: argparse.Namespace) -> int:
     worker_args = ["--serve", "--records", str(args.records), "--keys", str(args.keys),
                    "--seed", str(args.seed), "--dists", ",".join(args.dists),
                    "--variants", ",".join(v.name for v in variants)]  # fmt: skip
-    workers: dict[str, h.BuildWorker] = {}
-    try:
-        for build, root in roots.items():
-            workers[build] = h.BuildWorker(root, Path(__file__).resolve(), worker_args)
-            built = workers[build].hello["compiled"]
-            if args.compiled is not None and built != (build == "compiled"):
-                raise SystemExit(f"{root}: aec.compiled is {built} "
-                                 f"({workers[build].hello['aec']}); bin/build-compiled builds it")  # fmt: skip
-        runs = [(v, d, b) for d in args.dists for v in variants for b in roots]
-        samples = h.run_rounds(
-            runs, lambda r: workers[r[2]].run(variant=r[0].name, dist=r[1]), args.repeats,
-            name=lambda r: f"{r[0].name}@{r[1]}@{r[2]}",
-        )  # fmt: skip
-    finally:
-        for worker in workers.values():
-            worker.close()
+
+    def check(build: str, hello: dict[str, Any]) -> None:
+        built = hello["compiled"]
+        if args.compiled is not None and built != (build == "compiled"):
+            raise SystemExit(f"{roots[build]}: aec.compiled is {built} ({hello['aec']}); "
+                             "bin/build-compiled builds it")  # fmt: skip
+
+    samples = h.worker_rounds(
+        Path(__file__).resolve(), worker_args, roots,
+        [(v, d) for d in args.dists for v in variants],
+        lambda r: {"variant": r[0].name, "dist": r[1]}, args.repeats,
+        name=lambda r: f"{r[0].name}@{r[1]}", check=check,
+    )  # fmt: skip
     rows = []
     for d in args.dists:
         for v in variants:
@@ -520,7 +517,7 @@ def compare_builds(args: argparse.Namespace) -> int:
                    "seed": args.seed, "quick": args.quick, pair.old: str(pair.old_root),
                    pair.new: str(pair.new_root), "title": pair.title,
                    "labels": [pair.old, pair.new],
-                   "statistic": "best of repeats; each checkout in its own worker process"},
+                   "statistic": "best of repeats; fresh workers per round, first of a pair alternating"},
         "distributions": dist_info, "results": rows, "goals": goals,
     }  # fmt: skip
     h.write_outputs(args.out, pair.name, report, builds_markdown(report),

@@ -42,6 +42,7 @@ from aec.windowing import (
     TumblingProcessingTimeWindows,
     window,
 )
+from aec.windowing.operator import CONTENTS
 from backends import MemoryBackend
 
 config_ids = pytest.mark.parametrize("config", list(CONFIGS.values()), ids=list(CONFIGS))
@@ -391,6 +392,46 @@ def test_restore_into_another_assigner_is_refused(other, tmp_path):
     assert _values(same.drain_outputs())
 
 
+def test_restore_with_another_allowed_lateness_is_refused(tmp_path):
+    """The windows' cleanup timers are at end + the lateness they were kept for: another
+    lateness would never clean them, so the restore is refused naming both."""
+    tumbling = TumblingEventTimeWindows.of(10)
+    first = KeyedProcessOperator(window(tumbling, reduce=sum_reduce, allowed_lateness=5),
+                                 MemoryBackend(), ASYNC)  # fmt: skip
+    first.open()
+    _feed(first, SESSION_SOURCE[:5])
+    handle = first.snapshot(1, tmp_path)
+    first.close()
+    for lateness in (0, 30):
+        other = KeyedProcessOperator(window(tumbling, reduce=sum_reduce, allowed_lateness=lateness),
+                                     MemoryBackend(), ASYNC)  # fmt: skip
+        with pytest.raises(
+            ValueError, match=rf"lateness of 5.0 s; this function's is {lateness}.0 s"
+        ):
+            other.restore(handle)
+    backend = MemoryBackend()
+    same = KeyedProcessOperator(window(tumbling, reduce=sum_reduce, allowed_lateness=5),
+                                backend, ASYNC)  # fmt: skip
+    same.restore(handle)
+    _feed(same, SESSION_SOURCE[5:])
+    same.finish()
+    assert _values(same.drain_outputs())
+    assert backend.state_items(CONTENTS) == {}  # every window cleaned
+
+
+def test_processing_time_windows_restore_under_another_allowed_lateness(tmp_path):
+    """Processing time ignores the lateness (as Flink does): no refusal."""
+    assigner = TumblingProcessingTimeWindows.of(10)
+    first = KeyedProcessOperator(window(assigner, reduce=sum_reduce, allowed_lateness=5),
+                                 MemoryBackend(), ASYNC)  # fmt: skip
+    first.open()
+    handle = first.snapshot(1, tmp_path)
+    first.close()
+    KeyedProcessOperator(window(assigner, reduce=sum_reduce), MemoryBackend(), ASYNC).restore(
+        handle
+    )
+
+
 @config_ids
 def test_per_window_state_blocking_forms_and_trigger_state(config):
     """The blocking forms of per-window state and a user trigger keeping state per window."""
@@ -435,7 +476,11 @@ def test_a_window_goes_at_its_cleanup_time_when_end_plus_lateness_does_not_round
     config, assigner
 ):
     # [3, 4) with lateness 0.1 goes at 4.1, and 4.1 - 0.1 == 3.9999999999999996
-    grid = TumblingEventTimeWindows.of(1) if assigner == "tumbling" else SlidingEventTimeWindows.of(2, 1)
+    grid = (
+        TumblingEventTimeWindows.of(1)
+        if assigner == "tumbling"
+        else SlidingEventTimeWindows.of(2, 1)
+    )
     function = window(grid, aggregate=SumAggregate(), allowed_lateness=0.1)
     backend = MemoryBackend()
     operator = KeyedProcessOperator(function, backend, config)
@@ -453,7 +498,11 @@ def test_a_window_goes_at_its_cleanup_time_when_end_plus_lateness_does_not_round
 @pytest.mark.parametrize("timestamp", [math.inf, -math.inf])
 @pytest.mark.parametrize("assigner", ["tumbling", "sliding"])
 def test_an_infinite_timestamp_fails_naming_it(config, timestamp, assigner):
-    grid = TumblingEventTimeWindows.of(5) if assigner == "tumbling" else SlidingEventTimeWindows.of(10, 5)
+    grid = (
+        TumblingEventTimeWindows.of(5)
+        if assigner == "tumbling"
+        else SlidingEventTimeWindows.of(10, 5)
+    )
     function = window(grid, reduce=sum_reduce)
     with pytest.raises(JobFailure, match=f"timestamp {timestamp} is not a finite number"):
         run([rec("k", 1, timestamp), Watermark(10)], function, config)

@@ -140,7 +140,7 @@ def _seconds(bound: Any) -> float:
     return int(bound) if isinstance(bound, numbers.Integral) else float(bound)
 
 
-def _check_bound(name: str, bound: Any) -> None:
+def _check_bound(name: str, bound: object) -> None:
     if isinstance(bound, bool) or not isinstance(bound, numbers.Real):
         raise TypeError(f"interval bound {name} must be a real number of seconds, got {bound!r}")
     try:

@@ -334,7 +334,7 @@ def decode(
 
 
 def _stored(
-    payload: Serializer, op: Any, state: Any, user_key: bytes, value: bytes, kind: Any
+    payload: Serializer, op: Any, state: object, user_key: bytes, value: bytes, kind: object
 ) -> StoredRequest:
     """A stored request read back (fields as ``encode`` wrote them), its payloads by
     ``payload``."""

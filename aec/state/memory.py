@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 from aec.keygroups import KeyGroupRange, key_group_for
 from aec.native import mypyc_attr
@@ -18,6 +18,9 @@ from aec.state.serialization import StateSerializers
 from aec.state.ttl_cleanup import TtlCleanup, TtlState, expired, prune
 
 _WRITES = Op.WRITES
+
+# one state's table: key -> stored value (a value, a list, or a dict of map entries)
+Table = dict[Any, Any]
 
 
 # a Python class (compiled methods): its base keeps caches in the instance ``__dict__``,
@@ -55,7 +58,7 @@ class MemoryBackend(StateBackend):
     prefers_batches = False  # a call costs what its requests cost: nothing to share
 
     def __init__(self, *, incremental: bool = True, max_deltas: int = 16) -> None:
-        self._tables: dict[str, dict[Any, Any]] = {}
+        self._tables: dict[str, Table] = {}
         self.incremental = incremental
         self._changelog = Changelog(max_deltas)
         self._lazy: LazyBase | None = None  # base segments of a restore not merged yet
@@ -87,15 +90,16 @@ class MemoryBackend(StateBackend):
             self._settle()
         cleanup.sweep(budget, self._sweep_step)
 
-    def _sweep_step(self, state: TtlState, cursor: Any, limit: int, now: float) -> tuple[int, Any]:
+    def _sweep_step(
+        self, state: TtlState, cursor: object, limit: int, now: float
+    ) -> tuple[int, list[Any] | None]:
         """``TtlCleanup.sweep``'s step: ``cursor`` is ``[keys, position]`` (a copy of the
         table's keys made when the round began)."""
         table = self._tables.get(state.name)
         if not table:
             return 0, None
-        if cursor is None:
-            cursor = [list(table), 0]
-        keys, start = cursor
+        position: list[Any] = [list(table), 0] if cursor is None else cast("list[Any]", cursor)
+        keys, start = position
         end = min(len(keys), start + limit)
         get, kind, name, dirty = table.get, state.kind, state.name, self._changelog.dirty
         if kind == "value":  # most TTL state: a pair per key, dropped whole
@@ -112,8 +116,8 @@ class MemoryBackend(StateBackend):
                 else:
                     table[key] = kept
                 dirty.add((name, key))
-        cursor[1] = end
-        return end - start, (cursor if end < len(keys) else None)
+        position[1] = end
+        return end - start, (position if end < len(keys) else None)
 
     def stored_entries(self, state: str) -> int:
         """Keys holding ``state`` (a restored base's segments are merged first)."""
@@ -194,7 +198,7 @@ class MemoryBackend(StateBackend):
     def spec(self) -> BackendSpec:
         return MemorySpec(self.incremental, self._changelog.max_deltas)
 
-    def state_items(self, state: str) -> dict[Any, Any]:
+    def state_items(self, state: str) -> Table:
         self._load_all()
         items = {key: _copy(value) for key, value in self._tables.get(state, {}).items()}
         return self.ttl_cleanup.visible(state, items)
@@ -206,14 +210,14 @@ def _merged(
     max_parallelism: int | None,
     touched: set[tuple[str, Any]],
     serializers: StateSerializers,
-) -> dict[str, dict[Any, Any]]:
+) -> dict[str, Table]:
     """The union of the snapshots in ``directories``, filtered to ``key_groups``.
 
     Raises ValueError: a key stored in two of the snapshots."""
-    merged: dict[str, dict[Any, Any]] = {}
+    merged: dict[str, Table] = {}
     for source in directories:
         tables, _ = changelog.load(os.fspath(source), serializers, touched)
-        if key_groups is not None:
+        if key_groups is not None and max_parallelism is not None:  # restore checked both
             tables = _only(tables, key_groups, max_parallelism)
         if len(directories) == 1:
             return tables
@@ -228,10 +232,10 @@ def _merged(
 
 
 def _only(
-    tables: dict[str, dict[Any, Any]], key_groups: KeyGroupRange, max_parallelism: Any
-) -> dict[str, dict[Any, Any]]:
+    tables: dict[str, Table], key_groups: KeyGroupRange, max_parallelism: int
+) -> dict[str, Table]:
     """``tables`` with the keys of ``key_groups`` only."""
-    groups: dict[Any, bool] = {}
+    groups: dict[object, bool] = {}
     kept = {}
     for name, table in tables.items():
         own = {}
@@ -266,27 +270,27 @@ def _copy(value: Any) -> Any:
 
 
 # One small function per op; indexed by the Op constant.
-def _value_get(t: dict[Any, Any], r: StateRequest) -> None:
+def _value_get(t: Table, r: StateRequest) -> None:
     r.result = t.get(r.key)
 
 
-def _value_put(t: dict[Any, Any], r: StateRequest) -> None:
+def _value_put(t: Table, r: StateRequest) -> None:
     if r.value is None:
         t.pop(r.key, None)
     else:
         t[r.key] = r.value
 
 
-def _clear(t: dict[Any, Any], r: StateRequest) -> None:
+def _clear(t: Table, r: StateRequest) -> None:
     t.pop(r.key, None)
 
 
-def _list_get(t: dict[Any, Any], r: StateRequest) -> None:
+def _list_get(t: Table, r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = list(stored) if stored else []
 
 
-def _list_add(t: dict[Any, Any], r: StateRequest) -> None:
+def _list_add(t: Table, r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is None:
         t[r.key] = [r.value]
@@ -294,7 +298,7 @@ def _list_add(t: dict[Any, Any], r: StateRequest) -> None:
         stored.append(r.value)
 
 
-def _list_add_all(t: dict[Any, Any], r: StateRequest) -> None:
+def _list_add_all(t: Table, r: StateRequest) -> None:
     if not r.value:
         return
     stored = t.get(r.key)
@@ -304,19 +308,19 @@ def _list_add_all(t: dict[Any, Any], r: StateRequest) -> None:
         stored.extend(r.value)
 
 
-def _list_put(t: dict[Any, Any], r: StateRequest) -> None:
+def _list_put(t: Table, r: StateRequest) -> None:
     if r.value:
         t[r.key] = list(r.value)
     else:
         t.pop(r.key, None)
 
 
-def _map_get(t: dict[Any, Any], r: StateRequest) -> None:
+def _map_get(t: Table, r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = None if stored is None else stored.get(r.user_key)
 
 
-def _map_put(t: dict[Any, Any], r: StateRequest) -> None:
+def _map_put(t: Table, r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is None:
         t[r.key] = {r.user_key: r.value}
@@ -324,7 +328,7 @@ def _map_put(t: dict[Any, Any], r: StateRequest) -> None:
         stored[r.user_key] = r.value
 
 
-def _map_put_all(t: dict[Any, Any], r: StateRequest) -> None:
+def _map_put_all(t: Table, r: StateRequest) -> None:
     if not r.value:
         return
     stored = t.get(r.key)
@@ -334,7 +338,7 @@ def _map_put_all(t: dict[Any, Any], r: StateRequest) -> None:
         stored.update(r.value)
 
 
-def _map_remove(t: dict[Any, Any], r: StateRequest) -> None:
+def _map_remove(t: Table, r: StateRequest) -> None:
     stored = t.get(r.key)
     if stored is not None:
         stored.pop(r.user_key, None)
@@ -342,21 +346,21 @@ def _map_remove(t: dict[Any, Any], r: StateRequest) -> None:
             del t[r.key]
 
 
-def _map_contains(t: dict[Any, Any], r: StateRequest) -> None:
+def _map_contains(t: Table, r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = stored is not None and r.user_key in stored
 
 
-def _map_is_empty(t: dict[Any, Any], r: StateRequest) -> None:
+def _map_is_empty(t: Table, r: StateRequest) -> None:
     r.result = not t.get(r.key)
 
 
-def _map_iter(t: dict[Any, Any], r: StateRequest) -> None:
+def _map_iter(t: Table, r: StateRequest) -> None:
     stored = t.get(r.key)
     r.result = list(stored.items()) if stored else []
 
 
-def _list_get_chunk(t: dict[Any, Any], r: StateRequest) -> None:
+def _list_get_chunk(t: Table, r: StateRequest) -> None:
     offset, limit = r.value
     offset = offset or 0
     stored = t.get(r.key) or ()
@@ -364,7 +368,7 @@ def _list_get_chunk(t: dict[Any, Any], r: StateRequest) -> None:
     r.result = (list(stored[offset:end]), end if end < len(stored) else None)
 
 
-def _map_iter_chunk(t: dict[Any, Any], r: StateRequest) -> None:
+def _map_iter_chunk(t: Table, r: StateRequest) -> None:
     # insertion order; a map longer than one chunk is walked over the keys it held at
     # the first chunk (the cursor: those keys and a position), so entries removed while
     # iterating shift nothing (none is skipped) and entries added are not visited

@@ -174,4 +174,9 @@ class DefaultedGet(StateRequest):
 
     def resolve(self) -> None:
         result = self.result
-        self.complete(fresh(self.value) if result is None else result)
+        if result is None:
+            result = fresh(self.value)
+        if self._callbacks is None:  # nothing waits: as StateRequest.resolve
+            self._result = result
+        else:
+            self.complete(result)

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from aec.state.requests import Op, StateRequest
 
 KINDS = ("value", "list", "map")
+K = TypeVar("K")  # a state's key type
 CLEANUP_SIZE = 3  # stored entries examined per write request (Flink's cleanupSize)
 SWEEP_CHUNK = 256  # the credit, in entries, at which a sweep runs
 
@@ -93,7 +94,7 @@ def writes_in(requests: Sequence[StateRequest]) -> int:
 
 
 # (state, cursor, limit, now) -> (entries examined, the next cursor; None: the round ended)
-Step = Callable[[TtlState, Any, int, float], tuple[int, Any]]
+Step = Callable[[TtlState, object, int, float], tuple[int, object]]
 
 
 class TtlCleanup:
@@ -110,7 +111,7 @@ class TtlCleanup:
         self.states: dict[str, TtlState] = {}
         self.now = -math.inf  # entries expired at or before this may be removed
         self._credit = 0
-        self._cursors: dict[str, Any] = {}  # state -> where its round goes on
+        self._cursors: dict[str, object] = {}  # state -> where its round goes on
         self._rounds: dict[str, float] = {}  # state -> ``now`` of its last full round
         # the position (in ``states``' order) of the state whose turn it is: a sweep
         # starts there, and moves on when that state's round ends or it has none to do
@@ -193,7 +194,7 @@ class TtlCleanup:
         self._cursors.clear()
         self._rounds.clear()
 
-    def visible(self, state: str, items: dict[Any, Any]) -> dict[Any, Any]:
+    def visible(self, state: str, items: dict[K, Any]) -> dict[K, Any]:
         """``items`` (``{key: stored value}`` of ``state``, as ``state_items`` gives
         them: pairs, lists of pairs, dicts of pairs) without what expired by ``now``;
         unchanged for a state without TTL."""

@@ -62,6 +62,9 @@ class Driver(Protocol):
 
 # the start of the state name a window function declares for its assigner (never written)
 ASSIGNER_MARKER = "window-assigner="
+# + the allowed lateness in effect (seconds; 0.0 in processing time, which ignores it): a
+# state name, so a restore into a function keeping windows for another lateness is refused
+LATENESS_MARKER = "window-allowed-lateness="
 CONTENTS = "window-contents"  # MapState: window key (or pane index) -> contents
 TIMERS = "window-timers"  # MapState: window key -> its timers
 SESSIONS_APART = "window-sessions"  # ValueState: a key's sessions, contents kept apart
@@ -94,6 +97,7 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
         self._runtime = ctx
         self._stores: dict[str, MapState] = {}
         ctx.get_state(ValueStateDescriptor(self.assigner_marker()))  # a name, never written
+        ctx.get_state(ValueStateDescriptor(self.lateness_marker()))  # (the same)
         path = self.path = choose_path(spec, ctx.config)
         together = path.sessions == "together"
         # the session driver keeps contents with the sessions, the chain mode panes as one
@@ -144,12 +148,20 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
         restore into a function with another assigner is refused (``check_restore``)."""
         return f"{ASSIGNER_MARKER}{self.spec.assigner.describe()}"
 
+    def lateness_marker(self) -> str:
+        """A state name naming the allowed lateness in effect: the windows' cleanup timers
+        are set at ``end + lateness``, so a restore into a function with another
+        lateness is refused (``check_restore``)."""
+        lateness = float(self.spec.allowed_lateness) if self.spec.assigner.event_time else 0.0
+        return f"{LATENESS_MARKER}{lateness!r}"
+
     def check_restore(self, state_names: list[str]) -> None:
         """Called by the operator's ``restore`` with the checkpoint's state names.
 
         Raises:
-            ValueError: the checkpoint was taken with another window assigner, or keeps
-                sessions in the other layout.
+            ValueError: the checkpoint was taken with another window assigner or another
+                allowed lateness (event time), or keeps sessions in the other layout. A
+                checkpoint naming no lateness (written before it was named) is restored.
         """
         theirs = [n for n in state_names if n.startswith(ASSIGNER_MARKER)]
         mine = self.assigner_marker()
@@ -178,6 +190,15 @@ class WindowOperatorFunction(KeyedProcessFunction, WindowFunction):
                 f"the checkpoint keeps sliding windows' panes as {layouts[live]}; this "
                 f"function keeps them as {layouts[not live]} (allowed lateness, assigner "
                 "or function changed, or a checkpoint of an earlier version)"
+            )
+        theirs = [n for n in state_names if n.startswith(LATENESS_MARKER)]
+        mine = self.lateness_marker()
+        if theirs and theirs != [mine]:
+            then, now = (n[len(LATENESS_MARKER) :] for n in (theirs[0], mine))
+            raise ValueError(
+                f"the checkpoint's windows were kept for an allowed lateness of {then} s; "
+                f"this function's is {now} s: their cleanup timers fire at end + {then}, "
+                "which would not clean them (restore with the lateness it was taken with)"
             )
 
     def close(self) -> None:
