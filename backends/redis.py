@@ -82,7 +82,8 @@ transactions assume a single Redis server, not Redis Cluster.
 
 TTL state (``aec.state.ttl_cleanup``): the server expires keys itself. Every batch
 that writes a key of a TTL state ends with ``PEXPIRE`` of that key, ``TTL_FACTOR``
-TTLs on the server's clock (a restore's ``RESTORE`` sets the same), so a key that is
+TTLs on the server's clock (a restore's ``RESTORE`` sets the same; for a TTL state
+made after the restore, ``register_ttl`` sets it on the keys restored), so a key that is
 never written again leaves the server; the engine still leaves out what expired on
 the operator's clock when it reads. A list or map is one key: its entries go with
 the key, once no entry was written for that long (Redis 7.0 has no per-field expiry).
@@ -108,7 +109,7 @@ from aec.state.requests import Op, StateRequest
 from aec.state.ttl_cleanup import TtlCleanup
 from aec.timeouts import store_timeouts
 from backends.keycodec import decode_key, encode_key
-from backends.redis_connection import ConnectionErrors, delete_keys, redact, scan_keys
+from backends.redis_connection import ConnectionErrors, chunks, delete_keys, redact, scan_keys
 from backends.redis_plan import PLAN_OPS, Plan
 from backends.redis_snapshots import read_snapshot, restore_entries, union_entries, write_snapshot
 from backends.snapshot_sets import checked_key_groups, snapshot_directories
@@ -196,6 +197,7 @@ class RedisBackend(StateBackend):
         self._pool: redis.ConnectionPool | None = None
         self._client: redis.Redis | None = None
         self._closed = False
+        self._restored = False  # keys came from a snapshot (their expiry by known states)
 
     def __repr__(self) -> str:
         return (
@@ -393,6 +395,24 @@ class RedisBackend(StateBackend):
                     f"this server: {exc}"
                 ) from exc
             client.set(self._fence, self._token)
+        self._restored = True
+
+    def register_ttl(self, name: str, ttl: float, kind: str) -> None:
+        """As ``StateBackend.register_ttl``; the keys a restore brought for a state it did
+        not know as TTL state (made later, by a record) get their expiry now, as the
+        restore gives a known one's: without it they would never leave the server."""
+        known = name in self.ttl_cleanup.states
+        super().register_ttl(name, ttl, kind)
+        if known or not self._restored:
+            return
+        client = self._live()
+        ms = _expiry_ms(ttl)
+        with self._errors("setting the expiry of restored keys"):
+            for chunk in chunks(sorted(set(scan_keys(client, self._header(name))))):
+                with client.pipeline(transaction=False) as pipe:
+                    for key in chunk:
+                        pipe.pexpire(key, ms)
+                    pipe.execute()
 
     def clear(self) -> None:
         """Delete every key of this backend's partition (all its states)."""

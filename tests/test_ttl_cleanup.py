@@ -328,6 +328,52 @@ def test_a_redis_restore_sets_the_expiry_of_ttl_keys(redis_server, tmp_path):
         backend.close()
 
 
+class WritesLazily(Writes):
+    """``Writes("value")`` whose TTL state is made by its first record, not ``open``."""
+
+    def open(self, ctx):
+        self.ctx = ctx
+        self.state = None
+
+    def process_element(self, value, ctx):
+        if self.state is None:
+            self.state = self.ctx.get_state(ValueStateDescriptor("s", ttl=TTL))
+        return self.state.async_update(value)
+
+
+def test_a_redis_ttl_state_made_after_the_restore_sets_the_expiry_of_its_restored_keys(
+    redis_server, tmp_path
+):
+    """The restore cannot know a TTL state its function makes later: the keys it
+    restored get their expiry when the state is made, as if restored with it."""
+    import redis as redis_py
+
+    from aec import KeyedProcessOperator
+    from backends.redis import RedisBackend
+
+    clock = ManualClock(0)
+    source = RedisBackend(redis_server.url, prefix="lazy-src")
+    operator = KeyedProcessOperator(WritesLazily("value"), source, AecConfig(), clock=clock)
+    for i in range(50):
+        operator.process(Record(i, i))
+    handle = operator.snapshot(1, tmp_path)
+    operator.close()
+    target = RedisBackend(redis_server.url, prefix="lazy-dst")
+    restored = KeyedProcessOperator(WritesLazily("value"), target, AecConfig(), clock=clock)
+    restored.restore(handle)
+    restored.process(Record(1_000, 0))  # makes the state
+    restored.finish()
+    client = redis_py.Redis.from_url(redis_server.url)
+    keys = list(client.scan_iter(match=b"lazy-dst:*:s:*"))
+    assert len(keys) == 51
+    limit = math.ceil(TTL * 2 * 1000)
+    assert all(0 < client.pttl(key) <= limit for key in keys), [client.pttl(k) for k in keys][:5]
+    client.close()
+    for backend in (source, target):
+        backend.clear()
+        backend.close()
+
+
 def test_the_sweep_gate_lets_a_sweep_run_alone():
     gate = SweepGate()
     inside = threading.Event()
