@@ -302,6 +302,21 @@ def test_redis_expires_ttl_keys_on_its_own(redis_server):
     backend.close()
 
 
+def _checkpoint_on_redis(url, prefix, function, tmp_path):
+    """A RedisBackend on ``prefix`` after ``function`` wrote keys 0-49 (clock at 0),
+    and the checkpoint of it."""
+    from aec import KeyedProcessOperator
+    from backends.redis import RedisBackend
+
+    source = RedisBackend(url, prefix=prefix)
+    operator = KeyedProcessOperator(function, source, AecConfig(), clock=ManualClock(0))
+    for i in range(50):
+        operator.process(Record(i, i))
+    handle = operator.snapshot(1, tmp_path)
+    operator.close()
+    return source, handle
+
+
 def test_a_redis_restore_sets_the_expiry_of_ttl_keys(redis_server, tmp_path):
     import redis as redis_py
 
@@ -309,12 +324,7 @@ def test_a_redis_restore_sets_the_expiry_of_ttl_keys(redis_server, tmp_path):
     from backends.redis import RedisBackend
 
     clock = ManualClock(0)
-    source = RedisBackend(redis_server.url, prefix="ttl-src")
-    operator = KeyedProcessOperator(Writes("value"), source, AecConfig(), clock=clock)
-    for i in range(50):
-        operator.process(Record(i, i))
-    handle = operator.snapshot(1, tmp_path)
-    operator.close()
+    source, handle = _checkpoint_on_redis(redis_server.url, "ttl-src", Writes("value"), tmp_path)
     target = RedisBackend(redis_server.url, prefix="ttl-dst")
     KeyedProcessOperator(Writes("value"), target, AecConfig(), clock=clock).restore(handle)
     client = redis_py.Redis.from_url(redis_server.url)
@@ -352,12 +362,9 @@ def test_a_redis_ttl_state_made_after_the_restore_sets_the_expiry_of_its_restore
     from backends.redis import RedisBackend
 
     clock = ManualClock(0)
-    source = RedisBackend(redis_server.url, prefix="lazy-src")
-    operator = KeyedProcessOperator(WritesLazily("value"), source, AecConfig(), clock=clock)
-    for i in range(50):
-        operator.process(Record(i, i))
-    handle = operator.snapshot(1, tmp_path)
-    operator.close()
+    source, handle = _checkpoint_on_redis(
+        redis_server.url, "lazy-src", WritesLazily("value"), tmp_path
+    )
     target = RedisBackend(redis_server.url, prefix="lazy-dst")
     restored = KeyedProcessOperator(WritesLazily("value"), target, AecConfig(), clock=clock)
     restored.restore(handle)
