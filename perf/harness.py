@@ -121,16 +121,27 @@ def run_rounds(
     Returns ``{name(variant): [Sample per round]}``."""
     samples: dict[str, list[Sample]] = {name(v): [] for v in variants}
     for rnd in range(repeats):
-        shift = (rnd * len(variants)) // max(repeats, 1)
-        for v in list(variants[shift:]) + list(variants[:shift]):
+        for v in rotated(variants, rnd, repeats):
             sample = run(v)
             samples[name(v)].append(sample)
-            log(
-                f"  round {rnd + 1}/{repeats} {name(v):<34} {sample.records:>8,} rec "
-                f"{sample.seconds:>6.2f} s {sample.rps:>11,.0f} rec/s "
-                f"({sample.cpu_seconds / sample.seconds:.2f} cores)"
-            )
+            log(sample_line(rnd, repeats, name(v), sample))
     return samples
+
+
+def rotated(items: Sequence[V], rnd: int, repeats: int) -> list[V]:
+    """``items`` in round ``rnd``'s order: rotated by ``rnd / repeats`` of their length,
+    so each starts a round about equally often."""
+    shift = (rnd * len(items)) // max(repeats, 1)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def sample_line(rnd: int, repeats: int, name: str, sample: Sample) -> str:
+    """The progress line of one timed run."""
+    return (
+        f"  round {rnd + 1}/{repeats} {name:<34} {sample.records:>8,} rec "
+        f"{sample.seconds:>6.2f} s {sample.rps:>11,.0f} rec/s "
+        f"({sample.cpu_seconds / sample.seconds:.2f} cores)"
+    )
 
 
 class BuildWorker:
@@ -139,7 +150,7 @@ class BuildWorker:
     (``bin/build-compiled DEST``). It runs ``script *args`` (the same bench file for
     every build) with ``root`` on ``PYTHONPATH``; the script answers with
     :func:`serve_samples`; ``run(**request)`` sends one request and returns the worker's
-    ``Sample``. Workers of two builds taking turns in :func:`run_rounds` compare the
+    ``Sample``. Workers of two builds taking turns (:func:`worker_rounds`) compare the
     builds side by side in one run (each in its own process, so both pay the same)."""
 
     def __init__(
@@ -205,14 +216,11 @@ def worker_rounds(
                 workers[label] = BuildWorker(roots[label], script, args,
                                              {"PYTHONHASHSEED": str(rnd)})  # fmt: skip
                 check(label, workers[label].hello)
-            shift = (rnd * len(runs)) // max(repeats, 1)
-            for r in list(runs[shift:]) + list(runs[:shift]):
+            for r in rotated(runs, rnd, repeats):
                 for label in order:
                     sample = workers[label].run(**request(r))
                     samples[f"{name(r)}@{label}"].append(sample)
-                    log(f"  round {rnd + 1}/{repeats} {name(r) + '@' + label:<40} "
-                        f"{sample.records:>8,} rec {sample.seconds:>6.2f} s "
-                        f"{sample.rps:>11,.0f} rec/s")  # fmt: skip
+                    log(sample_line(rnd, repeats, f"{name(r)}@{label}", sample))
         finally:
             for worker in workers.values():
                 worker.close()
