@@ -3,6 +3,7 @@ the one a backend raises when its store cannot give back what it holds."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -51,10 +52,17 @@ def describe(value: object, limit: int = 200) -> str:
 
 
 def qualified_name(fn: object) -> str:
-    """``module.qualname`` of a function or method (for messages), else its short repr."""
+    """``module.qualname`` of a function or method (for messages): of the function a
+    ``functools.partial`` wraps, of ``Class.__call__`` for a callable object; else
+    ``fn``'s short repr."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     qualname = getattr(fn, "__qualname__", None)
     if isinstance(qualname, str):
         return f"{getattr(fn, '__module__', '?')}.{qualname}"
+    kind = type(fn)
+    if callable(fn) and isinstance(getattr(kind, "__qualname__", None), str):
+        return f"{kind.__module__}.{kind.__qualname__}.__call__"
     return describe(fn, 80)
 
 

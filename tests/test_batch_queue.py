@@ -5,6 +5,7 @@ waits until the loop has run everything handed to it."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from typing import Any
 
@@ -165,6 +166,30 @@ def test_results_must_be_one_per_input(returned, message):
         batch_results(fn, 2, returned)
     assert "test_batch_queue.test_results_must_be_one_per_input.<locals>.fn" in str(info.value)
     assert batch_results(fn, 2, (x for x in "ab")) == ["a", "b"]
+
+
+class _Lookup:
+    async def __call__(self, values, extra=0):
+        return values[1:]
+
+
+async def _short(values, extra=0):
+    return values[1:]
+
+
+@pytest.mark.parametrize(
+    ("fn", "name"),
+    [
+        (_Lookup(), "test_batch_queue._Lookup.__call__"),
+        (functools.partial(_short, extra=1), "test_batch_queue._short"),
+        (functools.partial(functools.partial(_Lookup(), extra=1)), "test_batch_queue._Lookup"),
+    ],
+)
+def test_a_wrong_length_names_a_callable_object_or_partial_as_module_qualname(fn, name):
+    with pytest.raises(BatchResultError, match="returned 1 results for a batch of 2") as info:
+        batch_results(fn, 2, [1])
+    assert name in str(info.value)
+    assert " object at 0x" not in str(info.value)
 
 
 def test_misuse_is_fatal_and_a_raising_call_is_not(harness_of):

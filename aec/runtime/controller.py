@@ -356,9 +356,9 @@ class AsyncExecutionController:
             size = len(batch)
             sizes = self.batch_sizes
             sizes[size] = sizes.get(size, 0) + 1
-            self._untimed -= 1
-            if not self._untimed:
-                self._untimed = BATCH_SAMPLE
+            untimed = self._untimed - 1
+            self._untimed = untimed or BATCH_SAMPLE
+            if not untimed:
                 self._sent[id(batch)] = monotonic()
             self.executor.submit(batch)
 
@@ -588,7 +588,15 @@ class SynchronousController(AsyncExecutionController):
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
         self.batches += 1
-        self.backend.execute_batch((request,))
+        # one batch in BATCH_SAMPLE is timed, as the asynchronous flush does
+        untimed = self._untimed - 1
+        self._untimed = untimed or BATCH_SAMPLE
+        if untimed:
+            self.backend.execute_batch((request,))
+        else:
+            started = monotonic()
+            self.backend.execute_batch((request,))
+            self.request_latency.add(monotonic() - started)
         request.resolve()
         return request
 
