@@ -52,6 +52,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from aec.config import AecConfig
+from aec.functions import KeyedProcessFunction, check_function_kind
 from aec.state.backend import BackendSpec, StateBackend
 from aec.state.memory import MemoryBackend
 from spark_glue.convert import (
@@ -139,8 +140,9 @@ def process_keyed(
         ``partition_metrics(result)``.
 
     Raises:
-        TypeError, ValueError: on the driver, for bad arguments (unknown column,
-            non-time timestamp column, unpicklable function, reserved column name).
+        TypeError, ValueError: on the driver, for bad arguments (a function that is
+            not a ``KeyedProcessFunction``, unknown column, non-time timestamp column,
+            unpicklable function, reserved column name).
         spark_glue.WorkerEnvironmentError: before any job, when the session's Python
             workers cannot import aec (``spark_glue.workers``: the message names the
             interpreter, the missing modules and the fixes).
@@ -182,8 +184,12 @@ def plan_job(
     num_partitions: int | None,
     side_outputs: Mapping[str, SchemaLike] | None,
     name: str = "process_keyed",
+    function_class: type = KeyedProcessFunction,
 ) -> PartitionJob:
-    """Validate the arguments on the driver (see ``process_keyed``); the job to ship."""
+    """Validate the arguments on the driver (see ``process_keyed``); the job to ship.
+    ``function_class``: what ``function`` must be (``KeyedCoProcessFunction`` for two
+    inputs)."""
+    check_function_kind(function, function_class, name)
     keys = [key] if isinstance(key, str) else list(key)
     if not keys:
         raise ValueError(f"{name} needs at least one key column")

@@ -351,6 +351,7 @@ def plan_co(
         union, function, key_columns(len(sides[0].keys)), output_schema, timestamp=None,
         watermark_delay=None, watermark_interval=watermark_interval, backend=backend,
         config=config, num_partitions=num_partitions, side_outputs=side_outputs, name=name,
+        function_class=KeyedCoProcessFunction,
     )  # fmt: skip
     fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
     fields["delay"] = delay

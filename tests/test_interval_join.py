@@ -502,6 +502,30 @@ def test_bundled_records_give_the_per_record_answer_with_fewer_requests():
     assert alone.metrics["requests"] > 2 * records  # record by record: reads and a write each
 
 
+def test_a_record_the_mini_batch_declines_runs_after_the_held_records_of_its_key():
+    # a float subclass (numpy.float64) is a valid timestamp the mini-batch does not take,
+    # and a late record is declined too: either runs after the key's held records (rule 2)
+    import numpy as np
+
+    class Tagging(ProcessJoinFunction):
+        def process_element(self, left, right, ctx):
+            ctx.side_output("s", ("pair", left, right))
+            return [(left, right)]
+
+    odd = [(1, Record("k", "L1", 1.0)), (2, Record("k", "R1", np.float64(1.0))),
+           (2, Record("k", "R2", 2.0)), (1, Record("k", "L2", np.float64(2.0)))]  # fmt: skip
+    late = [(1, Watermark(5)), (2, Watermark(5)), (1, Record("k", "L6", 6)),
+            (2, Record("k", "R6", 6)), (1, Record("k", "L1late", 1))]  # fmt: skip
+    for source in (odd, late):
+        make = lambda: interval_join(-1, 1, Tagging(), left_late_tag="s")  # noqa: E731
+        bundled = run_keyed_co(source, make(), config=AecConfig())  # async, serial: bundles
+        alone = run_keyed_co(source, make(), config=AecConfig(async_state=False))
+        assert bundled.outputs == alone.outputs
+        assert bundled.side_outputs == alone.side_outputs
+    assert values(alone.outputs) == [("L6", "R6")]
+    assert alone.side_outputs["s"] == [("pair", "L6", "R6"), "L1late"]
+
+
 def test_a_failure_inside_a_mini_batch_names_the_record():
     def process(left, right):
         if left == ("l", 7):

@@ -818,6 +818,10 @@ def test_bad_arguments_fail_on_the_driver(spark):
     unpicklable.lock = lock
     with pytest.raises(TypeError, match="cannot be pickled"):
         process_keyed(df, unpicklable, key="k", output_schema=schema)
+    from aec.joins import interval_join
+
+    with pytest.raises(TypeError, match="KeyedProcessFunction.*KeyedCoProcessFunction"):
+        process_keyed(df, interval_join(0, 1, max), key="k", output_schema=schema)
 
 
 @pytest.mark.spark

@@ -270,6 +270,12 @@ def test_bad_arguments_fail_on_the_driver(spark, tmp_path):
         process_keyed_stream(
             df, RunningCount(), "nope", OUT_DDL, checkpoint_location=location, sink=sink
         )
+    from aec.joins import interval_join
+
+    with pytest.raises(TypeError, match="KeyedProcessFunction.*KeyedCoProcessFunction"):
+        process_keyed_stream(
+            df, interval_join(0, 1, max), "k", OUT_DDL, checkpoint_location=location, sink=sink
+        )
     with pytest.raises(TypeError, match="streaming DataFrame"):
         process_keyed_stream(
             spark.range(3), RunningCount(), "id", OUT_DDL, checkpoint_location=location, sink=sink

@@ -6,16 +6,17 @@ Where it applies: asynchronous runs in serial watermark order (the operator bund
 only those; the synchronous run stays per record, the reference) of a
 ``KeyedCoProcessOperator`` running an interval join.
 
-What it takes: records with a finite timestamp at or above the operator's watermark
-(on time). A record without one, or late, is declined and runs as a record of its
-own (its error, its side output), as before.
+What it takes: records with a finite ``float`` or ``int`` timestamp at or above the
+operator's watermark (on time). A record without one, or late, is declined and runs
+as a record of its own (its error, its side output), after the records held before
+it (the operator takes the bundle first).
 
 When it gives them back (``take``): everything, before any watermark leaves (the
 pairs of a record must leave before the next watermark: rule 7), before a snapshot,
-at the end of input and at ``BUNDLE_LIMIT`` records. Until then nothing can observe
-the key's buffers: no cleanup timer is due (none fires before the next watermark),
-a declined record of the key touches no buffer (late, or failing), and in serial
-order no record after a watermark starts before it left.
+at the end of input, at ``BUNDLE_LIMIT`` records and before a declined record runs.
+Until then nothing can observe the key's buffers or outputs: no cleanup timer is due
+(none fires before the next watermark), and in serial order no record after a
+watermark starts before it left.
 
 How it folds (one derived context per key, in the epoch the records arrived in): the
 records' timers are registered in arrival order, every bucket any of them reads or

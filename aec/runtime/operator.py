@@ -362,6 +362,8 @@ class KeyedProcessOperator:
             except BaseException as exc:
                 self._raise_failure(exc)
         if not bundles.bundle.offer(key, value, timestamp, self._watermark):
+            if bundles.bundle.size:  # the declined record runs after those held before it (rule 2)
+                self._flush_bundle(math.inf)
             return False
         self._sequence += 1
         self._records_in += 1
