@@ -136,7 +136,7 @@ def read_state(
     Raises:
         TypeError: ``checkpoint`` is none of these.
         FileNotFoundError: nothing at the location.
-        ValueError: no committed checkpoint there; a checkpoint that does not verify
+        ValueError: a file at the location; no committed checkpoint there; a checkpoint that does not verify
             (named); a backend snapshot of an unknown kind; a state whose recorded
             serializer this process does not know, or pickle not opted in to.
         CheckpointStorageError: the object store could not be read.
@@ -180,6 +180,11 @@ def checkpoints_of(checkpoint: Any, spark_checkpoint_location: Any = None) -> li
         return stream_checkpoints(parent, spark_checkpoint_location)
     latest = store.latest()
     if latest is None:
+        if store.local and os.path.isfile(store.location):
+            raise ValueError(
+                f"{store.location} is a file: read_state takes a checkpoint directory "
+                "(chk-<id>), a location holding them, or a process_keyed_stream location"
+            )
         if not store.list_names():
             raise FileNotFoundError(f"nothing at {store.location}")
         raise ValueError(

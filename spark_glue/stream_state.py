@@ -110,26 +110,38 @@ class Layout:
         """The stored layout, or None if there is none.
 
         Raises ValueError for a layout this version cannot continue (the format-1
-        layout hashed keys to partitions: its state cannot be split by key group).
+        layout hashed keys to partitions: its state cannot be split by key group), or
+        one that is not a layout at all (corrupt: the message names the file).
         """
         if not store.exists(_LAYOUT):
             return None
-        data = json.loads(store.read_bytes(_LAYOUT))
+        name = store.name_of(_LAYOUT)
+        try:
+            data = json.loads(store.read_bytes(_LAYOUT))
+        except ValueError as exc:  # not JSON, or not UTF-8
+            raise ValueError(f"{name} is not JSON (corrupt?): {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"{name} holds a JSON {type(data).__name__}, not a layout (corrupt?)")
         if data.get("format") != _FORMAT:
             raise ValueError(
-                f"{store.name_of(_LAYOUT)} has layout format {data.get('format')}, this "
+                f"{name} has layout format {data.get('format')}, this "
                 f"version writes {_FORMAT} (key-group partitioning); start a new "
                 "checkpoint_location"
             )
-        last = data.get("last")
-        record = None
-        if last is not None:
-            record = HistoryRecord(
-                int(last["batch"]), tuple(last["before"]), tuple(last["after"]),
-                tuple(int(p) for p in last.get("pending_before", ())),
-                tuple(int(p) for p in last.get("pending_after", ())),
-            )  # fmt: skip
-        return cls(list(data["keys"]), int(data["max_parallelism"]), data["history"], record)
+        try:
+            last = data.get("last")
+            record = None
+            if last is not None:
+                record = HistoryRecord(
+                    int(last["batch"]), tuple(last["before"]), tuple(last["after"]),
+                    tuple(int(p) for p in last.get("pending_before", ())),
+                    tuple(int(p) for p in last.get("pending_after", ())),
+                )  # fmt: skip
+            return cls(list(data["keys"]), int(data["max_parallelism"]), data["history"], record)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                f"{name} is not a complete layout (corrupt?): {type(exc).__name__} {exc}"
+            ) from exc
 
     def save(self, store: CheckpointStore) -> None:
         data: dict[str, Any] = {

@@ -405,6 +405,8 @@ def test_bad_checkpoints_are_refused_with_their_reason(tmp_path):
     (tmp_path / "other" / "file.txt").write_text("x")
     with pytest.raises(ValueError, match="no committed checkpoint"):
         rows_of(str(tmp_path / "other"))
+    with pytest.raises(ValueError, match="file.txt is a file: read_state takes a checkpoint"):
+        rows_of(str(tmp_path / "other" / "file.txt"))
     handle, _ = _snapshot(MemoryBackend, str(tmp_path / "ckpt"))
     with pytest.raises(ValueError, match="the handle says 2"):  # its id is checked
         rows_of(CheckpointHandle(2, handle.path))

@@ -181,3 +181,24 @@ class _NoStore:
 
     def write_bytes(self, data, *parts):
         self.saved += 1
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        (b"{not json", "is not JSON"),
+        (b"[1, 2]", "holds a JSON list, not a layout"),
+        (b'{"format": 2}', "is not a complete layout"),
+        (b'{"format": 2, "keys": ["k"], "max_parallelism": "x", "history": []}', "complete"),
+    ],
+)
+def test_a_corrupt_layout_is_refused_naming_its_file(tmp_path, stored, message):
+    from aec.checkpoint.storage import CheckpointStore
+
+    store = CheckpointStore.at(tmp_path)
+    Layout(["k"], 128).save(store)
+    assert Layout.load(store) == Layout(["k"], 128, [], None)  # what a good one gives
+    (tmp_path / "layout.json").write_bytes(stored)
+    with pytest.raises(ValueError, match=message) as info:
+        Layout.load(store)
+    assert "layout.json" in str(info.value)

@@ -46,7 +46,7 @@ from aec.state.requests import Op, StateRequest
 
 KINDS = ("value", "list", "map")
 K = TypeVar("K")  # a state's key type
-CLEANUP_SIZE = 3  # stored entries examined per write request (Flink's cleanupSize)
+CLEANUP_SIZE = 3  # stored entries examined per write request (Flink's cleanupSize; its default is 5)
 SWEEP_CHUNK = 256  # the credit, in entries, at which a sweep runs
 
 
