@@ -210,6 +210,40 @@ def test_timeout_spans_retries_and_cancels_the_call(config):
 
 
 @pytest.mark.parametrize("config", [AecConfig(), SYNC], ids=["async", "sync"])
+def test_the_timeout_holds_when_the_call_swallows_its_cancellation_or_blocks(config):
+    attempts = []
+
+    async def swallows(value):
+        attempts.append(value)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return None  # asks for a retry below, after the deadline
+        return value
+
+    async def blocks(value):
+        time.sleep(0.3)  # holds the loop past the deadline
+        return value
+
+    class Calls(KeyedProcessFunction):
+        def __init__(self, fn):
+            self.fn = fn
+
+        async def process_element(self, value, ctx):
+            retry = FixedDelay(50, 0.01, retry_on_result=lambda result: result is None)
+            try:
+                ctx.output(await ctx.call_async(self.fn, value, timeout=0.1, retry=retry))
+            except TimeoutError:
+                ctx.output("timeout")
+
+    for fn in (swallows, blocks):
+        started = time.monotonic()
+        assert values(run_keyed([Record("a", 1)], Calls(fn), config=config).outputs) == ["timeout"]
+        assert time.monotonic() - started < 2.0
+    assert attempts == [1]  # no retry starts after the deadline
+
+
+@pytest.mark.parametrize("config", [AecConfig(), SYNC], ids=["async", "sync"])
 def test_retries_with_backoff_until_success(config):
     attempts = []
 

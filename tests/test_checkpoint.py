@@ -737,3 +737,21 @@ def test_enum_and_named_tuple_keys_are_checkpointed_as_the_plain_values_they_equ
     fired = {out for out in second.drain_outputs() if isinstance(out, tuple)}
     assert fired == {("red", 3), ("dark", 3), (2, 3), (("red", 2), 3)}
     assert all(type(key) in (str, int, tuple) for key, _ in fired)
+
+
+def test_retain_removes_what_a_killed_snapshot_left_once_a_later_one_committed(tmp_path):
+    from aec.checkpoint.storage import CheckpointStore
+
+    operator = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig())
+    for checkpoint_id in (1, 2, 3):
+        operator.process(Record("k", checkpoint_id))
+        operator.snapshot(checkpoint_id, tmp_path)
+    operator.finish()
+    # what a snapshot killed before its rename leaves (files.commit's staging directory)
+    for name in (".chk-2.staging-0a1b", ".chk-4.staging-2c3d"):
+        os.mkdir(tmp_path / name)
+        (tmp_path / name / "timers.msgpack").write_bytes(b"x")
+    assert CheckpointStore.at(tmp_path).retain(1) == [1, 2]
+    # checkpoint 4 may still commit; 2 never can
+    assert sorted(os.listdir(tmp_path)) == [".chk-4.staging-2c3d", "chk-3"]
+    assert latest_checkpoint(tmp_path) == CheckpointHandle(3, str(tmp_path / "chk-3"))

@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CHUNK = 1 << 20  # bytes per upload/download write
 _STAGING = ".uploading"  # beside a whole file until it is copied over (``_put_whole``)
+# a local checkpoint's staging directory until its rename commits it (``files.commit``)
+_STAGED_CHECKPOINT = re.compile(r"^\.chk-(\d+)\.staging-[0-9a-f]+$")
 # how pyarrow's S3 client (curl under the AWS SDK) reports a request that timed out
 _TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out", re.IGNORECASE)
 _log = logging.getLogger(__name__)
@@ -431,7 +433,8 @@ class CheckpointStore:
         increase: ``latest`` is the highest too): delete the others, then
         what no kept checkpoint references (``collect_garbage``: on an object store
         also the leftovers of uploads that never committed; locally, directories
-        without a manifest older than the oldest kept). Flink's
+        without a manifest, and the staging directories of killed snapshots, older than
+        the oldest kept). Flink's
         ``state.checkpoints.num-retained``. The ids of the committed checkpoints deleted.
 
         Raises ValueError for ``keep < 1``; CheckpointStorageError when the store fails.
@@ -459,8 +462,18 @@ class CheckpointStore:
             for checkpoint_id in self.checkpoint_ids(complete=False):
                 if checkpoint_id < committed[-keep]:
                     self.delete(checkpoint_id)
+            self._remove_stale_staging(committed[-keep])
         self._collect_garbage(fresh=False)  # the manifests kept were read just now
         return doomed
+
+    def _remove_stale_staging(self, oldest_kept: int) -> None:
+        """Remove the staging directories (``.chk-<id>.staging-<uuid>``, local stores) of
+        ids below ``oldest_kept``: a snapshot killed before its rename left them, and
+        none of them can commit any more (a later checkpoint did)."""
+        for name in self.list_names():
+            match = _STAGED_CHECKPOINT.match(name)
+            if match and int(match.group(1)) < oldest_kept:
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     def delete(self, checkpoint_id: int, collect: bool = True) -> None:
         """Remove ``chk-<id>`` (complete or not) if it exists; the manifest first, so a

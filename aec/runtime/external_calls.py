@@ -442,15 +442,30 @@ async def _call(
     retry: RetryStrategy,
 ) -> R:
     """``fn(*args)`` with retries; ``timeout`` spans every attempt and backoff and
-    cancels the running attempt (``TimeoutError``)."""
+    cancels the running attempt (``TimeoutError``). The deadline holds whatever ``fn``
+    does: an attempt that swallows the cancellation, or blocks the loop past the
+    deadline, still ends the call with ``TimeoutError``, and no retry starts after it
+    (as the async I/O operator's own timers do)."""
     if timeout is None:
-        return await _attempts(fn, args, retry)
-    async with asyncio.timeout(timeout):  # no extra task per call, unlike wait_for
-        return await _attempts(fn, args, retry)
+        return await _attempts(fn, args, retry, None)
+    deadline = asyncio.get_running_loop().time() + timeout
+    async with asyncio.timeout_at(deadline):  # no extra task per call, unlike wait_for
+        result = await _attempts(fn, args, retry, deadline)
+    _check_deadline(deadline)
+    return result
+
+
+def _check_deadline(deadline: float | None) -> None:
+    """Raise ``TimeoutError`` if the loop's clock passed ``deadline`` (None: none)."""
+    if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+        raise TimeoutError
 
 
 async def _attempts(
-    fn: Callable[..., Awaitable[R]], args: tuple[object, ...], retry: RetryStrategy
+    fn: Callable[..., Awaitable[R]],
+    args: tuple[object, ...],
+    retry: RetryStrategy,
+    deadline: float | None,
 ) -> R:
     attempt = 0
     while True:
@@ -465,10 +480,12 @@ async def _attempts(
             result = await awaitable
         except Exception as exc:
             if attempt < retry.max_attempts and retry.should_retry_exception(exc):
+                _check_deadline(deadline)
                 await asyncio.sleep(retry.backoff(attempt))
                 continue
             raise
         if attempt < retry.max_attempts and retry.should_retry_result(result):
+            _check_deadline(deadline)
             await asyncio.sleep(retry.backoff(attempt))
             continue
         return result

@@ -255,10 +255,8 @@ class KeyedProcessOperator:
 
     # -- input ---------------------------------------------------------------------------------
     def process(self, record: Record) -> None:
-        """Admit one record, first waiting (running mails) while at the in-flight limit.
-
-        Raises TypeError/ValueError for a bad key or timestamp, JobFailure on failure.
-        """
+        """Admit one record, first waiting (running mails) while at the in-flight limit;
+        TypeError/ValueError for a bad key or timestamp, JobFailure on failure."""
         self.process_fields(record.key, record.value, record.timestamp)
 
     def process_fields(
@@ -362,8 +360,7 @@ class KeyedProcessOperator:
             except BaseException as exc:
                 self._raise_failure(exc)
         if not bundles.bundle.offer(key, value, timestamp, self._watermark):
-            if bundles.bundle.size:  # the declined record runs after those held before it (rule 2)
-                self._flush_bundle(math.inf)
+            self._flush_bundle(math.inf)  # a declined record runs after the held (rule 2)
             return False
         self._sequence += 1
         self._records_in += 1
