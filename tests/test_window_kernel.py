@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from windowing_cases import SYNC, SumAggregate, SumList, Watermark, rec
 
-from aec import AecConfig, KeyedProcessFunction, run_keyed
+from aec import AecConfig, AggregateFunction, KeyedProcessFunction, run_keyed
 from aec.runtime.operator import KeyedProcessOperator
 from aec.windowing import (
     CountEvictor,
@@ -84,6 +84,39 @@ def test_a_tumbling_window_of_nanoseconds_fires_and_takes_late_records_exactly()
         assert on_time.outputs[:2] == [("a", 1), Watermark(end)]
         late = run_keyed([Watermark(end), rec("a", 1, t)], fn, config=config)
         assert late.side_outputs == {"late": [("a", 1)]}
+
+
+@given(st.integers(-4, 4), st.integers(2**55, 2**58))
+def test_an_int_sliding_grid_puts_nanoseconds_in_the_same_windows_on_every_path(d, k):
+    """Panes of an int grid stay ints: beyond 2**53 the aggregate (pane) path gives the
+    windows the assigner lists, as the values path does."""
+    step = 10**9 + 7
+    t = k * step + d
+    assigner = SlidingEventTimeWindows.of(2 * step, step)
+    expected = sorted((w.start, w.end) for w in assigner.assign_windows(None, t))
+    assert all(w.start <= t < w.end for w in assigner.assign_windows(None, t))
+    panes = Panes(assigner.grid, pane_size(assigner.size, assigner.slide))
+    assert type(panes.g) is int
+    j = panes.pane(t)
+    assert panes.offset + j * panes.g <= t < panes.offset + (j + 1) * panes.g
+    first, last = panes.windows_of(j)
+    assert [(panes.start(i), panes.end(i)) for i in range(first, last + 1)] == expected
+
+
+def test_a_sliding_window_aggregate_without_merge_runs_per_window():
+    """Flink calls AggregateFunction.merge only for merging windows: an aggregate that
+    leaves it out (the base raises) still aggregates sliding windows."""
+
+    class NoMerge(SumAggregate):
+        merge = AggregateFunction.merge  # the base's: not implemented
+
+    source = [rec("a", 1, 1), rec("a", 2, 6), rec("a", 4, 12), Watermark(100)]
+    fn = window(SlidingEventTimeWindows.of(10, 5), aggregate=NoMerge())
+    assert fn.spec.pane is None  # windows keep their own accumulators, as in Flink
+    for config in (SYNC, AecConfig()):
+        outputs = run_keyed(source, fn, config=config).outputs
+        sums = [o for o in outputs if not isinstance(o, Watermark)]
+        assert sums == [("a", 1), ("a", 3), ("a", 6), ("a", 4)]
 
 
 def test_a_session_gap_below_the_float_resolution_fails_naming_it():

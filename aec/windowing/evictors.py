@@ -11,7 +11,9 @@ import math
 from typing import Any
 
 Pairs = list[tuple[Any, float]]
-"""A window's kept values with their timestamps (seconds), in arrival order."""
+"""A window's kept values with their timestamps (seconds), in the window's order: arrival
+order; after a session merge, the merged windows' values by window start, then the
+values that arrive later (Flink leaves that order undefined)."""
 
 
 class Evictor:
@@ -32,7 +34,7 @@ class Evictor:
 
 
 class CountEvictor(Evictor):
-    """Keeps the last ``n`` values of the window (in arrival order).
+    """Keeps the last ``n`` values of the window (in the window's order: ``Pairs``).
 
     Raises:
         ValueError: ``n < 1``.

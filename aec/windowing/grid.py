@@ -53,7 +53,9 @@ def _holding_index(timestamp: float, offset: float, step: float) -> int:
     """The ``k`` with ``offset + k * step <= timestamp < offset + (k + 1) * step`` as the
     floats compute those bounds: the floor of the quotient, corrected when it rounded
     up (a timestamp just below a start) or down (one exactly on a start, as 4.1 on the
-    grid ``0.1 + k``). ValueError as ``_floor_index``."""
+    grid ``0.1 + k``). ValueError as ``_floor_index``. Exact when all three are ints."""
+    if type(timestamp) is int and type(offset) is int and type(step) is int:
+        return (timestamp - offset) // step
     try:  # _floor_index's floor, inline: the pane path asks once per record
         k = math.floor((timestamp - offset) / step)
     except (OverflowError, ValueError):
@@ -180,7 +182,9 @@ class Panes(Grid):
 
     def __init__(self, grid: Grid, g: Fraction) -> None:
         super().__init__(grid.offset, grid.slide, grid.size)
-        self.g = float(g)
+        # an int pane of an int grid keeps int timestamps exact (nanoseconds beyond 2**53)
+        whole = type(grid.offset) is int and type(grid.slide) is int and type(grid.size) is int
+        self.g: float = int(g) if whole and g.denominator == 1 else float(g)
         self.n = int(Fraction(grid.size) / g)  # panes per window
         self.r = int(Fraction(grid.slide) / g)  # panes per slide
 

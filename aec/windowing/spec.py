@@ -46,9 +46,12 @@ class WindowSpec:
     def pane(self) -> Fraction | None:
         """The pane size for sliding windows over an aggregate or reduce (else None;
         also for a slide longer than the size: a pane in a gap between windows would
-        be folded into the next window)."""
+        be folded into the next window; and for an aggregate without its own ``merge``,
+        which combining panes needs and Flink calls only for merging windows)."""
         a = self.assigner
         if not self.folds or self.evictor is not None or a.merging:
+            return None
+        if self.aggregate is not None and type(self.aggregate).merge is AggregateFunction.merge:
             return None
         if not isinstance(a, SlidingEventTimeWindows) or a.size <= a.slide:
             return None
