@@ -356,9 +356,9 @@ class AsyncExecutionController:
             size = len(batch)
             sizes = self.batch_sizes
             sizes[size] = sizes.get(size, 0) + 1
-            untimed = self._untimed - 1
-            self._untimed = untimed or BATCH_SAMPLE
-            if not untimed:
+            self._untimed -= 1
+            if not self._untimed:
+                self._untimed = BATCH_SAMPLE
                 self._sent[id(batch)] = monotonic()
             self.executor.submit(batch)
 
@@ -588,15 +588,7 @@ class SynchronousController(AsyncExecutionController):
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
         self.batches += 1
-        # one batch in BATCH_SAMPLE is timed, as the asynchronous flush does
-        untimed = self._untimed - 1
-        self._untimed = untimed or BATCH_SAMPLE
-        if untimed:
-            self.backend.execute_batch((request,))
-        else:
-            started = monotonic()
-            self.backend.execute_batch((request,))
-            self.request_latency.add(monotonic() - started)
+        self.backend.execute_batch((request,))
         request.resolve()
         return request
 
