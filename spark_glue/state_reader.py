@@ -136,9 +136,10 @@ def read_state(
     Raises:
         TypeError: ``checkpoint`` is none of these.
         FileNotFoundError: nothing at the location.
-        ValueError: a file at the location; no committed checkpoint there; a checkpoint that does not verify
-            (named); a backend snapshot of an unknown kind; a state whose recorded
-            serializer this process does not know, or pickle not opted in to.
+        ValueError: a file at the location; no committed checkpoint there; a
+            checkpoint that does not verify (named); a backend snapshot of an unknown
+            kind; a state whose recorded serializer this process does not know, or
+            pickle not opted in to.
         CheckpointStorageError: the object store could not be read.
     """
     read: list[RestoredCheckpoint] = []
