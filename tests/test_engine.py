@@ -349,6 +349,38 @@ def test_backend_failure_on_io_thread_fails_job_and_stops_threads():
     assert engine_threads() == []
 
 
+class _CatchesBackendErrors(KeyedProcessFunction):
+    """Writes with the blocking API and catches whatever it raises."""
+
+    def open(self, ctx):
+        self.value = ctx.get_state(ValueStateDescriptor("v"))
+
+    def process_element(self, value, ctx):
+        try:
+            self.value.update(value)
+        except Exception as exc:  # noqa: BLE001 - what the test is about
+            ctx.output(("caught", type(exc).__name__))
+        ctx.output(("after", value))
+
+
+@pytest.mark.parametrize("async_state", [True, False], ids=["async", "sync"])
+@pytest.mark.parametrize("blocking", [True, False], ids=["io-thread", "inline"])
+def test_a_backend_failure_user_code_catches_still_fails_the_run_naming_its_record(
+    async_state, blocking
+):
+    # rule 10 whatever user code does with the error: the same failure in both modes,
+    # naming the record whose request failed, the store's error as the cause
+    backend = BrokenBackend()
+    backend.blocking = blocking
+    source = [Record("k", 1), Record("k", "poison"), Record("j", 3)]
+    with pytest.raises(JobFailure) as info:
+        run_keyed(source, _CatchesBackendErrors(), backend, AecConfig(async_state=async_state))
+    assert isinstance(info.value.__cause__, OSError)
+    assert "state backend failed at record 'poison' of key 'k'" in str(info.value)
+    assert (info.value.key, info.value.record) == ("k", "poison")
+    assert engine_threads() == []
+
+
 def test_a_failed_batch_of_several_records_names_them_all():
     # the store's error does not say which request failed: the failure names the batch's
     # records (not the first one alone, which may be a good record that shared it)

@@ -131,7 +131,7 @@ class AsyncExecutionController:
         "calls_in_flight", "epochs", "_start", "_timer_successor", "_enqueue", "_claim",
         "holding", "max_in_flight", "batches", "requests", "ran_alone", "blocked",
         "batch_sizes", "_window_batches", "request_latency", "record_latency", "_sent", "_untimed",
-        "_unsampled",
+        "_unsampled", "failure",
     )  # fmt: skip
 
     def __init__(
@@ -183,6 +183,9 @@ class AsyncExecutionController:
         self._sent: dict[int, float] = {}  # id(sampled batch) -> monotonic seconds at hand-off
         self._untimed = 1  # batches to hand over until the next one timed (the first is)
         self._unsampled = 1  # contexts to admit until the next one timed (the first is)
+        # the first backend failure raised into user code: it fails the run even when
+        # user code catches it (rule 10), at the end of the entry that caught it
+        self.failure: BatchFailed | None = None
 
     def _bind_mode(self) -> None:
         """The mode's rules, bound once (``StateOrderedController`` binds its own)."""
@@ -240,6 +243,16 @@ class AsyncExecutionController:
         start(context)
         self.current = context  # callbacks run inside may have switched it
         context.release()
+        if self.failure is not None:  # user code caught it: the run fails all the same
+            raise self.failure
+
+    def failed(self, batch: list[StateRequest], error: BaseException) -> BatchFailed:
+        """The ``BatchFailed`` to raise for ``batch``'s ``error``; the first is kept as
+        ``failure``, so the run fails even if user code catches it."""
+        failure = BatchFailed(batch, error)
+        if self.failure is None:
+            self.failure = failure
+        return failure
 
     def start_holding(self, context: HOLDER) -> HOLDER:
         """``context`` (a fold or a timer firing made when its key is free, nothing of
@@ -314,7 +327,7 @@ class AsyncExecutionController:
             try:
                 ran = self.executor.run_now((request,))
             except BaseException as exc:  # the job fails naming this record (rule 10)
-                raise BatchFailed([request], exc) from exc
+                raise self.failed([request], exc) from exc
             if ran:
                 self.batches += 1
                 self.ran_alone = True
@@ -392,7 +405,7 @@ class AsyncExecutionController:
                 self.request_latency.add(monotonic() - sent, len(batch))
         if error is not None:
             self.current = _record_of(batch[0]) if batch else None
-            raise BatchFailed(batch, error)
+            raise self.failed(batch, error)
         concurrent = self._concurrent
         # a store preferring batches keeps callbacks' requests batched when the rest of
         # this batch's callbacks will make requests to share a call with
@@ -588,7 +601,10 @@ class SynchronousController(AsyncExecutionController):
         request = kind(op, state, context.key, context.key_group, user_key, value, context)
         self.requests += 1
         self.batches += 1
-        self.backend.execute_batch((request,))
+        try:
+            self.backend.execute_batch((request,))
+        except BaseException as exc:  # the run fails naming this record (rule 10)
+            raise self.failed([request], exc) from exc
         request.resolve()
         return request
 
