@@ -60,9 +60,8 @@ def qualified_name(fn: object) -> str:
     qualname = getattr(fn, "__qualname__", None)
     if isinstance(qualname, str):
         return f"{getattr(fn, '__module__', '?')}.{qualname}"
-    kind = type(fn)
-    if callable(fn) and isinstance(getattr(kind, "__qualname__", None), str):
-        return f"{kind.__module__}.{kind.__qualname__}.__call__"
+    if callable(fn):
+        return f"{type(fn).__module__}.{type(fn).__qualname__}.__call__"
     return describe(fn, 80)
 
 

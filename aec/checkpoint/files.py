@@ -53,6 +53,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import time
 import uuid
@@ -63,6 +64,10 @@ from typing import Any
 from aec.checkpoint import digests, private_copy, signing
 from aec.checkpoint.signing import SIGNATURE
 from aec.state.serialization import SAFE
+
+_STAGING = ".staging-"  # ``.chk-<id>.staging-<uuid>``: a checkpoint until its rename commits it
+# the staging directory of checkpoint <id> (``commit``); one a killed snapshot left stays
+STAGED_CHECKPOINT = re.compile(r"^\.chk-(\d+)\.staging-[0-9a-f]+$")
 
 FORMAT = "aec-checkpoint/2"
 MANIFEST = "MANIFEST.json"
@@ -241,7 +246,7 @@ def commit(
     """
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
-    staging = os.path.join(parent, f".{os.path.basename(target)}.staging-{uuid.uuid4().hex}")
+    staging = os.path.join(parent, f".{os.path.basename(target)}{_STAGING}{uuid.uuid4().hex}")
     os.mkdir(staging)
     try:
         fill(staging)

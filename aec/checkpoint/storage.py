@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
 
 from aec.checkpoint import files, shared
-from aec.checkpoint.files import MANIFEST, CheckpointHandle, OperatorState
+from aec.checkpoint.files import MANIFEST, STAGED_CHECKPOINT, CheckpointHandle, OperatorState
 from aec.checkpoint.shared import SharedRegistry, Stamp
 from aec.checkpoint.signing import SIGNATURE
 from aec.errors import needs_extra
@@ -65,8 +65,6 @@ if TYPE_CHECKING:
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CHUNK = 1 << 20  # bytes per upload/download write
 _STAGING = ".uploading"  # beside a whole file until it is copied over (``_put_whole``)
-# a local checkpoint's staging directory until its rename commits it (``files.commit``)
-_STAGED_CHECKPOINT = re.compile(r"^\.chk-(\d+)\.staging-[0-9a-f]+$")
 # how pyarrow's S3 client (curl under the AWS SDK) reports a request that timed out
 _TIMED_OUT = re.compile(r"curlCode: 28|Timeout was reached|timed out", re.IGNORECASE)
 _log = logging.getLogger(__name__)
@@ -471,7 +469,7 @@ class CheckpointStore:
         ids below ``oldest_kept``: a snapshot killed before its rename left them, and
         none of them can commit any more (a later checkpoint did)."""
         for name in self.list_names():
-            match = _STAGED_CHECKPOINT.match(name)
+            match = STAGED_CHECKPOINT.match(name)
             if match and int(match.group(1)) < oldest_kept:
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
