@@ -560,6 +560,32 @@ def test_a_future_nobody_completes_is_reported_with_its_key_not_a_hang():
 
 
 @pytest.mark.parametrize("async_state", [True, False])
+def test_a_record_outliving_its_entry_keeps_its_key_and_its_epoch(async_state):
+    """The synchronous controller keeps no key accounting while every record finishes
+    inside its entry; one that does not (it awaits a future completed later, here by
+    engine-side misuse from another key's record) still holds its key and its epoch."""
+    from aec import StateFuture
+
+    pending = []
+
+    class Handoff(KeyedProcessFunction):
+        async def process_element(self, value, ctx):
+            if value == "wait":
+                pending.append(StateFuture())
+                await pending[-1]
+            elif value == "release":
+                pending.pop().complete(None)
+            ctx.output(value)
+
+    source = [Record("a", "wait"), Record("a", "after"), Record("b", "release"),
+              Watermark(1.0), Record("a", "late")]  # fmt: skip
+    result = run_keyed(source, Handoff(), config=AecConfig(async_state=async_state))
+    assert [o for o in result.outputs if not isinstance(o, Watermark) or o.timestamp < 2] == [
+        "wait", "release", "after", Watermark(1.0), "late"
+    ]
+
+
+@pytest.mark.parametrize("async_state", [True, False])
 def test_keyboard_interrupt_stops_cleanly(async_state):
     class Interrupted(KeyedProcessFunction):
         def open(self, ctx):

@@ -209,16 +209,8 @@ class AsyncExecutionController:
 
         1. count it in; 2. key free? occupy it and start (now or from ``ready``);
         3. else wait whole in the blocking buffer (Flink's sync point)."""
-        in_flight = self.in_flight = self.in_flight + 1
-        if in_flight > self.max_in_flight:
-            self.max_in_flight = in_flight
+        self._count_in(context)
         self.epochs.enter(context.epoch)
-        unsampled = self._unsampled - 1
-        if unsampled:
-            self._unsampled = unsampled
-        else:  # the first context admitted, then one in RECORD_SAMPLE
-            self._unsampled = RECORD_SAMPLE
-            context.admitted = monotonic()
         claim = self._claim  # a slot read, then a call: CPython 3.11 caches both
         if claim(context.key, context) is context:
             if inline:
@@ -234,6 +226,25 @@ class AsyncExecutionController:
                 self.flush()  # resets the count
             else:
                 self._blocked_since_flush = blocked + 1
+
+    def _count_in(self, context: RecordContext) -> None:
+        """One more context in flight; the first admitted, then one in
+        ``RECORD_SAMPLE``, has its admission timed (``record_latency``)."""
+        in_flight = self.in_flight = self.in_flight + 1
+        if in_flight > self.max_in_flight:
+            self.max_in_flight = in_flight
+        unsampled = self._unsampled - 1
+        if unsampled:
+            self._unsampled = unsampled
+        else:
+            self._unsampled = RECORD_SAMPLE
+            context.admitted = monotonic()
+
+    def _count_out(self, context: RecordContext) -> None:
+        """One context fewer in flight; its latency if its admission was timed."""
+        self.in_flight -= 1
+        if context.admitted:
+            self.record_latency.add(monotonic() - context.admitted)
 
     def run_entry(self, context: RecordContext) -> None:
         """Run the user entry of ``context`` holding one reference meanwhile."""
@@ -266,9 +277,7 @@ class AsyncExecutionController:
     def on_context_finished(self, context: RecordContext) -> None:
         """Reference count of ``context`` reached 0 (its ``on_finished``): pass its
         key on, count it out of its epoch."""
-        self.in_flight -= 1
-        if context.admitted:
-            self.record_latency.add(monotonic() - context.admitted)
+        self._count_out(context)
         if context.timer is None:
             blocking = self.blocking
             successor = blocking.pop_next(context.key) if context.key in blocking.queues else None
@@ -585,7 +594,38 @@ class SynchronousController(AsyncExecutionController):
     (FLIP-425's "synchronous execution with async APIs"; the reference run)."""
 
     synchronous = True
-    __slots__ = ()
+    __slots__ = ("_accounting",)
+
+    # Invariant of this mode: a record or timer firing finishes inside its entry (every
+    # request and call completes before it returns), and input, timers and watermarks
+    # come one at a time. So no context finds its key held by another, and no epoch
+    # holds an unfinished context when an element closes it or fires its timers: key
+    # accounting and epoch counts would read "free" and "done", and are not kept (in-
+    # flight counts and latency samples are). A context that outlives its entry (it
+    # awaits a future nobody completed yet) breaks that: it is counted in then, and
+    # the controller keeps the full rules (``_accounting``) for the rest of the run.
+    def _bind_mode(self) -> None:
+        super()._bind_mode()
+        self._accounting = False
+
+    def admit(self, context: RecordContext, inline: bool) -> None:
+        """Run ``context`` to its end now (``inline`` is moot: nothing else is in
+        flight), or as the asynchronous controller does once one outlived its entry."""
+        if self._accounting:
+            super().admit(context, inline)
+            return
+        self._count_in(context)
+        self.run_entry(context)
+        if context.ref_count:  # not finished inside its entry: hold its key and epoch
+            self._accounting = True
+            self.keys.occupy(context)
+            self.epochs.enter(context.epoch)
+
+    def on_context_finished(self, context: RecordContext) -> None:
+        if self._accounting:
+            super().on_context_finished(context)
+        else:
+            self._count_out(context)
 
     def submit(
         self,
@@ -660,9 +700,7 @@ class StateOrderedController(AsyncExecutionController):
         return keys, blocking.size + self._waiting
 
     def on_context_finished(self, context: RecordContext) -> None:
-        self.in_flight -= 1
-        if context.admitted:
-            self.record_latency.add(monotonic() - context.admitted)
+        self._count_out(context)
         if self.keys.holder(context.key) is context:  # a record that made no request holds nothing
             successor = self._timer_chain(context) if context.timer is not None else None
             moved = False
