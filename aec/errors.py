@@ -27,6 +27,19 @@ class JobFailure(Exception):
         self.record = record
 
 
+class CallbackFailed(BaseException):
+    """A ``StateFuture`` callback run at registration (its future complete already)
+    raised ``__cause__``. A callback's error fails the job (docs/semantics.md rule 10)
+    whether it runs then or at completion, so it reaches user code as this, which
+    ``except Exception`` does not catch; the ``JobFailure`` names the original
+    (``error``)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+        self.__cause__ = error  # also where a compiled raiser's ``from`` is not kept
+
+
 class StateReadError(RuntimeError):
     """A backend's store could not give back state it holds: a corrupt block or
     file, a store that lost its data or was replaced. Never an empty result

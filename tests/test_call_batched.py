@@ -340,6 +340,19 @@ def test_a_result_of_the_wrong_length_fails_at_once_even_if_caught(config):
     assert not call_threads()
 
 
+@pytest.mark.parametrize("config", [AecConfig(), SYNC], ids=["async", "sync"])
+def test_a_caught_wrong_length_fails_the_last_record_too(config):
+    """Nothing after the record: the failure is not left for a next one to raise."""
+
+    async def empty(args):
+        return []
+
+    batcher = Batcher(empty, max_batch_size=4, max_wait=None)
+    with pytest.raises(JobFailure, match="record 1 of key 'a'.*returned 0 results"):
+        aec.run_keyed([Record("a", 1), Watermark(5.0)], Guarded(batcher), config=config)
+    assert not call_threads()
+
+
 def test_bad_use_is_refused():
     async def lookup(args):
         return args

@@ -214,6 +214,50 @@ def test_a_hot_keys_blocked_records_stay_pending_across_the_snapshot(tmp_path):
     assert before + after == [("hot", n) for n in range(1, 51)]
 
 
+class FailsOnRestore(Counter):
+    """``Counter``'s steps, its write failing."""
+
+    def declare_process(self, d: DeclarationContext):
+        seen = d.declare_variable("seen", default=0)
+
+        def write(n, ctx):
+            raise ValueError(f"user error at {n}")
+
+        return d.chain(
+            d.declare("read", lambda value, ctx: self.count.async_value()),
+            d.declare("write", write),
+            d.declare("emit", lambda _, ctx: ctx.output(seen.get())),
+        )
+
+
+def test_carried_records_restored_into_a_synchronous_operator_run_after_restore(tmp_path):
+    """A synchronous operator restoring records a checkpoint carried runs them with the
+    next input, as an asynchronous one does (not inside ``restore``), and a failure of
+    theirs fails the job naming the record."""
+    operator = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig(), ScriptedExecutor(seed=3))
+    operator.open()
+    for i in range(10):
+        operator.process(Record("hot", i))
+    handle = operator.snapshot(1, tmp_path)
+    carried = operator.metrics["checkpoint_pending_records"]
+    operator.close()
+    assert carried > 1
+
+    restored = KeyedProcessOperator(Counter(), MemoryBackend(), AecConfig(async_state=False))
+    restored.restore(handle)
+    assert restored.drain_outputs() == []
+    restored.finish()
+    tail = [o for o in restored.drain_outputs() if type(o) is tuple]
+    assert tail == [("hot", n) for n in range(11 - carried, 11)]
+    assert restored.metrics["max_in_flight"] == carried
+
+    failing = KeyedProcessOperator(FailsOnRestore(), MemoryBackend(), AecConfig(async_state=False))
+    failing.restore(handle)
+    with pytest.raises(JobFailure, match="key 'hot'"):
+        failing.finish()
+    assert failing.status == "failed"
+
+
 class SeesTheWatermark(Counter):
     def declare_process(self, d: DeclarationContext):
         def read(value, ctx):

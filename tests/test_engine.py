@@ -586,6 +586,28 @@ def test_a_record_outliving_its_entry_keeps_its_key_and_its_epoch(async_state):
 
 
 @pytest.mark.parametrize("async_state", [True, False])
+@pytest.mark.parametrize("on", ["state", "completed"])
+def test_a_callbacks_error_fails_the_job_even_if_user_code_catches_it(async_state, on):
+    """Rule 10 whether the callback runs at registration (a complete future: every
+    future of the synchronous run, or ``completed_future``) or at completion."""
+
+    class Catches(KeyedProcessFunction):
+        def open(self, ctx):
+            self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+        async def process_element(self, value, ctx):
+            future = self.count.async_value() if on == "state" else completed_future(0)
+            try:
+                await future.then_apply(lambda n: 1 // n)
+            except ZeroDivisionError:
+                ctx.output("caught")
+
+    with pytest.raises(JobFailure, match="record 1 of key 'a': ZeroDivisionError") as info:
+        run_keyed([Record("a", 1)], Catches(), config=AecConfig(async_state=async_state))
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.parametrize("async_state", [True, False])
 def test_keyboard_interrupt_stops_cleanly(async_state):
     class Interrupted(KeyedProcessFunction):
         def open(self, ctx):

@@ -27,6 +27,7 @@ from test_checkpoint import Windows
 
 from aec import (
     AecConfig,
+    JobFailure,
     KeyedProcessFunction,
     KeyedProcessOperator,
     Record,
@@ -454,3 +455,41 @@ def test_a_processing_time_timer_due_at_a_merged_clock_reading_fires_before_new_
     half.restore(handles)
     assert half.metrics["timers_fired"] == 0
     half.close()
+
+
+@pytest.mark.parametrize("async_state", [True, False])
+def test_a_timer_failing_when_a_merged_clock_reading_makes_it_due_fails_the_restore(
+    tmp_path, async_state
+):
+    """The timer a merged clock reading makes due fires inside ``restore``: its user
+    error is a ``JobFailure`` naming the firing, and the operator is failed."""
+    from aec.clock import ManualClock
+
+    class Fails(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            ctx.timer_service.register_processing_time_timer(105)
+
+        def on_timer(self, timestamp, ctx):
+            raise ValueError(f"timer {timestamp}")
+
+    config = AecConfig(max_parallelism=16, async_state=async_state)
+    first, second = key_group_range_for(16, 2, 0), key_group_range_for(16, 2, 1)
+    a = next(f"a{i}" for i in range(1000) if key_group_for(f"a{i}", 16) in first)
+    b = next(f"b{i}" for i in range(1000) if key_group_for(f"b{i}", 16) in second)
+    clock = ManualClock(100)
+    operators = [
+        KeyedProcessOperator(Fails(), MemoryBackend(), config, clock=clock, key_group_range=r)
+        for r in (first, second)
+    ]
+    for operator in operators:
+        operator.open()
+    operators[0].process(Record(a, "arm"))
+    clock.set(110)
+    operators[1].process(Record(b, "arm"))  # only B reads 110
+    handles = [op.snapshot(1, tmp_path / f"op{i}") for i, op in enumerate(operators)]
+    for operator in operators:
+        operator.close()
+    merged = KeyedProcessOperator(Fails(), MemoryBackend(), config, clock=clock)
+    with pytest.raises(JobFailure, match=r"timer@105"):
+        merged.restore(handles)
+    assert merged.status == "failed"

@@ -183,9 +183,10 @@ class AsyncExecutionController:
         self._sent: dict[int, float] = {}  # id(sampled batch) -> monotonic seconds at hand-off
         self._untimed = 1  # batches to hand over until the next one timed (the first is)
         self._unsampled = 1  # contexts to admit until the next one timed (the first is)
-        # the first backend failure raised into user code: it fails the run even when
-        # user code catches it (rule 10), at the end of the entry that caught it
-        self.failure: BatchFailed | None = None
+        # the first failure raised into user code that no code may survive (a backend's,
+        # a misused batch function's): it fails the run even when user code catches it
+        # (rule 10), at the end of the entry that caught it
+        self.failure: BaseException | None = None
 
     def _bind_mode(self) -> None:
         """The mode's rules, bound once (``StateOrderedController`` binds its own)."""
@@ -261,9 +262,14 @@ class AsyncExecutionController:
         """The ``BatchFailed`` to raise for ``batch``'s ``error``; the first is kept as
         ``failure``, so the run fails even if user code catches it."""
         failure = BatchFailed(batch, error)
-        if self.failure is None:
-            self.failure = failure
+        self.fails_the_run(failure)
         return failure
+
+    def fails_the_run(self, error: BaseException) -> None:
+        """Keep ``error`` (the first kept) to raise when the running entry returns,
+        whether or not user code catches it."""
+        if self.failure is None:
+            self.failure = error
 
     def start_holding(self, context: HOLDER) -> HOLDER:
         """``context`` (a fold or a timer firing made when its key is free, nothing of
@@ -602,16 +608,18 @@ class SynchronousController(AsyncExecutionController):
     # holds an unfinished context when an element closes it or fires its timers: key
     # accounting and epoch counts would read "free" and "done", and are not kept (in-
     # flight counts and latency samples are). A context that outlives its entry (it
-    # awaits a future nobody completed yet) breaks that: it is counted in then, and
-    # the controller keeps the full rules (``_accounting``) for the rest of the run.
+    # awaits a future nobody completed yet), or one admitted to start later (a record
+    # a restored checkpoint carried), breaks that: it is counted in then, and the
+    # controller keeps the full rules (``_accounting``) for the rest of the run.
     def _bind_mode(self) -> None:
         super()._bind_mode()
         self._accounting = False
 
     def admit(self, context: RecordContext, inline: bool) -> None:
-        """Run ``context`` to its end now (``inline`` is moot: nothing else is in
-        flight), or as the asynchronous controller does once one outlived its entry."""
-        if self._accounting:
+        """Run ``context`` to its end now, or (not ``inline``, or once one outlived its
+        entry) as the asynchronous controller does."""
+        if self._accounting or not inline:
+            self._accounting = True
             super().admit(context, inline)
             return
         self._count_in(context)

@@ -321,10 +321,8 @@ class ExternalCalls:
             _settle_when_done(future, completion)
             if completion.fatal:
                 # a misused batch function fails the job even if the caller catches
-                # the error: its mail runs next on the operator's mailbox, as in async
-                # mode (run() raises it, naming this record)
-                controller.calls_in_flight += 1
-                controller.mailbox.post_local(completion)
+                # the error, naming this record, as in async mode
+                controller.fails_the_run(cast(BaseException, completion.error))
             return future
         self._count_pending(context)
         completion = CallCompletion(future, controller.mailbox)

@@ -42,13 +42,7 @@ from aec.runtime.controller import StuckError, new_controller
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
 from aec.runtime.external_calls import ExternalCalls
-from aec.runtime.in_flight import (
-    Unserializable,
-    carry,
-    check_steps,
-    decode,
-    readmitted,
-)
+from aec.runtime.in_flight import Unserializable, carry, check_steps, decode, readmitted
 from aec.runtime.operator_checkpoints import (
     HandleLike,
     check_states,
@@ -597,14 +591,15 @@ class KeyedProcessOperator:
             RuntimeError: the operator took input already, was restored, or is unusable.
             TypeError: a handle that is none of the above.
             FileNotFoundError: no checkpoint directory at a handle's location.
-            ValueError: an empty list; a missing manifest (incomplete checkpoint),
-                a corrupt, missing or unlisted file (named); a ``max_parallelism``
-                other than this operator's; checkpoints of different state names
-                or overlapping key-group ranges; an unresolvable URI scheme; a
-                backend snapshot this backend cannot read; nothing changed.
+            ValueError: an empty list; a missing manifest (incomplete checkpoint), a
+                corrupt, missing or unlisted file (named); a ``max_parallelism`` other
+                than this operator's; checkpoints of different state names or
+                overlapping key-group ranges; an unresolvable URI scheme; a backend
+                snapshot this backend cannot read; nothing changed.
             CheckpointStorageError: an object store could not be read.
             OSError: no private directory under ``backend.scratch_parent()``.
-            JobFailure: the backend failed otherwise while restoring.
+            JobFailure: the backend failed otherwise, or user code of a timer the
+                restored clock made due failed (the operator is failed then).
         """
         if not self._restorable or self._records_in or self._state not in ("new", "open"):
             raise RuntimeError(
@@ -635,13 +630,17 @@ class KeyedProcessOperator:
             except BaseException as exc:
                 self._raise_failure(exc, f"restore of {where}")
         self._apply_restored(plan.state)
-        for record in carried:  # before any input: they arrived before the checkpoint
-            self._key_groups[record.key] = record.key_group
-            self.controller.admit(readmitted(record, self.epochs.active, self._on_finished), False)
-        if plan.newly_due:
-            self._close_epoch(ClockTick(self._now, self._watermark))
-            if self._waits_for_epochs:
-                self._run_until_epochs_done()
+        try:  # user code may run here (timers newly due): its failure is the job's
+            active, admit = self.epochs.active, self.controller.admit
+            for record in carried:  # before any input: they arrived before the checkpoint
+                self._key_groups[record.key] = record.key_group
+                admit(readmitted(record, active, self._on_finished), False)
+            if plan.newly_due:
+                self._close_epoch(ClockTick(self._now, self._watermark))
+                if self._waits_for_epochs:
+                    self._run_until_epochs_done()
+        except BaseException as exc:
+            self._raise_failure(exc)
 
     def _apply_restored(self, state: OperatorState) -> None:
         """Take the restored operator state (the backend is restored already)."""

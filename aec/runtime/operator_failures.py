@@ -4,7 +4,7 @@ cause, and the stuck-run error naming the keys that can never finish."""
 
 from __future__ import annotations
 
-from aec.errors import JobFailure, describe
+from aec.errors import CallbackFailed, JobFailure, describe
 from aec.runtime.controller import AsyncExecutionController, BatchFailed, StuckError
 from aec.runtime.record_context import RecordContext
 from aec.state.requests import StateRequest
@@ -84,6 +84,8 @@ def close_function(function: object, failure: BaseException | None) -> None:
 
 def cause_of(exc: BaseException) -> BaseException:
     """The original error behind an engine wrapper."""
+    if isinstance(exc, CallbackFailed):
+        return exc.error
     if isinstance(exc, BatchFailed) and exc.__cause__ is not None:
         return exc.__cause__
     return exc

@@ -23,6 +23,7 @@ from collections.abc import Callable, Generator, Iterable
 from functools import partial
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, overload
 
+from aec.errors import CallbackFailed
 from aec.native import mypyc_attr
 from aec.state.typevars import T
 
@@ -139,13 +140,20 @@ class StateFuture(Generic[T]):
     def on_complete(self, callback: Callable[[T], object]) -> None:
         """Run ``callback(result)`` on completion, inline if already complete."""
         if not self.subscribe(callback, None):
-            callback(self._result)
+            try:
+                callback(self._result)
+            except Exception as exc:
+                raise CallbackFailed(exc) from exc
 
     # -- chaining (Flink's StateFuture API) ------------------------------------------------
     def then_apply(self, fn: Callable[[T], R]) -> StateFuture[R]:
         """A future of ``fn(result)``."""
         if self._result is not _PENDING:
-            return _done(fn(self._result), self.context)
+            try:
+                value = fn(self._result)
+            except Exception as exc:
+                raise CallbackFailed(exc) from exc
+            return _done(value, self.context)
         out: StateFuture[R] = StateFuture(self.context)
         self.subscribe(partial(_apply, fn, out), None)
         return out
@@ -153,7 +161,10 @@ class StateFuture(Generic[T]):
     def then_accept(self, fn: Callable[[T], object]) -> StateFuture[None]:
         """Run ``fn(result)``; a future of None once it ran."""
         if self._result is not _PENDING:
-            fn(self._result)
+            try:
+                fn(self._result)
+            except Exception as exc:
+                raise CallbackFailed(exc) from exc
             return _DONE_NONE
         out: StateFuture[None] = StateFuture(self.context)
         self.subscribe(partial(_accept, fn, out), None)
@@ -173,7 +184,11 @@ class StateFuture(Generic[T]):
         A plain (non-future) return value is taken as an already-complete result.
         """
         if self._result is not _PENDING:
-            return _as_future(fn(self._result), self.context)
+            try:
+                composed = fn(self._result)
+            except Exception as exc:
+                raise CallbackFailed(exc) from exc
+            return _as_future(composed, self.context)
         out: StateFuture[object] = StateFuture(self.context)
         self.subscribe(partial(_forward, fn, out), None)
         return out
