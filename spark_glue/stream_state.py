@@ -425,7 +425,8 @@ def locations(location: Any, spark_location: Any) -> tuple[str, str]:
     """The state location (path or URI) and Spark's checkpoint location of a
     ``process_keyed_stream`` at ``location`` (``spark_location``: the one given, if any).
 
-    Raises ValueError for a missing location or an unresolvable URI scheme.
+    Raises ValueError for a missing location, a local one that is a file, or an
+    unresolvable URI scheme.
     """
     if location is None or not isinstance(location, (str, os.PathLike)) or not os.fspath(location):
         raise ValueError(
@@ -434,6 +435,11 @@ def locations(location: Any, spark_location: Any) -> tuple[str, str]:
         )
     text = os.fspath(location)
     root = CheckpointStore.at(text)  # ValueError for a scheme pyarrow.fs cannot resolve
+    if root.local and os.path.isfile(root.location):
+        raise ValueError(
+            f"checkpoint_location {text!r} is a file: process_keyed_stream keeps the "
+            "partitions' state and Spark's checkpoint in a directory there"
+        )
     state = root.child("state").location
     if spark_location is not None:
         return state, os.fspath(spark_location)

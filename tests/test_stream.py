@@ -444,3 +444,13 @@ def test_layout_history_replaces_a_failed_attempts_era_and_sources_follow_key_gr
         state.partition(0, 2).name_of("chk-1")
     ]
     assert state.sources(layout.history, 0, 0, 1) == []  # before batch 1: nothing yet
+
+
+def test_a_checkpoint_location_that_is_a_file_is_refused(tmp_path):
+    from spark_glue.stream_state import locations
+
+    path = tmp_path / "ckpt"
+    path.write_text("")
+    with pytest.raises(ValueError, match="is a file"):
+        locations(str(path), None)
+    assert locations(str(tmp_path / "dir"), None)[0].endswith("state")
