@@ -386,6 +386,35 @@ def test_a_key_outside_the_range_is_refused_each_time_it_comes():
     op.close()
 
 
+def _halves_of_16() -> tuple[KeyGroupRange, KeyGroupRange, str, str]:
+    """The two halves of 16 key groups and a key of each."""
+    first, second = key_group_range_for(16, 2, 0), key_group_range_for(16, 2, 1)
+    a = next(f"a{i}" for i in range(1000) if key_group_for(f"a{i}", 16) in first)
+    b = next(f"b{i}" for i in range(1000) if key_group_for(f"b{i}", 16) in second)
+    return first, second, a, b
+
+
+def _opened_halves(function: Callable[[], KeyedProcessFunction], config: AecConfig, clock: Any):
+    """An opened operator of ``function`` per half of 16 key groups, sharing ``clock``."""
+    first, second, _, _ = _halves_of_16()
+    operators = [
+        KeyedProcessOperator(function(), MemoryBackend(), config, clock=clock, key_group_range=r)
+        for r in (first, second)
+    ]
+    for operator in operators:
+        operator.open()
+    return operators
+
+
+def _snapshot_and_close(operators: list, directory: Any, checkpoint_id: int = 1,
+                        name: str = "op") -> list:  # fmt: skip
+    """Each operator's checkpoint ``checkpoint_id`` in ``directory/<name><i>``; then closed."""
+    handles = [op.snapshot(checkpoint_id, directory / f"{name}{i}") for i, op in enumerate(operators)]
+    for operator in operators:
+        operator.close()
+    return handles
+
+
 @pytest.mark.parametrize("config", [AecConfig(max_parallelism=16), AecConfig(max_parallelism=16, async_state=False)], ids=["async", "sync"])  # fmt: skip
 def test_a_processing_time_timer_due_at_a_merged_clock_reading_fires_before_new_input(
     tmp_path, config
@@ -406,24 +435,15 @@ def test_a_processing_time_timer_due_at_a_merged_clock_reading_fires_before_new_
         def on_timer(self, timestamp, ctx):
             ctx.output(("timer", timestamp, ctx.timer_service.current_processing_time()))
 
-    first, second = key_group_range_for(16, 2, 0), key_group_range_for(16, 2, 1)
-    a = next(f"a{i}" for i in range(1000) if key_group_for(f"a{i}", 16) in first)
-    b = next(f"b{i}" for i in range(1000) if key_group_for(f"b{i}", 16) in second)
+    first, second, a, b = _halves_of_16()
     clock = ManualClock(0)
-    operators = [
-        KeyedProcessOperator(Arm(), MemoryBackend(), config, clock=clock, key_group_range=r)
-        for r in (first, second)
-    ]
-    for operator in operators:
-        operator.open()
+    operators = _opened_halves(Arm, config, clock)
     clock.set(100)
     operators[0].process(Record(a, "arm"))
     operators[1].process(Record(b, "x"))
     clock.set(110)
     operators[1].process(Record(b, "y"))  # only B reads 110
-    handles = [op.snapshot(1, tmp_path / f"op{i}") for i, op in enumerate(operators)]
-    for operator in operators:
-        operator.close()
+    handles = _snapshot_and_close(operators, tmp_path)
     merged = KeyedProcessOperator(Arm(), MemoryBackend(), config, clock=clock)
     merged.restore(handles)
     merged.process(Record(a, "after"))  # the clock still reads 110
@@ -447,9 +467,7 @@ def test_a_processing_time_timer_due_at_a_merged_clock_reading_fires_before_new_
     before[0].process(Record(a, "arm"))  # due at 105
     clock.set(110)
     before[1].process(Record(b, "now"))  # due at 110, B's own reading
-    handles = [op.snapshot(2, tmp_path / f"again{i}") for i, op in enumerate(before)]
-    for operator in before:
-        operator.close()
+    handles = _snapshot_and_close(before, tmp_path, 2, "again")
     half = KeyedProcessOperator(ArmNow(), MemoryBackend(), config, clock=clock,
                                 key_group_range=second)  # fmt: skip
     half.restore(handles)
@@ -473,22 +491,13 @@ def test_a_timer_failing_when_a_merged_clock_reading_makes_it_due_fails_the_rest
             raise ValueError(f"timer {timestamp}")
 
     config = AecConfig(max_parallelism=16, async_state=async_state)
-    first, second = key_group_range_for(16, 2, 0), key_group_range_for(16, 2, 1)
-    a = next(f"a{i}" for i in range(1000) if key_group_for(f"a{i}", 16) in first)
-    b = next(f"b{i}" for i in range(1000) if key_group_for(f"b{i}", 16) in second)
+    _, _, a, b = _halves_of_16()
     clock = ManualClock(100)
-    operators = [
-        KeyedProcessOperator(Fails(), MemoryBackend(), config, clock=clock, key_group_range=r)
-        for r in (first, second)
-    ]
-    for operator in operators:
-        operator.open()
+    operators = _opened_halves(Fails, config, clock)
     operators[0].process(Record(a, "arm"))
     clock.set(110)
     operators[1].process(Record(b, "arm"))  # only B reads 110
-    handles = [op.snapshot(1, tmp_path / f"op{i}") for i, op in enumerate(operators)]
-    for operator in operators:
-        operator.close()
+    handles = _snapshot_and_close(operators, tmp_path)
     merged = KeyedProcessOperator(Fails(), MemoryBackend(), config, clock=clock)
     with pytest.raises(JobFailure, match=r"timer@105"):
         merged.restore(handles)
