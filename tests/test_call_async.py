@@ -377,3 +377,43 @@ def test_failed_calls_a_function_catches_are_freed_without_the_garbage_collector
     # a run leaves a fixed number of objects in cycles (its operator, loop thread);
     # more calls must not add some per call (a failed one added 30 or more)
     assert cyclic_garbage(lambda: run(120)) - cyclic_garbage(lambda: run(40)) < 60
+
+
+async def _down(x):
+    if x == 2:
+        raise ValueError("service down")
+    return x * 10
+
+
+class ComposesACall(KeyedProcessFunction):
+    """A failed call composed into a chain (``then_compose``) or combined
+    (``combine_all``), with no further callback: the chain consumed it."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def open(self, ctx):
+        self.state = ctx.get_state(ValueStateDescriptor("s"))
+
+    def process_element(self, value, ctx):
+        from aec import combine_all
+
+        ctx.output(value)
+        if self.how == "compose":
+            return self.state.async_value().then_compose(lambda _: ctx.call_async(_down, value))
+        try:
+            return combine_all([self.state.async_value(), ctx.call_async(_down, value)])
+        except Exception:  # a failed call's error is the job's, whenever it shows
+            ctx.output("caught")
+            return None
+
+
+@pytest.mark.parametrize("how", ["compose", "combine"])
+@pytest.mark.parametrize(
+    "config", [SYNC, AecConfig(), AecConfig(buffer_size=1, in_flight_records_limit=1)],
+    ids=["sync", "async", "one-by-one"],
+)  # fmt: skip
+def test_a_failed_call_consumed_by_a_chain_fails_the_job_in_every_mode(how, config):
+    source = [Record("a", 1), Record("a", 2), Record("a", 3)]
+    with pytest.raises(JobFailure, match="record 2 of key 'a': ValueError: service down"):
+        run_keyed(source, ComposesACall(how), config=config)

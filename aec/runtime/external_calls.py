@@ -75,6 +75,7 @@ class CallFuture(StateFuture[T]):
     # a pending call holds a reference on its record (released after completion):
     # callbacks ride on it
     callbacks_hold_record = False
+    may_fail = True
 
     def __init__(self, context: RecordContext | None = None) -> None:
         super().__init__(context)

@@ -59,6 +59,9 @@ class StateFuture(Generic[T]):
     # itself holds one until its callbacks ran (a state request, an external call)
     # lets them ride on it
     callbacks_hold_record: ClassVar[bool] = True
+    # whether it may complete with an error that ``get()`` raises (an external call's):
+    # a future composed of it takes its outcome through ``get()``, not its bare result
+    may_fail: ClassVar[bool] = False
 
     def __init__(self, context: Owner | None = None, result: T = _PENDING) -> None:
         self._result: T = result  # _PENDING until completed
@@ -188,7 +191,9 @@ class StateFuture(Generic[T]):
                 composed = fn(self._result)
             except Exception as exc:
                 raise CallbackFailed(exc) from exc
-            return _as_future(composed, self.context)
+            if isinstance(composed, StateFuture):
+                return _consumed(composed, self.context) if composed.may_fail else composed
+            return StateFuture(self.context, composed)  # a plain value: complete
         out: StateFuture[object] = StateFuture(self.context)
         self.subscribe(partial(_forward, fn, out), None)
         return out
@@ -274,10 +279,26 @@ def _accept(fn: Callable[[T], object], out: StateFuture[None], r: T) -> None:
 def _forward(fn: Callable[[T], object], out: StateFuture[object], r: T) -> None:
     value = fn(r)
     if type(value) is StateFuture or isinstance(value, StateFuture):
-        if value.subscribe(out.complete, None):
+        if value.subscribe(partial(_settle, value, out) if value.may_fail else out.complete, None):
             return
         value = value.get()
     out.complete(value)
+
+
+def _settle(done: StateFuture[T], out: StateFuture[T], _: object) -> None:
+    out.complete(done.get())  # raises a failed call's error: the callback fails the job
+
+
+def _consumed(call: StateFuture[R], context: Owner | None) -> StateFuture[R]:
+    """A future of ``call``'s outcome (``may_fail``) composed into a chain: its error
+    fails the job, now or when it completes, as ``_forward``'s does."""
+    out: StateFuture[R] = StateFuture(context)
+    if call.subscribe(partial(_settle, call, out), None):
+        return out
+    try:
+        return _done(call.get(), context)
+    except Exception as exc:
+        raise CallbackFailed(exc) from exc
 
 
 def _done(value: R, context: Owner | None) -> StateFuture[R]:
@@ -315,7 +336,11 @@ def combine_all(futures: Iterable[StateFuture[R]]) -> StateFuture[list[R]]:
             pending += 1
             context = context or future.context
     if not pending:
-        return _done([f.get() for f in given], None)
+        try:
+            values = [f.get() for f in given]
+        except Exception as exc:  # a failed call's: as when the last one completes later
+            raise CallbackFailed(exc) from exc
+        return _done(values, None)
     out: StateFuture[list[R]] = StateFuture(context)
     one_done = partial(_one_done, [pending], out, given)
     for future in given:
