@@ -143,20 +143,13 @@ class StateFuture(Generic[T]):
     def on_complete(self, callback: Callable[[T], object]) -> None:
         """Run ``callback(result)`` on completion, inline if already complete."""
         if not self.subscribe(callback, None):
-            try:
-                callback(self._result)
-            except Exception as exc:
-                raise CallbackFailed(exc) from exc
+            _now(callback, self._result)
 
     # -- chaining (Flink's StateFuture API) ------------------------------------------------
     def then_apply(self, fn: Callable[[T], R]) -> StateFuture[R]:
         """A future of ``fn(result)``."""
         if self._result is not _PENDING:
-            try:
-                value = fn(self._result)
-            except Exception as exc:
-                raise CallbackFailed(exc) from exc
-            return _done(value, self.context)
+            return _done(_now(fn, self._result), self.context)
         out: StateFuture[R] = StateFuture(self.context)
         self.subscribe(partial(_apply, fn, out), None)
         return out
@@ -164,10 +157,7 @@ class StateFuture(Generic[T]):
     def then_accept(self, fn: Callable[[T], object]) -> StateFuture[None]:
         """Run ``fn(result)``; a future of None once it ran."""
         if self._result is not _PENDING:
-            try:
-                fn(self._result)
-            except Exception as exc:
-                raise CallbackFailed(exc) from exc
+            _now(fn, self._result)
             return _DONE_NONE
         out: StateFuture[None] = StateFuture(self.context)
         self.subscribe(partial(_accept, fn, out), None)
@@ -187,10 +177,7 @@ class StateFuture(Generic[T]):
         A plain (non-future) return value is taken as an already-complete result.
         """
         if self._result is not _PENDING:
-            try:
-                composed = fn(self._result)
-            except Exception as exc:
-                raise CallbackFailed(exc) from exc
+            composed = _now(fn, self._result)
             if isinstance(composed, StateFuture):
                 return _consumed(composed, self.context) if composed.may_fail else composed
             return StateFuture(self.context, composed)  # a plain value: complete
@@ -285,6 +272,24 @@ def _forward(fn: Callable[[T], object], out: StateFuture[object], r: T) -> None:
     out.complete(value)
 
 
+def _now(fn: Callable[[S], R], value: S) -> R:
+    """``fn(value)`` run at registration, its future complete already: an error is
+    ``CallbackFailed``, which user code's ``except Exception`` does not catch, so it
+    fails the job as a callback run at completion does (rule 10)."""
+    try:
+        return fn(value)
+    except Exception as exc:
+        raise CallbackFailed(exc) from exc
+
+
+def _result_of(future: StateFuture[R]) -> R:
+    return future.get()
+
+
+def _results_of(futures: list[StateFuture[R]]) -> list[R]:
+    return [f.get() for f in futures]
+
+
 def _settle(done: StateFuture[T], out: StateFuture[T], _: object) -> None:
     out.complete(done.get())  # raises a failed call's error: the callback fails the job
 
@@ -295,10 +300,7 @@ def _consumed(call: StateFuture[R], context: Owner | None) -> StateFuture[R]:
     out: StateFuture[R] = StateFuture(context)
     if call.subscribe(partial(_settle, call, out), None):
         return out
-    try:
-        return _done(call.get(), context)
-    except Exception as exc:
-        raise CallbackFailed(exc) from exc
+    return _done(_now(_result_of, call), context)
 
 
 def _done(value: R, context: Owner | None) -> StateFuture[R]:
@@ -335,12 +337,8 @@ def combine_all(futures: Iterable[StateFuture[R]]) -> StateFuture[list[R]]:
         if not future.is_done():
             pending += 1
             context = context or future.context
-    if not pending:
-        try:
-            values = [f.get() for f in given]
-        except Exception as exc:  # a failed call's: as when the last one completes later
-            raise CallbackFailed(exc) from exc
-        return _done(values, None)
+    if not pending:  # a failed call's error: as when the last one completes later
+        return _done(_now(_results_of, given), None)
     out: StateFuture[list[R]] = StateFuture(context)
     one_done = partial(_one_done, [pending], out, given)
     for future in given:
