@@ -70,7 +70,7 @@ from aec.runtime.metrics import (
 )
 from aec.runtime.record_context import RecordContext
 from aec.state.future import StateFuture
-from aec.state.requests import StateRequest
+from aec.state.requests import StateRequest, new_request
 
 if TYPE_CHECKING:
     from aec.state.backend import StateBackend
@@ -331,7 +331,9 @@ class AsyncExecutionController:
         context = self.current
         if context is None:
             _outside_a_record()
-        request = kind(op, state, context.key, context.key_group, user_key, value, context)
+        request = new_request(
+            kind, op, state, context.key, context.key_group, user_key, value, context
+        )
         self.requests += 1
         if (
             (context.waited or self.completing)
@@ -646,7 +648,9 @@ class SynchronousController(AsyncExecutionController):
         context = self.current
         if context is None:
             _outside_a_record()
-        request = kind(op, state, context.key, context.key_group, user_key, value, context)
+        request = new_request(
+            kind, op, state, context.key, context.key_group, user_key, value, context
+        )
         self.requests += 1
         self.batches += 1
         try:

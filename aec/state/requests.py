@@ -180,3 +180,24 @@ class DefaultedGet(StateRequest):
             self._result = result
         else:
             self.complete(result)
+
+
+def new_request(
+    kind: type[StateRequest],
+    op: int,
+    state: str,
+    key: Hashable,
+    key_group: int,
+    user_key: object,
+    value: object,
+    context: Owner,
+) -> StateRequest:
+    """``kind(op, state, key, key_group, user_key, value, context)``. Compiled, a class
+    held in a variable is called through ``type.__call__``, which parses its arguments
+    from a tuple (about 600 instructions): the two kinds of nearly every request are
+    named here, so their constructors are called directly."""
+    if kind is StateRequest:
+        return StateRequest(op, state, key, key_group, user_key, value, context)
+    if kind is DefaultedGet:
+        return DefaultedGet(op, state, key, key_group, user_key, value, context)
+    return kind(op, state, key, key_group, user_key, value, context)
