@@ -14,18 +14,21 @@ import re
 
 from setuptools import setup
 
-# The engine's per-record core: the AEC, its buffers, lanes, key accounting and epochs,
-# the record context, the mailbox, the executors, the user-code runner, the output; the
-# state futures, requests and handles, and MemoryBackend. The rest stays interpreted (the
-# operator, run_keyed, the timer queue, key groups among them): docs/performance.md.
+# The engine's per-record core: the keyed operators (one and two inputs), the AEC, its
+# buffers, lanes, key accounting and epochs, the record context, the mailbox, the
+# executors, the user-code runner, the output; the state futures, requests and handles,
+# and MemoryBackend. The rest stays interpreted (run_keyed, the timer queue, key groups
+# among them): docs/performance.md.
 COMPILED = [
     "aec/runtime/buffers.py",
+    "aec/runtime/co_operator.py",
     "aec/runtime/controller.py",
     "aec/runtime/epochs.py",
     "aec/runtime/executor.py",
     "aec/runtime/key_accounting.py",
     "aec/runtime/lanes.py",
     "aec/runtime/mailbox.py",
+    "aec/runtime/operator.py",
     "aec/runtime/output.py",
     "aec/runtime/record_context.py",
     "aec/runtime/user_code.py",

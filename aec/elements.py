@@ -20,7 +20,7 @@ class Record:
 
     key: Hashable
     value: object
-    timestamp: float | None = None
+    timestamp: float | int | None = None  # int stays int (compiled code: float is a C double)
 
 
 @final  # the engine tells watermarks by ``type(element) is Watermark``
@@ -31,7 +31,7 @@ class Watermark:
     Compares and orders by ``timestamp`` (seconds; ``math.inf`` at end of input).
     """
 
-    timestamp: float
+    timestamp: float | int
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +39,8 @@ class ClockTick:
     """Internal: the processing-time clock advanced to ``timestamp`` (seconds) while
     event time stood at ``watermark``; closes an epoch, never emitted."""
 
-    timestamp: float
-    watermark: float
+    timestamp: float | int
+    watermark: float | int
 
 
 def check_key(key: object) -> None:

@@ -80,7 +80,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
     ) -> None:
         base: Any = function  # the base checks the kind (_check_function) first
         super().__init__(base, backend, config, executor, clock, key_group_range=key_group_range)
-        self._input_watermarks = [-math.inf, -math.inf]  # last watermark of each input
+        self._input_watermarks: list[Any] = [-math.inf, -math.inf]  # last watermark of each input
         self.offering = 0  # the input of the record being offered to the bundle
 
     @staticmethod
@@ -111,7 +111,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         return self.controller.start_holding(super()._bundle_context(key, share, records))
 
     def _timer_context(
-        self, domain: str, key: Hashable, timestamp: float, epoch: Epoch
+        self, domain: str, key: Hashable, timestamp: float | int, epoch: Epoch
     ) -> RecordContext:
         return self.controller.start_holding(super()._timer_context(domain, key, timestamp, epoch))
 
@@ -119,12 +119,14 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
     def process1(self, record: Record) -> None:
         """Admit one record of input 1 (as ``KeyedProcessOperator.process``)."""
         _check_record(record)
-        self.process_fields(record.key, record.value, record.timestamp, 1)
+        unchecked: Any = record  # compiled, a field read through Any is not type-checked first
+        self.process_fields(unchecked.key, unchecked.value, unchecked.timestamp, 1)
 
     def process2(self, record: Record) -> None:
         """Admit one record of input 2 (as ``KeyedProcessOperator.process``)."""
         _check_record(record)
-        self.process_fields(record.key, record.value, record.timestamp, 2)
+        unchecked: Any = record  # compiled, a field read through Any is not type-checked first
+        self.process_fields(unchecked.key, unchecked.value, unchecked.timestamp, 2)
 
     def process_watermark1(self, watermark: Watermark) -> None:
         """Input 1's watermark; see ``process_input_watermark``."""
@@ -134,21 +136,20 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         """Input 2's watermark; see ``process_input_watermark``."""
         self.process_input_watermark(2, watermark)
 
-    def process_input(self, input: int, element: Record | Watermark) -> None:
+    def process_input(self, input: int, element: object) -> None:
         """A record or watermark of input ``input`` (1 or 2).
 
         Raises TypeError for anything else (as ``process1``... do for bad elements).
         """
+        unchecked: Any = element  # compiled, a field read through Any is not type-checked first
         if type(element) is Record:
-            self.process_fields(element.key, element.value, element.timestamp, input)
+            self.process_fields(unchecked.key, unchecked.value, unchecked.timestamp, input)
         elif isinstance(element, Watermark):
             self.process_input_watermark(input, element)
         else:
             raise TypeError(f"expected an aec.Record or aec.Watermark, got {describe(element)}")
 
-    def process_fields(
-        self, key: Hashable, value: object, timestamp: float | None, input: int = 0
-    ) -> None:
+    def process_fields(self, key: Hashable, value: object, timestamp: Any, input: int = 0) -> None:
         """``KeyedProcessOperator.process_fields`` for input ``input`` (1 or 2; the
         Spark glue's per-row call). Raises ValueError for another input number, or for
         a record of an input that ended (its ``Watermark(math.inf)`` arrived)."""
@@ -195,7 +196,8 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
             raise TypeError(
                 f"expected an aec.Watermark for input {input}, got {type(watermark).__name__}"
             )
-        timestamp = watermark.timestamp
+        unchecked: Any = watermark  # compiled, a field read through Any is not type-checked first
+        timestamp = unchecked.timestamp
         if timestamp is None:
             raise TypeError(f"watermark timestamp of input {input} must be a number, got None")
         check_timestamp(timestamp, f"watermark timestamp of input {input}")
@@ -218,12 +220,13 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
                 self._raise_failure(exc)
 
     @property
-    def current_watermark(self) -> float:
+    def current_watermark(self) -> float | int:
         """The operator's watermark: the minimum of the inputs' (seconds; -inf before)."""
-        return self._watermark
+        watermark: float | int = self._watermark
+        return watermark
 
     @property
-    def input_watermarks(self) -> tuple[float, float]:
+    def input_watermarks(self) -> tuple[float | int, float | int]:
         """The latest watermark of input 1 and of input 2 (-inf: none yet)."""
         first, second = self._input_watermarks
         return first, second
@@ -259,14 +262,14 @@ class _InputBundle:
         return size
 
     def offer(
-        self, key: Hashable, value: object, timestamp: float | None, watermark: float
+        self, key: Hashable, value: object, timestamp: float | int | None, watermark: float | int
     ) -> bool:
         offered: bool = self.inner.offer_input(
             self.operator.offering, key, value, timestamp, watermark
         )
         return offered
 
-    def take(self, watermark: float) -> list[tuple[Hashable, object, int]]:
+    def take(self, watermark: float | int) -> list[tuple[Hashable, object, int]]:
         taken: list[tuple[Hashable, object, int]] = self.inner.take(watermark)
         return taken
 

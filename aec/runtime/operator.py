@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Container, Hashable, Sequence
 from time import monotonic
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
 
 from aec.checkpoint import state_meta
 from aec.checkpoint.files import CheckpointHandle, OperatorState
@@ -155,7 +155,7 @@ class KeyedProcessOperator:
         self.clock = clock if clock is not None else SystemClock()
         # poll the clock per element: a deterministic one always, else once timers or TTL use it
         self._poll = self.clock.deterministic
-        self._now = -math.inf  # last clock reading
+        self._now: float | int = -math.inf  # last clock reading
         # TTL state closes an epoch every _ttl_tick s of clock: expiry needs no watermark
         self._ttl_tick, self._next_ttl_tick = math.inf, math.inf
         self._handles: dict[str, StateHandle[Any]] = {}
@@ -169,7 +169,7 @@ class KeyedProcessOperator:
         self._on_finished = self.controller.on_context_finished  # bound once, not per record
         # serial watermark order (and sync runs): an entry returns once its epochs have left
         self._waits_for_epochs = self.config.watermark_order == "serial" or self.synchronous
-        self._watermark = -math.inf  # last watermark that arrived
+        self._watermark: Any = -math.inf  # last watermark (Any: numpy's compare to np.bool_)
         self._sequence = 0  # last number given to a record, timer firing or bundle fold
         self._records_in = 0
         self._started = self._elapsed = 0.0  # perf_counter seconds: the run's start, length
@@ -251,11 +251,10 @@ class KeyedProcessOperator:
     def process(self, record: Record) -> None:
         """Admit one record, first waiting (running mails) while at the in-flight limit;
         TypeError/ValueError for a bad key or timestamp, JobFailure on failure."""
-        self.process_fields(record.key, record.value, record.timestamp)
+        # compiled, a field read through Any is not type-checked before process_fields' checks
+        self.process_fields(record.key, record.value, cast(Any, record).timestamp)
 
-    def process_fields(
-        self, key: Hashable, value: object, timestamp: float | None, input: int = 0
-    ) -> None:
+    def process_fields(self, key: Hashable, value: object, timestamp: Any, input: int = 0) -> None:
         """``process(Record(key, value, timestamp))`` without building the Record (the
         Spark glue's per-row call); the same checks and errors. ``input``: the input
         it came from, 1 or 2 on a two-input operator (``KeyedCoProcessOperator``).
@@ -344,7 +343,7 @@ class KeyedProcessOperator:
             )
         return key_group
 
-    def _offer(self, key: Hashable, value: object, timestamp: float | None) -> bool:
+    def _offer(self, key: Hashable, value: object, timestamp: float | int | None) -> bool:
         """Offer a checked record to the function's bundle; True if it took it."""
         bundles = self._bundles
         assert bundles is not None
@@ -400,12 +399,13 @@ class KeyedProcessOperator:
         """
         if not isinstance(watermark, Watermark):
             raise TypeError(f"expected an aec.Watermark, got {type(watermark).__name__}")
-        check_timestamp(watermark.timestamp, "watermark timestamp")
-        if watermark.timestamp is None:
+        timestamp = cast(Any, watermark).timestamp  # compiled: not type-checked before ours
+        check_timestamp(timestamp, "watermark timestamp")
+        if timestamp is None:
             raise TypeError("watermark timestamp must be a number, got None")
-        if watermark.timestamp < self._watermark:
+        if timestamp < self._watermark:
             raise ValueError(
-                f"watermark {watermark.timestamp!r} arrived after {self._watermark!r}: "
+                f"watermark {timestamp!r} arrived after {self._watermark!r}: "
                 "watermarks must not go backwards"
             )
         self._require_open()
@@ -414,11 +414,11 @@ class KeyedProcessOperator:
             if self._poll:
                 self._poll_clock()
             # what the watermark's timers could see goes to state first (records' watermark)
-            self._flush_bundle(watermark.timestamp)
-            self._watermark = watermark.timestamp
+            self._flush_bundle(timestamp)
+            self._watermark = timestamp
             self._close_epoch(watermark)
             self.external_calls.flush_batches()  # now: in parallel order none waits for them
-            if watermark.timestamp == math.inf:
+            if timestamp == math.inf:
                 self._state = "ended"  # the final watermark: no record may follow
             if self._waits_for_epochs:
                 self._run_until_epochs_done()
@@ -462,7 +462,7 @@ class KeyedProcessOperator:
             if not controller.step():
                 raise self._stuck()
 
-    def _flush_bundle(self, watermark: float) -> None:
+    def _flush_bundle(self, watermark: float | int) -> None:
         """Fold the function's bundle up to ``watermark`` (inf: all); JobFailure on failure."""
         try:
             if self._bundles is not None:
@@ -471,7 +471,7 @@ class KeyedProcessOperator:
             self._raise_failure(exc)
 
     # -- checkpoints (docs/semantics.md, rule 9) ----------------------------------------------
-    def snapshot(self, checkpoint_id: int, directory: str | os.PathLike[str]) -> CheckpointHandle:
+    def snapshot(self, checkpoint_id: Any, directory: str | os.PathLike[str]) -> CheckpointHandle:
         """Take checkpoint ``checkpoint_id`` into ``directory/chk-<id>``; its handle.
 
         ``directory`` is a local path or a URI (``file://``, ``s3://bucket/prefix``,
@@ -717,9 +717,10 @@ class KeyedProcessOperator:
         self.output.trace = trace
 
     @property
-    def watermark(self) -> float:
+    def watermark(self) -> float | int:
         """The last watermark that arrived, seconds (-inf before the first)."""
-        return self._watermark
+        watermark: float | int = self._watermark
+        return watermark
 
     @property
     def status(self) -> str:
@@ -785,19 +786,19 @@ class KeyedProcessOperator:
         """Names of the states the function created."""
         return list(self._handles)
 
-    def register_timer(self, domain: str, timestamp: float) -> None:
+    def register_timer(self, domain: str, timestamp: float | int) -> None:
         """Register a timer of the current key in ``domain`` (event or processing time)."""
         self.timers.register(domain, timestamp)
 
-    def delete_timer(self, domain: str, timestamp: float) -> None:
+    def delete_timer(self, domain: str, timestamp: float | int) -> None:
         """Delete the current key's timer at ``timestamp`` in ``domain`` (no-op if absent)."""
         self.timers.delete(domain, timestamp)
 
-    def timer_times(self, domain: str) -> Container[float]:
+    def timer_times(self, domain: str) -> Container[float | int]:
         """Timestamps of the current key's timers in ``domain``."""
         return self.timers.times(domain)
 
-    def due_timers(self, domain: str, until: float) -> list[float]:
+    def due_timers(self, domain: str, until: float | int) -> list[float | int]:
         """The current key's timer timestamps in ``domain`` at or before ``until``."""
         return self.timers.due(domain, until)
 
@@ -841,7 +842,7 @@ class KeyedProcessOperator:
         self.backend.expire(epoch.processing_time)
 
     def _timer_context(
-        self, domain: str, key: Hashable, timestamp: float, epoch: Epoch
+        self, domain: str, key: Hashable, timestamp: float | int, epoch: Epoch
     ) -> RecordContext:
         """A timer firing as a record of its key, counting in ``epoch`` and seeing
         the watermark (event time) or the last watermark before the tick that
@@ -895,4 +896,5 @@ class KeyedProcessOperator:
             close_function(self.function, failure)  # its error a note on the failure
         if as_is:
             raise exc
-        raise failure from cause_of(exc)
+        failure.__cause__ = cause_of(exc)  # set here: compiled, ``raise ... from`` drops it
+        raise failure
