@@ -14,10 +14,10 @@ import re
 
 from setuptools import setup
 
-# The engine's per-record core: the keyed operators (one and two inputs), the AEC, its
-# buffers, lanes, key accounting and epochs, the record context, the mailbox, the
-# executors, the user-code runner, the output; the state futures, requests and handles,
-# and MemoryBackend. The rest stays interpreted (run_keyed, the timer queue, key groups
+# The engine's per-record core: run_keyed, the keyed operators (one and two inputs), the
+# AEC, its buffers, lanes, key accounting and epochs, the record context, the mailbox,
+# the executors, the user-code runner, the output; the state futures, requests and
+# handles, and MemoryBackend. The rest stays interpreted (the timer queue and key groups
 # among them): docs/performance.md.
 COMPILED = [
     "aec/runtime/buffers.py",
@@ -31,6 +31,7 @@ COMPILED = [
     "aec/runtime/operator.py",
     "aec/runtime/output.py",
     "aec/runtime/record_context.py",
+    "aec/runtime/run.py",
     "aec/runtime/user_code.py",
     "aec/state/future.py",
     "aec/state/handles.py",

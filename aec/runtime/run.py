@@ -73,10 +73,12 @@ def run_keyed(
     operator = KeyedProcessOperator(function, backend, config, executor, clock)
     operator.open()
     try:
-        process = operator.process_fields
-        for position, element in enumerate(source):
+        # compiled, a value typed Any is not checked against a type before aec's checks
+        elements: Iterable[Any] = source
+        for position, element in enumerate(elements):
             if type(element) is Record:
-                process(element.key, element.value, element.timestamp)
+                fields: Any = element  # (narrowed to Record, its timestamp would be checked)
+                operator.process_fields(fields.key, fields.value, fields.timestamp)
             elif type(element) is Watermark:
                 operator.process_watermark(element)
             else:
@@ -120,7 +122,8 @@ def run_keyed_co(
     operator = KeyedCoProcessOperator(function, backend, config, executor, clock)
     operator.open()
     try:
-        for position, item in enumerate(source):
+        items: Iterable[Any] = source  # compiled: not checked against a type before co_element
+        for position, item in enumerate(items):
             operator.process_input(*co_element(item, position))
         operator.finish()
     finally:
