@@ -418,6 +418,13 @@ def test_bad_input_is_rejected_at_the_boundary(element, error, text):
     assert engine_threads() == []
 
 
+def test_an_executor_that_is_not_a_state_executor_is_a_type_error():
+    with pytest.raises(TypeError, match="StateExecutor"):
+        KeyedProcessOperator(Counter(), MemoryBackend(), None, "threads")
+    with pytest.raises(TypeError, match="StateExecutor"):
+        run_keyed([Record("k", 0)], Counter(), executor=object())
+
+
 def test_regressing_watermark_is_rejected():
     with pytest.raises(ValueError, match="backwards"):
         run_keyed([Watermark(5), Watermark(4)], Counter())

@@ -5,14 +5,14 @@ fires timers per epoch, and collects outputs in emission order. Entry points
 (``process``, ``process_watermark``, ``snapshot``, ``finish``) run the mailbox on
 the caller's thread, which is the mailbox thread for the operator's life.
 
-The operator is its lifecycle, its input, its sense of time (the watermark, the
-clock reading, the record sequence) and the user entry; its collaborators own
-the rest: ``AsyncExecutionController`` (state requests, keys, buffers),
-``EpochManager`` (epochs), ``OperatorTimers`` (timers), ``OperatorOutput`` (the
-collector), ``BundleFlusher`` (a function's mini-batches), ``ExternalCalls``
-(``Context.call_async``), ``operator_checkpoints`` (reading and merging
-checkpoints) and ``operator_failures`` (how a failure reads). Flink:
-``AsyncKeyedProcessOperator`` over ``AbstractAsyncStateStreamOperator``.
+The operator is its lifecycle, its input, its sense of time (the watermark, the clock
+reading, the record sequence) and the user entry; its collaborators own the rest:
+``AsyncExecutionController`` (state requests, keys, buffers), ``EpochManager`` (epochs),
+``OperatorTimers`` (timers), ``OperatorOutput`` (the collector), ``BundleFlusher`` (a
+function's mini-batches), ``ExternalCalls`` (``Context.call_async``),
+``operator_checkpoints`` (reading and merging checkpoints) and ``operator_failures``
+(how a failure reads). Flink: ``AsyncKeyedProcessOperator`` over
+``AbstractAsyncStateStreamOperator``.
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ class KeyedProcessOperator:
             raise TypeError(f"config must be an AecConfig, got {type(self.config).__name__}")
         self.key_group_range = owned_range(key_group_range, self.config.max_parallelism)
         self.synchronous = not self.config.async_state
+        if executor is not None and not isinstance(executor, StateExecutor):
+            raise TypeError(f"executor must be a StateExecutor, got {type(executor).__name__}")
         if executor is None:
             if self.synchronous or not getattr(backend, "blocking", True):
                 executor = InlineExecutor(getattr(backend, "prefers_batches", True))
@@ -251,7 +253,6 @@ class KeyedProcessOperator:
     def process(self, record: Record) -> None:
         """Admit one record, first waiting (running mails) while at the in-flight limit;
         TypeError/ValueError for a bad key or timestamp, JobFailure on failure."""
-        # compiled, a field read through Any is not type-checked before process_fields' checks
         self.process_fields(record.key, record.value, cast(Any, record).timestamp)
 
     def process_fields(self, key: Hashable, value: object, timestamp: Any, input: int = 0) -> None:
@@ -399,7 +400,7 @@ class KeyedProcessOperator:
         """
         if not isinstance(watermark, Watermark):
             raise TypeError(f"expected an aec.Watermark, got {type(watermark).__name__}")
-        timestamp = cast(Any, watermark).timestamp  # compiled: not type-checked before ours
+        timestamp = cast(Any, watermark).timestamp  # compiled: read unchecked, checked by aec
         check_timestamp(timestamp, "watermark timestamp")
         if timestamp is None:
             raise TypeError("watermark timestamp must be a number, got None")
@@ -719,8 +720,7 @@ class KeyedProcessOperator:
     @property
     def watermark(self) -> float | int:
         """The last watermark that arrived, seconds (-inf before the first)."""
-        watermark: float | int = self._watermark
-        return watermark
+        return cast("float | int", self._watermark)
 
     @property
     def status(self) -> str:
