@@ -11,12 +11,13 @@ import os
 import pickle
 import weakref
 
+import numpy as np
 import pytest
 from engine_helpers import Counter
 
 import aec
-from aec import AecConfig, JobFailure, KeyedProcessFunction, run_keyed
-from aec.clock import ManualClock
+from aec import AecConfig, JobFailure, KeyedProcessFunction, KeyedProcessOperator, run_keyed
+from aec.clock import Clock, ManualClock
 from aec.errors import StuckError
 from aec.keygroups import KeyGroupRange
 from aec.runtime.controller import BatchFailed
@@ -97,6 +98,57 @@ def test_times_keep_their_type():
     assert ("timer", 2, 5) in rows and ("record", 6, 5) in rows
     times = [v for row in rows for v in row[1:] if math.isfinite(v)]  # not the end's +-inf
     assert len(times) >= 5 and {type(v) for v in times} == {int}, rows
+
+
+def test_a_restored_integer_watermark_stays_exact(tmp_path):
+    # compiled, a checkpoint's watermark read as a float would round a nanosecond one
+    big = 1_700_000_000_000_000_201
+    operator = KeyedProcessOperator(TimeTypes(), MemoryBackend())
+    operator.open()
+    operator.process_watermark(aec.Watermark(big))
+    handle = operator.snapshot(1, tmp_path)
+    operator.close()
+    restored = KeyedProcessOperator(TimeTypes(), MemoryBackend())
+    restored.restore(handle)
+    assert restored.watermark == big and type(restored.watermark) is int
+    restored.process_watermark(aec.Watermark(big + 1))  # not "behind" a rounded one
+    restored.process(aec.Record("k", 1, timestamp=big + 2))
+    restored.finish()
+    rows = [o for o in restored.drain_outputs() if isinstance(o, tuple)]
+    assert rows[0][:3] == ("record", big + 2, big + 1)
+
+
+class CountingClock(Clock):
+    """A user's clock: the n-th reading is ``kind(n)`` seconds."""
+
+    deterministic = True
+
+    def __init__(self, kind: type) -> None:
+        self.kind, self.reads = kind, 0
+
+    def now(self):
+        self.reads += 1
+        return self.kind(self.reads)
+
+
+class ProcessingTimer(KeyedProcessFunction):
+    def process_element(self, value, ctx):
+        ctx.timer_service.register_processing_time_timer(
+            ctx.timer_service.current_processing_time() + 1
+        )
+
+    def on_timer(self, timestamp, ctx):
+        ctx.output((timestamp, ctx.timer_service.current_processing_time()))
+
+
+@pytest.mark.parametrize("kind", [int, np.float64])
+def test_a_users_clock_readings_keep_their_type(kind):
+    # compiled, a reading annotated float would be a C double: an int one would come back
+    # a float; numpy's compare to numpy.bool, which compiled code must take as it comes
+    source = [aec.Record("k", i) for i in range(4)]
+    result = run_keyed(source, ProcessingTimer(), MemoryBackend(), clock=CountingClock(kind))
+    fired = [o for o in result.outputs if isinstance(o, tuple)]
+    assert fired and {type(v) for row in fired for v in row} == {kind}, result.outputs
 
 
 def test_weak_references_to_futures_and_requests_die_with_them():

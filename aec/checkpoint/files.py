@@ -126,8 +126,8 @@ class OperatorState:
             runtime serialized them (``aec.runtime.in_flight``); empty otherwise.
     """
 
-    watermark: float
-    processing_time: float
+    watermark: float | int  # an int stays an int (compiled code: a float is a C double)
+    processing_time: float | int
     poll_clock: bool
     epoch: int
     record_sequence: int
@@ -140,7 +140,7 @@ class OperatorState:
     counts: dict[str, int] = field(default_factory=dict)
     backend: str = ""
     key_group_range: tuple[int, int] | None = None
-    input_watermarks: tuple[float, ...] | None = None
+    input_watermarks: tuple[float | int, ...] | None = None
     in_flight: bytes = b""
 
 

@@ -11,6 +11,7 @@ from aec.clock import Clock
 from aec.config import AecConfig
 from aec.elements import Record, Watermark
 from aec.functions import KeyedCoProcessFunction, KeyedProcessFunction
+from aec.native import mypyc_attr
 from aec.runtime.co_operator import KeyedCoProcessOperator, co_element
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
@@ -18,6 +19,7 @@ from aec.state.backend import StateBackend
 from aec.state.memory import MemoryBackend
 
 
+@mypyc_attr(native_class=False)  # a plain dataclass in both builds (users build and subclass it)
 @dataclass
 class RunResult:
     """What a run produced.
