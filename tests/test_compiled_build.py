@@ -16,7 +16,14 @@ import pytest
 from engine_helpers import Counter
 
 import aec
-from aec import AecConfig, JobFailure, KeyedProcessFunction, KeyedProcessOperator, run_keyed
+from aec import (
+    AecConfig,
+    JobFailure,
+    KeyedCoProcessOperator,
+    KeyedProcessFunction,
+    KeyedProcessOperator,
+    run_keyed,
+)
 from aec.clock import Clock, ManualClock
 from aec.errors import StuckError
 from aec.keygroups import KeyGroupRange
@@ -149,6 +156,31 @@ def test_a_users_clock_readings_keep_their_type(kind):
     result = run_keyed(source, ProcessingTimer(), MemoryBackend(), clock=CountingClock(kind))
     fired = [o for o in result.outputs if isinstance(o, tuple)]
     assert fired and {type(v) for row in fired for v in row} == {kind}, result.outputs
+
+
+def test_the_keyed_operators_stay_subclassable_from_python():
+    class Counting(KeyedProcessOperator):
+        def process(self, record):
+            self.seen = getattr(self, "seen", 0) + 1
+            super().process(record)
+
+    class CoCounting(KeyedCoProcessOperator):
+        pass
+
+    operator = Counting(Counter(), MemoryBackend())
+    operator.open()
+    operator.process(aec.Record("k", 1))
+    operator.finish()
+    assert operator.seen == 1 and ("k", 1) in operator.drain_outputs()
+    assert isinstance(CoCounting(Joined(), MemoryBackend()), KeyedProcessOperator)
+
+
+class Joined(aec.KeyedCoProcessFunction):
+    def process_element1(self, value, ctx):
+        ctx.output(value)
+
+    def process_element2(self, value, ctx):
+        ctx.output(value)
 
 
 def test_weak_references_to_futures_and_requests_die_with_them():

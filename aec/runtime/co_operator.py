@@ -34,6 +34,7 @@ from aec.elements import Record, Watermark, check_timestamp
 from aec.errors import describe
 from aec.functions import KeyedCoProcessFunction, check_function_kind
 from aec.keygroups import KeyGroupRange
+from aec.native import mypyc_attr
 from aec.runtime.bundle import BundleContext, BundleFlusher
 from aec.runtime.epochs import Epoch
 from aec.runtime.executor import StateExecutor
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 INPUTS = (1, 2)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KeyedCoProcessOperator(KeyedProcessOperator):
     """Runs a ``KeyedCoProcessFunction`` over two keyed inputs with state in ``backend``.
 

@@ -36,9 +36,10 @@ from aec.elements import ClockTick, Record, Watermark, check_key, check_timestam
 from aec.errors import JobFailure
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext, check_function_kind
 from aec.keygroups import KeyGroupRange, key_group_for, owned_range
+from aec.native import mypyc_attr
 from aec.runtime import interpreter_tuning
 from aec.runtime.bundle import BUNDLE_LIMIT, Bundle, BundleContext, BundleFlusher
-from aec.runtime.controller import StuckError, new_controller
+from aec.runtime.controller import new_controller
 from aec.runtime.epochs import Epoch, EpochManager
 from aec.runtime.executor import InlineExecutor, StateExecutor, ThreadPoolStateExecutor
 from aec.runtime.external_calls import ExternalCalls
@@ -69,6 +70,7 @@ TTL_TICK = 1.0  # s between the epochs TTL state closes, at most (or a quarter o
 R = TypeVar("R")  # an external call's result
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users' and tests' subclasses
 class KeyedProcessOperator:
     """Runs ``function`` over keyed records with state in ``backend``.
 
@@ -304,7 +306,7 @@ class KeyedProcessOperator:
         controller = self.controller
         while controller.in_flight >= self._limit:
             if not controller.step():
-                raise self._stuck()
+                raise stuck_error(self.controller)
 
     def process_initial(self, key: Hashable, row: Any) -> None:
         """Admit a row of ``key``'s initial state (Spark's ``handleInitialState``): a record
@@ -442,7 +444,7 @@ class KeyedProcessOperator:
                 self._close_epoch(Watermark(math.inf))
             self._run_until_epochs_done()
             if self.controller.in_flight:
-                raise self._stuck()
+                raise stuck_error(self.controller)
             flush = getattr(self.backend, "flush", None)
             if flush is not None:  # write-back tiers and remote stores make writes durable
                 flush()
@@ -461,7 +463,7 @@ class KeyedProcessOperator:
         controller = self.controller
         while not self.epochs.all_closed_done():
             if not controller.step():
-                raise self._stuck()
+                raise stuck_error(self.controller)
 
     def _flush_bundle(self, watermark: float | int) -> None:
         """Fold the function's bundle up to ``watermark`` (inf: all); JobFailure on failure."""
@@ -557,7 +559,7 @@ class KeyedProcessOperator:
             controller, blocking = self.controller, self.controller.blocking
             while controller.in_flight > blocking.size + blocking.key_count():  # a chain: 1 + waiting
                 if not controller.step():
-                    raise self._stuck()
+                    raise stuck_error(self.controller)
             controller.current = None
         except BaseException as exc:
             self._raise_failure(exc)
@@ -670,7 +672,7 @@ class KeyedProcessOperator:
         controller = self.controller
         while controller.in_flight or not self.epochs.all_closed_done():
             if not controller.step():
-                raise self._stuck()
+                raise stuck_error(self.controller)
         controller.current = None  # nothing runs now: a failure from here on is the checkpoint's
         self.backend.expire(self._now)  # nothing in flight: later records read at >= now
 
@@ -877,9 +879,6 @@ class KeyedProcessOperator:
                 )
         elif self._state != "open":
             raise RuntimeError(f"operator is {self._state}; it takes no more input")
-
-    def _stuck(self) -> StuckError:
-        return stuck_error(self.controller)
 
     def _raise_failure(self, exc: BaseException, where: str | None = None) -> NoReturn:
         """Stop every engine thread, close the function (once), then raise ``JobFailure``
