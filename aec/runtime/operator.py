@@ -184,8 +184,7 @@ class KeyedProcessOperator:
         self._checkpoint_pending = 0  # records the last checkpoint carried
         self._checkpoint_pause = 0.0  # seconds the last checkpoint held the operator
 
-    @staticmethod
-    def _check_function(function: object) -> None:
+    def _check_function(self, function: object) -> None:  # a method: subclasses' is called
         """Raise TypeError unless ``function`` is a ``KeyedProcessFunction``."""
         check_function_kind(function, KeyedProcessFunction, "KeyedProcessOperator")
 
