@@ -28,7 +28,7 @@ class Clock:
 
     deterministic = False
 
-    def now(self) -> float | int:  # (compiled code keeps an int reading an int)
+    def now(self) -> float | int:
         raise NotImplementedError
 
 

@@ -20,7 +20,7 @@ class Record:
 
     key: Hashable
     value: object
-    timestamp: float | int | None = None  # int stays int (compiled code: float is a C double)
+    timestamp: float | int | None = None
 
 
 @final  # the engine tells watermarks by ``type(element) is Watermark``

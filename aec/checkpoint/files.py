@@ -541,7 +541,7 @@ def _key_group_range(value: Any) -> tuple[int, int] | None:
     return start, end
 
 
-def _input_watermarks(value: Any) -> tuple[float, ...] | None:
+def _input_watermarks(value: Any) -> tuple[float | int, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list) or len(value) != 2:
@@ -549,7 +549,7 @@ def _input_watermarks(value: Any) -> tuple[float, ...] | None:
     return tuple(_decode_time(w) for w in value)
 
 
-def _decode_time(value: Any) -> float:
+def _decode_time(value: Any) -> float | int:
     if isinstance(value, str):
         if value not in ("inf", "-inf"):
             raise ValueError(f"not a time: {value!r}")

@@ -85,7 +85,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         self._input_watermarks: list[Any] = [-math.inf, -math.inf]  # last watermark of each input
         self.offering = 0  # the input of the record being offered to the bundle
 
-    def _check_function(self, function: object) -> None:  # a method: subclasses' is called
+    def _check_function(self, function: object) -> None:  # compiled, a static one binds early
         """Raise TypeError unless ``function`` is a ``KeyedCoProcessFunction``."""
         check_function_kind(function, KeyedCoProcessFunction, "KeyedCoProcessOperator")
 

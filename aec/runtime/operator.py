@@ -79,8 +79,8 @@ class KeyedProcessOperator:
         backend: a ``backends.StateBackend``; opened here, never closed here
             (its owner closes it, so final state stays readable).
         config: ``AecConfig`` (default ``AecConfig()``).
-        executor: a ``StateExecutor``; default inline for non-blocking backends,
-            a thread pool of ``config.executor_threads`` for blocking ones.
+        executor: a ``StateExecutor`` (else TypeError); default inline for non-blocking
+            backends, a thread pool of ``config.executor_threads`` for blocking ones.
         clock: the processing-time ``Clock`` (default ``SystemClock()``); see
             ``aec.clock`` for when it is read and how advances cut epochs.
         key_group_range: the ``aec.keygroups.KeyGroupRange`` this operator owns
@@ -184,7 +184,7 @@ class KeyedProcessOperator:
         self._checkpoint_pending = 0  # records the last checkpoint carried
         self._checkpoint_pause = 0.0  # seconds the last checkpoint held the operator
 
-    def _check_function(self, function: object) -> None:  # a method: subclasses' is called
+    def _check_function(self, function: object) -> None:  # compiled, a static one binds early
         """Raise TypeError unless ``function`` is a ``KeyedProcessFunction``."""
         check_function_kind(function, KeyedProcessFunction, "KeyedProcessOperator")
 
@@ -799,7 +799,7 @@ class KeyedProcessOperator:
         """Timestamps of the current key's timers in ``domain``."""
         return self.timers.times(domain)
 
-    def due_timers(self, domain: str, until: float | int) -> list[float | int]:
+    def due_timers(self, domain: str, until: Any) -> list[float | int]:
         """The current key's timer timestamps in ``domain`` at or before ``until``."""
         return self.timers.due(domain, until)
 
