@@ -178,9 +178,9 @@ class StateFuture(Generic[T]):
         """
         if self._result is not _PENDING:
             composed = _now(fn, self._result)
-            if isinstance(composed, StateFuture):
-                return _consumed(composed, self.context) if composed.may_fail else composed
-            return StateFuture(self.context, composed)  # a plain value: complete
+            if isinstance(composed, StateFuture) and composed.may_fail:
+                return _consumed(composed, self.context)
+            return _as_future(composed, self.context)
         out: StateFuture[object] = StateFuture(self.context)
         self.subscribe(partial(_forward, fn, out), None)
         return out
