@@ -20,6 +20,19 @@ from setuptools import setup
 # handles, and MemoryBackend. The rest stays interpreted (the timer queue and key groups
 # among them): docs/performance.md.
 COMPILED = [
+    "aec/runtime/bundle.py",
+    "aec/windowing/bundles.py",
+    "aec/windowing/contents.py",
+    "aec/windowing/grid.py",
+    "aec/windowing/panes.py",
+    "aec/windowing/sliding.py",
+    "aec/windowing/tumbling.py",
+    "aec/windowing/sessions.py",
+    "aec/windowing/session_bundle.py",
+    "aec/windowing/builtin.py",
+    "aec/windowing/merging.py",
+    "aec/joins/buffer.py",
+    "aec/joins/bundle.py",
     "aec/runtime/buffers.py",
     "aec/runtime/co_operator.py",
     "aec/runtime/controller.py",

@@ -26,9 +26,10 @@ class Contents:
     keeps_timestamps = False
 
     def __init__(self, store: MapState | None) -> None:
-        self.store = cast(MapState, store)  # every reader of ``store`` has one
+        # Any: None on the session path, whose readers never read it
+        self.store: MapState | Any = store
 
-    def fold(self, stored: object, value: object, timestamp: float) -> object:
+    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
         """``stored`` (None: empty) with one more record folded in."""
         raise NotImplementedError
 
@@ -44,7 +45,7 @@ class Contents:
         """``merge`` without changing any of ``values`` (they may be stored objects)."""
         return self.merge(values)
 
-    async def add(self, window: object, value: object, timestamp: float) -> bool:
+    async def add(self, window: object, value: object, timestamp: float | int) -> bool:
         """Add a record to ``window``; True when the window held something before."""
         store, key = self.store, window_key(window)
         stored = await store.async_get(key)
@@ -79,7 +80,7 @@ class AggregateContents(Contents):
         super().__init__(store)
         self.function = function
 
-    def fold(self, stored: object, value: object, timestamp: float) -> object:
+    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
         fn = self.function
         return fn.add(value, fn.create_accumulator() if stored is None else stored)
 
@@ -107,7 +108,7 @@ class ReduceContents(Contents):
         super().__init__(store)
         self.function = function
 
-    def fold(self, stored: object, value: object, timestamp: float) -> object:
+    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
         return value if stored is None else self.function(stored, value)
 
     def merge(self, values: list[object]) -> object:
@@ -123,7 +124,7 @@ class ReduceContents(Contents):
 class ListContents(Contents):
     """Every value of the window, in arrival order."""
 
-    def fold(self, stored: object, value: object, timestamp: float) -> object:
+    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
         return [value] if stored is None else [*cast(list[object], stored), value]
 
     def merge(self, values: list[object]) -> object:
@@ -143,12 +144,12 @@ class EvictingContents(ListContents):
         super().__init__(store)
         self.folder = folder
 
-    def fold(self, stored: object, value: object, timestamp: float) -> object:
+    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
         pair = (value, timestamp)
-        return [pair] if stored is None else [*cast(list[tuple[object, float]], stored), pair]
+        return [pair] if stored is None else [*cast(list[tuple[object, float | int]], stored), pair]
 
     def elements(self, stored: object) -> list[object]:
-        values = [value for value, _ in cast(list[tuple[object, float]], stored)]
+        values = [value for value, _ in cast(list[tuple[object, float | int]], stored)]
         folder = self.folder
         if folder is None:
             return values

@@ -49,7 +49,7 @@ class WindowFunction(Protocol):
     evictor: Evictor | None
     process_fn: ProcessWindowFunction | None
     event_time: bool
-    lateness: float
+    lateness: float | int
     grid: Grid | None
     panes: Panes | None
     contents: Contents | PaneContents
@@ -62,7 +62,7 @@ class WindowFunction(Protocol):
         when an ``async def`` process function must finish, else None."""
         ...
 
-    def late(self, ctx: Context, value: object, timestamp: float, watermark: float) -> None:
+    def late(self, ctx: Context, value: object, timestamp: float | int, watermark: float | int) -> None:
         """A late record: to the late side output, or counted dropped."""
         ...
 

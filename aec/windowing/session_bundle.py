@@ -40,8 +40,8 @@ from aec.windowing.protocol import WindowFunction
 from aec.windowing.sessions import Held, Memory, SessionsDriver, decode, encode
 from aec.windowing.windows import TimeWindow
 
-Records = list[tuple[object, float]]  # a key's records: (value, timestamp), in arrival order
-Taken = tuple[float | None, Records]  # (the flushing watermark if the fold fires, records)
+Records = list[tuple[object, float | int]]  # a key's records: (value, timestamp), in arrival order
+Taken = tuple[float | int | None, Records]  # (the flushing watermark if the fold fires, records)
 
 
 class NetTimers:
@@ -55,13 +55,13 @@ class NetTimers:
         # the key's timers now (unchanged until apply: nothing else runs in the fold)
         self.before = set(service.due_timers("event-time", math.inf))
         self.after = set(self.before)
-        self.added: dict[float, None] = {}  # in order of registration
+        self.added: dict[float | int, None] = {}  # in order of registration
 
-    def register_event_time_timer(self, timestamp: float) -> None:
+    def register_event_time_timer(self, timestamp: float | int) -> None:
         self.after.add(timestamp)
         self.added[timestamp] = None
 
-    def delete_event_time_timer(self, timestamp: float) -> None:
+    def delete_event_time_timer(self, timestamp: float | int) -> None:
         self.after.discard(timestamp)
 
     def apply(self) -> None:
@@ -84,7 +84,7 @@ class SessionBundle:
         self.pending: dict[Hashable, Records] = {}  # key -> (value, t), in arrival order
         self.fires = function.lateness == 0  # a watermark's flush fires due sessions
 
-    def offer(self, key: Hashable, value: object, timestamp: float | None, watermark: float) -> bool:
+    def offer(self, key: Hashable, value: object, timestamp: float | int | None, watermark: float | int) -> bool:
         if timestamp is None:
             return False  # the record's own path fails the run, naming the timestamp
         records = self.pending.get(key)
@@ -95,7 +95,7 @@ class SessionBundle:
         self.size += 1
         return True
 
-    def take(self, watermark: float) -> list[tuple[Hashable, Taken, int]]:
+    def take(self, watermark: float | int) -> list[tuple[Hashable, Taken, int]]:
         pending, self.pending = self.pending, {}
         self.size = 0
         until = watermark if self.fires and watermark != math.inf else None
@@ -112,7 +112,7 @@ class SessionBundle:
         )
 
     def _replay(
-        self, records: Records, held: Held, until: float | None, context: BundleContext,
+        self, records: Records, held: Held, until: float | int | None, context: BundleContext,
         ctx: Context,
     ) -> None:  # fmt: skip
         """``SessionsDriver.place`` per record, on the key's sessions and contents in
@@ -148,7 +148,7 @@ class SessionBundle:
             driver.state.async_update(encode(sessions, memory))  # not awaited
 
     def _fire_due(
-        self, sessions: list[TimeWindow], memory: Memory, until: float, context: BundleContext,
+        self, sessions: list[TimeWindow], memory: Memory, until: float | int, context: BundleContext,
         ctx: Context, net: NetTimers,
     ) -> bool:  # fmt: skip
         """Fire and remove the sessions the watermark ``until`` makes due, in order of

@@ -83,7 +83,7 @@ class PanesDriver:
 
         live.async_value().on_complete(folded)
 
-    def on_timer(self, time: float, ctx: Context) -> None:
+    def on_timer(self, time: float | int, ctx: Context) -> None:
         """The chain's firing: the window ending at ``time`` and, in event time, every
         later window of the key the watermark makes due (``fire_due``); one read of the
         key's panes, one write if panes went."""
@@ -105,7 +105,7 @@ class PanesDriver:
         live.async_value().on_complete(fire)
 
     def fire_due(
-        self, ctx: Context, found: LivePanes, k: int, due: float, firing: float = math.nan,
+        self, ctx: Context, found: LivePanes, k: int, due: float | int, firing: float | int = math.nan,
         flush: BundleContext | None = None,
     ) -> bool:  # fmt: skip
         """Fire what ``Panes.chain`` lists for the key's panes ``found`` (index ->
@@ -123,7 +123,7 @@ class PanesDriver:
         # with no user code holding a context in the loop, the key's timers change only by
         # our deletes, so absent ones are skipped (most fired windows have no timer of
         # their own: one chain timer per key); asked once, when a window needs it
-        timers: Container[float] | None = None
+        timers: Container[float | int] | None = None
         if flush is not None and fired:
             flush.firing = fired[0][1]  # the chain's timer, which fires them all at once
         for start, end, lo, hi, cut in fired:

@@ -76,7 +76,7 @@ class TumblingDriver:
         # keeps the record in flight; the put is this record's like any request)
         store.async_get(key).on_complete(fold)
 
-    def on_timer(self, time: float, ctx: Context) -> None:
+    def on_timer(self, time: float | int, ctx: Context) -> None:
         """The window ending at ``time`` fires; the one whose cleanup time
         (``end + allowed_lateness``) is ``time`` is removed."""
         lateness = self.lateness
@@ -109,7 +109,7 @@ class TumblingDriver:
 
             store.async_get((window.start, window.end)).on_complete(fire_only)
 
-    def _at_end_of_input(self, time: float, ctx: Context) -> None:
+    def _at_end_of_input(self, time: float | int, ctx: Context) -> None:
         """The key's first firing at watermark inf (end of input), with allowed lateness:
         every timer of the key is due now, ``time`` is its earliest. Instead of one firing
         per window end and per cleanup time, this one reads the key's windows (all are
@@ -118,7 +118,7 @@ class TumblingDriver:
         key's later timers. Per key: the outputs and final state of the separate firings."""
         store, function, cleanup_time = self.store, self.function, self.rules.cleanup_time
         service = ctx.timer_service
-        found: list[tuple[tuple[float, float], object]] = []
+        found: list[tuple[tuple[float | int, float | int], object]] = []
 
         def fire(_: object) -> None:
             found.sort(key=_by_end)
@@ -138,5 +138,5 @@ class TumblingDriver:
         )
 
 
-def _by_end(entry: tuple[tuple[float, float], object]) -> float:
+def _by_end(entry: tuple[tuple[float | int, float | int], object]) -> float | int:
     return entry[0][1]
