@@ -455,13 +455,11 @@ def _commit(checkout: Path) -> str:
 def serve(args: argparse.Namespace) -> int:
     """Worker of ``--compiled`` / ``--base``: answers (variant, distribution) requests with
     samples."""
-    import aec
-
     variants = [v for v in VARIANTS if v.name in args.variants]
     sources, expected, _ = make_sources(args, show=False)
     warm_up(variants, sources[args.dists[0]])
     h.serve_samples(
-        {"compiled": getattr(aec, "compiled", False), "aec": aec.__file__},
+        h.build_hello(),
         lambda r: run_variant(BY_NAME[r["variant"]], sources[r["dist"]], expected[r["dist"]]),
     )
     return 0
@@ -479,17 +477,12 @@ def compare_builds(args: argparse.Namespace) -> int:
                    "--seed", str(args.seed), "--dists", ",".join(args.dists),
                    "--variants", ",".join(v.name for v in variants)]  # fmt: skip
 
-    def check(build: str, hello: dict[str, Any]) -> None:
-        built = hello["compiled"]
-        if args.compiled is not None and built != (build == "compiled"):
-            raise SystemExit(f"{roots[build]}: aec.compiled is {built} ({hello['aec']}); "
-                             "bin/build-compiled builds it")  # fmt: skip
-
     samples = h.worker_rounds(
         Path(__file__).resolve(), worker_args, roots,
         [(v, d) for d in args.dists for v in variants],
         lambda r: {"variant": r[0].name, "dist": r[1]}, args.repeats,
-        name=lambda r: f"{r[0].name}@{r[1]}", check=check,
+        name=lambda r: f"{r[0].name}@{r[1]}",
+        check=h.check_worker(roots) if args.compiled is not None else lambda b, hello: None,
     )  # fmt: skip
     rows = []
     for d in args.dists:

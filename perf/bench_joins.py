@@ -32,11 +32,22 @@ Usage::
     .venv/bin/python perf/bench_joins.py             # full run, writes perf/results/
     .venv/bin/python perf/bench_joins.py --quick     # smoke run into a temp dir
     .venv/bin/python perf/bench_joins.py --no-spark --pyflink /work/pyflink-venv/bin/python
+    bin/with-venv bin/build-compiled /tmp/aec-compiled   # then: interpreted vs compiled
+    .venv/bin/python perf/bench_joins.py --compiled /tmp/aec-compiled
+
+``--compiled DIR`` (a copy with the compiled kernel) runs the engine variants only (no
+Spark, no PyFlink) in two worker processes per round, this checkout's interpreted build
+and DIR's compiled one taking turns (``harness.worker_rounds``; a worker whose
+``aec.compiled`` is wrong stops the run), and writes ``bench_joins_compiled.{json,md,png}``.
+Goal: every interval-join variant on the CPU clock (the buffer rows, async and sync on
+Memory and RocksDB) compiled / interpreted records/s >= 1.7x; the enrichment and the
+latency rows are shown, not judged.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import subprocess
@@ -71,6 +82,9 @@ QUICK = {"records": 10_000, "keys": 500, "sync_records": 200, "buffered": 1_000,
          "buffer_keys": 4, "buffer_records": 20_000, "flights": 5_000, "repeats": 1,
          "pyflink_records": 22_000, "pyflink_keys": 200}  # fmt: skip
 SYNC, ASYNC = AecConfig(async_state=False), AecConfig()
+COMPILED_GOAL = 1.7  # compiled / interpreted CPU records/s of every interval-join variant
+WARM_UP_SHARE = 20  # a worker's warm-up runs every variant on 1/20 of its records
+DATABASES = itertools.count()  # RocksDB directories, one per run
 
 
 class Enrich(KeyedCoProcessFunction):
@@ -155,6 +169,57 @@ def engine_variant(
     return Variant(name, records_in(source), run, clock)
 
 
+@dataclass(frozen=True)
+class Spec:
+    """An engine variant before its records exist (what the driver of ``--compiled``
+    needs): its name, function, source, backend, mode and clock."""
+
+    name: str
+    kind: str  # "join" (the interval join) or "enrich"
+    source: str  # of engine_variants' sources: "wide", "narrow", "deep", "shallow"
+    backend: str  # "memory", "rocksdb" or "latency" (1 ms over Memory)
+    async_state: bool = True
+    clock: str = "cpu"
+
+
+def engine_specs(buffered: int) -> list[Spec]:
+    """The engine variants: the buffer pair, then per function the latency pair and
+    async / sync on Memory and RocksDB."""
+    specs = [Spec(f"buffer {buffered}", "join", "deep", "memory"),
+             Spec("buffer 10", "join", "shallow", "memory")]  # fmt: skip
+    for kind in ("join", "enrich"):
+        specs += [Spec(f"latency async {kind}", kind, "wide", "latency", True, "wall"),
+                  Spec(f"latency sync {kind}", kind, "narrow", "latency", False, "wall")]  # fmt: skip
+        for backend in ("memory", "rocksdb"):
+            for mode in ("async", "sync"):
+                specs.append(
+                    Spec(f"{backend} {mode} {kind}", kind, "wide", backend, mode == "async")
+                )
+    return specs
+
+
+def engine_variants(args: argparse.Namespace, scratch: Path, share: int = 1) -> list[Variant]:
+    """``engine_specs`` on their records (``1 / share`` of them: a warm-up)."""
+
+    def rocks() -> Any:
+        return RocksDBBackend(str(scratch / f"db{next(DATABASES)}"))
+
+    def latency() -> Any:
+        return LatencyBackend(MemoryBackend(), 0.001)
+
+    sources = {
+        "wide": co_source(args.records // share, args.keys, args.seed),
+        "narrow": co_source(args.sync_records // share, args.keys, args.seed),
+        "deep": buffer_source(args.buffer_records // share, args.buffer_keys, args.buffered),
+        "shallow": buffer_source(args.buffer_records // share, args.buffer_keys, 10),
+    }
+    backends = {"memory": MemoryBackend, "rocksdb": rocks, "latency": latency}
+    functions = {"join": join, "enrich": Enrich}
+    return [engine_variant(s.name, functions[s.kind], sources[s.source],
+                           ASYNC if s.async_state else SYNC, backends[s.backend], s.clock)
+            for s in engine_specs(args.buffered)]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     harness.add_common_args(parser)
@@ -163,34 +228,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.add_argument(f"--{key.replace('_', '-')}", type=int)
     parser.add_argument("--no-spark", action="store_true", help="no Spark variants")
     parser.add_argument("--pyflink", metavar="PYTHON", help="a Python with apache-flink")
+    harness.add_compiled_arg(parser, "the engine variants", NAME)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a worker
     args = harness.finish_args(parser, parser.parse_args(argv), NAME, DEFAULTS, QUICK)
+    if args.serve:
+        return serve(args)
+    if args.compiled is not None:
+        return compare_builds(args)
     scratch = Path(tempfile.mkdtemp(prefix="bench-joins-"))
-    made = iter(range(10**9))
-
-    def rocks() -> Any:
-        return RocksDBBackend(str(scratch / f"db{next(made)}"))
-
-    def latency() -> Any:
-        return LatencyBackend(MemoryBackend(), 0.001)
-
-    wide = co_source(args.records, args.keys, args.seed)
-    narrow = co_source(args.sync_records, args.keys, args.seed)
-    deep = buffer_source(args.buffer_records, args.buffer_keys, args.buffered)
-    shallow = buffer_source(args.buffer_records, args.buffer_keys, 10)
-    variants = [
-        engine_variant(f"buffer {args.buffered}", join, deep, ASYNC, MemoryBackend),
-        engine_variant("buffer 10", join, shallow, ASYNC, MemoryBackend),
-    ]
-    for kind, make in (("join", join), ("enrich", Enrich)):
-        variants += [
-            engine_variant(f"latency async {kind}", make, wide, ASYNC, latency, "wall"),
-            engine_variant(f"latency sync {kind}", make, narrow, SYNC, latency, "wall"),
-        ]
-        for backend_name, backend in (("memory", MemoryBackend), ("rocksdb", rocks)):
-            for mode, config in (("async", ASYNC), ("sync", SYNC)):
-                variants.append(
-                    engine_variant(f"{backend_name} {mode} {kind}", make, wide, config, backend)
-                )
+    variants = engine_variants(args, scratch)
     if not args.no_spark:
         from bench_joins_spark import spark_variants
 
@@ -206,6 +252,57 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(scratch, ignore_errors=True)
     harness.write_outputs(args.out, NAME, report, markdown(report), lambda p: plot(report, p))
     print(markdown(report))
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Worker of ``--compiled``: builds the engine variants' sources once, warms every
+    variant up, then answers requests by variant name with samples."""
+    scratch = Path(tempfile.mkdtemp(prefix="bench-joins-"))
+    try:
+        for variant in engine_variants(args, scratch, WARM_UP_SHARE):
+            variant.run()
+        variants = {v.name: v for v in engine_variants(args, scratch)}
+        harness.serve_samples(harness.build_hello(), lambda request: harness.timed(
+            variants[request["variant"]].run, variants[request["variant"]].records))  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+def compare_builds(args: argparse.Namespace) -> int:
+    """The engine variants on this checkout's interpreted build and on ``args.compiled``'s
+    compiled one, in ``harness.worker_rounds`` workers taking turns (a worker whose
+    ``aec.compiled`` is wrong stops the run). Judged: the interval join on the CPU clock."""
+    machine = harness.machine_facts(("rocksdict",))
+    roots = harness.build_roots(args.compiled)
+    specs = engine_specs(args.buffered)
+    sizes = ("records", "keys", "sync_records", "buffered", "buffer_keys", "buffer_records", "seed")
+    worker_args = ["--serve", *(x for k in sizes for x in (f"--{k.replace('_', '-')}",
+                                                          str(getattr(args, k))))]  # fmt: skip
+    samples = harness.worker_rounds(
+        Path(__file__).resolve(), worker_args, roots, specs, lambda s: {"variant": s.name},
+        args.repeats, name=lambda s: s.name, check=harness.check_worker(roots),
+    )  # fmt: skip
+    rows = [
+        harness.build_row("interval join" if s.kind == "join" else "enrichment", s.name, s.clock,
+                          {b: [x.rps if s.clock == "wall" else x.cpu_rps
+                               for x in samples[f"{s.name}@{b}"]] for b in roots},
+                          judged=s.kind == "join" and s.clock == "cpu")
+        for s in specs
+    ]  # fmt: skip
+    goals = harness.build_goals(rows, "compiled / interpreted records/s (CPU)", COMPILED_GOAL)
+    harness.write_builds(
+        args.out, f"{NAME}_compiled", "bench_joins: interpreted and compiled builds",
+        f"{args.records:,} two-input records over {args.keys:,} keys (sync at 1 ms latency on "
+        f"{args.sync_records:,}); buffer rows {args.buffer_records:,} records over "
+        f"{args.buffer_keys} keys; fresh workers per round",
+        machine, {k: getattr(args, k) for k in (*DEFAULTS, "seed")}, rows, goals, COMPILED_GOAL,
+        notes=["Records/s on the variant's clock: `cpu`, process CPU seconds (judged for the "
+               "interval join); `wall`, the 1 ms latency rows, which wait on the modelled "
+               "round trips (shown, no goal). The enrichment is shown, not judged."],
+        builds={b: str(root) for b, root in roots.items()},
+    )  # fmt: skip
     return 0
 
 
@@ -260,7 +357,9 @@ def build_report(
     for kind in ("join", "enrich"):
         goals[f"latency {kind}"] = harness.goal(
             f"async/sync at 1 ms latency, {kind}",
-            speedup(f"latency async {kind}", f"latency sync {kind}"), at_least=100)
+            speedup(f"latency async {kind}", f"latency sync {kind}"),
+            at_least=100,
+        )
         for backend in ("memory", "rocksdb"):
             goals[f"{backend} {kind}"] = harness.goal(
                 f"async/sync on {backend}, {kind}",
@@ -269,7 +368,9 @@ def build_report(
                                          f"{backend} sync {kind}"))  # fmt: skip
     goals["spark"] = harness.goal(
         "flights_weather: process_keyed_co_stream / Spark's stream-stream join",
-        speedup("aec process_keyed_co_stream", "Spark stream-stream join"), at_least=2.0)
+        speedup("aec process_keyed_co_stream", "Spark stream-stream join"),
+        at_least=2.0,
+    )
     if flink is not None:
         mine = pyflink_aec_rate(args)
         goals["pyflink"] = harness.goal("interval join vs PyFlink 2.3 (records/s)",

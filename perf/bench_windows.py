@@ -37,12 +37,20 @@ Usage::
 
     .venv/bin/python perf/bench_windows.py --pyflink /work/pyflink-venv/bin/python
     .venv/bin/python perf/bench_windows.py --base /tmp/aec-base   # against another checkout
+    bin/with-venv bin/build-compiled /tmp/aec-compiled          # then: interpreted vs compiled
+    .venv/bin/python perf/bench_windows.py --compiled /tmp/aec-compiled
 
 ``--base DIR`` (a checkout of another commit: ``git archive <commit> | tar -x -C DIR``;
 the venv is this one's) runs every row in fresh processes on this checkout and on
 ``DIR`` alternately, one round each per ``--repeats``, and reports each row's figure
 and each variant's records/s on both side by side (``bench_windows_base.{json,md}``):
-``this/base`` >= 0.95 is "no loss of speed".
+``this/base`` >= 0.95 is "no loss of speed". ``--compiled DIR`` (a copy with the
+compiled kernel, ``bin/build-compiled DIR``) does the same with this checkout's
+interpreted build and DIR's compiled one (each worker says ``aec.compiled``; a wrong
+build stops the run) and reports each variant's compiled / interpreted records/s on its
+row's clock (``bench_windows_compiled.{json,md,png}``); goal: >= 1.7x for every
+``aec.windowing`` variant on the CPU clock (the hand-written route_hourly and the 1 ms
+latency rows are shown, not judged).
 
 Outputs: bench_windows.json, bench_windows.md, bench_windows.png in ``--out``.
 The PyFlink peer (``perf/bench_windows_pyflink.py``: the tumbling aggregate on the same
@@ -260,20 +268,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="a Python with apache-flink installed: runs the PyFlink peer on "
                              "the same records (else a bench_windows_pyflink.json in --out "
                              "from an earlier run is shown, if any)")  # fmt: skip
-    parser.add_argument("--base", type=Path,
-                        help="a checkout of another commit: every row on both, side by side")
+    parser.add_argument(
+        "--base", type=Path, help="a checkout of another commit: every row on both, side by side"
+    )
+    h.add_compiled_arg(parser, "every row", "bench_windows")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # see --base
     args = parser.parse_args(argv)
+    if args.base is not None and args.compiled is not None:
+        parser.error("--base and --compiled compare two checkouts each: give one")
     if args.quick:
         args.records, args.flights, args.repeats = 10_000, 20_000, 1
         args.sparse_records, args.sparse_keys = 6_000, 200
     if args.worker:  # one round of every row on the checkout AEC_CHECKOUT names
-        print(json.dumps(measure(args)))
+        print(json.dumps({**h.build_hello(), "rows": measure(args)}))
         return 0
     out = args.out or (Path(tempfile.mkdtemp()) if args.quick else DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     if args.base is not None:
         return against_base(args, out)
+    if args.compiled is not None:
+        return against_compiled(args, out)
     started = time.perf_counter()
     load = round(os.getloadavg()[0], 2)
     rows = measure(args)
@@ -370,19 +384,29 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def against_base(args: argparse.Namespace, out: Path) -> int:
-    """Every row on this checkout and on ``args.base``, a fresh worker process per
-    checkout and round, alternating (``harness.run_checkouts``); each variant's best
-    over the rounds, side by side (``windows_report.side_by_side``)."""
-    started = time.perf_counter()
-    load = round(os.getloadavg()[0], 2)
+def checkout_rounds(
+    args: argparse.Namespace, trees: dict[str, Path],
+    check: Callable[[str, dict], None] = lambda name, output: None,
+) -> dict[str, list[list[dict]]]:  # fmt: skip
+    """Every row on each checkout of ``trees`` (name -> directory), a fresh worker process
+    per checkout and round, alternating (``harness.run_checkouts``; ``check(name, the
+    worker's JSON)`` may refuse a run). Returns ``{name: [the rows of each round]}``."""
     argv = ["--worker", "--repeats", "1", "--records", str(args.records),
             "--keys", str(args.keys), "--sparse-records", str(args.sparse_records),
             "--sparse-keys", str(args.sparse_keys)]  # fmt: skip
     if args.flights is not None:
         argv += ["--flights", str(args.flights)]
+    runs = h.run_checkouts(Path(__file__).resolve(), argv, trees, args.repeats, check=check)
+    return {name: [output["rows"] for output in outputs] for name, outputs in runs.items()}
+
+
+def against_base(args: argparse.Namespace, out: Path) -> int:
+    """Every row on this checkout and on ``args.base`` (``checkout_rounds``); each
+    variant's best over the rounds, side by side (``windows_report.side_by_side``)."""
+    started = time.perf_counter()
+    load = round(os.getloadavg()[0], 2)
     trees = {"this": PERF.parent, "base": args.base.resolve()}
-    runs = h.run_checkouts(Path(__file__).resolve(), argv, trees, args.repeats)
+    runs = checkout_rounds(args, trees)
     best: dict[str, dict[str, dict]] = {name: {} for name in trees}
     for name, outputs in runs.items():
         for rows in outputs:
@@ -406,6 +430,50 @@ def against_base(args: argparse.Namespace, out: Path) -> int:
     (out / "bench_windows_base.md").write_text(header + table)
     print(table, end="")
     print(f"wrote {out}/bench_windows_base.{{json,md}} in {report['wall_seconds']:.0f} s")
+    return 0
+
+
+COMPILED_GOAL = 1.7  # compiled / interpreted records/s of every aec.windowing variant, CPU clock
+
+
+def against_compiled(args: argparse.Namespace, out: Path) -> int:
+    """Every row on this checkout's interpreted build and on ``args.compiled``'s compiled
+    one (``checkout_rounds``; a worker whose ``aec.compiled`` is wrong stops the run),
+    and each variant's compiled / interpreted records/s on the row's clock. Judged: the
+    ``aec.windowing`` variants on the CPU clock (not the hand-written route_hourly, not
+    the latency rows, which wait)."""
+    started, machine = time.perf_counter(), h.machine_facts(("rocksdict",))
+    trees = h.build_roots(args.compiled)
+    h.check_roots(trees)
+    runs = checkout_rounds(args, trees, h.check_worker(trees))
+    by_measure = {name: [{row["measure"]: row for row in rows} for rows in rounds]
+                  for name, rounds in runs.items()}  # fmt: skip
+    for rounds in by_measure.values():
+        for rows in rounds:
+            for row in rows.values():
+                judge(row)  # each variant's records_per_s on the row's clock
+    table = [
+        h.build_row(row["measure"], label, row["clock"],
+                    {name: [rows[row["measure"]]["variants"][label]["records_per_s"]
+                            for rows in rounds] for name, rounds in by_measure.items()},
+                    judged=row["clock"] == "cpu" and label != "hand-written")
+        for row in runs["interpreted"][0] for label in row["variants"]
+    ]  # fmt: skip
+    goals = h.build_goals(table, "compiled / interpreted records/s (CPU)", COMPILED_GOAL)
+    flights = "all" if args.flights is None else f"{args.flights:,}"
+    h.write_builds(
+        out, "bench_windows_compiled", "bench_windows: interpreted and compiled builds",
+        f"synthetic {args.records:,} records over {args.keys} keys, sparse "
+        f"{args.sparse_records:,} over {args.sparse_keys:,}, flights {flights} rows; a fresh "
+        "process per build and round", machine, vars(args) | {"out": str(out)}, table, goals,
+        COMPILED_GOAL,
+        notes=["Records/s on the row's clock: `cpu`, process CPU seconds (judged); `wall`, "
+               "the 1 ms latency rows, which wait on the modelled round trips (shown, no "
+               "goal). route_hourly's hand-written operator is not aec.windowing: shown, "
+               "not judged."],
+        builds={name: str(tree) for name, tree in trees.items()}, runs=runs,
+        wall_seconds=time.perf_counter() - started,
+    )  # fmt: skip
     return 0
 
 

@@ -5,9 +5,10 @@ run: starts the command's SparkSession (timed apart), runs ``spark_glue.flights.
 into ``OUT`` and prints one JSON line: ``session_s``, ``wall_s`` (the job, session start
 excluded), ``load_s``, ``steps`` (wall seconds per progress step), ``engine_s`` (per
 operator, its slowest partition's ``elapsed_s``), ``workers_cpu_s`` (the Python workers'
-CPU seconds, each pass counted once) and ``tree_cpu_s`` (the CPU seconds of this process
-and its descendants, the JVM and its Python workers, during the job). Works with
-checkouts before ``write_keyed`` too.
+CPU seconds, each pass counted once), ``tree_cpu_s`` (the CPU seconds of this process
+and its descendants, the JVM and its Python workers, during the job) and ``aec``: which
+aec the driver and the Spark Python workers (two tasks after the job) imported,
+``[aec.compiled, aec.__file__]`` each. Works with checkouts before ``write_keyed`` too.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def tree_cpu_s() -> float:
     return total / _TICK
 
 
+def aec_build(_: object = None) -> list[object]:
+    """``[aec.compiled, aec.__file__]`` where this runs (a Spark Python worker too: a
+    function of ``__main__`` travels by value, so the worker imports its own aec)."""
+    import aec
+
+    return [bool(getattr(aec, "compiled", False)), aec.__file__]
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     out = sys.argv[1]
@@ -73,10 +82,12 @@ def main() -> None:
         if group not in seen and "cpu_s" in stage.metrics:
             seen.add(group)
             workers += float(stage.metrics["cpu_s"].sum())
+    builds = {"driver": aec_build(),
+              "workers": spark.sparkContext.parallelize(range(2), 2).map(aec_build).collect()}  # fmt: skip
     spark.stop()
     print(json.dumps({"session_s": session_s, "wall_s": run.wall_s, "load_s": run.load_s,
                       "steps": steps, "engine_s": engine, "workers_cpu_s": workers,
-                      "tree_cpu_s": cpu}))  # fmt: skip
+                      "tree_cpu_s": cpu, "aec": builds}))  # fmt: skip
 
 
 if __name__ == "__main__":

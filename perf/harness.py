@@ -14,6 +14,10 @@ its tables and plot) and uses this module for the rest:
   process per build (interpreted, compiled, another commit); :func:`worker_rounds`
   starts fresh workers each round, in alternating order, so neither build keeps the
   luck of one process (its memory layout, its place in each pair);
+* :func:`build_roots`, :func:`check_worker` / :func:`check_roots` (refuse a build whose
+  ``aec.compiled`` is wrong), :func:`build_row`, :func:`build_goals` and
+  :func:`write_builds` serve a bench's ``--compiled DIR``: each figure on the interpreted
+  and the compiled build, the speed-up, its goal, one table and one plot;
 * :func:`goal` judges one measured figure against an ``at_least`` / ``at_most`` bound;
 * :func:`machine_facts` (Python, CPUs, load average, package versions, git commit),
   :func:`md_table` and :func:`write_outputs` (JSON + Markdown + PNG) write the report;
@@ -462,11 +466,13 @@ def write_profile(out: Path, name: str, text: str | None) -> str | None:
 def run_checkouts(
     script: Path, argv: Sequence[str], trees: dict[str, Path], repeats: int,
     log: Callable[[str], None] = lambda line: print(line, flush=True),
+    check: Callable[[str, Any], None] = lambda name, output: None,
 ) -> dict[str, list[Any]]:  # fmt: skip
     """Run ``script argv`` (this venv's Python) once per round on each checkout of
     ``trees`` (name -> directory), in a fresh process with ``PYTHONPATH`` and
     ``AEC_CHECKOUT`` set to the checkout, the order alternating per round (the load
-    hits both alike). The script prints JSON on its last line of stdout.
+    hits both alike). The script prints JSON on its last line of stdout;
+    ``check(name, that JSON)`` may refuse a run by raising.
 
     Returns ``{name: [that JSON per round]}``. Raises CalledProcessError when a run fails.
     """
@@ -480,7 +486,160 @@ def run_checkouts(
             done = subprocess.run([sys.executable, str(script), *argv], env=env, check=True,
                                   capture_output=True, text=True)  # fmt: skip
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            check(name, runs[name][-1])
     return runs
+
+
+# --- interpreted and compiled builds side by side (a bench's --compiled DIR) ----------------
+
+BUILDS = ("interpreted", "compiled")  # the two builds' labels, the baseline first
+
+
+def build_roots(compiled: Path) -> dict[str, Path]:
+    """``--compiled DIR``'s builds: this checkout (interpreted) and DIR, a copy with the
+    kernel compiled in place (``bin/with-venv bin/build-compiled DIR``)."""
+    return {"interpreted": ROOT, "compiled": compiled.resolve()}
+
+
+def add_compiled_arg(parser: argparse.ArgumentParser, what: str, name: str) -> None:
+    """A bench's ``--compiled DIR`` option: ``what`` runs on both builds, side by side,
+    into ``<name>_compiled.*``."""
+    parser.add_argument(
+        "--compiled", type=Path, metavar="DIR",
+        help=f"DIR holds the compiled build (bin/with-venv bin/build-compiled DIR): {what} on "
+        f"this checkout's interpreted build and on DIR's, side by side; writes {name}_compiled.*",
+    )  # fmt: skip
+
+
+def build_hello() -> dict[str, Any]:
+    """What a worker says of the aec it imported: ``aec.compiled`` (False in commits
+    from before the attribute) and where aec came from."""
+    import aec
+
+    return {"compiled": bool(getattr(aec, "compiled", False)), "aec": aec.__file__}
+
+
+def check_build(label: str, compiled: bool, where: str) -> None:
+    """Refuse (SystemExit) a build whose ``aec.compiled`` is not what ``label`` (of
+    ``BUILDS``) says: the interpreted build must not be compiled, the compiled one must."""
+    if bool(compiled) != (label == "compiled"):
+        raise SystemExit(
+            f"{where}: aec.compiled is {compiled} in the {label} build; --compiled DIR "
+            "wants DIR made by `bin/with-venv bin/build-compiled DIR` (the interpreted "
+            "build is this checkout)"
+        )
+
+
+def check_worker(roots: dict[str, Path]) -> Callable[[str, dict[str, Any]], None]:
+    """The ``check`` of :func:`worker_rounds` or :func:`run_checkouts` for the builds
+    of ``roots`` (:func:`build_roots`): :func:`check_build` on what a worker said of its
+    aec (:func:`build_hello`'s keys)."""
+
+    def check(label: str, said: dict[str, Any]) -> None:
+        check_build(label, said["compiled"], f"{roots[label]} ({said['aec']})")
+
+    return check
+
+
+def check_roots(roots: dict[str, Path]) -> None:
+    """:func:`check_worker` on each of ``roots`` before any run: a process with
+    ``PYTHONPATH`` set to the build says which aec it imports."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import harness; "
+            "print(json.dumps(harness.build_hello()))")  # fmt: skip
+    for label, root in roots.items():
+        done = subprocess.run([sys.executable, "-c", code, str(ROOT / "perf")], cwd=root,
+                              env=dict(os.environ, PYTHONPATH=str(root)),
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        check_worker(roots)(label, json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def build_row(
+    measure: str, variant: str, clock: str, rounds: dict[str, Sequence[float]],
+    judged: bool, lower_is_better: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """One figure on both builds. ``rounds``: build label (``BUILDS``) -> the figure per
+    round (records/s, or seconds with ``lower_is_better``). Gives each build's best
+    round and the compiled build's speed-up (compiled / interpreted records/s, or
+    interpreted / compiled seconds), best over best and per round; ``judged``: a goal
+    reads the speed-up (:func:`build_goals`)."""
+    best = min if lower_is_better else max
+    old, new = (list(rounds[b]) for b in BUILDS)
+
+    def speedup(a: float, b: float) -> float:  # a interpreted, b compiled
+        return a / b if lower_is_better else b / a
+
+    return {"measure": measure, "variant": variant, "clock": clock, "judged": judged,
+            "lower_is_better": lower_is_better, "rounds": {"interpreted": old, "compiled": new},
+            "interpreted": best(old), "compiled": best(new), "ratio": speedup(best(old), best(new)),
+            "per_round": [speedup(a, b) for a, b in zip(old, new, strict=False)]}  # fmt: skip
+
+
+def build_goals(rows: list[dict[str, Any]], text: str, at_least: float) -> dict[str, Any]:
+    """One goal per judged row of :func:`build_row`: its speed-up >= ``at_least``."""
+    goals = {}
+    for r in rows:
+        if r["judged"]:
+            r["goal"] = f"{r['measure']}: {r['variant']}"
+            goals[r["goal"]] = goal(f"{r['measure']}, {r['variant']}: {text}", r["ratio"],
+                                    at_least=at_least, per_round=r["per_round"])  # fmt: skip
+    return goals
+
+
+def write_builds(
+    out: Path, name: str, title: str, workload: str, machine: dict[str, Any],
+    params: dict[str, Any], rows: list[dict[str, Any]], goals: dict[str, Any],
+    at_least: float, notes: Sequence[str] = (), unit: str = "records/s", **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """Print and write ``<name>.{json,md,png}`` of the builds side by side: the table of
+    ``rows`` (measure, variant, clock, each build's best in ``unit``, the speed-up and
+    its goal's verdict), ``notes`` (Markdown lines) and the goal lines; the plot, the
+    speed-up per row with a line at ``at_least``. ``machine``: :func:`machine_facts`
+    at the start; ``params`` must hold ``repeats``; ``extra`` goes into the JSON.
+    Returns the report."""
+    report = {"benchmark": name, "date": now(), "machine": machine, "params": params,
+              "rows": rows, "goals": goals, **extra}  # fmt: skip
+    seconds = any(r["lower_is_better"] for r in rows)
+    show = (lambda x: f"{x:,.2f}") if unit == "s" else fmt_rate
+    table = md_table(
+        ["measure", "variant", "clock", f"interpreted {unit}", f"compiled {unit}",
+         "interpreted / compiled" if seconds else "compiled / interpreted", "goal verdict"],
+        [[r["measure"], r["variant"], r["clock"], show(r["interpreted"]), show(r["compiled"]),
+          fmt_ratio(r["ratio"]), verdict(goals[r["goal"]]) if r.get("goal") else "shown"]
+         for r in rows],
+        numeric_from=3,
+    )  # fmt: skip
+    print("\n" + "\n".join(table) + "\n")
+    for g in goals.values():
+        print(f"{verdict(g)}: {g['text']}: {g['measured']}")
+    lines = [*md_header(title, workload, report), "", *notes, *([""] if notes else []), *table,
+             *goal_lines(goals)]  # fmt: skip
+    write_outputs(out, name, report, "\n".join(lines) + "\n",
+                  lambda path: builds_plot(rows, goals, at_least, title, path))  # fmt: skip
+    return report
+
+
+def builds_plot(
+    rows: list[dict[str, Any]], goals: dict[str, Any], at_least: float, title: str, path: Path
+) -> None:
+    """Horizontal bars: each row's speed-up (green: its goal met, red: missed, grey:
+    shown, not judged), a dashed line at ``at_least``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.32 * len(rows)))
+    names = [f"{r['measure']}: {r['variant']}" for r in rows]
+    colors = ["tab:grey" if not r.get("goal") else "tab:green" if goals[r["goal"]]["met"]
+              else "tab:red" for r in rows]  # fmt: skip
+    ax.barh(names, [r["ratio"] for r in rows], color=colors)
+    for i, r in enumerate(rows):
+        ax.annotate(fmt_ratio(r["ratio"]), (r["ratio"], i), fontsize=7, va="center",
+                    xytext=(3, 0), textcoords="offset points")  # fmt: skip
+    ax.axvline(at_least, color="red", linestyle="--", linewidth=1, label=f"goal {at_least:g}x")
+    ax.axvline(1.0, color="grey", linewidth=0.8)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("compiled build's speed-up over the interpreted one (best round each)")
+    ax.set_title(f"{title} (green: goal met, red: missed, grey: shown)", fontsize=10)
+    ax.legend(fontsize=8)
+    save(fig, path)
 
 
 # --- plots ----------------------------------------------------------------------------------
