@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import final
+from typing import TypeAlias, final
+
+Time: TypeAlias = float | int
+"""A time in seconds (event time, a watermark, a timer): an int stays an int, exact beyond
+2**53 (nanoseconds), in the compiled build too, where a ``float`` is a C double."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Container, Hashable
 from typing import Any, Generic, NoReturn, Protocol, TypeVar, overload
 
 from aec.config import AecConfig
-from aec.elements import check_timestamp
+from aec.elements import Time, check_timestamp
 from aec.retry import NoRetry, RetryStrategy
 from aec.state.backend import StateBackend
 from aec.state.descriptors import (
@@ -40,13 +40,13 @@ class _RunningRecord(Protocol):
     @property
     def key(self) -> Hashable: ...
     @property
-    def timestamp(self) -> float | int | None: ...
+    def timestamp(self) -> Time | None: ...
     @property
-    def watermark(self) -> float | int: ...
+    def watermark(self) -> Time: ...
     @property
-    def processing_time(self) -> float | int: ...
+    def processing_time(self) -> Time: ...
     @property
-    def timer(self) -> tuple[str, float | int] | None: ...  # (domain, timestamp) while a timer fires
+    def timer(self) -> tuple[str, Time] | None: ...  # (domain, timestamp) while a timer fires
 
 
 class _Records(Protocol):
@@ -66,12 +66,12 @@ class BatchCalls(Protocol[IN, OUT]):
     @property
     def max_batch_size(self) -> int: ...
     @property
-    def max_wait(self) -> float | int | None: ...
+    def max_wait(self) -> Time | None: ...
 
 
 class _ExternalCalls(Protocol):
     def call_batched(
-        self, batcher: BatchCalls[IN, OUT], arg: IN, timeout: float | int | None, retry: RetryStrategy
+        self, batcher: BatchCalls[IN, OUT], arg: IN, timeout: Time | None, retry: RetryStrategy
     ) -> StateFuture[OUT]: ...
 
 
@@ -89,10 +89,10 @@ class OperatorHooks(Protocol):
     def external_calls(self) -> _ExternalCalls: ...  # aec.runtime.external_calls.ExternalCalls
 
     def state_handle(self, descriptor: StateDescriptor) -> object: ...
-    def register_timer(self, domain: str, timestamp: float | int) -> None: ...
-    def delete_timer(self, domain: str, timestamp: float | int) -> None: ...
-    def timer_times(self, domain: str) -> Container[float | int]: ...
-    def due_timers(self, domain: str, until: float | int) -> list[float | int]: ...
+    def register_timer(self, domain: str, timestamp: Time) -> None: ...
+    def delete_timer(self, domain: str, timestamp: Time) -> None: ...
+    def timer_times(self, domain: str) -> Container[Time]: ...
+    def due_timers(self, domain: str, until: Time) -> list[Time]: ...
     def current_context(self) -> _RunningRecord: ...
     def emit(self, value: object) -> None: ...
     def emit_side(self, tag: Hashable, value: object) -> None: ...
@@ -100,7 +100,7 @@ class OperatorHooks(Protocol):
         self,
         fn: Callable[..., Awaitable[R]],
         args: tuple[object, ...],
-        timeout: float | int | None,
+        timeout: Time | None,
         retry: RetryStrategy,
     ) -> StateFuture[R]: ...
 
@@ -118,7 +118,7 @@ class KeyedProcessFunction(Generic[IN]):
         or be ``async def``."""
         raise NotImplementedError(f"{type(self).__name__} must override process_element")
 
-    def on_timer(self, timestamp: float | int, ctx: Context) -> object:
+    def on_timer(self, timestamp: Time, ctx: Context) -> object:
         """A timer of key ``ctx.current_key`` at ``timestamp`` (seconds) fired."""
 
     def process_initial_state(self, row: Any, ctx: Context) -> Any:
@@ -154,7 +154,7 @@ class KeyedCoProcessFunction:
         """Handle one record of input 2 of key ``ctx.current_key``."""
         raise NotImplementedError(f"{type(self).__name__} must override process_element2")
 
-    def on_timer(self, timestamp: float | int, ctx: Context) -> Any:
+    def on_timer(self, timestamp: Time, ctx: Context) -> Any:
         """A timer of key ``ctx.current_key`` at ``timestamp`` (seconds) fired."""
 
     def close(self) -> None:
@@ -251,17 +251,17 @@ class TimerService:
     def __init__(self, operator: OperatorHooks) -> None:
         self._operator = operator
 
-    def register_event_time_timer(self, timestamp: float | int) -> None:
+    def register_event_time_timer(self, timestamp: Time) -> None:
         """Fire ``on_timer(timestamp)`` for this key once the watermark reaches
         ``timestamp``; registering the same (key, timestamp) again is a no-op.
         Raises TypeError/ValueError for a timestamp that is not a number."""
         self._operator.register_timer("event-time", _checked(timestamp, "event-time"))
 
-    def delete_event_time_timer(self, timestamp: float | int) -> None:
+    def delete_event_time_timer(self, timestamp: Time) -> None:
         """Forget this key's event-time timer at ``timestamp`` (no-op if absent)."""
         self._operator.delete_timer("event-time", _checked(timestamp, "event-time"))
 
-    def register_processing_time_timer(self, timestamp: float | int) -> None:
+    def register_processing_time_timer(self, timestamp: Time) -> None:
         """Fire ``on_timer(timestamp)`` for this key once the operator's clock reads
         ``timestamp`` or later (checked between input elements, at a reading that
         advances the clock: a timer at or before the current reading fires at the
@@ -270,36 +270,36 @@ class TimerService:
         in Flink)."""
         self._operator.register_timer("processing-time", _checked(timestamp, "processing-time"))
 
-    def delete_processing_time_timer(self, timestamp: float | int) -> None:
+    def delete_processing_time_timer(self, timestamp: Time) -> None:
         """Forget this key's processing-time timer at ``timestamp`` (no-op if absent)."""
         self._operator.delete_timer("processing-time", _checked(timestamp, "processing-time"))
 
-    def timer_times(self, domain: str) -> Container[float | int]:
+    def timer_times(self, domain: str) -> Container[Time]:
         """The timestamps of this key's registered timers in ``domain``
         (``"event-time"`` or ``"processing-time"``), for membership tests (aec
         extension: a function deleting many timers skips those it never set). A live
         view, valid until a timer of the key is registered; O(1) per test."""
         return self._operator.timer_times(domain)
 
-    def due_timers(self, domain: str, until: float | int) -> list[float | int]:
+    def due_timers(self, domain: str, until: Time) -> list[Time]:
         """The timestamps of this key's timers in ``domain`` at or before ``until``
         (seconds), ascending, as a new list (aec extension). O(log n + due)."""
         return self._operator.due_timers(domain, until)
 
-    def current_watermark(self) -> float | int:
+    def current_watermark(self) -> Time:
         """The watermark the running code sees, in seconds (-inf before the first):
         for a record, the last watermark that arrived before it; for a timer,
         the watermark that fired it (for a processing-time timer, the last one
         before the clock advance that fired it)."""
         return self._operator.current_context().watermark
 
-    def current_processing_time(self) -> float | int:
+    def current_processing_time(self) -> Time:
         """The operator clock's reading when the running record arrived (or its
         timer fired), in seconds."""
         return self._operator.current_context().processing_time
 
 
-def _checked(timestamp: float | int | None, domain: str) -> float | int:  # None from untyped callers
+def _checked(timestamp: Time | None, domain: str) -> Time:  # None from untyped callers
     if type(timestamp) is float and timestamp == timestamp:  # the common case: not NaN
         return timestamp
     if timestamp is None:
@@ -347,7 +347,7 @@ class Context:
         return current.key
 
     @property
-    def timestamp(self) -> float | int | None:
+    def timestamp(self) -> Time | None:
         """The record's event time, or the firing timer's timestamp (seconds)."""
         return self._running().timestamp
 
@@ -361,7 +361,7 @@ class Context:
         self,
         fn: Callable[..., Awaitable[R]],
         *args: object,
-        timeout: float | int | None = None,
+        timeout: Time | None = None,
         retry: RetryStrategy = _NO_RETRY,
     ) -> StateFuture[R]:
         """Call an external service for the running record; a ``StateFuture`` of its
@@ -398,7 +398,7 @@ class Context:
         batcher: BatchCalls[IN, OUT],
         arg: IN,
         *,
-        timeout: float | int | None = None,
+        timeout: Time | None = None,
         retry: RetryStrategy = _NO_RETRY,
     ) -> StateFuture[OUT]:
         """Hand ``arg`` to ``batcher`` (an ``aec.async_io.Batcher``) for the running

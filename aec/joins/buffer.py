@@ -44,6 +44,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from aec.elements import Time
 from aec.state.future import StateFuture, combine_all
 from aec.state.handles import MapState
 
@@ -61,7 +62,7 @@ _ULPS = 8
 _FEW_BUCKETS = 64  # a record reads one or two buckets, up to this many by their range
 
 
-def bucket_width(lower: float | int, upper: float | int) -> float | int:
+def bucket_width(lower: Time, upper: Time) -> Time:
     """The bucket width (seconds) of an interval join with finite bounds ``lower <=
     upper``: the interval's length, at least ``MIN_WIDTH`` and at most the largest
     float; a single point (``lower == upper``) gets buckets of a second."""
@@ -70,12 +71,12 @@ def bucket_width(lower: float | int, upper: float | int) -> float | int:
     return min(max(upper - lower, MIN_WIDTH), _SPAN)  # upper - lower may overflow to inf
 
 
-def entry(timestamp: float | int, cleanup: float | int, watermark: float | int, value: Any) -> Entry:
+def entry(timestamp: Time, cleanup: Time, watermark: Time, value: Any) -> Entry:
     """A record's entry."""
     return [timestamp, cleanup, watermark, value]
 
 
-def live(entries: list[Entry], watermark: float | int) -> list[Entry]:
+def live(entries: list[Entry], watermark: Time) -> list[Entry]:
     """The entries not dead for code seeing ``watermark`` (see the module doc: dead is
     ``cleanup <= watermark`` and ``arrival watermark < watermark``), in order."""
     return [e for e in entries if e[1] > watermark or e[2] >= watermark]
@@ -93,16 +94,16 @@ class JoinBuffer:
 
     __slots__ = ("state", "width", "_slack")
 
-    def __init__(self, state: MapState, width: float | int, bound: float | int) -> None:
+    def __init__(self, state: MapState, width: Time, bound: Time) -> None:
         self.state = state
         self.width = width
         self._slack = _ULPS * math.ulp(bound)  # the bounds' part of a range's margin
 
-    def bucket(self, timestamp: float | int) -> int:
+    def bucket(self, timestamp: Time) -> int:
         """The bucket holding entries of ``timestamp``."""
         return math.floor(timestamp / self.width)
 
-    def buckets(self, low: float | int, high: float | int) -> range | list[int]:
+    def buckets(self, low: Time, high: Time) -> range | list[int]:
         """Every bucket that may hold a timestamp in ``[low, high]`` (widened by a
         rounding margin, so a bound computed as ``a + b`` never misses its bucket; a
         bound that overflowed to an infinity is the largest float), in order.
@@ -134,7 +135,7 @@ class JoinBuffer:
         return combine_all([get(b) for b in buckets])
 
     @staticmethod
-    def side(stored: Iterable[Bucket | None], side: int, watermark: float | int) -> list[Entry]:
+    def side(stored: Iterable[Bucket | None], side: int, watermark: Time) -> list[Entry]:
         """The live entries of ``side`` in ``stored`` buckets, in bucket order, each
         bucket's in arrival order."""
         entries: list[Entry] = []
@@ -147,7 +148,7 @@ class JoinBuffer:
         self,
         bucket: int,
         stored: Bucket | None,
-        watermark: float | int,
+        watermark: Time,
         add: tuple[int, Entry] | None = None,
     ) -> StateFuture | None:
         """Store ``bucket`` as ``stored`` (as read) without its dead entries and with

@@ -33,19 +33,20 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from aec.elements import Time
 from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, entry, live
 from aec.runtime.bundle import BundleContext
 
-Record = tuple[int, Any, float | int, float | int]  # (input, value, timestamp, arrival watermark)
+Record = tuple[int, Any, Time, Time]  # (input, value, timestamp, arrival watermark)
 
 
 class _Join(Protocol):
     """What the bundle uses of ``aec.joins.interval.IntervalJoinFunction``."""
 
     buffer: JoinBuffer
-    joined: Callable[[Any, Any, float | int, list[Entry], bool], None]
+    joined: Callable[[Any, Any, Time, list[Entry], bool], None]
 
-    def plan(self, is_left: bool, timestamp: float | int) -> Any: ...
+    def plan(self, is_left: bool, timestamp: Time) -> Any: ...
 
 
 class JoinBundle:
@@ -58,7 +59,7 @@ class JoinBundle:
         self._held: dict[Any, list[Record]] = {}
 
     def offer_input(
-        self, input: int, key: Any, value: Any, timestamp: Any, watermark: float | int
+        self, input: int, key: Any, value: Any, timestamp: Any, watermark: Time
     ) -> bool:
         """Hold an on-time record of input ``input``; False (run it alone) otherwise
         (not a finite number: alone, it fails with the join's error naming it)."""
@@ -74,7 +75,7 @@ class JoinBundle:
         self.size += 1
         return True
 
-    def take(self, watermark: float | int) -> list[tuple[Any, Any, int]]:
+    def take(self, watermark: Time) -> list[tuple[Any, Any, int]]:
         """Every key's records (a watermark must not leave before their pairs)."""
         held, self._held, self.size = self._held, {}, 0
         return [(key, records, len(records)) for key, records in held.items()]

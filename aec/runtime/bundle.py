@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aec.elements import Time
 from aec.errors import describe
 from aec.runtime.record_context import RecordContext
 
@@ -44,7 +45,7 @@ class Bundle(Protocol):
         ...
 
     def offer(
-        self, key: Hashable, value: object, timestamp: float | int | None, watermark: float | int
+        self, key: Hashable, value: object, timestamp: Time | None, watermark: Time
     ) -> bool:
         """Take a record (``watermark``: the operator's current one, seconds); False
         to let it run as a record of its own. Never raises."""
@@ -52,7 +53,7 @@ class Bundle(Protocol):
 
     # the share is Any: each bundle has its own share type, which an ``object`` parameter
     # of ``fold`` would refuse (a protocol's parameters are contravariant)
-    def take(self, watermark: float | int) -> list[tuple[Hashable, Any, int]]:
+    def take(self, watermark: Time) -> list[tuple[Hashable, Any, int]]:
         """Remove and return ``(key, share, records)`` for what must be in state
         before ``watermark`` leaves (``math.inf``: everything), one entry per key."""
         ...
@@ -94,16 +95,16 @@ class BundleContext(RecordContext):
         key_group: int,
         sequence: int,
         epoch: Epoch,
-        watermark: float | int,
+        watermark: Time,
         on_finished: Callable[[RecordContext], None],
-        processing_time: float | int,
+        processing_time: Time,
     ) -> None:
         super().__init__(
             BundledRecords(records), key, key_group, None, sequence, epoch, watermark,
             on_finished, None, processing_time,
         )  # fmt: skip
         self.share = share
-        self.firing: float | int | None = None
+        self.firing: Time | None = None
 
     def describe(self) -> str:
         if self.firing is not None:
@@ -140,7 +141,7 @@ class BundleFlusher:
         self._controller = controller
         self._new_context = new_context
 
-    def flush(self, watermark: float | int) -> None:
+    def flush(self, watermark: Time) -> None:
         """Fold what the bundle holds that is due at ``watermark`` (inf: all) into
         state: one derived context per key, admitted beyond the in-flight limit like
         a timer firing (it never waits for capacity)."""

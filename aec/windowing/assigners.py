@@ -12,12 +12,13 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aec.elements import Time
 from aec.windowing.grid import Grid
 from aec.windowing.triggers import EventTimeTrigger, NeverTrigger, ProcessingTimeTrigger, Trigger
 from aec.windowing.windows import GlobalWindow, TimeWindow, Window
 
 
-def _positive(owner: str, name: str, value: object) -> float | int:
+def _positive(owner: str, name: str, value: object) -> Time:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{owner}: {name} must be a number of seconds, got {value!r}")
     if not (value > 0 and math.isfinite(value)):
@@ -25,7 +26,7 @@ def _positive(owner: str, name: str, value: object) -> float | int:
     return value
 
 
-def _offset(owner: str, offset: object, bound: float | int, bound_name: str) -> float | int:
+def _offset(owner: str, offset: object, bound: Time, bound_name: str) -> Time:
     if isinstance(offset, bool) or not isinstance(offset, (int, float)):
         raise TypeError(f"{owner}: offset must be a number of seconds, got {offset!r}")
     if not abs(offset) < bound:
@@ -44,7 +45,7 @@ class WindowAssigner:
     event_time = True
     merging = False
 
-    def assign_windows(self, value: Any, timestamp: float | int) -> Sequence[Window]:
+    def assign_windows(self, value: Any, timestamp: Time) -> Sequence[Window]:
         """The windows of a record at ``timestamp`` seconds (event or processing time)."""
         raise NotImplementedError
 
@@ -65,7 +66,7 @@ class SlidingEventTimeWindows(WindowAssigner):
         ValueError: ``size`` or ``slide`` <= 0, or ``|offset| >= slide``.
     """
 
-    def __init__(self, size: float | int, slide: float | int, offset: float | int = 0) -> None:
+    def __init__(self, size: Time, slide: Time, offset: Time = 0) -> None:
         name = type(self).__name__
         self.size = _positive(name, "size", size)
         self.slide = _positive(name, "slide", slide)
@@ -73,10 +74,10 @@ class SlidingEventTimeWindows(WindowAssigner):
         self.grid = Grid(self.offset, self.slide, self.size)
 
     @classmethod
-    def of(cls, size: float | int, slide: float | int, offset: float | int = 0) -> SlidingEventTimeWindows:
+    def of(cls, size: Time, slide: Time, offset: Time = 0) -> SlidingEventTimeWindows:
         return cls(size, slide, offset)
 
-    def assign_windows(self, value: object, timestamp: float | int) -> list[TimeWindow]:
+    def assign_windows(self, value: object, timestamp: Time) -> list[TimeWindow]:
         return self.grid.windows(timestamp)
 
     def __repr__(self) -> str:
@@ -91,17 +92,17 @@ class TumblingEventTimeWindows(SlidingEventTimeWindows):
         ValueError: ``size`` <= 0 or ``|offset| >= size``.
     """
 
-    def __init__(self, size: float | int, offset: float | int = 0) -> None:
+    def __init__(self, size: Time, offset: Time = 0) -> None:
         name = type(self).__name__
         self.size = self.slide = _positive(name, "size", size)
         self.offset = _offset(name, offset, self.size, "size")
         self.grid = Grid(self.offset, self.slide, self.size)
 
     @classmethod
-    def of(cls, size: float | int, offset: float | int = 0) -> TumblingEventTimeWindows:  # type: ignore[override]
+    def of(cls, size: Time, offset: Time = 0) -> TumblingEventTimeWindows:  # type: ignore[override]
         return cls(size, offset)
 
-    def assign_windows(self, value: object, timestamp: float | int) -> list[TimeWindow]:
+    def assign_windows(self, value: object, timestamp: Time) -> list[TimeWindow]:
         grid = self.grid
         return [grid.window(grid.index(timestamp))]
 
@@ -132,10 +133,10 @@ class EventTimeSessionWindows(WindowAssigner):
 
     merging = True
 
-    def __init__(self, gap: float | int | None = None, gap_fn: Callable[[Any], float | int] | None = None):
+    def __init__(self, gap: Time | None = None, gap_fn: Callable[[Any], Time] | None = None):
         name = type(self).__name__
         if gap_fn is None:
-            self.gap: float | int | None = _positive(name, "gap", gap)
+            self.gap: Time | None = _positive(name, "gap", gap)
         else:
             if not callable(gap_fn):
                 raise TypeError(f"{name}: the dynamic gap must be callable, got {gap_fn!r}")
@@ -143,14 +144,14 @@ class EventTimeSessionWindows(WindowAssigner):
         self.gap_fn = gap_fn
 
     @classmethod
-    def with_gap(cls, gap: float | int) -> EventTimeSessionWindows:
+    def with_gap(cls, gap: Time) -> EventTimeSessionWindows:
         return cls(gap)
 
     @classmethod
-    def with_dynamic_gap(cls, fn: Callable[[Any], float | int]) -> EventTimeSessionWindows:
+    def with_dynamic_gap(cls, fn: Callable[[Any], Time]) -> EventTimeSessionWindows:
         return cls(None, fn)
 
-    def assign_windows(self, value: object, timestamp: float | int) -> list[TimeWindow]:
+    def assign_windows(self, value: object, timestamp: Time) -> list[TimeWindow]:
         gap = self.gap
         if gap is None:
             gap = self.gap_fn(value)  # type: ignore[misc]
@@ -189,7 +190,7 @@ class GlobalWindows(WindowAssigner):
     def create(cls) -> GlobalWindows:
         return cls()
 
-    def assign_windows(self, value: object, timestamp: float | int) -> list[GlobalWindow]:
+    def assign_windows(self, value: object, timestamp: Time) -> list[GlobalWindow]:
         return [GLOBAL_WINDOW]
 
     def default_trigger(self) -> Trigger:

@@ -19,24 +19,25 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
+from aec.elements import Time
 from aec.windowing.grid import Grid, Panes
 from aec.windowing.windows import Window
 
 
-def fires_on_element(event_time: bool, end: float | int, now: float | int) -> bool:
+def fires_on_element(event_time: bool, end: Time, now: Time) -> bool:
     """The built-in trigger's ``on_element``: True to fire at once (an event-time window
     whose end the watermark ``now`` reached: a late firing), False to register the
     trigger's timer at ``end`` (processing time always)."""
     return bool(event_time and end <= now)  # numpy times compare to numpy.bool
 
 
-def timer_on_merge(end: float | int, now: float | int) -> bool:
+def timer_on_merge(end: Time, now: Time) -> bool:
     """The built-in trigger's ``on_merge``: whether the merged window registers its timer
     at ``end`` (not when ``now``, the watermark or the clock, passed it already)."""
     return bool(end > now)
 
 
-NO_TIMERS: tuple[float | int, ...] = ()
+NO_TIMERS: tuple[Time, ...] = ()
 W = TypeVar("W", bound=Window)
 
 
@@ -46,36 +47,36 @@ class BuiltinTrigger:
 
     __slots__ = ("event_time", "lateness")
 
-    def __init__(self, event_time: bool, lateness: float | int) -> None:
+    def __init__(self, event_time: bool, lateness: Time) -> None:
         self.event_time = event_time
         self.lateness = lateness
 
     # -- cleanup ----------------------------------------------------------------------------
-    def cleanup_time(self, end: float | int) -> float | int:
+    def cleanup_time(self, end: Time) -> Time:
         """Flink's ``cleanupTime``: ``end + lateness`` in event time (``inf`` for a window
         never cleaned: the global window, an infinite lateness; sums above the float range
         saturate to ``inf`` like Flink's ``Long.MAX_VALUE`` guard), ``end`` in processing
         time."""
         return end + self.lateness if self.event_time else end
 
-    def cleanup_timer(self, end: float | int) -> float | int | None:
+    def cleanup_timer(self, end: Time) -> Time | None:
         """The cleanup timer a new window registers besides the trigger's at ``end``: its
         cleanup time, or None when that is ``end`` itself (the same engine timer) or
         ``inf`` (never cleaned)."""
         cleanup = self.cleanup_time(end)
         return None if cleanup == end or cleanup == math.inf else cleanup
 
-    def is_late(self, end: float | int, watermark: float | int) -> bool:
+    def is_late(self, end: Time, watermark: Time) -> bool:
         """Flink's ``isWindowLate``: an event-time window cleaned by ``watermark``."""
         return bool(self.event_time and end + self.lateness <= watermark)
 
-    def is_late_record(self, timestamp: float | int, watermark: float | int) -> bool:
+    def is_late_record(self, timestamp: Time, watermark: Time) -> bool:
         """Flink's ``isElementLate``, asked of a record no window accepted: it goes to the
         late side output (or is counted dropped). Processing time has no late records."""
         return bool(self.event_time and timestamp + self.lateness <= watermark)
 
     # -- records ----------------------------------------------------------------------------
-    def on_element(self, end: float | int, now: float | int, fresh: bool) -> tuple[bool, tuple[float | int, ...]]:
+    def on_element(self, end: Time, now: Time, fresh: bool) -> tuple[bool, tuple[Time, ...]]:
         """A record was added to a window ending at ``end``; ``fresh``: the window held
         nothing before. Returns ``(fire, timers)``: fire now (a late firing, see
         ``fires_on_element``), and the engine timers to register: the trigger's at
@@ -89,7 +90,7 @@ class BuiltinTrigger:
             return fire, (NO_TIMERS if fire else (end,))
         return fire, ((cleanup,) if fire else (end, cleanup))
 
-    def chain_start(self, panes: Panes, j: int, now: float | int) -> float | int:
+    def chain_start(self, panes: Panes, j: int, now: Time) -> Time:
         """The timer a new pane ``j`` registers in chain mode: the end of its first window
         the trigger has not fired yet (event time: the first ending after the watermark
         ``now``, as no lateness keeps a fired window; processing time: its first, which
@@ -98,7 +99,7 @@ class BuiltinTrigger:
         return panes.end(panes.first_open(first, now) if self.event_time else first)
 
     # -- firings ----------------------------------------------------------------------------
-    def grid_timer(self, grid: Grid, time: float | int) -> tuple[int | None, int | None]:
+    def grid_timer(self, grid: Grid, time: Time) -> tuple[int | None, int | None]:
         """A timer at ``time`` of a grid's windows: ``(k fired, k cleaned)``, the index of
         the window ending at ``time`` (fires, if it holds anything) and of the one whose
         cleanup time is ``time`` (goes); either None when no window has that time."""
@@ -117,7 +118,7 @@ class BuiltinTrigger:
         return fires, None
 
     def due_sessions(
-        self, sessions: Iterable[W], low: float | int, high: float | int
+        self, sessions: Iterable[W], low: Time, high: Time
     ) -> list[tuple[W, bool, bool]]:
         """The sessions with a timer in ``[low, high]`` (a timer at ``t``: ``low = high =
         t``), in order of end: ``(window, fires, cleaned)``. A timer of a session merged
@@ -133,8 +134,8 @@ class BuiltinTrigger:
         return due
 
     def merge_timers(
-        self, sessions: Sequence[Window], actual: Window, merged: Sequence[Window], watermark: float | int
-    ) -> tuple[float | int | None, list[float | int]]:
+        self, sessions: Sequence[Window], actual: Window, merged: Sequence[Window], watermark: Time
+    ) -> tuple[Time | None, list[Time]]:
         """The engine timers of sessions ``merged`` into ``actual`` (``sessions``: the set
         after the merge), event time: ``(register, delete)``. The trigger's ``on_merge``
         registers ``actual``'s end unless the watermark passed it; the sessions merged
@@ -151,11 +152,11 @@ class BuiltinTrigger:
         return register, delete
 
 
-def _by_end(entry: tuple[W, bool, bool]) -> tuple[float | int, float | int]:
+def _by_end(entry: tuple[W, bool, bool]) -> tuple[Time, Time]:
     window = entry[0]
     return (window.end, window.start)
 
 
-def by_end(window: Window) -> tuple[float | int, float | int]:
+def by_end(window: Window) -> tuple[Time, Time]:
     """Sort key: windows in order of end (then start), the order they fire in."""
     return (window.end, window.start)

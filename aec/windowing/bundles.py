@@ -40,6 +40,7 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar, cast
 
+from aec.elements import Time
 from aec.functions import Context
 from aec.runtime.bundle import BundleContext
 from aec.state.future import StateFuture, combine_all
@@ -51,14 +52,14 @@ from aec.windowing.sliding import PanesDriver
 from aec.windowing.windows import TimeWindow
 
 S = TypeVar("S", bound=Hashable)  # a slot: a tumbling window's (start, end), a pane index
-Slot = tuple[float | int, float | int]  # a tumbling window's (start, end): its contents' map key
+Slot = tuple[Time, Time]  # a tumbling window's (start, end): its contents' map key
 Share = list[tuple[S, list[object]]]  # one key's slots and their values, in slot order
-Taken = tuple[float | int | None, Share[S]]  # (the flushing watermark if the fold fires, share)
+Taken = tuple[Time | None, Share[S]]  # (the flushing watermark if the fold fires, share)
 
 
 def emit_at_watermark(
     function: WindowFunction, context: BundleContext, ctx: Context, window: TimeWindow,
-    stored: object, watermark: float | int,
+    stored: object, watermark: Time,
 ) -> None:  # fmt: skip
     """Emit a window fired by a flush as its timer's firing would: the flush ``context``
     reports ``watermark``, the flushing one, while the process function runs, then its
@@ -97,9 +98,9 @@ class _SlotBundle(Generic[S]):
         self.store = inner.store
         self.aggregate = inner.function if type(inner) is AggregateContents else None
         # key of the pending dict (see offer) -> (slot's firing time, slot, {key: values})
-        self.pending: dict[Hashable, tuple[float | int, S, dict[Hashable, list[object]]]] = {}
+        self.pending: dict[Hashable, tuple[Time, S, dict[Hashable, list[object]]]] = {}
 
-    def hold(self, at: Hashable, due: float | int, slot: S, key: Hashable, value: object) -> None:
+    def hold(self, at: Hashable, due: Time, slot: S, key: Hashable, value: object) -> None:
         """Keep ``value`` of ``key`` in ``slot`` (firing at ``due``), after the key's
         earlier values there."""
         held = self.pending
@@ -114,7 +115,7 @@ class _SlotBundle(Generic[S]):
                 values.append(value)
         self.size += 1
 
-    def take_due(self, watermark: float | int, fires: bool) -> list[tuple[Hashable, Taken[S], int]]:
+    def take_due(self, watermark: Time, fires: bool) -> list[tuple[Hashable, Taken[S], int]]:
         """Remove and return what must be in state before ``watermark`` leaves, per key
         in slot order; the fold fires at a finite watermark when ``fires``."""
         pending = self.pending
@@ -164,12 +165,12 @@ class TumblingBundle(_SlotBundle[Slot]):
         self.grid = cast(Grid, function.grid)
         self.slot_of = self.grid.slot  # bound once: called per record
         self.rules = function.rules
-        # see offer; typed float | int: compiled, a float attribute would round int times
-        self.low: float | int = math.inf
-        self.high: float | int = -math.inf
+        # see offer; typed Time: compiled, a float attribute would round int times
+        self.low: Time = math.inf
+        self.high: Time = -math.inf
         self.last: Slot = (math.nan, math.nan)
 
-    def offer(self, key: Hashable, value: object, timestamp: float | int | None, watermark: float | int) -> bool:
+    def offer(self, key: Hashable, value: object, timestamp: Time | None, watermark: Time) -> bool:
         if timestamp is None:
             return False  # the record's own path fails the run, naming the timestamp
         if self.low <= timestamp <= self.high:  # between two times of the last slot
@@ -186,7 +187,7 @@ class TumblingBundle(_SlotBundle[Slot]):
         self.hold(end, end, slot, key, value)  # one window per firing time
         return True
 
-    def remember(self, slot: Slot, timestamp: float | int) -> None:
+    def remember(self, slot: Slot, timestamp: Time) -> None:
         """Keep the times that surely have ``slot``: ``Grid.slot`` is monotone in the time,
         so when the window's first and last float times both have it, every time of the
         window does (else only ``timestamp`` is known to)."""
@@ -202,7 +203,7 @@ class TumblingBundle(_SlotBundle[Slot]):
             self.low = self.high = timestamp
         self.last = slot
 
-    def take(self, watermark: float | int) -> list[tuple[Hashable, Taken[Slot], int]]:
+    def take(self, watermark: Time) -> list[tuple[Hashable, Taken[Slot], int]]:
         return self.take_due(watermark, True)
 
     def fold(self, taken: Taken[Slot], context: BundleContext, ctx: Context) -> None:
@@ -226,7 +227,7 @@ class TumblingBundle(_SlotBundle[Slot]):
             for time in timers:
                 service.register_event_time_timer(time)
 
-    def _fire_windows(self, share: Share[Slot], until: float | int, context: BundleContext, ctx: Context) -> None:
+    def _fire_windows(self, share: Share[Slot], until: Time, context: BundleContext, ctx: Context) -> None:
         """At a watermark ``until``: every window of the share ends at or before ``until``
         (``take`` gives back only those), so its end timer would fire at ``until``. The
         key's timers at or before ``until`` fire here instead, in order, with the share
@@ -264,8 +265,8 @@ class TumblingBundle(_SlotBundle[Slot]):
         )  # fmt: skip
 
     def _fire(
-        self, share: Share[Slot], stored: dict[tuple[float | int, float | int], object], due: list[float | int],
-        cleaned: list[tuple[float | int, float | int]], until: float | int, context: BundleContext, ctx: Context,
+        self, share: Share[Slot], stored: dict[tuple[Time, Time], object], due: list[Time],
+        cleaned: list[tuple[Time, Time]], until: Time, context: BundleContext, ctx: Context,
     ) -> None:  # fmt: skip
         """``_fire_windows``' firings: ``stored`` maps the windows ending at a due timer
         to their contents (None: absent), ``cleaned`` the windows whose cleanup timer is
@@ -308,13 +309,13 @@ class PaneBundle(_SlotBundle[int]):
         self.panes = cast(Panes, function.panes)
         self.rules = function.rules
         self.driver = driver
-        self.low: float | int = math.inf  # see offer; float | int as TumblingBundle's
-        self.high: float | int = -math.inf
-        self.last: tuple[int, float | int] = (0, 0.0)
+        self.low: Time = math.inf  # see offer; Time as TumblingBundle's
+        self.high: Time = -math.inf
+        self.last: tuple[int, Time] = (0, 0.0)
         # a flush at a watermark also fires the key's due panes (see _fold_and_fire)
         self.fires = function.process_fn is None
 
-    def offer(self, key: Hashable, value: object, timestamp: float | int | None, watermark: float | int) -> bool:
+    def offer(self, key: Hashable, value: object, timestamp: Time | None, watermark: Time) -> bool:
         if timestamp is None:
             return False  # the record's own path fails the run, naming the timestamp
         if self.low <= timestamp < self.high:  # the last record's pane
@@ -337,7 +338,7 @@ class PaneBundle(_SlotBundle[int]):
         self.hold(j, due, j, key, value)
         return True
 
-    def take(self, watermark: float | int) -> list[tuple[Hashable, Taken[int], int]]:
+    def take(self, watermark: Time) -> list[tuple[Hashable, Taken[int], int]]:
         return self.take_due(watermark, self.fires)
 
     def fold(self, taken: Taken[int], context: BundleContext, ctx: Context) -> None:
@@ -347,7 +348,7 @@ class PaneBundle(_SlotBundle[int]):
         )
 
     def _fold(
-        self, share: Share[int], held: LivePanes | None, until: float | int | None,
+        self, share: Share[int], held: LivePanes | None, until: Time | None,
         context: BundleContext, ctx: Context,
     ) -> None:  # fmt: skip
         """Fold the share into the key's panes (one read, one write); at a watermark
@@ -377,5 +378,5 @@ class PaneBundle(_SlotBundle[int]):
             self.live.async_update(found or None)
 
 
-def _end(slot: tuple[float | int, float | int]) -> float | int:
+def _end(slot: tuple[Time, Time]) -> Time:
     return slot[1]

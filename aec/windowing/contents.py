@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+from aec.elements import Time
 from aec.state.descriptors import AggregateFunction
 from aec.state.future import StateFuture, combine_all
 from aec.state.handles import MapState
@@ -29,7 +30,7 @@ class Contents:
         # Any: None on the session path, whose readers never read it
         self.store: MapState | Any = store
 
-    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
+    def fold(self, stored: object, value: object, timestamp: Time) -> object:
         """``stored`` (None: empty) with one more record folded in."""
         raise NotImplementedError
 
@@ -45,7 +46,7 @@ class Contents:
         """``merge`` without changing any of ``values`` (they may be stored objects)."""
         return self.merge(values)
 
-    async def add(self, window: object, value: object, timestamp: float | int) -> bool:
+    async def add(self, window: object, value: object, timestamp: Time) -> bool:
         """Add a record to ``window``; True when the window held something before."""
         store, key = self.store, window_key(window)
         stored = await store.async_get(key)
@@ -80,7 +81,7 @@ class AggregateContents(Contents):
         super().__init__(store)
         self.function = function
 
-    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
+    def fold(self, stored: object, value: object, timestamp: Time) -> object:
         fn = self.function
         return fn.add(value, fn.create_accumulator() if stored is None else stored)
 
@@ -108,7 +109,7 @@ class ReduceContents(Contents):
         super().__init__(store)
         self.function = function
 
-    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
+    def fold(self, stored: object, value: object, timestamp: Time) -> object:
         return value if stored is None else self.function(stored, value)
 
     def merge(self, values: list[object]) -> object:
@@ -124,7 +125,7 @@ class ReduceContents(Contents):
 class ListContents(Contents):
     """Every value of the window, in arrival order."""
 
-    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
+    def fold(self, stored: object, value: object, timestamp: Time) -> object:
         return [value] if stored is None else [*cast(list[object], stored), value]
 
     def merge(self, values: list[object]) -> object:
@@ -144,12 +145,12 @@ class EvictingContents(ListContents):
         super().__init__(store)
         self.folder = folder
 
-    def fold(self, stored: object, value: object, timestamp: float | int) -> object:
+    def fold(self, stored: object, value: object, timestamp: Time) -> object:
         pair = (value, timestamp)
-        return [pair] if stored is None else [*cast(list[tuple[object, float | int]], stored), pair]
+        return [pair] if stored is None else [*cast(list[tuple[object, Time]], stored), pair]
 
     def elements(self, stored: object) -> list[object]:
-        values = [value for value, _ in cast(list[tuple[object, float | int]], stored)]
+        values = [value for value, _ in cast(list[tuple[object, Time]], stored)]
         folder = self.folder
         if folder is None:
             return values

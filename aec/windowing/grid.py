@@ -25,17 +25,18 @@ import math
 from bisect import bisect_left
 from fractions import Fraction
 
+from aec.elements import Time
 from aec.windowing.windows import TimeWindow
 
 MAX_PANES_PER_WINDOW = 4096  # beyond this (odd float sizes) windows keep their own state
 _EXACT_STEPS = 2**52  # grid steps from the offset whose bounds a float still tells apart
 
-Fired = tuple[float | int, float | int, int, int, int]
+Fired = tuple[Time, Time, int, int, int]
 """A window of a chain firing: ``(start, end, lo, hi, cut)``; it merges the live panes
 ``indexes[lo:hi]`` and ``indexes[lo:cut]`` are its last-use panes (see ``Panes.chain``)."""
 
 
-def _floor_index(timestamp: float | int, offset: float | int, step: float | int) -> int:
+def _floor_index(timestamp: Time, offset: Time, step: Time) -> int:
     """``floor((timestamp - offset) / step)``, exact when all three are ints (nanosecond
     timestamps beyond 2**53); ValueError naming a timestamp that is not a finite number
     (no window or pane holds it)."""
@@ -49,7 +50,7 @@ def _floor_index(timestamp: float | int, offset: float | int, step: float | int)
         ) from None
 
 
-def _holding_index(timestamp: float | int, offset: float | int, step: float | int) -> int:
+def _holding_index(timestamp: Time, offset: Time, step: Time) -> int:
     """The ``k`` with ``offset + k * step <= timestamp < offset + (k + 1) * step`` as the
     floats compute those bounds: the floor of the quotient, corrected when it rounded
     up (a timestamp just below a start) or down (one exactly on a start, as 4.1 on the
@@ -84,26 +85,26 @@ class Grid:
 
     __slots__ = ("offset", "slide", "size")
 
-    def __init__(self, offset: float | int, slide: float | int, size: float | int) -> None:
+    def __init__(self, offset: Time, slide: Time, size: Time) -> None:
         self.offset = offset
         self.slide = slide
         self.size = size
 
-    def index(self, timestamp: float | int) -> int:
+    def index(self, timestamp: Time) -> int:
         """The index of the latest window starting at or before ``timestamp`` (seconds):
         ``floor((timestamp - offset) / slide)``. O(1). Raises ValueError naming an
         infinite or NaN timestamp."""
         return _floor_index(timestamp, self.offset, self.slide)
 
-    def start(self, k: int) -> float | int:
+    def start(self, k: int) -> Time:
         """The start of window ``k``: ``offset + k * slide``."""
         return self.offset + k * self.slide
 
-    def end(self, k: int) -> float | int:
+    def end(self, k: int) -> Time:
         """The end of window ``k``: its start plus ``size`` (exclusive; it fires there)."""
         return self.offset + k * self.slide + self.size
 
-    def slot(self, timestamp: float | int) -> tuple[float | int, float | int]:
+    def slot(self, timestamp: Time) -> tuple[Time, Time]:
         """``(start, end)`` of the latest window starting at or before ``timestamp``: a
         tumbling window's (the map key of its contents)."""
         offset, slide = self.offset, self.slide
@@ -115,7 +116,7 @@ class Grid:
         start = self.offset + k * self.slide
         return TimeWindow.trusted(start, start + self.size)
 
-    def windows(self, timestamp: float | int) -> list[TimeWindow]:
+    def windows(self, timestamp: Time) -> list[TimeWindow]:
         """Every window holding ``timestamp``, the latest start first (Flink's
         ``SlidingEventTimeWindows.assignWindows``): ``size / slide`` windows, rounded."""
         k = _holding_index(timestamp, self.offset, self.slide)
@@ -127,7 +128,7 @@ class Grid:
             windows.append(window)
             k -= 1
 
-    def ending_near(self, end: float | int) -> int:
+    def ending_near(self, end: Time) -> int:
         """The index of the window whose end is nearest ``end`` (``end`` finite; exact
         when all are ints)."""
         start, slide = end - self.size - self.offset, self.slide
@@ -135,12 +136,12 @@ class Grid:
             return (2 * start + slide) // (2 * slide)
         return round(start / slide)
 
-    def ending_at(self, end: float | int) -> int | None:
+    def ending_at(self, end: Time) -> int | None:
         """The index of the window whose end is exactly ``end``, or None (``end`` finite)."""
         k = self.ending_near(end)
         return k if self.end(k) == end else None
 
-    def first_open(self, k: int, time: float | int) -> int:
+    def first_open(self, k: int, time: Time) -> int:
         """The first index ``>= k`` whose window ends after ``time``: the first window a
         watermark (or clock reading) ``time`` has not fired yet. O(1): an estimate, then
         the float boundary checked both ways. Raises ValueError for ``time = inf``."""
@@ -160,12 +161,12 @@ class Grid:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.offset!r}, {self.slide!r}, {self.size!r})"
 
-    def __reduce__(self) -> tuple[type[Grid], tuple[float | int, float | int, float | int]]:
+    def __reduce__(self) -> tuple[type[Grid], tuple[Time, Time, Time]]:
         # the compiled class pickles only through its constructor's arguments
         return Grid, (self.offset, self.slide, self.size)
 
 
-def pane_size(size: float | int, slide: float | int) -> Fraction | None:
+def pane_size(size: Time, slide: Time) -> Fraction | None:
     """``gcd(size, slide)`` as an exact fraction (exact on the binary fractions of the
     floats), or None when a window would span more than ``MAX_PANES_PER_WINDOW`` panes."""
     a, b = Fraction(size), Fraction(slide)
@@ -188,14 +189,14 @@ class Panes(Grid):
         super().__init__(grid.offset, grid.slide, grid.size)
         # an int pane of an int grid keeps int timestamps exact (nanoseconds beyond 2**53)
         whole = type(grid.offset) is int and type(grid.slide) is int and type(grid.size) is int
-        self.g: float | int = int(g) if whole and g.denominator == 1 else float(g)
+        self.g: Time = int(g) if whole and g.denominator == 1 else float(g)
         self.n = int(Fraction(grid.size) / g)  # panes per window
         self.r = int(Fraction(grid.slide) / g)  # panes per slide
 
     def __reduce__(self) -> tuple[type[Panes], tuple[Grid, Fraction]]:  # type: ignore[override]
         return Panes, (Grid(self.offset, self.slide, self.size), Fraction(self.g))
 
-    def pane(self, timestamp: float | int) -> int:
+    def pane(self, timestamp: Time) -> int:
         """The index ``j`` of the pane holding ``timestamp``: ``offset + j * g <= t <
         offset + (j + 1) * g`` (the float estimate checked both ways)."""
         return _holding_index(timestamp, self.offset, self.g)
@@ -208,11 +209,11 @@ class Panes(Grid):
         """The index of the first window holding pane ``j``: ``ceil((j - n + 1) / r)``."""
         return -((self.n - 1 - j) // self.r)
 
-    def due(self, j: int) -> float | int:
+    def due(self, j: int) -> Time:
         """When pane ``j`` is first read: the end of its first window."""
         return self.offset + -((self.n - 1 - j) // self.r) * self.slide + self.size
 
-    def chain(self, indexes: list[int], k: int, due: float | int) -> tuple[list[Fired], float | int | None]:
+    def chain(self, indexes: list[int], k: int, due: Time) -> tuple[list[Fired], Time | None]:
         """A chain firing: window ``k`` and, in order, every later window holding one of a
         key's live panes ``indexes`` (ascending; none lies before window ``k``, whose
         predecessors fired and took their last-use panes) whose end is at or before

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
+from aec.elements import Time
 from aec.functions import Context
 from aec.state.descriptors import StateDescriptor
 from aec.state.handles import MapState, ValueState
@@ -49,7 +50,7 @@ class WindowFunction(Protocol):
     evictor: Evictor | None
     process_fn: ProcessWindowFunction | None
     event_time: bool
-    lateness: float | int
+    lateness: Time
     grid: Grid | None
     panes: Panes | None
     contents: Contents | PaneContents
@@ -62,7 +63,7 @@ class WindowFunction(Protocol):
         when an ``async def`` process function must finish, else None."""
         ...
 
-    def late(self, ctx: Context, value: object, timestamp: float | int, watermark: float | int) -> None:
+    def late(self, ctx: Context, value: object, timestamp: Time, watermark: Time) -> None:
         """A late record: to the late side output, or counted dropped."""
         ...
 

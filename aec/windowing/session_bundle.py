@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
+from aec.elements import Time
 from aec.functions import Context, TimerService
 from aec.runtime.bundle import BundleContext
 from aec.windowing.bundles import emit_at_watermark
@@ -40,8 +41,8 @@ from aec.windowing.protocol import WindowFunction
 from aec.windowing.sessions import Held, Memory, SessionsDriver, decode, encode
 from aec.windowing.windows import TimeWindow
 
-Records = list[tuple[object, float | int]]  # a key's records: (value, timestamp), in arrival order
-Taken = tuple[float | int | None, Records]  # (the flushing watermark if the fold fires, records)
+Records = list[tuple[object, Time]]  # a key's records: (value, timestamp), in arrival order
+Taken = tuple[Time | None, Records]  # (the flushing watermark if the fold fires, records)
 
 
 class NetTimers:
@@ -55,13 +56,13 @@ class NetTimers:
         # the key's timers now (unchanged until apply: nothing else runs in the fold)
         self.before = set(service.due_timers("event-time", math.inf))
         self.after = set(self.before)
-        self.added: dict[float | int, None] = {}  # in order of registration
+        self.added: dict[Time, None] = {}  # in order of registration
 
-    def register_event_time_timer(self, timestamp: float | int) -> None:
+    def register_event_time_timer(self, timestamp: Time) -> None:
         self.after.add(timestamp)
         self.added[timestamp] = None
 
-    def delete_event_time_timer(self, timestamp: float | int) -> None:
+    def delete_event_time_timer(self, timestamp: Time) -> None:
         self.after.discard(timestamp)
 
     def apply(self) -> None:
@@ -84,7 +85,7 @@ class SessionBundle:
         self.pending: dict[Hashable, Records] = {}  # key -> (value, t), in arrival order
         self.fires = function.lateness == 0  # a watermark's flush fires due sessions
 
-    def offer(self, key: Hashable, value: object, timestamp: float | int | None, watermark: float | int) -> bool:
+    def offer(self, key: Hashable, value: object, timestamp: Time | None, watermark: Time) -> bool:
         if timestamp is None:
             return False  # the record's own path fails the run, naming the timestamp
         records = self.pending.get(key)
@@ -95,7 +96,7 @@ class SessionBundle:
         self.size += 1
         return True
 
-    def take(self, watermark: float | int) -> list[tuple[Hashable, Taken, int]]:
+    def take(self, watermark: Time) -> list[tuple[Hashable, Taken, int]]:
         pending, self.pending = self.pending, {}
         self.size = 0
         until = watermark if self.fires and watermark != math.inf else None
@@ -112,7 +113,7 @@ class SessionBundle:
         )
 
     def _replay(
-        self, records: Records, held: Held, until: float | int | None, context: BundleContext,
+        self, records: Records, held: Held, until: Time | None, context: BundleContext,
         ctx: Context,
     ) -> None:  # fmt: skip
         """``SessionsDriver.place`` per record, on the key's sessions and contents in
@@ -148,7 +149,7 @@ class SessionBundle:
             driver.state.async_update(encode(sessions, memory))  # not awaited
 
     def _fire_due(
-        self, sessions: list[TimeWindow], memory: Memory, until: float | int, context: BundleContext,
+        self, sessions: list[TimeWindow], memory: Memory, until: Time, context: BundleContext,
         ctx: Context, net: NetTimers,
     ) -> bool:  # fmt: skip
         """Fire and remove the sessions the watermark ``until`` makes due, in order of

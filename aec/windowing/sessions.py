@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
+from aec.elements import Time
 from aec.functions import Context
 from aec.state.handles import ValueState
 from aec.windowing.assigners import EventTimeSessionWindows
@@ -37,7 +38,7 @@ STATE = "window-sessions-contents"
 
 Held = Sequence[Sequence[Any]] | None
 """The stored value: ``[start, end, contents]`` per session, sorted by start."""
-Memory = dict[tuple[float | int, float | int], object]
+Memory = dict[tuple[Time, Time], object]
 """A key's sessions' contents in memory: ``(start, end) -> contents``."""
 
 
@@ -45,9 +46,9 @@ class EventTimers(Protocol):
     """Where ``place`` registers and deletes event-time timers: the key's
     ``TimerService``, or a bundle's ``NetTimers``."""
 
-    def register_event_time_timer(self, timestamp: float | int) -> None: ...
+    def register_event_time_timer(self, timestamp: Time) -> None: ...
 
-    def delete_event_time_timer(self, timestamp: float | int) -> None: ...
+    def delete_event_time_timer(self, timestamp: Time) -> None: ...
 
 
 def decode(held: Held) -> tuple[list[TimeWindow], Memory]:
@@ -91,7 +92,7 @@ class SessionsDriver:
 
     def place(
         self, ctx: Context, sessions: list[TimeWindow], memory: Memory, value: object,
-        timestamp: float | int, window: TimeWindow, watermark: float | int, timers: EventTimers | None = None,
+        timestamp: Time, window: TimeWindow, watermark: Time, timers: EventTimers | None = None,
     ) -> bool:  # fmt: skip
         """Add a record's ``window`` to a key's ``sessions`` and the record to the session
         it lands in, on the sessions and their contents (``memory``) in memory, both
@@ -136,7 +137,7 @@ class SessionsDriver:
             function.emit(ctx, actual, folded)
         return True
 
-    def on_timer(self, time: float | int, ctx: Context) -> None:
+    def on_timer(self, time: Time, ctx: Context) -> None:
         """The sessions ending (or cleaned) at ``time`` fire (or go), in order of end; a
         merged-away session's timer finds nothing. One read, and one write when a session
         goes."""

@@ -17,6 +17,7 @@ import math
 from collections.abc import Container
 from typing import cast
 
+from aec.elements import Time
 from aec.functions import Context
 from aec.runtime.bundle import BundleContext
 from aec.windowing.contents import AggregateContents
@@ -83,7 +84,7 @@ class PanesDriver:
 
         live.async_value().on_complete(folded)
 
-    def on_timer(self, time: float | int, ctx: Context) -> None:
+    def on_timer(self, time: Time, ctx: Context) -> None:
         """The chain's firing: the window ending at ``time`` and, in event time, every
         later window of the key the watermark makes due (``fire_due``); one read of the
         key's panes, one write if panes went."""
@@ -105,7 +106,7 @@ class PanesDriver:
         live.async_value().on_complete(fire)
 
     def fire_due(
-        self, ctx: Context, found: LivePanes, k: int, due: float | int, firing: float | int = math.nan,
+        self, ctx: Context, found: LivePanes, k: int, due: Time, firing: Time = math.nan,
         flush: BundleContext | None = None,
     ) -> bool:  # fmt: skip
         """Fire what ``Panes.chain`` lists for the key's panes ``found`` (index ->
@@ -123,7 +124,7 @@ class PanesDriver:
         # with no user code holding a context in the loop, the key's timers change only by
         # our deletes, so absent ones are skipped (most fired windows have no timer of
         # their own: one chain timer per key); asked once, when a window needs it
-        timers: Container[float | int] | None = None
+        timers: Container[Time] | None = None
         if flush is not None and fired:
             flush.firing = fired[0][1]  # the chain's timer, which fires them all at once
         for start, end, lo, hi, cut in fired:

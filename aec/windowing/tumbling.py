@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import cast
 
+from aec.elements import Time
 from aec.functions import Context
 from aec.windowing.contents import Contents
 from aec.windowing.grid import Grid
@@ -76,7 +77,7 @@ class TumblingDriver:
         # keeps the record in flight; the put is this record's like any request)
         store.async_get(key).on_complete(fold)
 
-    def on_timer(self, time: float | int, ctx: Context) -> None:
+    def on_timer(self, time: Time, ctx: Context) -> None:
         """The window ending at ``time`` fires; the one whose cleanup time
         (``end + allowed_lateness``) is ``time`` is removed."""
         lateness = self.lateness
@@ -109,7 +110,7 @@ class TumblingDriver:
 
             store.async_get((window.start, window.end)).on_complete(fire_only)
 
-    def _at_end_of_input(self, time: float | int, ctx: Context) -> None:
+    def _at_end_of_input(self, time: Time, ctx: Context) -> None:
         """The key's first firing at watermark inf (end of input), with allowed lateness:
         every timer of the key is due now, ``time`` is its earliest. Instead of one firing
         per window end and per cleanup time, this one reads the key's windows (all are
@@ -118,7 +119,7 @@ class TumblingDriver:
         key's later timers. Per key: the outputs and final state of the separate firings."""
         store, function, cleanup_time = self.store, self.function, self.rules.cleanup_time
         service = ctx.timer_service
-        found: list[tuple[tuple[float | int, float | int], object]] = []
+        found: list[tuple[tuple[Time, Time], object]] = []
 
         def fire(_: object) -> None:
             found.sort(key=_by_end)
@@ -138,5 +139,5 @@ class TumblingDriver:
         )
 
 
-def _by_end(entry: tuple[tuple[float | int, float | int], object]) -> float | int:
+def _by_end(entry: tuple[tuple[Time, Time], object]) -> Time:
     return entry[0][1]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from aec.elements import Time
 from aec.state.serialization import register_type
 
 
@@ -22,10 +23,10 @@ class Window(Protocol):
     ``maxTimestamp``)."""
 
     @property
-    def start(self) -> float | int: ...
+    def start(self) -> Time: ...
 
     @property
-    def end(self) -> float | int: ...
+    def end(self) -> Time: ...
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -37,8 +38,8 @@ class TimeWindow:
         ValueError: ``end < start`` or either is NaN.
     """
 
-    start: float | int
-    end: float | int
+    start: Time
+    end: Time
 
     def __post_init__(self) -> None:
         for name in ("start", "end"):
@@ -50,7 +51,7 @@ class TimeWindow:
         if self.end < self.start:
             raise ValueError(f"TimeWindow end {self.end!r} is before its start {self.start!r}")
 
-    def max_timestamp(self) -> float | int:
+    def max_timestamp(self) -> Time:
         """The window's firing time in aec: ``end`` (Flink: ``end - 1`` ms)."""
         return self.end
 
@@ -66,13 +67,13 @@ class TimeWindow:
     def __repr__(self) -> str:
         return f"TimeWindow({self.start!r}, {self.end!r})"
 
-    def __reduce__(self) -> tuple[Callable[[float | int, float | int], TimeWindow], tuple[float | int, float | int]]:
+    def __reduce__(self) -> tuple[Callable[[Time, Time], TimeWindow], tuple[Time, Time]]:
         # session sets in byte stores pickle windows on every access: the slots
         # dataclass default (``fields()`` per dump and load) cost 1.8 s of a 60 s profile
         return _time_window, (self.start, self.end)
 
     @classmethod
-    def trusted(cls, start: float | int, end: float | int) -> TimeWindow:
+    def trusted(cls, start: Time, end: Time) -> TimeWindow:
         """A window from numbers the caller computed (no checks: the hot path)."""
         window = object.__new__(cls)
         object.__setattr__(window, "start", start)
@@ -80,7 +81,7 @@ class TimeWindow:
         return window
 
 
-def _time_window(start: float | int, end: float | int) -> TimeWindow:
+def _time_window(start: Time, end: Time) -> TimeWindow:
     """Unpickles a ``TimeWindow`` (its ``__reduce__``): the checks ran when it was made."""
     return TimeWindow.trusted(start, end)
 
@@ -91,14 +92,14 @@ class GlobalWindow:
     (``end`` is ``math.inf``); fires only through a trigger."""
 
     @property
-    def start(self) -> float | int:
+    def start(self) -> Time:
         return -math.inf
 
     @property
-    def end(self) -> float | int:
+    def end(self) -> Time:
         return math.inf
 
-    def max_timestamp(self) -> float | int:
+    def max_timestamp(self) -> Time:
         return math.inf
 
     def __repr__(self) -> str:
