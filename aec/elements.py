@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TypeAlias, final
+from typing import Any, TypeAlias, final
 
-Time: TypeAlias = float | int
-"""A time in seconds (event time, a watermark, a timer): an int stays an int, exact beyond
-2**53 (nanoseconds), in the compiled build too, where a ``float`` is a C double."""
+Time: TypeAlias = Any
+"""A time in seconds (event time, a watermark, a timer): an int, a float or a float
+subclass such as ``numpy.float64``, kept as given (an int is exact beyond 2**53:
+nanoseconds). ``Any``, not ``float | int``: compiled, a ``float`` is a C double (an int
+would be rounded) and a comparison of two ``float | int`` is a ``bool`` (numpy's
+``numpy.bool`` would be refused)."""
 
 
 @dataclass(frozen=True, slots=True)

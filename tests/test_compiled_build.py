@@ -5,6 +5,7 @@ the non-Spark tests) against the compiled build with AEC_EXPECT_COMPILED=1."""
 
 from __future__ import annotations
 
+import collections
 import gc
 import math
 import os
@@ -22,17 +23,29 @@ from aec import (
     KeyedCoProcessOperator,
     KeyedProcessFunction,
     KeyedProcessOperator,
+    Record,
+    Watermark,
     run_keyed,
+    run_keyed_co,
 )
 from aec.clock import Clock, ManualClock
 from aec.errors import StuckError
+from aec.joins import interval_join
 from aec.keygroups import KeyGroupRange
 from aec.runtime.controller import BatchFailed
 from aec.runtime.executor import InlineExecutor
 from aec.runtime.record_context import RecordContext
+from aec.state.descriptors import AggregateFunction
 from aec.state.future import StateFuture, combine_all, completed_future
 from aec.state.memory import MemoryBackend
 from aec.state.requests import Op, StateRequest
+from aec.windowing import (
+    EventTimeSessionWindows,
+    ProcessWindowFunction,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    window,
+)
 
 
 def test_the_build_imported_is_the_one_expected():
@@ -218,3 +231,91 @@ def test_chained_futures_leave_no_cyclic_garbage():
     finally:
         gc.enable()
     assert unreachable < 50, unreachable
+
+
+class _Sum(AggregateFunction):
+    def create_accumulator(self):
+        return 0
+
+    def add(self, value, accumulator):
+        return accumulator + value
+
+    def get_result(self, accumulator):
+        return accumulator
+
+    def merge(self, a, b):
+        return a + b
+
+
+class _Bounds(ProcessWindowFunction):
+    def process(self, key, context, elements):
+        window = context.window()
+        return [(key, window.start, window.end, sum(elements), context.current_watermark())]
+
+
+def _segments(outputs):
+    """The outputs between watermarks as multisets (their order across keys is free),
+    each with the watermark that ends it."""
+    segments, segment = [], collections.Counter()
+    for output in outputs:
+        if type(output) is Watermark:
+            segments.append((segment, output))
+            segment = collections.Counter()
+        else:
+            segment[output] += 1
+    return [*segments, (segment, None)]
+
+
+def _windowed(time, assigner, lateness, kind):
+    """Records of three keys every 7 s (every 13th 60 s late), a watermark every 10."""
+    source = []
+    for i in range(80):
+        t = i * 7 - (60 if i % 13 == 12 else 0)
+        source.append(Record(f"k{i % 3}", 1, time(t)))
+        if i % 10 == 9:
+            source.append(Watermark(time(i * 7 - 20)))
+    source.append(Watermark(time(10**6)))
+    function = {"aggregate": _Sum()} if kind == "aggregate" else {"process": _Bounds()}
+    return source, window(assigner, allowed_lateness=lateness, late_data_tag="late", **function)
+
+
+@pytest.mark.parametrize(
+    "config", [AecConfig(async_state=False), AecConfig()], ids=["sync", "async"]
+)
+@pytest.mark.parametrize("kind", ["aggregate", "process"])
+@pytest.mark.parametrize("lateness", [0, 25])
+@pytest.mark.parametrize(
+    "assigner",
+    [TumblingEventTimeWindows.of(30), SlidingEventTimeWindows.of(30, 10),
+     EventTimeSessionWindows.with_gap(10)],
+    ids=["tumbling", "sliding", "sessions"],
+)  # fmt: skip
+def test_windows_on_numpy_times_give_the_results_of_float_times(config, kind, lateness, assigner):
+    """numpy.float64 timestamps (a float subclass, as pandas gives them) compare to
+    numpy.bool, which compiled code refuses where a bool is declared: the windowing kernel
+    reads times untyped (aec.elements.Time), so both builds give the float run's results."""
+    results = []
+    for time in (float, np.float64):
+        source, function = _windowed(time, assigner, lateness, kind)
+        result = run_keyed(source, function, config=config)
+        results.append((_segments(result.outputs), result.side_outputs))
+    assert results[0] == results[1]
+    assert any(w is not None and type(w.timestamp) is np.float64 for _, w in results[1][0])
+
+
+@pytest.mark.parametrize(
+    "config", [AecConfig(async_state=False), AecConfig()], ids=["sync", "async"]
+)
+def test_an_interval_join_on_numpy_times_gives_the_results_of_float_times(config):
+    results = []
+    for time in (float, np.float64):
+        source = []
+        for i in range(80):
+            t = i * 3 - (40 if i % 11 == 0 else 0)
+            source.append((1 + i % 2, Record(f"k{i // 2 % 3}", i, time(t))))
+            if i % 10 == 9:
+                source += [(1, Watermark(time(i * 3 - 10))), (2, Watermark(time(i * 3 - 10)))]
+        join = interval_join(-5, 5, lambda left, right: (left, right), left_late_tag="late")
+        result = run_keyed_co(source, join, config=config)
+        results.append((_segments(result.outputs), result.side_outputs))
+    assert results[0] == results[1] and sum(sum(c.values()) for c, _ in results[0][0]) > 20

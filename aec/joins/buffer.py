@@ -101,7 +101,8 @@ class JoinBuffer:
 
     def bucket(self, timestamp: Time) -> int:
         """The bucket holding entries of ``timestamp``."""
-        return math.floor(timestamp / self.width)
+        bucket: int = math.floor(timestamp / self.width)
+        return bucket
 
     def buckets(self, low: Time, high: Time) -> range | list[int]:
         """Every bucket that may hold a timestamp in ``[low, high]`` (widened by a

@@ -84,7 +84,7 @@ class BuiltinTrigger:
         that held records and ends after ``now`` needs nothing: its timers are set."""
         if not fresh and end > now:
             return False, NO_TIMERS
-        fire = self.event_time and end <= now
+        fire = fires_on_element(self.event_time, end, now)
         cleanup = self.cleanup_timer(end) if fresh else None
         if cleanup is None:
             return fire, (NO_TIMERS if fire else (end,))
@@ -127,7 +127,8 @@ class BuiltinTrigger:
         for window in sessions:
             end = window.end
             cleanup = end + self.lateness if self.event_time else end
-            fires, cleaned = low <= end <= high, low <= cleanup <= high
+            # bool: numpy times compare to numpy.bool
+            fires, cleaned = bool(low <= end <= high), bool(low <= cleanup <= high)
             if fires or cleaned:
                 due.append((window, fires, cleaned))
         due.sort(key=_by_end)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from aec.elements import Time
 from aec.functions import Context
 from aec.state.descriptors import StateDescriptor
 from aec.state.future import StateFuture
@@ -49,10 +50,10 @@ class TriggerContext:
         self.window = window
         self._merged = merged
 
-    def current_watermark(self) -> float:
+    def current_watermark(self) -> Time:
         return self._scope.ctx.timer_service.current_watermark()
 
-    def current_processing_time(self) -> float:
+    def current_processing_time(self) -> Time:
         return self._scope.ctx.timer_service.current_processing_time()
 
     def register_event_time_timer(self, time: float) -> None:

@@ -43,7 +43,8 @@ def _floor_index(timestamp: Time, offset: Time, step: Time) -> int:
     if type(timestamp) is int and type(offset) is int and type(step) is int:
         return (timestamp - offset) // step
     try:
-        return math.floor((timestamp - offset) / step)
+        index: int = math.floor((timestamp - offset) / step)
+        return index
     except (OverflowError, ValueError):
         raise ValueError(
             f"timestamp {timestamp!r} is not a finite number: time windows need one"
@@ -58,7 +59,7 @@ def _holding_index(timestamp: Time, offset: Time, step: Time) -> int:
     if type(timestamp) is int and type(offset) is int and type(step) is int:
         return (timestamp - offset) // step
     try:  # _floor_index's floor, inline: the pane path asks once per record
-        k = math.floor((timestamp - offset) / step)
+        k: int = math.floor((timestamp - offset) / step)
     except (OverflowError, ValueError):
         return _floor_index(timestamp, offset, step)  # raises, naming the timestamp
     if not -_EXACT_STEPS < k < _EXACT_STEPS:  # the bounds below would not move (or hang)
@@ -134,7 +135,8 @@ class Grid:
         start, slide = end - self.size - self.offset, self.slide
         if type(start) is int and type(slide) is int:
             return (2 * start + slide) // (2 * slide)
-        return round(start / slide)
+        k: int = round(start / slide)
+        return k
 
     def ending_at(self, end: Time) -> int | None:
         """The index of the window whose end is exactly ``end``, or None (``end`` finite)."""

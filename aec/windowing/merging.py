@@ -8,6 +8,8 @@ new window merges with the ones it intersects into their cover.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aec.windowing.windows import TimeWindow
 
 
@@ -38,7 +40,8 @@ def add_session(
 
 def _insert(sessions: list[TimeWindow], window: TimeWindow) -> None:
     position = len(sessions)
-    while position and sessions[position - 1] > window:
+    held: Any = sessions  # untyped: numpy times compare to numpy.bool, refused as a bool
+    while position and held[position - 1] > window:
         position -= 1
     sessions.insert(position, window)
 

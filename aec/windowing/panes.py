@@ -53,7 +53,8 @@ class PaneContents:
     def first_pane(self, window: Window) -> int:
         """The first pane of a grid ``window``: its index times ``r``."""
         panes = self.panes
-        return round((window.start - panes.offset) / panes.slide) * panes.r
+        k: int = round((window.start - panes.offset) / panes.slide)
+        return k * panes.r
 
     async def add_pane(self, j: int, value: object) -> bool:
         """Fold a record into pane ``j``; True when the pane held something before."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
+from aec.elements import Time
 from aec.functions import Context, RuntimeContext
 from aec.state.descriptors import StateDescriptor
 
@@ -96,10 +97,10 @@ class ProcessWindowContext:
         """The firing window (a ``TimeWindow``, the ``GlobalWindow``, or a custom one)."""
         return self._window
 
-    def current_watermark(self) -> float:
+    def current_watermark(self) -> Time:
         return self._ctx.timer_service.current_watermark()
 
-    def current_processing_time(self) -> float:
+    def current_processing_time(self) -> Time:
         return self._ctx.timer_service.current_processing_time()
 
     def window_state(self) -> _WindowState:

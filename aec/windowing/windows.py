@@ -58,7 +58,7 @@ class TimeWindow:
     def intersects(self, other: TimeWindow) -> bool:
         """True when the windows overlap or touch (Flink's ``TimeWindow.intersects``):
         ``self.start <= other.end and self.end >= other.start``."""
-        return self.start <= other.end and self.end >= other.start
+        return bool(self.start <= other.end and self.end >= other.start)  # numpy: numpy.bool
 
     def cover(self, other: TimeWindow) -> TimeWindow:
         """The smallest window holding both."""
