@@ -17,23 +17,15 @@ from setuptools import setup
 # The engine's per-record core: run_keyed, the keyed operators (one and two inputs), the
 # AEC, its buffers, lanes, key accounting and epochs, the record context, the mailbox,
 # the executors, the user-code runner, the output; the state futures, requests and
-# handles, and MemoryBackend. The rest stays interpreted (the timer queue and key groups
-# among them): docs/performance.md.
+# handles, and MemoryBackend; the timer queue; windowing's kernel (the grid, the built-in
+# trigger's rules, contents, panes, sessions, the callback drivers, the bundles) and the
+# interval join's buffers and bundle. The rest stays interpreted (key groups among them):
+# docs/performance.md.
 COMPILED = [
-    "aec/runtime/bundle.py",
-    "aec/windowing/bundles.py",
-    "aec/windowing/contents.py",
-    "aec/windowing/grid.py",
-    "aec/windowing/panes.py",
-    "aec/windowing/sliding.py",
-    "aec/windowing/tumbling.py",
-    "aec/windowing/sessions.py",
-    "aec/windowing/session_bundle.py",
-    "aec/windowing/builtin.py",
-    "aec/windowing/merging.py",
     "aec/joins/buffer.py",
     "aec/joins/bundle.py",
     "aec/runtime/buffers.py",
+    "aec/runtime/bundle.py",
     "aec/runtime/co_operator.py",
     "aec/runtime/controller.py",
     "aec/runtime/epochs.py",
@@ -45,11 +37,22 @@ COMPILED = [
     "aec/runtime/output.py",
     "aec/runtime/record_context.py",
     "aec/runtime/run.py",
+    "aec/runtime/timers.py",
     "aec/runtime/user_code.py",
     "aec/state/future.py",
     "aec/state/handles.py",
     "aec/state/memory.py",
     "aec/state/requests.py",
+    "aec/windowing/builtin.py",
+    "aec/windowing/bundles.py",
+    "aec/windowing/contents.py",
+    "aec/windowing/grid.py",
+    "aec/windowing/merging.py",
+    "aec/windowing/panes.py",
+    "aec/windowing/session_bundle.py",
+    "aec/windowing/sessions.py",
+    "aec/windowing/sliding.py",
+    "aec/windowing/tumbling.py",
 ]
 
 # Two fixes to the C mypyc (2.4.1) generates, applied before it is compiled:

@@ -27,18 +27,19 @@ from typing import Any, TypedDict
 
 from sortedcontainers import SortedList
 
+from aec.elements import Time
 from aec.keygroups import plain_key
 
-_NONE: frozenset[float] = frozenset()
+_NONE: frozenset[Time] = frozenset()
 _TIMES = (int, float)  # a restored timestamp's types (bool excluded)
 
 
 class ExportedTimers(TypedDict):
     """A ``TimerQueue`` as plain data (``TimerQueue.export``)."""
 
-    timers: list[tuple[float, int, Hashable, int]]  # (timestamp, sequence, key, epoch)
+    timers: list[tuple[Time, int, Hashable, int]]  # (timestamp, sequence, key, epoch)
     sequence: int
-    rearmed: list[tuple[Hashable, float, list[int]]]  # (key, timestamp, epochs)
+    rearmed: list[tuple[Hashable, Time, list[int]]]  # (key, timestamp, epochs)
     boundaries: list[int]
 
 
@@ -49,13 +50,13 @@ class TimerQueue:
 
     def __init__(self) -> None:
         self._order = SortedList()  # (timestamp, sequence, key)
-        self._by_key: dict[Hashable, dict[float, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
+        self._by_key: dict[Hashable, dict[Time, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
         # key -> its timestamps, ascending: a key's next timer without scanning all of
         # them (a window with allowed lateness holds a cleanup timer per open window)
-        self._times: dict[Hashable, list[float]] = {}
+        self._times: dict[Hashable, list[Time]] = {}
         self._sequence = 0
         # (key, t) -> epochs of registrations waiting for the current one to fire
-        self._rearmed: dict[tuple[Hashable, float], list[int]] = {}
+        self._rearmed: dict[tuple[Hashable, Time], list[int]] = {}
         self._boundaries: list[int] = []  # epochs closed by this domain, ascending
 
     def boundary(self, epoch: int) -> None:
@@ -67,7 +68,7 @@ class TimerQueue:
         return len(self._order)
 
     def register(
-        self, key: Hashable, timestamp: float, epoch: int, arrival_watermark: float = -math.inf
+        self, key: Hashable, timestamp: Time, epoch: int, arrival_watermark: Time = -math.inf
     ) -> bool:
         """Add a timer registered by code of ``epoch``; ``arrival_watermark`` is the
         registering record's (-inf for timer code). False if it is a duplicate."""
@@ -87,13 +88,13 @@ class TimerQueue:
         self._order.add((timestamp, self._sequence, key))
         return True
 
-    def timestamps(self, key: Hashable) -> Container[float]:
+    def timestamps(self, key: Hashable) -> Container[Time]:
         """The timestamps of ``key``'s registered timers, for membership tests: a live
         view while the key has timers; an empty container (not live) when it has none."""
         timers = self._by_key.get(key)
         return _NONE if timers is None else timers
 
-    def due(self, key: Hashable, until: float) -> list[float]:
+    def due(self, key: Hashable, until: Time) -> list[Time]:
         """``key``'s timer timestamps at or before ``until``, ascending (a copy)."""
         times = self._times.get(key)
         if times is None:
@@ -101,7 +102,7 @@ class TimerQueue:
         return times[: bisect_right(times, until)]
 
     def delete(
-        self, key: Hashable, timestamp: float, epoch: int = 0, arrival_watermark: float = -math.inf
+        self, key: Hashable, timestamp: Time, epoch: int = 0, arrival_watermark: Time = -math.inf
     ) -> bool:
         """Remove a timer as seen by code of ``epoch`` (see ``register``); False if
         there was none to remove."""
@@ -122,10 +123,10 @@ class TimerQueue:
     def _fired_before(
         self,
         key: Hashable,
-        timestamp: float,
-        timers: dict[float, tuple[int, int]],
+        timestamp: Time,
+        timers: dict[Time, tuple[int, int]],
         epoch: int,
-        arrival_watermark: float,
+        arrival_watermark: Time,
     ) -> bool:
         """Whether, in the synchronous run, the latest registration of this timer
         had fired before a record of ``epoch`` arrived after ``arrival_watermark``."""
@@ -138,7 +139,7 @@ class TimerQueue:
         index = bisect_left(boundaries, latest)
         return index < len(boundaries) and boundaries[index] < epoch
 
-    def _remove(self, key: Hashable, timestamp: float, timers: dict[float, tuple[int, int]]) -> None:
+    def _remove(self, key: Hashable, timestamp: Time, timers: dict[Time, tuple[int, int]]) -> None:
         sequence, _ = timers.pop(timestamp)
         if not timers:
             del self._by_key[key]
@@ -148,7 +149,7 @@ class TimerQueue:
             del times[bisect_left(times, timestamp)]
         self._order.remove((timestamp, sequence, key))
 
-    def _fired(self, key: Hashable, timestamp: float) -> None:
+    def _fired(self, key: Hashable, timestamp: Time) -> None:
         self._remove(key, timestamp, self._by_key[key])
         if self._rearmed:
             rearmed = self._rearmed.get((key, timestamp))
@@ -158,17 +159,17 @@ class TimerQueue:
                     del self._rearmed[(key, timestamp)]
                 self.register(key, timestamp, epoch)
 
-    def peek_time(self) -> float | None:
+    def peek_time(self) -> Time | None:
         """The earliest registered timestamp, or None."""
         return self._order[0][0] if self._order else None
 
-    def any_in(self, after: float, upto: float) -> bool:
+    def any_in(self, after: Time, upto: Time) -> bool:
         """Whether a timer is registered at a time in ``(after, upto]``. O(log n)."""
         order = self._order
         index = order.bisect_left((after, math.inf))  # past every timer at ``after``
         return index < len(order) and bool(order[index][0] <= upto)
 
-    def pop_earliest(self, limit: float) -> tuple[float, Hashable] | None:
+    def pop_earliest(self, limit: Time) -> tuple[Time, Hashable] | None:
         """Remove and return the earliest ``(timestamp, key)`` with timestamp <= limit."""
         if not self._order or self._order[0][0] > limit:
             return None
@@ -176,7 +177,7 @@ class TimerQueue:
         self._fired(key, timestamp)
         return timestamp, key
 
-    def due_keys(self, limit: float, max_epoch: int) -> list[Hashable]:
+    def due_keys(self, limit: Time, max_epoch: int) -> list[Hashable]:
         """Keys with a timer due at ``limit`` registered in an epoch <= ``max_epoch``,
         in the order of their earliest such timer."""
         keys: dict[Hashable, None] = {}
@@ -187,7 +188,7 @@ class TimerQueue:
                 keys[key] = None
         return list(keys)
 
-    def pop_next_for_key(self, key: Hashable, limit: float, max_epoch: int) -> float | None:
+    def pop_next_for_key(self, key: Hashable, limit: Time, max_epoch: int) -> Time | None:
         """Remove and return ``key``'s earliest timer <= ``limit`` registered in an
         epoch <= ``max_epoch``; None if it has none."""
         times = self._times.get(key)
@@ -202,7 +203,7 @@ class TimerQueue:
                 return timestamp
         return None
 
-    def items(self) -> list[tuple[Hashable, float]]:
+    def items(self) -> list[tuple[Hashable, Time]]:
         """All ``(key, timestamp)`` in timestamp order (for snapshots and tests)."""
         return [(key, timestamp) for timestamp, _, key in self._order]
 
@@ -245,7 +246,7 @@ class TimerQueue:
         the shape ``export`` returns.
         """
         order = SortedList()
-        by_key: dict[Hashable, dict[float, tuple[int, int]]] = {}
+        by_key: dict[Hashable, dict[Time, tuple[int, int]]] = {}
         try:
             for timestamp, sequence, key, epoch in data["timers"]:
                 if type(timestamp) not in _TIMES or type(sequence) is not int or (

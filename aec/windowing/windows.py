@@ -61,8 +61,8 @@ class TimeWindow:
         return bool(self.start <= other.end and self.end >= other.start)  # numpy: numpy.bool
 
     def cover(self, other: TimeWindow) -> TimeWindow:
-        """The smallest window holding both."""
-        return TimeWindow(min(self.start, other.start), max(self.end, other.end))
+        """The smallest window holding both (two valid windows: no checks)."""
+        return TimeWindow.trusted(min(self.start, other.start), max(self.end, other.end))
 
     def __repr__(self) -> str:
         return f"TimeWindow({self.start!r}, {self.end!r})"
