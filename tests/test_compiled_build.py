@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 import pytest
 from engine_helpers import Counter
+from windowing_cases import SumAggregate, SumWithWindow
 
 import aec
 from aec import (
@@ -35,13 +36,11 @@ from aec.keygroups import KeyGroupRange
 from aec.runtime.controller import BatchFailed
 from aec.runtime.executor import InlineExecutor
 from aec.runtime.record_context import RecordContext
-from aec.state.descriptors import AggregateFunction
 from aec.state.future import StateFuture, combine_all, completed_future
 from aec.state.memory import MemoryBackend
 from aec.state.requests import Op, StateRequest
 from aec.windowing import (
     EventTimeSessionWindows,
-    ProcessWindowFunction,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
     window,
@@ -233,26 +232,6 @@ def test_chained_futures_leave_no_cyclic_garbage():
     assert unreachable < 50, unreachable
 
 
-class _Sum(AggregateFunction):
-    def create_accumulator(self):
-        return 0
-
-    def add(self, value, accumulator):
-        return accumulator + value
-
-    def get_result(self, accumulator):
-        return accumulator
-
-    def merge(self, a, b):
-        return a + b
-
-
-class _Bounds(ProcessWindowFunction):
-    def process(self, key, context, elements):
-        window = context.window()
-        return [(key, window.start, window.end, sum(elements), context.current_watermark())]
-
-
 def _segments(outputs):
     """The outputs between watermarks as multisets (their order across keys is free),
     each with the watermark that ends it."""
@@ -271,11 +250,13 @@ def _windowed(time, assigner, lateness, kind):
     source = []
     for i in range(80):
         t = i * 7 - (60 if i % 13 == 12 else 0)
-        source.append(Record(f"k{i % 3}", 1, time(t)))
+        source.append(Record(f"k{i % 3}", (f"k{i % 3}", 1), time(t)))
         if i % 10 == 9:
             source.append(Watermark(time(i * 7 - 20)))
     source.append(Watermark(time(10**6)))
-    function = {"aggregate": _Sum()} if kind == "aggregate" else {"process": _Bounds()}
+    function = (
+        {"aggregate": SumAggregate()} if kind == "aggregate" else {"process": SumWithWindow()}
+    )
     return source, window(assigner, allowed_lateness=lateness, late_data_tag="late", **function)
 
 
