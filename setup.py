@@ -19,11 +19,12 @@ from setuptools import setup
 # the executors, the user-code runner, the output; the state futures, requests and
 # handles, and MemoryBackend; the timer queue; windowing's kernel (the grid, the built-in
 # trigger's rules, contents, panes, sessions, the callback drivers, the bundles) and the
-# interval join's buffers and bundle. The rest stays interpreted (key groups among them):
-# docs/performance.md.
+# interval join (its buffers, its bundle, its function: a Python class with compiled
+# methods). The rest stays interpreted (key groups among them): docs/performance.md.
 COMPILED = [
     "aec/joins/buffer.py",
     "aec/joins/bundle.py",
+    "aec/joins/interval.py",
     "aec/runtime/buffers.py",
     "aec/runtime/bundle.py",
     "aec/runtime/co_operator.py",
@@ -70,9 +71,12 @@ _CLEAR_WEAKREFS = (
     r"\1if (Py_REFCNT(self) == 0 && \2 != NULL) PyObject_ClearWeakRefs((PyObject *)self);"
 )
 # The compiled methods of a Python class (``mypyc_attr(native_class=False)``) check that
-# ``self`` is exactly that class, which refuses users' subclasses (of ``MemoryBackend``);
+# ``self`` is exactly that class, which refuses users' subclasses (of ``MemoryBackend``,
+# ``IntervalJoinFunction``);
 # mypyc ignores ``allow_interpreted_subclasses`` there, so the check becomes isinstance.
-_PYTHON_CLASSES = ("memory___MemoryBackend", "memory___MemorySpec")
+_PYTHON_CLASSES = (
+    "memory___MemoryBackend", "memory___MemorySpec", "interval___IntervalJoinFunction"
+)
 _EXACT_TYPE = re.compile(rf"Py_TYPE\((\w+)\) == (CPyType_(?:{'|'.join(_PYTHON_CLASSES)}))\b")
 
 

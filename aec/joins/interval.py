@@ -27,10 +27,12 @@ from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
 
+from aec.elements import Time
 from aec.errors import describe
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
 from aec.joins.buffer import LEFT, RIGHT, Bucket, Entry, JoinBuffer, bucket_width, entry, live
 from aec.joins.bundle import JoinBundle
+from aec.native import mypyc_attr
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aec.state.future import StateFuture
 
@@ -39,6 +41,7 @@ _LAYOUT = "interval-join.bounds="  # + [lower, upper]: a state name marking the 
 _BY_TIMESTAMP = itemgetter(0)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # users subclass it
 class ProcessJoinFunction:
     """Flink's ``ProcessJoinFunction``: ``process_element(left, right, ctx)`` for every
     joined pair, returning an iterable of outputs (or None: none). ``ctx`` is a
@@ -62,13 +65,13 @@ class JoinContext:
 
     __slots__ = ("_context", "left_timestamp", "right_timestamp")
 
-    def __init__(self, context: Context, left_timestamp: float, right_timestamp: float) -> None:
+    def __init__(self, context: Context, left_timestamp: Time, right_timestamp: Time) -> None:
         self._context = context
         self.left_timestamp = left_timestamp
         self.right_timestamp = right_timestamp
 
     @property
-    def timestamp(self) -> float:
+    def timestamp(self) -> Time:
         return max(self.left_timestamp, self.right_timestamp)
 
     @property
@@ -81,8 +84,8 @@ class JoinContext:
 
 
 def interval_join(
-    lower: float,
-    upper: float,
+    lower: Time,
+    upper: Time,
     process: ProcessJoinFunction | Callable[[Any, Any], Any],
     *,
     lower_inclusive: bool = True,
@@ -134,7 +137,7 @@ def interval_join(
     )  # fmt: skip
 
 
-def _seconds(bound: Any) -> float:
+def _seconds(bound: Any) -> Time:
     """A bound as an int if it is integral (int timestamps beyond 2**53, nanoseconds,
     then pair exactly, as in Flink's long arithmetic), else a float."""
     return int(bound) if isinstance(bound, numbers.Integral) else float(bound)
@@ -161,7 +164,7 @@ class Plan:
     __slots__ = ("is_left", "cleanup", "own", "candidates")
 
     def __init__(
-        self, is_left: bool, cleanup: float, own: int, candidates: range | list[int]
+        self, is_left: bool, cleanup: Time, own: int, candidates: range | list[int]
     ) -> None:
         self.is_left = is_left
         self.cleanup = cleanup
@@ -169,11 +172,12 @@ class Plan:
         self.candidates = candidates
 
 
+@mypyc_attr(native_class=False)  # a KeyedCoProcessFunction: a Python class
 class IntervalJoinFunction(KeyedCoProcessFunction):
     """The function ``interval_join`` returns (arguments as there, checked there)."""
 
     def __init__(
-        self, lower: float, upper: float, process: Any, lower_inclusive: bool,
+        self, lower: Time, upper: Time, process: Any, lower_inclusive: bool,
         upper_inclusive: bool, left_late_tag: Any, right_late_tag: Any,
     ) -> None:  # fmt: skip
         self.lower, self.upper = lower, upper
@@ -184,11 +188,11 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         self.late_records_dropped = 0
 
     # -- set-up ------------------------------------------------------------------------------
-    def left_cleanup(self, timestamp: float) -> float:
+    def left_cleanup(self, timestamp: Time) -> Time:
         """When a left record at ``timestamp`` leaves the buffer (Flink's rule)."""
         return timestamp + self.upper if self.upper > 0 else timestamp
 
-    def right_cleanup(self, timestamp: float) -> float:
+    def right_cleanup(self, timestamp: Time) -> Time:
         """When a right record at ``timestamp`` leaves the buffer (Flink's rule)."""
         return timestamp - self.lower if self.lower < 0 else timestamp
 
@@ -204,7 +208,9 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         state = ctx.get_state(descriptor)
         self.buffer = JoinBuffer(state, self.bucket_width, max(abs(self.lower), abs(self.upper)))
         self.late_records_dropped = 0
-        self.joined = self._pair_function()
+        self.joined = _pair_function(
+            self.lower, self.upper, self.lower_inclusive, self.upper_inclusive, self.process
+        )
         config = ctx.config  # bundles: asynchronous, serial watermark order, record order
         self.bundles = (
             config.async_state and config.watermark_order == "serial" and not config.state_ordered
@@ -259,24 +265,9 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
             return None
         plan = self.plan(is_left, timestamp)
         ctx.timer_service.register_event_time_timer(plan.cleanup)
-        buffer, own, candidates = self.buffer, plan.own, plan.candidates
-        side, other = (LEFT, RIGHT) if is_left else (RIGHT, LEFT)
-        cleanup = plan.cleanup
-        # the other side's buckets first, then its own bucket unless it is one of them
-        mine = candidates.index(own) if own in candidates else len(candidates)
-        wanted = candidates if mine < len(candidates) else [*candidates, own]
-        joined = self.joined
+        return _join_record(self.buffer, self.joined, plan, ctx, value, timestamp, watermark)
 
-        def pair(stored: list[Any]) -> StateFuture | None:
-            matches = buffer.side(stored[: len(candidates)], other, watermark)
-            if matches:
-                joined(ctx, value, timestamp, matches, is_left)
-            added = entry(timestamp, cleanup, watermark, value)
-            return buffer.write(own, stored[mine], watermark, (side, added))
-
-        return buffer.read(wanted).then_compose(pair)
-
-    def plan(self, is_left: bool, timestamp: float) -> Plan:
+    def plan(self, is_left: bool, timestamp: Time) -> Plan:
         """Where a record of timestamp ``timestamp`` goes and what it reads: entries sit
         in the bucket of their cleanup time (``aec.joins.buffer``); its partners'
         timestamps lie in its interval, so their cleanup times in the interval shifted
@@ -300,45 +291,8 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         run never bundles, it is the reference."""
         return JoinBundle(self) if self.bundles else None
 
-    def _pair_function(self) -> Callable[[Context, Any, float, list[Entry], bool], None]:
-        """``fn(ctx, value, timestamp, candidates, is_left)``: emit the record's pairs with
-        the other side's live ``candidates`` (read in bucket order)."""
-        lower, upper = self.lower, self.upper
-        lower_inclusive, upper_inclusive = self.lower_inclusive, self.upper_inclusive
-        process = self.process
-        plain = not isinstance(process, ProcessJoinFunction)
-
-        def inside(left: float, right: float) -> bool:
-            low, high = left + lower, left + upper
-            return (low <= right if lower_inclusive else low < right) and (
-                right <= high if upper_inclusive else right < high
-            )
-
-        def joined(
-            ctx: Context, value: Any, timestamp: float, candidates: list[Entry], is_left: bool
-        ) -> None:
-            if is_left:
-                matches = [e for e in candidates if inside(timestamp, e[0])]
-            else:
-                matches = [e for e in candidates if inside(e[0], timestamp)]
-            matches.sort(key=_BY_TIMESTAMP)  # stable: ties keep the other side's arrival order
-            output = ctx.output
-            for stored in matches:
-                other_timestamp, other = stored[0], stored[3]
-                left, right = (value, other) if is_left else (other, value)
-                if plain:
-                    output(process(left, right))
-                    continue
-                times = (timestamp, other_timestamp) if is_left else (other_timestamp, timestamp)
-                results = process.process_element(left, right, JoinContext(ctx, *times))
-                if results is not None:
-                    for result in results:
-                        output(result)
-
-        return joined
-
     # -- cleanup -----------------------------------------------------------------------------
-    def on_timer(self, timestamp: float, ctx: Context) -> StateFuture:
+    def on_timer(self, timestamp: Time, ctx: Context) -> StateFuture:
         """A cleanup time: the records (of either side) whose cleanup time this is are in
         one bucket (the timer's timestamp is their cleanup time, computed alike): drop
         its entries dead at the firing watermark. They include every entry of the bucket
@@ -346,20 +300,87 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         watermark, it arrived before it), so those later timers are deleted: a bucket is
         cleaned once per firing, its records removed at the advance their own timers
         would have removed them."""
-        watermark = ctx.timer_service.current_watermark()
-        buffer = self.buffer
-        bucket = buffer.bucket(timestamp)
-        timers = ctx.timer_service
+        return _clean_bucket(self.buffer, timestamp, ctx)
 
-        def clean(stored: Any) -> StateFuture | None:
-            if stored is None:
-                return None
-            write = buffer.write(bucket, stored, watermark)
-            if write is not None:
-                kept = {e[1] for side in stored for e in live(side, watermark)}
-                gone = {e[1] for side in stored for e in side} - kept - {timestamp}
-                for due in sorted(gone):  # a time a kept entry shares keeps its timer
-                    timers.delete_event_time_timer(due)
-            return write
 
-        return buffer.state.async_get(bucket).then_compose(clean)
+def _join_record(
+    buffer: JoinBuffer, joined: Callable[[Context, Any, Time, list[Entry], bool], None],
+    plan: Plan, ctx: Context, value: Any, timestamp: Time, watermark: Time,
+) -> StateFuture | None:  # fmt: skip
+    """An on-time record's work after its timer (``IntervalJoinFunction._record``): read
+    its candidate buckets and its own, emit its pairs, add its entry. A module function,
+    not a closure in the method: mypyc 2.4.1 cannot compile a closure in a method of a
+    Python class."""
+    own, candidates, is_left = plan.own, plan.candidates, plan.is_left
+    side, other = (LEFT, RIGHT) if is_left else (RIGHT, LEFT)
+    cleanup = plan.cleanup
+    # the other side's buckets first, then its own bucket unless it is one of them
+    mine = candidates.index(own) if own in candidates else len(candidates)
+    wanted = candidates if mine < len(candidates) else [*candidates, own]
+
+    def pair(stored: list[Any]) -> StateFuture | None:
+        matches = buffer.side(stored[: len(candidates)], other, watermark)
+        if matches:
+            joined(ctx, value, timestamp, matches, is_left)
+        added = entry(timestamp, cleanup, watermark, value)
+        return buffer.write(own, stored[mine], watermark, (side, added))
+
+    return buffer.read(wanted).then_compose(pair)
+
+
+def _pair_function(
+    lower: Time, upper: Time, lower_inclusive: bool, upper_inclusive: bool, process: Any
+) -> Callable[[Context, Any, Time, list[Entry], bool], None]:
+    """``fn(ctx, value, timestamp, candidates, is_left)``: emit a record's pairs with the
+    other side's live ``candidates`` (read in bucket order)."""
+    plain = not isinstance(process, ProcessJoinFunction)
+
+    def inside(left: Time, right: Time) -> bool:
+        low, high = left + lower, left + upper
+        return bool(  # numpy times compare to numpy.bool, which compiled code refuses
+            (low <= right if lower_inclusive else low < right)
+            and (right <= high if upper_inclusive else right < high)
+        )
+
+    def joined(
+        ctx: Context, value: Any, timestamp: Time, candidates: list[Entry], is_left: bool
+    ) -> None:
+        if is_left:
+            matches = [e for e in candidates if inside(timestamp, e[0])]
+        else:
+            matches = [e for e in candidates if inside(e[0], timestamp)]
+        matches.sort(key=_BY_TIMESTAMP)  # stable: ties keep the other side's arrival order
+        output = ctx.output
+        for stored in matches:
+            other_timestamp, other = stored[0], stored[3]
+            left, right = (value, other) if is_left else (other, value)
+            if plain:
+                output(process(left, right))
+                continue
+            times = (timestamp, other_timestamp) if is_left else (other_timestamp, timestamp)
+            results = process.process_element(left, right, JoinContext(ctx, *times))
+            if results is not None:
+                for result in results:
+                    output(result)
+
+    return joined
+
+
+def _clean_bucket(buffer: JoinBuffer, timestamp: Time, ctx: Context) -> StateFuture:
+    """``IntervalJoinFunction.on_timer``'s work (a module function, as ``_join_record``)."""
+    watermark = ctx.timer_service.current_watermark()
+    bucket = buffer.bucket(timestamp)
+    timers = ctx.timer_service
+
+    def clean(stored: Any) -> StateFuture | None:
+        if stored is None:
+            return None
+        write = buffer.write(bucket, stored, watermark)
+        if write is not None:
+            kept = {e[1] for side in stored for e in live(side, watermark)}
+            gone = {e[1] for side in stored for e in side} - kept - {timestamp}
+            for due in sorted(gone):  # a time a kept entry shares keeps its timer
+                timers.delete_event_time_timer(due)
+        return write
+
+    return buffer.state.async_get(bucket).then_compose(clean)

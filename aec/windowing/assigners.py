@@ -161,13 +161,13 @@ class EventTimeSessionWindows(WindowAssigner):
                     "it must be a number of seconds > 0"
                 )
         end = timestamp + gap
-        if end <= timestamp:  # the float sum absorbed the gap: the session would be empty
+        if not end > timestamp:  # the float sum absorbed the gap (or a NaN): empty
             raise ValueError(
                 f"{type(self).__name__}: a gap of {gap!r} s after timestamp {timestamp!r} "
                 f"is below the float's resolution there ({math.ulp(timestamp)!r} s): give "
                 "a larger gap, or timestamps nearer zero"
             )
-        return [TimeWindow(timestamp, end)]
+        return [TimeWindow.trusted(timestamp, end)]  # numbers, end > timestamp: checked
 
     def __repr__(self) -> str:
         gap = self.gap if self.gap_fn is None else getattr(self.gap_fn, "__qualname__", "fn")
