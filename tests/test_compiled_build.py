@@ -300,3 +300,30 @@ def test_an_interval_join_on_numpy_times_gives_the_results_of_float_times(config
         result = run_keyed_co(source, join, config=config)
         results.append((_segments(result.outputs), result.side_outputs))
     assert results[0] == results[1] and sum(sum(c.values()) for c, _ in results[0][0]) > 20
+
+
+@pytest.mark.parametrize(
+    "config", [AecConfig(async_state=False), AecConfig()], ids=["sync", "async"]
+)
+@pytest.mark.parametrize("time", [int, np.float64])
+@pytest.mark.parametrize(
+    "assigner",
+    [TumblingEventTimeWindows.of(10), SlidingEventTimeWindows.of(10, 5),
+     EventTimeSessionWindows.with_gap(5)],
+    ids=["tumbling", "sliding", "sessions"],
+)  # fmt: skip
+def test_late_output_sees_a_late_records_times_as_given(config, time, assigner):
+    """A compiled float cast or annotation would hand ``late_output`` a float."""
+    seen = []
+
+    def late_output(value, timestamp, watermark):
+        seen.append((type(timestamp), type(watermark)))
+        return value
+
+    function = window(
+        assigner, aggregate=SumAggregate(), late_data_tag="late", late_output=late_output
+    )
+    source = [Record("k", ("k", 1), time(3)), Watermark(time(40)), Record("k", ("k", 1), time(2))]
+    result = run_keyed(source, function, config=config)
+    assert result.side_outputs == {"late": [("k", 1)]}
+    assert seen == [(time, time)]

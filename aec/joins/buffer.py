@@ -121,7 +121,7 @@ class JoinBuffer:
             return range(first, last + 1)
         width = self.width
         found: list[int] = []
-        point = float(low)
+        point: Time = float(low)  # later an int bucket start, kept so (compiled too)
         while point <= high:
             bucket = self.bucket(point)
             if not found or found[-1] != bucket:

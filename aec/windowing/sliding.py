@@ -64,8 +64,9 @@ class PanesDriver:
         j = panes.pane(at)
         if rules.is_late(panes.end(j // panes.r), watermark):
             # the pane's latest window is cleaned (no lateness): so are all the others
-            if rules.is_late_record(cast(float, timestamp), watermark):
-                self.function.late(ctx, value, cast(float, timestamp), watermark)
+            # Time, not float: compiled, a float cast would make an int a C double
+            if rules.is_late_record(cast(Time, timestamp), watermark):
+                self.function.late(ctx, value, cast(Time, timestamp), watermark)
             return
         live, fold = self.live, self.contents.inner.fold
 
