@@ -66,12 +66,12 @@ class BatchCalls(Protocol[IN, OUT]):
     @property
     def max_batch_size(self) -> int: ...
     @property
-    def max_wait(self) -> Time | None: ...
+    def max_wait(self) -> float | None: ...
 
 
 class _ExternalCalls(Protocol):
     def call_batched(
-        self, batcher: BatchCalls[IN, OUT], arg: IN, timeout: Time | None, retry: RetryStrategy
+        self, batcher: BatchCalls[IN, OUT], arg: IN, timeout: float | None, retry: RetryStrategy
     ) -> StateFuture[OUT]: ...
 
 
@@ -100,7 +100,7 @@ class OperatorHooks(Protocol):
         self,
         fn: Callable[..., Awaitable[R]],
         args: tuple[object, ...],
-        timeout: Time | None,
+        timeout: float | None,
         retry: RetryStrategy,
     ) -> StateFuture[R]: ...
 
@@ -361,7 +361,7 @@ class Context:
         self,
         fn: Callable[..., Awaitable[R]],
         *args: object,
-        timeout: Time | None = None,
+        timeout: float | None = None,
         retry: RetryStrategy = _NO_RETRY,
     ) -> StateFuture[R]:
         """Call an external service for the running record; a ``StateFuture`` of its
@@ -398,7 +398,7 @@ class Context:
         batcher: BatchCalls[IN, OUT],
         arg: IN,
         *,
-        timeout: Time | None = None,
+        timeout: float | None = None,
         retry: RetryStrategy = _NO_RETRY,
     ) -> StateFuture[OUT]:
         """Hand ``arg`` to ``batcher`` (an ``aec.async_io.Batcher``) for the running

@@ -31,7 +31,7 @@ from aec import (
 )
 from aec.clock import Clock, ManualClock
 from aec.errors import StuckError
-from aec.joins import interval_join
+from aec.joins import ProcessJoinFunction, interval_join
 from aec.keygroups import KeyGroupRange
 from aec.runtime.controller import BatchFailed
 from aec.runtime.executor import InlineExecutor
@@ -327,3 +327,24 @@ def test_late_output_sees_a_late_records_times_as_given(config, time, assigner):
     result = run_keyed(source, function, config=config)
     assert result.side_outputs == {"late": [("k", 1)]}
     assert seen == [(time, time)]
+
+
+class _Tagged(ProcessJoinFunction):
+    def __init__(self, tag):
+        self.tag = tag
+
+    def process_element(self, left, right, ctx):
+        return [(self.tag, left, right)]
+
+
+def test_a_process_join_functions_subclass_pickles_with_its_attributes():
+    """Spark ships the join to its executors pickled: a user's subclass keeps its state."""
+    join = pickle.loads(pickle.dumps(interval_join(-1, 1, _Tagged("t"))))
+    assert join.process.tag == "t"
+    source = [(1, Record("k", "l", 5)), (2, Record("k", "r", 6))]
+    assert run_keyed_co(source, join).outputs[0] == ("t", "l", "r")
+
+
+def test_interval_join_checks_its_flags_with_aecs_message():
+    with pytest.raises(TypeError, match="lower_inclusive must be a bool, got 1"):
+        interval_join(0, 1, max, lower_inclusive=1)

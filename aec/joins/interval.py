@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
@@ -32,6 +32,7 @@ from aec.errors import describe
 from aec.functions import Context, KeyedCoProcessFunction, RuntimeContext
 from aec.joins.buffer import LEFT, RIGHT, Bucket, Entry, JoinBuffer, bucket_width, entry, live
 from aec.joins.bundle import JoinBundle
+from aec.joins.process import JoinContext, ProcessJoinFunction
 from aec.native import mypyc_attr
 from aec.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aec.state.future import StateFuture
@@ -41,55 +42,14 @@ _LAYOUT = "interval-join.bounds="  # + [lower, upper]: a state name marking the 
 _BY_TIMESTAMP = itemgetter(0)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # users subclass it
-class ProcessJoinFunction:
-    """Flink's ``ProcessJoinFunction``: ``process_element(left, right, ctx)`` for every
-    joined pair, returning an iterable of outputs (or None: none). ``ctx`` is a
-    ``JoinContext``. ``open(ctx)`` and ``close()`` run with the join's."""
-
-    def open(self, ctx: RuntimeContext) -> None:
-        """Called once before the first pair (``ctx`` makes state handles)."""
-
-    def process_element(self, left: Any, right: Any, ctx: JoinContext) -> Iterable[Any] | None:
-        """The outputs of one pair."""
-        raise NotImplementedError(f"{type(self).__name__} must override process_element")
-
-    def close(self) -> None:
-        """Called once at the end of the run, also of a failed one."""
-
-
-class JoinContext:
-    """What ``ProcessJoinFunction.process_element`` sees of a pair: ``left_timestamp``,
-    ``right_timestamp``, ``timestamp`` (the larger; Flink's output timestamp), the
-    ``current_key`` and ``side_output(tag, value)``."""
-
-    __slots__ = ("_context", "left_timestamp", "right_timestamp")
-
-    def __init__(self, context: Context, left_timestamp: Time, right_timestamp: Time) -> None:
-        self._context = context
-        self.left_timestamp = left_timestamp
-        self.right_timestamp = right_timestamp
-
-    @property
-    def timestamp(self) -> Time:
-        return max(self.left_timestamp, self.right_timestamp)
-
-    @property
-    def current_key(self) -> Any:
-        return self._context.current_key
-
-    def side_output(self, tag: Any, value: Any) -> None:
-        """Emit ``value`` to the side output ``tag``."""
-        self._context.side_output(tag, value)
-
-
 def interval_join(
     lower: Time,
     upper: Time,
     process: ProcessJoinFunction | Callable[[Any, Any], Any],
     *,
-    lower_inclusive: bool = True,
-    upper_inclusive: bool = True,
+    # bools, checked below: typed Any so the compiled build gives that check's message
+    lower_inclusive: Any = True,
+    upper_inclusive: Any = True,
     left_late_tag: Any = None,
     right_late_tag: Any = None,
 ) -> IntervalJoinFunction:

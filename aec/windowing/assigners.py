@@ -161,13 +161,13 @@ class EventTimeSessionWindows(WindowAssigner):
                     "it must be a number of seconds > 0"
                 )
         end = timestamp + gap
-        if not end > timestamp:  # the float sum absorbed the gap (or a NaN): empty
+        if end <= timestamp:  # the float sum absorbed the gap: the session would be empty
             raise ValueError(
                 f"{type(self).__name__}: a gap of {gap!r} s after timestamp {timestamp!r} "
                 f"is below the float's resolution there ({math.ulp(timestamp)!r} s): give "
                 "a larger gap, or timestamps nearer zero"
             )
-        return [TimeWindow.trusted(timestamp, end)]  # numbers, end > timestamp: checked
+        return [TimeWindow(timestamp, end)]
 
     def __repr__(self) -> str:
         gap = self.gap if self.gap_fn is None else getattr(self.gap_fn, "__qualname__", "fn")

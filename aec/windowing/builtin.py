@@ -126,7 +126,7 @@ class BuiltinTrigger:
         due = []
         for window in sessions:
             end = window.end
-            cleanup = end + self.lateness if self.event_time else end
+            cleanup = self.cleanup_time(end)
             # bool: numpy times compare to numpy.bool
             fires, cleaned = bool(low <= end <= high), bool(low <= cleanup <= high)
             if fires or cleaned:

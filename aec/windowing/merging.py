@@ -30,7 +30,8 @@ def add_session(
     cover = window
     for other in touching:
         cover = cover.cover(other)
-    if len(touching) == 1 and touching[0] == cover:
+    first: Any = touching[0]  # untyped: a 3.13 dataclass __eq__ gives numpy.bool
+    if len(touching) == 1 and first == cover:
         return cover, []
     for other in touching:
         sessions.remove(other)

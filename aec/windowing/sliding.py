@@ -64,9 +64,8 @@ class PanesDriver:
         j = panes.pane(at)
         if rules.is_late(panes.end(j // panes.r), watermark):
             # the pane's latest window is cleaned (no lateness): so are all the others
-            # Time, not float: compiled, a float cast would make an int a C double
-            if rules.is_late_record(cast(Time, timestamp), watermark):
-                self.function.late(ctx, value, cast(Time, timestamp), watermark)
+            if rules.is_late_record(timestamp, watermark):
+                self.function.late(ctx, value, timestamp, watermark)
             return
         live, fold = self.live, self.contents.inner.fold
 
