@@ -232,6 +232,17 @@ def test_chained_futures_leave_no_cyclic_garbage():
     assert unreachable < 50, unreachable
 
 
+MODES = pytest.mark.parametrize(
+    "config", [AecConfig(async_state=False), AecConfig()], ids=["sync", "async"]
+)
+ASSIGNERS = pytest.mark.parametrize(
+    "assigner",
+    [TumblingEventTimeWindows.of(30), SlidingEventTimeWindows.of(30, 10),
+     EventTimeSessionWindows.with_gap(10)],
+    ids=["tumbling", "sliding", "sessions"],
+)  # fmt: skip
+
+
 def _segments(outputs):
     """The outputs between watermarks as multisets (their order across keys is free),
     each with the watermark that ends it."""
@@ -260,17 +271,10 @@ def _windowed(time, assigner, lateness, kind):
     return source, window(assigner, allowed_lateness=lateness, late_data_tag="late", **function)
 
 
-@pytest.mark.parametrize(
-    "config", [AecConfig(async_state=False), AecConfig()], ids=["sync", "async"]
-)
+@MODES
 @pytest.mark.parametrize("kind", ["aggregate", "process"])
 @pytest.mark.parametrize("lateness", [0, 25])
-@pytest.mark.parametrize(
-    "assigner",
-    [TumblingEventTimeWindows.of(30), SlidingEventTimeWindows.of(30, 10),
-     EventTimeSessionWindows.with_gap(10)],
-    ids=["tumbling", "sliding", "sessions"],
-)  # fmt: skip
+@ASSIGNERS
 def test_windows_on_numpy_times_give_the_results_of_float_times(config, kind, lateness, assigner):
     """numpy.float64 timestamps (a float subclass, as pandas gives them) compare to
     numpy.bool, which compiled code refuses where a bool is declared: the windowing kernel
@@ -284,9 +288,7 @@ def test_windows_on_numpy_times_give_the_results_of_float_times(config, kind, la
     assert any(w is not None and type(w.timestamp) is np.float64 for _, w in results[1][0])
 
 
-@pytest.mark.parametrize(
-    "config", [AecConfig(async_state=False), AecConfig()], ids=["sync", "async"]
-)
+@MODES
 def test_an_interval_join_on_numpy_times_gives_the_results_of_float_times(config):
     results = []
     for time in (float, np.float64):
@@ -302,16 +304,9 @@ def test_an_interval_join_on_numpy_times_gives_the_results_of_float_times(config
     assert results[0] == results[1] and sum(sum(c.values()) for c, _ in results[0][0]) > 20
 
 
-@pytest.mark.parametrize(
-    "config", [AecConfig(async_state=False), AecConfig()], ids=["sync", "async"]
-)
+@MODES
 @pytest.mark.parametrize("time", [int, np.float64])
-@pytest.mark.parametrize(
-    "assigner",
-    [TumblingEventTimeWindows.of(10), SlidingEventTimeWindows.of(10, 5),
-     EventTimeSessionWindows.with_gap(5)],
-    ids=["tumbling", "sliding", "sessions"],
-)  # fmt: skip
+@ASSIGNERS
 def test_late_output_sees_a_late_records_times_as_given(config, time, assigner):
     """A compiled float cast or annotation would hand ``late_output`` a float."""
     seen = []
