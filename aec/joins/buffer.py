@@ -71,7 +71,7 @@ def bucket_width(lower: Time, upper: Time) -> Time:
     return min(max(upper - lower, MIN_WIDTH), _SPAN)  # upper - lower may overflow to inf
 
 
-def entry(timestamp: Time, cleanup: Time, watermark: Time, value: Any) -> Entry:
+def entry(timestamp: Time, cleanup: Time, watermark: Time, value: object) -> Entry:
     """A record's entry."""
     return [timestamp, cleanup, watermark, value]
 

@@ -30,21 +30,22 @@ and the final state are the synchronous run's, in the same order per key.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from aec.elements import Time
-from aec.joins.buffer import LEFT, RIGHT, Entry, JoinBuffer, entry, live
+from aec.functions import Context
+from aec.joins.buffer import LEFT, RIGHT, Bucket, Entry, JoinBuffer, entry, live
 from aec.runtime.bundle import BundleContext
 
-Record = tuple[int, Any, Time, Time]  # (input, value, timestamp, arrival watermark)
+Record = tuple[int, object, Time, Time]  # (input, value, timestamp, arrival watermark)
 
 
 class _Join(Protocol):
     """What the bundle uses of ``aec.joins.interval.IntervalJoinFunction``."""
 
     buffer: JoinBuffer
-    joined: Callable[[Any, Any, Time, list[Entry], bool], None]
+    joined: Callable[[Context, object, Time, list[Entry], bool], None]
 
     def plan(self, is_left: bool, timestamp: Time) -> Any: ...
 
@@ -56,10 +57,10 @@ class JoinBundle:
     def __init__(self, join: _Join) -> None:
         self.join = join
         self.size = 0
-        self._held: dict[Any, list[Record]] = {}
+        self._held: dict[Hashable, list[Record]] = {}
 
     def offer_input(
-        self, input: int, key: Any, value: Any, timestamp: Any, watermark: Time
+        self, input: int, key: Hashable, value: object, timestamp: Time, watermark: Time
     ) -> bool:
         """Hold an on-time record of input ``input``; False (run it alone) otherwise
         (not a finite number: alone, it fails with the join's error naming it)."""
@@ -75,12 +76,12 @@ class JoinBundle:
         self.size += 1
         return True
 
-    def take(self, watermark: Time) -> list[tuple[Any, Any, int]]:
+    def take(self, watermark: Time) -> list[tuple[Hashable, list[Record], int]]:
         """Every key's records (a watermark must not leave before their pairs)."""
         held, self._held, self.size = self._held, {}, 0
         return [(key, records, len(records)) for key, records in held.items()]
 
-    def fold(self, share: list[Record], context: BundleContext, ctx: Any) -> None:
+    def fold(self, share: list[Record], context: BundleContext, ctx: Context) -> None:
         """Join one key's held records (``share``) as the entry of ``context``."""
         join = self.join
         buffer = join.buffer
@@ -94,7 +95,7 @@ class JoinBundle:
             plans.append((plan, value, timestamp))
         order = sorted(wanted)
 
-        def joined(stored: list[Any]) -> None:
+        def joined(stored: list[Bucket | None]) -> None:
             watermark = share[0][3]
             if any(held[3] != watermark for held in share):
                 raise RuntimeError(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from operator import itemgetter
 from typing import Any
 
@@ -47,11 +47,11 @@ def interval_join(
     upper: Time,
     process: ProcessJoinFunction | Callable[[Any, Any], Any],
     *,
-    # bools, checked below: typed Any so the compiled build gives that check's message
-    lower_inclusive: Any = True,
-    upper_inclusive: Any = True,
-    left_late_tag: Any = None,
-    right_late_tag: Any = None,
+    # bools, checked below: typed object so the compiled build gives that check's message
+    lower_inclusive: object = True,
+    upper_inclusive: object = True,
+    left_late_tag: Hashable | None = None,
+    right_late_tag: Hashable | None = None,
 ) -> IntervalJoinFunction:
     """An interval join of input 1 (left) with input 2 (right), per key.
 
@@ -76,12 +76,11 @@ def interval_join(
     """
     _check_bound("lower", lower)
     _check_bound("upper", upper)
-    for name, flag in (("lower_inclusive", lower_inclusive), ("upper_inclusive", upper_inclusive)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    lower_in = _check_flag("lower_inclusive", lower_inclusive)
+    upper_in = _check_flag("upper_inclusive", upper_inclusive)
     if lower > upper:
         raise ValueError(f"interval lower bound {lower!r} is above the upper bound {upper!r}")
-    if lower == upper and not (lower_inclusive and upper_inclusive):
+    if lower == upper and not (lower_in and upper_in):
         raise ValueError(
             f"interval [{lower!r}, {upper!r}] with an exclusive bound is empty: both bounds "
             "must be inclusive when lower == upper"
@@ -92,12 +91,18 @@ def interval_join(
             f"got {process!r}"
         )
     return IntervalJoinFunction(
-        _seconds(lower), _seconds(upper), process, lower_inclusive, upper_inclusive,
-        left_late_tag, right_late_tag,
+        _seconds(lower), _seconds(upper), process, lower_in, upper_in, left_late_tag,
+        right_late_tag,
     )  # fmt: skip
 
 
-def _seconds(bound: Any) -> Time:
+def _check_flag(name: str, flag: object) -> bool:
+    if not isinstance(flag, bool):
+        raise TypeError(f"{name} must be a bool, got {flag!r}")
+    return flag
+
+
+def _seconds(bound: numbers.Real) -> Time:
     """A bound as an int if it is integral (int timestamps beyond 2**53, nanoseconds,
     then pair exactly, as in Flink's long arithmetic), else a float."""
     return int(bound) if isinstance(bound, numbers.Integral) else float(bound)
@@ -138,7 +143,7 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
 
     def __init__(
         self, lower: Time, upper: Time, process: Any, lower_inclusive: bool,
-        upper_inclusive: bool, left_late_tag: Any, right_late_tag: Any,
+        upper_inclusive: bool, left_late_tag: Hashable | None, right_late_tag: Hashable | None,
     ) -> None:  # fmt: skip
         self.lower, self.upper = lower, upper
         self.lower_inclusive, self.upper_inclusive = lower_inclusive, upper_inclusive
@@ -200,13 +205,13 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
         return {"late_records_dropped": self.late_records_dropped}
 
     # -- records -----------------------------------------------------------------------------
-    def process_element1(self, value: Any, ctx: Context) -> StateFuture | None:
+    def process_element1(self, value: object, ctx: Context) -> StateFuture | None:
         return self._record(value, ctx, True)
 
-    def process_element2(self, value: Any, ctx: Context) -> StateFuture | None:
+    def process_element2(self, value: object, ctx: Context) -> StateFuture | None:
         return self._record(value, ctx, False)
 
-    def _record(self, value: Any, ctx: Context, is_left: bool) -> StateFuture | None:
+    def _record(self, value: object, ctx: Context, is_left: bool) -> StateFuture | None:
         timestamp = ctx.timestamp
         if timestamp is None or not math.isfinite(timestamp):
             which = "left (input 1)" if is_left else "right (input 2)"
@@ -264,8 +269,8 @@ class IntervalJoinFunction(KeyedCoProcessFunction):
 
 
 def _join_record(
-    buffer: JoinBuffer, joined: Callable[[Context, Any, Time, list[Entry], bool], None],
-    plan: Plan, ctx: Context, value: Any, timestamp: Time, watermark: Time,
+    buffer: JoinBuffer, joined: Callable[[Context, object, Time, list[Entry], bool], None],
+    plan: Plan, ctx: Context, value: object, timestamp: Time, watermark: Time,
 ) -> StateFuture | None:  # fmt: skip
     """An on-time record's work after its timer (``IntervalJoinFunction._record``): read
     its candidate buckets and its own, emit its pairs, add its entry. A module function,
@@ -278,7 +283,7 @@ def _join_record(
     mine = candidates.index(own) if own in candidates else len(candidates)
     wanted = candidates if mine < len(candidates) else [*candidates, own]
 
-    def pair(stored: list[Any]) -> StateFuture | None:
+    def pair(stored: list[Bucket | None]) -> StateFuture | None:
         matches = buffer.side(stored[: len(candidates)], other, watermark)
         if matches:
             joined(ctx, value, timestamp, matches, is_left)
@@ -290,7 +295,7 @@ def _join_record(
 
 def _pair_function(
     lower: Time, upper: Time, lower_inclusive: bool, upper_inclusive: bool, process: Any
-) -> Callable[[Context, Any, Time, list[Entry], bool], None]:
+) -> Callable[[Context, object, Time, list[Entry], bool], None]:
     """``fn(ctx, value, timestamp, candidates, is_left)``: emit a record's pairs with the
     other side's live ``candidates`` (read in bucket order)."""
     plain = not isinstance(process, ProcessJoinFunction)
@@ -303,7 +308,7 @@ def _pair_function(
         )
 
     def joined(
-        ctx: Context, value: Any, timestamp: Time, candidates: list[Entry], is_left: bool
+        ctx: Context, value: object, timestamp: Time, candidates: list[Entry], is_left: bool
     ) -> None:
         if is_left:
             matches = [e for e in candidates if inside(timestamp, e[0])]
@@ -332,7 +337,7 @@ def _clean_bucket(buffer: JoinBuffer, timestamp: Time, ctx: Context) -> StateFut
     bucket = buffer.bucket(timestamp)
     timers = ctx.timer_service
 
-    def clean(stored: Any) -> StateFuture | None:
+    def clean(stored: Bucket | None) -> StateFuture | None:
         if stored is None:
             return None
         write = buffer.write(bucket, stored, watermark)

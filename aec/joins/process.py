@@ -4,7 +4,7 @@ and a compiled class would pickle only its own attributes, not a subclass's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 from aec.elements import Time
@@ -19,7 +19,7 @@ class ProcessJoinFunction:
     def open(self, ctx: RuntimeContext) -> None:
         """Called once before the first pair (``ctx`` makes state handles)."""
 
-    def process_element(self, left: Any, right: Any, ctx: JoinContext) -> Iterable[Any] | None:
+    def process_element(self, left: Any, right: Any, ctx: JoinContext) -> Iterable[object] | None:
         """The outputs of one pair."""
         raise NotImplementedError(f"{type(self).__name__} must override process_element")
 
@@ -47,6 +47,6 @@ class JoinContext:
     def current_key(self) -> Any:
         return self._context.current_key
 
-    def side_output(self, tag: Any, value: Any) -> None:
+    def side_output(self, tag: Hashable, value: object) -> None:
         """Emit ``value`` to the side output ``tag``."""
         self._context.side_output(tag, value)

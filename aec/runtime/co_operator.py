@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from aec.checkpoint.files import OperatorState
 from aec.clock import Clock
 from aec.config import AecConfig
-from aec.elements import Record, Watermark, check_timestamp
+from aec.elements import Record, Time, Watermark, check_timestamp
 from aec.errors import describe
 from aec.functions import KeyedCoProcessFunction, check_function_kind
 from aec.keygroups import KeyGroupRange
@@ -82,7 +82,7 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
     ) -> None:
         base: Any = function  # the base checks the kind (_check_function) first
         super().__init__(base, backend, config, executor, clock, key_group_range=key_group_range)
-        self._input_watermarks: list[Any] = [-math.inf, -math.inf]  # last watermark of each input
+        self._input_watermarks: list[Time] = [-math.inf, -math.inf]  # last watermark of each input
         self.offering = 0  # the input of the record being offered to the bundle
 
     def _check_function(self, function: object) -> None:  # compiled, a static one binds early
@@ -150,7 +150,9 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
         else:
             raise TypeError(f"expected an aec.Record or aec.Watermark, got {describe(element)}")
 
-    def process_fields(self, key: Hashable, value: object, timestamp: Any, input: int = 0) -> None:
+    def process_fields(
+        self, key: Hashable, value: object, timestamp: Time | None, input: int = 0
+    ) -> None:
         """``KeyedProcessOperator.process_fields`` for input ``input`` (1 or 2; the
         Spark glue's per-row call). Raises ValueError for another input number, or for
         a record of an input that ended (its ``Watermark(math.inf)`` arrived)."""

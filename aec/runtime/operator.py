@@ -32,7 +32,7 @@ from aec.clock import Clock, SystemClock
 from aec.config import AecConfig
 from aec.declare.function import DeclaringKeyedProcessFunction
 from aec.declare.program import DeclaredProgram
-from aec.elements import ClockTick, Record, Watermark, check_key, check_timestamp
+from aec.elements import ClockTick, Record, Time, Watermark, check_key, check_timestamp
 from aec.errors import JobFailure
 from aec.functions import Context, KeyedProcessFunction, RuntimeContext, check_function_kind
 from aec.keygroups import KeyGroupRange, key_group_for, owned_range
@@ -159,7 +159,7 @@ class KeyedProcessOperator:
         self.clock = clock if clock is not None else SystemClock()
         # poll the clock per element: a deterministic one always, else once timers or TTL use it
         self._poll = self.clock.deterministic
-        self._now: Any = -math.inf  # last clock reading (Any: as the watermark, a user's clock's)
+        self._now: Time = -math.inf  # last clock reading (Time: a user's clock's type, kept)
         # TTL state closes an epoch every _ttl_tick s of clock: expiry needs no watermark
         self._ttl_tick, self._next_ttl_tick = math.inf, math.inf
         self._handles: dict[str, StateHandle[Any]] = {}
@@ -173,7 +173,7 @@ class KeyedProcessOperator:
         self._on_finished = self.controller.on_context_finished  # bound once, not per record
         # serial watermark order (and sync runs): an entry returns once its epochs have left
         self._waits_for_epochs = self.config.watermark_order == "serial" or self.synchronous
-        self._watermark: Any = -math.inf  # last watermark (Any: numpy's compare to np.bool_)
+        self._watermark: Time = -math.inf  # last watermark (Time: numpy's compare to np.bool_)
         self._sequence = 0  # last number given to a record, timer firing or bundle fold
         self._records_in = 0
         self._started = self._elapsed = 0.0  # perf_counter seconds: the run's start, length
@@ -256,7 +256,9 @@ class KeyedProcessOperator:
         TypeError/ValueError for a bad key or timestamp, JobFailure on failure."""
         self.process_fields(record.key, record.value, cast(Any, record).timestamp)
 
-    def process_fields(self, key: Hashable, value: object, timestamp: Any, input: int = 0) -> None:
+    def process_fields(
+        self, key: Hashable, value: object, timestamp: Time | None, input: int = 0
+    ) -> None:
         """``process(Record(key, value, timestamp))`` without building the Record (the
         Spark glue's per-row call); the same checks and errors. ``input``: the input
         it came from, 1 or 2 on a two-input operator (``KeyedCoProcessOperator``).
@@ -799,7 +801,7 @@ class KeyedProcessOperator:
         """Timestamps of the current key's timers in ``domain``."""
         return self.timers.times(domain)
 
-    def due_timers(self, domain: str, until: Any) -> list[float | int]:
+    def due_timers(self, domain: str, until: Time) -> list[Time]:
         """The current key's timer timestamps in ``domain`` at or before ``until``."""
         return self.timers.due(domain, until)
 
