@@ -11,7 +11,14 @@ import time
 import pytest
 from engine_helpers import Counter
 
-from aec import AecConfig, KeyedProcessFunction, Record, ValueStateDescriptor, run_keyed
+from aec import (
+    AecConfig,
+    KeyedProcessFunction,
+    Record,
+    ValueStateDescriptor,
+    Watermark,
+    run_keyed,
+)
 from aec.runtime.batch_cost import BatchCostModel
 from aec.runtime.executor import InlineExecutor, ThreadPoolStateExecutor
 from aec.testing import run_sync
@@ -338,3 +345,44 @@ def test_requests_after_an_external_calls_completion(prefers_batches):
     else:  # every write at once; the reads (records on free keys) in batches
         assert executor.now == 400
         assert executor.flushed < 10
+
+
+class TimerReads(KeyedProcessFunction):
+    """Registers a timer per record; the firing tells whether its state read was
+    answered before ``async_value()`` returned."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=0))
+
+    def process_element(self, value, ctx):
+        ctx.timer_service.register_event_time_timer(value)
+
+    def on_timer(self, timestamp, ctx):
+        read = self.seen.async_value()
+        ctx.output((timestamp, read.is_done()))
+        return read
+
+
+@pytest.mark.parametrize(
+    ("config", "pool", "prefers_batches", "at_once"),
+    [
+        (AecConfig(), False, False, True),  # the inline store answers on the mailbox thread
+        (AecConfig(), False, True, False),  # a store preferring batches (RocksDB) batches them
+        (AecConfig(), True, False, False),  # a thread pool keeps requests batched
+        (AecConfig(state_ordered=True), False, False, False),  # never runs one at once
+    ],
+    ids=["inline", "prefers-batches", "thread-pool", "state-ordered"],
+)
+def test_a_one_input_timer_firing_runs_its_requests_at_once_where_a_two_input_one_does(
+    config, pool, prefers_batches, at_once
+):
+    """A firing starts holding its key, nothing of its key unfinished before it
+    (``start_holding``), in the one-input operator as in the two-input one."""
+    executor = (
+        ThreadPoolStateExecutor(2) if pool else InlineExecutor(prefers_batches=prefers_batches)
+    )
+    source = [Record(key, t, t) for t in (1, 2, 3) for key in ("k", "j")] + [Watermark(10)]
+    result = run_keyed(source, TimerReads(), MemoryBackend(), config, executor=executor)
+    outputs = [o for o in result.outputs if isinstance(o, tuple)]
+    assert sorted(t for t, _ in outputs) == [1, 1, 2, 2, 3, 3]
+    assert {done for _, done in outputs} == {at_once}

@@ -36,10 +36,8 @@ from aec.functions import KeyedCoProcessFunction, check_function_kind
 from aec.keygroups import KeyGroupRange
 from aec.native import mypyc_attr
 from aec.runtime.bundle import BundleContext, BundleFlusher
-from aec.runtime.epochs import Epoch
 from aec.runtime.executor import StateExecutor
 from aec.runtime.operator import KeyedProcessOperator
-from aec.runtime.record_context import RecordContext
 from aec.runtime.user_code import CoEntryRunner
 
 if TYPE_CHECKING:
@@ -105,16 +103,6 @@ class KeyedCoProcessOperator(KeyedProcessOperator):
             bundle = _InputBundle(inner, self)
             self._bundles = BundleFlusher(bundle, self.controller, self._bundle_context)
             self.entries.bundle = bundle
-
-    def _bundle_context(self, key: Hashable, share: object, records: int) -> BundleContext:
-        # a fold or a timer firing starts only holding its key, nothing of its key
-        # unfinished before it: the AEC decides whether its requests run at once
-        return self.controller.start_holding(super()._bundle_context(key, share, records))
-
-    def _timer_context(
-        self, domain: str, key: Hashable, timestamp: float | int, epoch: Epoch
-    ) -> RecordContext:
-        return self.controller.start_holding(super()._timer_context(domain, key, timestamp, epoch))
 
     # -- input ---------------------------------------------------------------------------------
     def process1(self, record: Record) -> None:

@@ -29,7 +29,9 @@ Invariants (mailbox thread only):
   of the buffered path; the buffer keeps batching the records of other keys.
   The same holds for a request made in a callback of a completed request
   (``completing``; inline executor only) or of a completed external call (inline
-  executor, store not preferring batches): its record holds its key. Either
+  executor, store not preferring batches): its record holds its key. So does a
+  request of a timer firing or of a bundle's fold (``start_holding``; inline
+  executor, store not preferring batches): each starts holding its key. Each
   runs at once only when none of its record's requests is still queued
   (``RecordContext.queued``), so a record's requests reach the backend in
   submission order, and, when the executor ``prefers_batches`` (a store call

@@ -849,22 +849,24 @@ class KeyedProcessOperator:
     ) -> RecordContext:
         """A timer firing as a record of its key, counting in ``epoch`` and seeing
         the watermark (event time) or the last watermark before the tick that
-        fired it (processing time)."""
+        fired it (processing time). It starts only holding its key, nothing of its key
+        unfinished before it: the AEC decides whether its requests run at once
+        (``start_holding``), as for a bundle's fold."""
         self._sequence += 1
         element = epoch.watermark
         watermark = element.timestamp if type(element) is Watermark else element.watermark
-        return RecordContext(
+        return self.controller.start_holding(RecordContext(
             None, key, self._key_group(key), timestamp, self._sequence, epoch, watermark,
             self._on_finished, (domain, timestamp), epoch.processing_time,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _bundle_context(self, key: Hashable, share: object, records: int) -> BundleContext:
         """One key's fold of the bundle, in the open epoch."""
         self._sequence += 1
-        return BundleContext(
+        return self.controller.start_holding(BundleContext(
             share, records, key, self._key_group(key), self._sequence, self.epochs.active,
             self._watermark, self._on_finished, self._now,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     # -- failures (docs/semantics.md, rule 10) ------------------------------------------------
     def _require_open(self, taking_records: bool = False) -> None:
