@@ -161,6 +161,7 @@ def process_keyed(
         config=config,
         num_partitions=num_partitions,
         side_outputs=side_outputs,
+        order_by=order_by,
     )
     # Batch keeps Spark's hash partitioning by key (where earlier versions placed records): which
     # records are late depends on each partition's watermark cadence, so the outputs
@@ -185,6 +186,7 @@ def plan_job(
     side_outputs: Mapping[str, SchemaLike] | None,
     name: str = "process_keyed",
     function_class: type = KeyedProcessFunction,
+    order_by: OrderLike | None = None,
 ) -> PartitionJob:
     """Validate the arguments on the driver (see ``process_keyed``); the job to ship.
     ``function_class``: what ``function`` must be (``KeyedCoProcessFunction`` for two
@@ -194,9 +196,14 @@ def plan_job(
     if not keys:
         raise ValueError(f"{name} needs at least one key column")
     columns = df.columns
-    for column in [*keys, *([timestamp] if timestamp else [])]:
+    named = [("key", column) for column in keys]
+    named += [("timestamp", timestamp)] if timestamp else []
+    named += [("order_by", column) for column in _order_names(order_by)]
+    for role, column in named:
         if column not in columns:
-            raise ValueError(f"column {column!r} is not in the DataFrame (columns: {columns})")
+            raise ValueError(
+                f"{role} column {column!r} is not in the DataFrame (columns: {columns})"
+            )
     if timestamp is not None:
         kind = df.schema[timestamp].dataType
         if not isinstance(kind, _TIME_TYPES):
@@ -242,6 +249,18 @@ def plan_job(
         interval=watermark_interval,
         layout=RawLayout.build(main, sides),
     )
+
+
+def _order_names(order_by: OrderLike | None) -> list[str]:
+    """The column names in ``order_by`` (a ``Column`` is Spark's to resolve); TypeError
+    for an entry that is neither."""
+    if order_by is None:
+        return []
+    orders = [order_by] if isinstance(order_by, (str, Column)) else list(order_by)
+    for order in orders:
+        if not isinstance(order, (str, Column)):
+            raise TypeError(f"order_by takes column names or Columns, got {order!r}")
+    return [order for order in orders if isinstance(order, str)]
 
 
 def arrange(

@@ -146,6 +146,7 @@ def write_keyed(
             num_partitions=num_partitions,
             side_outputs={tag: schema for tag, (schema, _) in op.side_outputs.items()},
             name="write_keyed",
+            order_by=order_by,
         )
         if op.columns is not None:
             job = replace(job, values=list(op.columns))

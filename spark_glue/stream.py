@@ -169,6 +169,7 @@ def process_keyed_stream(
         num_partitions=num_partitions,
         side_outputs=side_outputs,
         name="process_keyed_stream",
+        order_by=order_by,
     )
     if initial_state is not None:
         InitialState.check(initial_state, stream_df, job.keys, function)

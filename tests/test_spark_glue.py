@@ -805,6 +805,11 @@ def test_bad_arguments_fail_on_the_driver(spark):
         process_keyed(df, EchoTimes(), key="nope", output_schema=schema)
     with pytest.raises(TypeError, match="timestamp column 's'"):
         process_keyed(df, EchoTimes(), key="k", output_schema=schema, timestamp="s")
+    for order in ("nope", ["s", "nope"]):  # named before any job, as process_keyed_co does
+        with pytest.raises(ValueError, match="order_by column 'nope' is not in the DataFrame"):
+            process_keyed(df, EchoTimes(), key="k", output_schema=schema, order_by=order)
+    with pytest.raises(TypeError, match="order_by takes column names or Columns, got 3"):
+        process_keyed(df, EchoTimes(), key="k", output_schema=schema, order_by=["s", 3])
     with pytest.raises(ValueError, match="needs a timestamp column"):
         process_keyed(df, EchoTimes(), key="k", output_schema=schema, watermark_delay=5)
     with pytest.raises(ValueError, match="reserved"):
