@@ -14,13 +14,14 @@ import re
 
 from setuptools import setup
 
-# The engine's per-record core: run_keyed, the keyed operators (one and two inputs), the
-# AEC, its buffers, lanes, key accounting and epochs, the record context, the mailbox,
-# the executors, the user-code runner, the output; the state futures, requests and
-# handles, and MemoryBackend; the timer queue; windowing's kernel (the grid, the built-in
-# trigger's rules, contents, panes, sessions, the callback drivers, the bundles) and the
-# interval join (its buffers, its bundle, its function: a Python class with compiled
-# methods). The rest stays interpreted (key groups among them): docs/performance.md.
+# The engine's per-record core: run_keyed, the keyed operators (one and two inputs) and
+# their timers, the AEC, its buffers, lanes, key accounting and epochs, the record
+# context, the mailbox, the executors, the user-code runner, the output; the state
+# futures, requests and handles, and MemoryBackend; the timer queue; windowing's kernel
+# (the grid, the built-in trigger's rules, contents, panes, sessions and their interval
+# rule, the callback drivers, the bundles) and the interval join (its buffers, its
+# bundle, its function: a Python class with compiled methods). The rest stays
+# interpreted (key groups and TimeWindow among them): docs/performance.md.
 COMPILED = [
     "aec/joins/buffer.py",
     "aec/joins/bundle.py",
@@ -35,6 +36,7 @@ COMPILED = [
     "aec/runtime/lanes.py",
     "aec/runtime/mailbox.py",
     "aec/runtime/operator.py",
+    "aec/runtime/operator_timers.py",
     "aec/runtime/output.py",
     "aec/runtime/record_context.py",
     "aec/runtime/run.py",
@@ -48,6 +50,7 @@ COMPILED = [
     "aec/windowing/bundles.py",
     "aec/windowing/contents.py",
     "aec/windowing/grid.py",
+    "aec/windowing/intervals.py",
     "aec/windowing/merging.py",
     "aec/windowing/panes.py",
     "aec/windowing/session_bundle.py",

@@ -8,6 +8,7 @@ the mailbox thread, no asyncio). All of them run on the mailbox thread.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable, Container, Hashable
 from typing import Any, Generic, NoReturn, Protocol, TypeVar, overload
 
@@ -243,6 +244,9 @@ def state_serializer(descriptor: StateDescriptor, config: AecConfig) -> Serializ
     return resolve(descriptor.serializer, resolve(config.state_serializer))
 
 
+_FLOAT_MAX = sys.float_info.max  # an int beyond it is refused (check_timestamp)
+
+
 class TimerService:
     """Timers of the current key; timestamps in seconds (event or processing time)."""
 
@@ -301,6 +305,8 @@ class TimerService:
 
 def _checked(timestamp: Time | None, domain: str) -> Time:  # None from untyped callers
     if type(timestamp) is float and timestamp == timestamp:  # the common case: not NaN
+        return timestamp
+    if type(timestamp) is int and -_FLOAT_MAX <= timestamp <= _FLOAT_MAX:  # a window's end
         return timestamp
     if timestamp is None:
         raise TypeError(f"{domain} timer timestamp must be a number, got None")

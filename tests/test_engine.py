@@ -726,3 +726,40 @@ def test_blocking_calls_in_callbacks_and_timers_give_the_synchronous_answer(how,
     assert _tuples(run(BlocksInOnTimer(), in_timers).outputs) == _tuples(
         run_sync(in_timers, BlocksInOnTimer()).outputs
     )  # each due firing started inside the last one's wait: a RecursionError at ~140 keys
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "error", "message"),
+    [
+        (10**400, ValueError, "1329 bits, beyond the float range"),
+        (-(10**400), ValueError, "beyond the float range"),
+        (True, TypeError, "must be a number of seconds, got True"),
+        (float("nan"), ValueError, "is NaN"),
+    ],
+)
+def test_a_timer_timestamp_is_checked_whatever_its_type(timestamp, error, message):
+    class Registers(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            ctx.timer_service.register_event_time_timer(timestamp)
+
+    with pytest.raises(JobFailure) as info:
+        run_keyed([Record("k", 1, 0.0)], Registers())
+    assert isinstance(info.value.__cause__, error)
+    assert message in str(info.value.__cause__)
+
+
+def test_an_int_timer_timestamp_at_the_float_range_fires_as_an_int():
+    import sys
+
+    edge = int(sys.float_info.max)
+
+    class Registers(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            ctx.timer_service.register_event_time_timer(edge)
+
+        def on_timer(self, timestamp, ctx):
+            ctx.output(timestamp)
+
+    outputs = run_keyed([Record("k", 1, 0.0)], Registers()).outputs
+    fired = [o for o in outputs if not isinstance(o, Watermark)]
+    assert fired == [edge] and type(fired[0]) is int

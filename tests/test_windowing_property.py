@@ -236,3 +236,19 @@ def test_window_starts_follow_the_offset_grid_without_drift():
     assert TumblingEventTimeWindows.of(3600, 600).assign_windows(None, 7000) == [
         TimeWindow(4200, 7800)
     ]
+
+
+@pytest.mark.parametrize("t", [0, 7, -3, 2.5, -1e9, 1e15, 10**20])
+def test_a_session_window_is_the_checked_window_of_its_timestamp(t):
+    (window,) = EventTimeSessionWindows.with_gap(30).assign_windows(None, t)
+    assert window == TimeWindow(t, t + 30)
+    assert type(window.start) is type(t)
+
+
+@pytest.mark.parametrize(
+    ("t", "error", "message"),
+    [(True, TypeError, "start must be a number"), (math.nan, ValueError, "start is NaN")],
+)
+def test_a_session_window_of_a_bad_timestamp_still_names_what_is_wrong(t, error, message):
+    with pytest.raises(error, match=message):
+        EventTimeSessionWindows.with_gap(30).assign_windows(None, t)

@@ -848,10 +848,8 @@ class KeyedProcessOperator:
         self, domain: str, key: Hashable, timestamp: float | int, epoch: Epoch
     ) -> RecordContext:
         """A timer firing as a record of its key, counting in ``epoch`` and seeing
-        the watermark (event time) or the last watermark before the tick that
-        fired it (processing time). It starts only holding its key, nothing of its key
-        unfinished before it: the AEC decides whether its requests run at once
-        (``start_holding``), as for a bundle's fold."""
+        the watermark (event time) or the last watermark before the tick that fired
+        it (processing time); as a fold, it starts holding its key (``start_holding``)."""
         self._sequence += 1
         element = epoch.watermark
         watermark = element.timestamp if type(element) is Watermark else element.watermark

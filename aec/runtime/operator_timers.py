@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Container, Hashable
 
-from aec.elements import ClockTick, Watermark
+from aec.elements import ClockTick, Time, Watermark
 from aec.runtime.controller import AsyncExecutionController
 from aec.runtime.epochs import Epoch
 from aec.runtime.record_context import RecordContext
@@ -21,7 +21,7 @@ EVENT = "event-time"
 PROCESSING = "processing-time"
 
 # (domain, key, timestamp, epoch) -> the firing's RecordContext (the operator numbers it)
-TimerContextFactory = Callable[[str, Hashable, float, Epoch], RecordContext]
+TimerContextFactory = Callable[[str, Hashable, Time, Epoch], RecordContext]
 
 
 class OperatorTimers:
@@ -81,7 +81,7 @@ class OperatorTimers:
         self.queue(domain).boundary(open_epoch.sequence)
 
     # -- the running key's timers (TimerService) ------------------------------------------
-    def register(self, domain: str, timestamp: float) -> None:
+    def register(self, domain: str, timestamp: Time) -> None:
         """Register a timer of the current key in ``domain``."""
         context = self._current()
         if domain == PROCESSING:
@@ -90,18 +90,18 @@ class OperatorTimers:
             context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
         )
 
-    def delete(self, domain: str, timestamp: float) -> None:
+    def delete(self, domain: str, timestamp: Time) -> None:
         """Delete the current key's timer at ``timestamp`` in ``domain`` (no-op if absent)."""
         context = self._current()
         self.queue(domain).delete(
             context.key, timestamp, context.epoch.sequence, _arrival_limit(context, domain)
         )
 
-    def times(self, domain: str) -> Container[float]:
+    def times(self, domain: str) -> Container[Time]:
         """Timestamps of the current key's timers in ``domain`` (``TimerQueue.timestamps``)."""
         return self.queue(domain).timestamps(self._current().key)
 
-    def due(self, domain: str, until: float) -> list[float]:
+    def due(self, domain: str, until: Time) -> list[Time]:
         """The current key's timer timestamps in ``domain`` at or before ``until``,
         ascending (``TimerQueue.due``)."""
         return self.queue(domain).due(self._current().key, until)
@@ -141,14 +141,14 @@ class OperatorTimers:
             return None
         return self._new_context(domain, context.key, timestamp, epoch)
 
-    def _due_in(self, epoch: Epoch) -> tuple[str, float, TimerQueue]:
+    def _due_in(self, epoch: Epoch) -> tuple[str, Time, TimerQueue]:
         """The domain the epoch's closing element fires, its limit and queue."""
         element = epoch.watermark
         domain = EVENT if type(element) is Watermark else PROCESSING
         return domain, element.timestamp, self.queue(domain)
 
 
-def _arrival_limit(context: RecordContext, domain: str) -> float:
+def _arrival_limit(context: RecordContext, domain: str) -> Time:
     """The time (event or processing) that had passed before a record arrived:
     its timers at or below it fired before the record in the synchronous run.
     -inf for timer code, whose firing's due timers are all still to fire."""

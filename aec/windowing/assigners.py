@@ -167,7 +167,10 @@ class EventTimeSessionWindows(WindowAssigner):
                 f"is below the float's resolution there ({math.ulp(timestamp)!r} s): give "
                 "a larger gap, or timestamps nearer zero"
             )
-        return [TimeWindow(timestamp, end)]
+        if type(timestamp) is int or (type(timestamp) is float and timestamp == timestamp):
+            # a number, not NaN, and end > timestamp: what TimeWindow checks holds
+            return [TimeWindow.trusted(timestamp, end)]
+        return [TimeWindow(timestamp, end)]  # its checks name what is wrong
 
     def __repr__(self) -> str:
         gap = self.gap if self.gap_fn is None else getattr(self.gap_fn, "__qualname__", "fn")

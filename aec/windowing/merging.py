@@ -2,14 +2,16 @@
 ``TimeWindow.mergeWindows``), as a plain list the operator keeps in ValueState.
 
 Windows merge when they intersect or touch: ``a.start <= b.end and a.end >= b.start``
-(``TimeWindow.intersects``). The set's windows never intersect each other, so a
-new window merges with the ones it intersects into their cover.
+(``TimeWindow.intersects``, ``aec.windowing.intervals.touch``). The set's windows never
+intersect each other, so a new window merges with the ones it intersects into their
+cover.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from aec.windowing.intervals import touch
 from aec.windowing.windows import TimeWindow
 
 
@@ -23,18 +25,22 @@ def add_session(
     or lies inside one existing window (no merge, as in Flink: a pre-existing
     window merged only with the new one and not extended is not a merge).
     """
-    touching = [w for w in sessions if w.intersects(window)]
-    if not touching:
+    start, end = window.start, window.end
+    # the rule on the numbers, not a method call per held window (compiled: no call into
+    # the interpreted dataclass); positions, so merged windows leave without an __eq__ each
+    at = [i for i, w in enumerate(sessions) if touch(w.start, w.end, start, end)]
+    if not at:
         _insert(sessions, window)
         return window, []
+    touching = [sessions[i] for i in at]
     cover = window
     for other in touching:
         cover = cover.cover(other)
     first: Any = touching[0]  # untyped: a 3.13 dataclass __eq__ gives numpy.bool
     if len(touching) == 1 and first == cover:
         return cover, []
-    for other in touching:
-        sessions.remove(other)
+    for i in reversed(at):
+        del sessions[i]
     _insert(sessions, cover)
     return cover, touching
 

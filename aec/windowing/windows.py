@@ -15,6 +15,7 @@ from typing import Protocol
 
 from aec.elements import Time
 from aec.state.serialization import register_type
+from aec.windowing.intervals import touch
 
 
 class Window(Protocol):
@@ -57,8 +58,8 @@ class TimeWindow:
 
     def intersects(self, other: TimeWindow) -> bool:
         """True when the windows overlap or touch (Flink's ``TimeWindow.intersects``):
-        ``self.start <= other.end and self.end >= other.start``."""
-        return bool(self.start <= other.end and self.end >= other.start)  # numpy: numpy.bool
+        ``self.start <= other.end and self.end >= other.start`` (``intervals.touch``)."""
+        return touch(self.start, self.end, other.start, other.end)
 
     def cover(self, other: TimeWindow) -> TimeWindow:
         """The smallest window holding both (two valid windows: no checks)."""
