@@ -75,11 +75,17 @@ class TimeWindow:
 
     @classmethod
     def trusted(cls, start: Time, end: Time) -> TimeWindow:
-        """A window from numbers the caller computed (no checks: the hot path)."""
-        window = object.__new__(cls)
-        object.__setattr__(window, "start", start)
-        object.__setattr__(window, "end", end)
+        """A window from numbers the caller computed (no checks: the hot path; a key's
+        session set is decoded into windows at each of its records)."""
+        window = _new(cls)
+        _set_start(window, start)  # the slots' own setters: no frozen __setattr__
+        _set_end(window, end)
         return window
+
+
+_new = object.__new__
+_set_start = TimeWindow.__dict__["start"].__set__
+_set_end = TimeWindow.__dict__["end"].__set__
 
 
 def _time_window(start: Time, end: Time) -> TimeWindow:
