@@ -41,6 +41,20 @@ class ManualExecutor(StateExecutor):
             self.complete(0)
 
 
+class FiringReads:
+    """A mixin for a one- or two-input function that registers a timer per record: each
+    firing reads state and outputs ``(timestamp, whether the read was answered before
+    async_value() returned)``."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=0))
+
+    def on_timer(self, timestamp, ctx):
+        read = self.seen.async_value()
+        ctx.output((timestamp, read.is_done()))
+        return read
+
+
 class Counter(KeyedProcessFunction):
     """Keyed counter in callback style: emits (key, count) per record."""
 

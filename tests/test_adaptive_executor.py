@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from engine_helpers import Counter
+from engine_helpers import Counter, FiringReads
 
 from aec import (
     AecConfig,
@@ -347,20 +347,11 @@ def test_requests_after_an_external_calls_completion(prefers_batches):
         assert executor.flushed < 10
 
 
-class TimerReads(KeyedProcessFunction):
-    """Registers a timer per record; the firing tells whether its state read was
-    answered before ``async_value()`` returned."""
-
-    def open(self, ctx):
-        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=0))
+class TimerReads(FiringReads, KeyedProcessFunction):
+    """Registers a timer per record (``FiringReads``)."""
 
     def process_element(self, value, ctx):
         ctx.timer_service.register_event_time_timer(value)
-
-    def on_timer(self, timestamp, ctx):
-        read = self.seen.async_value()
-        ctx.output((timestamp, read.is_done()))
-        return read
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import os
 
 import pytest
 from co_helpers import Enrich, values, watermarks
+from engine_helpers import FiringReads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -747,23 +748,14 @@ def test_the_public_names_are_exported():
     from aec.testing import assert_equivalent_co  # noqa: F401
 
 
-class TimerReads(KeyedCoProcessFunction):
-    """Registers a timer per record; the firing tells whether its state read was
-    answered before ``async_value()`` returned."""
-
-    def open(self, ctx):
-        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=0))
+class TimerReads(FiringReads, KeyedCoProcessFunction):
+    """Registers a timer per record (``FiringReads``)."""
 
     def process_element1(self, value, ctx):
         ctx.timer_service.register_event_time_timer(value)
 
     def process_element2(self, value, ctx):
         ctx.timer_service.register_event_time_timer(value)
-
-    def on_timer(self, timestamp, ctx):
-        read = self.seen.async_value()
-        ctx.output((timestamp, read.is_done()))
-        return read
 
 
 @pytest.mark.parametrize(
