@@ -47,6 +47,7 @@ from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]  # cloudpickle ships no type hints
 from pyspark import StorageLevel
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -149,6 +150,7 @@ def process_keyed(
             At run time a failing partition fails the Spark job; the error Spark
             raises on the driver carries the ``aec.JobFailure`` message (key and record).
     """
+    order_by = order_list(order_by)
     job = plan_job(
         df,
         function,
@@ -198,12 +200,12 @@ def plan_job(
     columns = df.columns
     named = [("key", column) for column in keys]
     named += [("timestamp", timestamp)] if timestamp else []
-    named += [("order_by", column) for column in _order_names(order_by)]
-    for role, column in named:
+    for role, column in named:  # exact names: the executors read them from Arrow
         if column not in columns:
             raise ValueError(
                 f"{role} column {column!r} is not in the DataFrame (columns: {columns})"
             )
+    _check_order_names(df, order_by)
     if timestamp is not None:
         kind = df.schema[timestamp].dataType
         if not isinstance(kind, _TIME_TYPES):
@@ -251,16 +253,34 @@ def plan_job(
     )
 
 
-def _order_names(order_by: OrderLike | None) -> list[str]:
-    """The column names in ``order_by`` (a ``Column`` is Spark's to resolve); TypeError
-    for an entry that is neither."""
+def order_list(order_by: OrderLike | None) -> list[str | Column] | None:
+    """``order_by`` as a list (made once: an iterator is read once), or None; TypeError
+    for an entry that is neither a column name nor a ``Column``."""
     if order_by is None:
-        return []
+        return None
     orders = [order_by] if isinstance(order_by, (str, Column)) else list(order_by)
     for order in orders:
         if not isinstance(order, (str, Column)):
             raise TypeError(f"order_by takes column names or Columns, got {order!r}")
-    return [order for order in orders if isinstance(order, str)]
+    return orders
+
+
+def _check_order_names(df: DataFrame, order_by: OrderLike | None) -> None:
+    """ValueError naming an ``order_by`` column name Spark cannot resolve on ``df`` (its
+    analysis, no job: other cases, nested fields and hidden columns resolve as Spark
+    resolves them; a ``Column`` is Spark's to resolve at the first action)."""
+    if order_by is None:
+        return
+    orders = [order_by] if isinstance(order_by, (str, Column)) else order_by
+    for name in orders:
+        if not isinstance(name, str) or name in df.columns:
+            continue
+        try:
+            df.select(name).schema  # noqa: B018  # analysis only (Connect: a round trip)
+        except AnalysisException as exc:
+            raise ValueError(
+                f"order_by column {name!r} is not in the DataFrame (columns: {df.columns})"
+            ) from exc
 
 
 def arrange(

@@ -41,7 +41,7 @@ from pyspark.sql import types as T
 from aec.config import AecConfig
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue import parquet_out
-from spark_glue.keyed import OrderLike, SchemaLike, arrange, plan_job
+from spark_glue.keyed import OrderLike, SchemaLike, arrange, order_list, plan_job
 from spark_glue.partition import PartitionJob, PartitionRun
 from spark_glue.raw_frame import _METRICS, _STREAM
 
@@ -128,6 +128,7 @@ def write_keyed(
             datasets are then left empty.
     """
     directories = check_outputs(operators, [df])
+    order_by = order_list(order_by)
     members = []
     for op in operators:
         unknown = [c for c in op.columns or () if c not in df.columns]

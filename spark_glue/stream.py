@@ -40,6 +40,7 @@ from spark_glue.keyed import (
     OrderLike,
     SchemaLike,
     arrange,
+    order_list,
     output_of,
     persisted_result,
     plan_job,
@@ -156,6 +157,7 @@ def process_keyed_stream(
     if not isinstance(stream_df, DataFrame) or not stream_df.isStreaming:
         raise TypeError("process_keyed_stream needs a streaming DataFrame (spark.readStream...)")
     check_stream_arguments(checkpoint_location, sink, trigger, metrics_listener)
+    order_by = order_list(order_by)
     job = plan_job(
         stream_df,
         function,

@@ -668,6 +668,17 @@ def test_default_arrival_order_is_the_dataframe_order(spark):
 
 
 @pytest.mark.spark
+def test_order_by_names_resolve_as_spark_resolves_them_and_may_be_an_iterator(spark):
+    rows = [("a", seq, 1, float(seq)) for seq in range(20)]
+    rows.reverse()  # the DataFrame lists seq 19 first
+    df = spark.createDataFrame(rows, ROWS_DDL)
+    for order in ("SEQ", (name for name in ["seq"]), ("seq",)):  # Spark ignores case
+        result = process_keyed(df, RunningSum(), key="k", output_schema=SUM_DDL, order_by=order)
+        got = sorted((r.total, r.seq) for r in result.collect())
+        assert [seq for _, seq in got] == list(range(20)), order
+
+
+@pytest.mark.spark
 def test_timestamp_columns_become_float_seconds(spark):
     when = dt.datetime(2013, 1, 1, 5, 15)
     df = spark.createDataFrame(

@@ -30,6 +30,7 @@ from aec.windowing import (
 )
 from aec.windowing.builtin import BuiltinTrigger, fires_on_element
 from aec.windowing.grid import Grid, Panes, pane_size
+from aec.windowing.merging import add_session
 from aec.windowing.path import choose_path
 from aec.windowing.spec import WindowSpec
 from backends import MemoryBackend
@@ -436,3 +437,22 @@ def test_a_timestamp_beyond_a_floats_exact_grid_fails_naming_it(timestamp, confi
     with pytest.raises(JobFailure, match=r"2\*\*52") as failure:
         run_keyed([rec("k", 1, timestamp), Watermark(math.inf)], function, config=config)
     assert isinstance(failure.value.__cause__, ValueError)
+
+
+def test_the_session_set_asks_a_held_window_subclass_its_own_intersects():
+    class NeverMerges(TimeWindow):
+        def intersects(self, other):
+            return False
+
+    held = [NeverMerges(0, 10)]
+    actual, merged = add_session(held, NeverMerges(5, 15))
+    assert merged == [] and actual == NeverMerges(5, 15)
+    assert held == [NeverMerges(0, 10), NeverMerges(5, 15)]
+    plain = [TimeWindow(0, 10)]
+    assert add_session(plain, TimeWindow(5, 15)) == (TimeWindow(0, 15), [TimeWindow(0, 10)])
+
+
+def test_a_dynamic_gap_that_makes_a_nan_end_names_the_window():
+    assigner = EventTimeSessionWindows.with_dynamic_gap(lambda value: math.inf)
+    with pytest.raises(ValueError, match="TimeWindow end is NaN"):
+        assigner.assign_windows(None, -math.inf)

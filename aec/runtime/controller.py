@@ -274,10 +274,12 @@ class AsyncExecutionController:
             self.failure = error
 
     def start_holding(self, context: HOLDER) -> HOLDER:
-        """``context`` (a fold or a timer firing made when its key is free, nothing of
+        """``context`` (a fold or a timer firing: it starts holding its key, nothing of
         its key unfinished before it) marked as a record that waited for its key, where
         that lets its requests run at once with the results of the buffered path (the
-        invariants above); elsewhere unchanged. Returns ``context``."""
+        invariants above); elsewhere unchanged. Made while its key is busy, it waits in
+        the blocking buffer, which marks it again when it hands it the key. Returns
+        ``context``."""
         if self._holders_run_at_once:
             context.waited = True
         return context

@@ -167,8 +167,8 @@ class EventTimeSessionWindows(WindowAssigner):
                 f"is below the float's resolution there ({math.ulp(timestamp)!r} s): give "
                 "a larger gap, or timestamps nearer zero"
             )
-        if type(timestamp) is int or (type(timestamp) is float and timestamp == timestamp):
-            # a number, not NaN, and end > timestamp: what TimeWindow checks holds
+        exact = type(timestamp) is int or (type(timestamp) is float and timestamp == timestamp)
+        if exact and end == end:  # numbers, not NaN (-inf + inf is), end > timestamp
             return [TimeWindow.trusted(timestamp, end)]
         return [TimeWindow(timestamp, end)]  # its checks name what is wrong
 

@@ -27,8 +27,13 @@ def add_session(
     """
     start, end = window.start, window.end
     # the rule on the numbers, not a method call per held window (compiled: no call into
-    # the interpreted dataclass); positions, so merged windows leave without an __eq__ each
-    at = [i for i, w in enumerate(sessions) if touch(w.start, w.end, start, end)]
+    # the interpreted dataclass; a subclass's own intersects is asked); positions, so
+    # merged windows leave without an __eq__ each
+    at = [
+        i
+        for i, w in enumerate(sessions)
+        if (touch(w.start, w.end, start, end) if type(w) is TimeWindow else w.intersects(window))
+    ]
     if not at:
         _insert(sessions, window)
         return window, []
