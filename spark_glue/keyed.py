@@ -188,7 +188,7 @@ def plan_job(
     side_outputs: Mapping[str, SchemaLike] | None,
     name: str = "process_keyed",
     function_class: type = KeyedProcessFunction,
-    order_by: OrderLike | None = None,
+    order_by: list[str | Column] | None = None,
 ) -> PartitionJob:
     """Validate the arguments on the driver (see ``process_keyed``); the job to ship.
     ``function_class``: what ``function`` must be (``KeyedCoProcessFunction`` for two
@@ -265,14 +265,12 @@ def order_list(order_by: OrderLike | None) -> list[str | Column] | None:
     return orders
 
 
-def _check_order_names(df: DataFrame, order_by: OrderLike | None) -> None:
-    """ValueError naming an ``order_by`` column name Spark cannot resolve on ``df`` (its
-    analysis, no job: other cases, nested fields and hidden columns resolve as Spark
-    resolves them; a ``Column`` is Spark's to resolve at the first action)."""
-    if order_by is None:
-        return
-    orders = [order_by] if isinstance(order_by, (str, Column)) else order_by
-    for name in orders:
+def _check_order_names(df: DataFrame, order_by: list[str | Column] | None) -> None:
+    """ValueError naming an ``order_by`` column name (``order_list``'s) Spark cannot
+    resolve on ``df`` (its analysis, no job: other cases, nested fields and hidden columns
+    resolve as Spark resolves them; a ``Column`` is Spark's to resolve at the first
+    action)."""
+    for name in order_by or ():
         if not isinstance(name, str) or name in df.columns:
             continue
         try:
