@@ -14,15 +14,17 @@ import re
 
 from setuptools import setup
 
-# The engine's per-record core: run_keyed, the keyed operators (one and two inputs) and
-# their timers, the AEC, its buffers, lanes, key accounting and epochs, the record
-# context, the mailbox, the executors, the user-code runner, the output; the state
-# futures, requests and handles, and MemoryBackend; the timer queue; windowing's kernel
-# (the grid, the built-in trigger's rules, contents, panes, sessions and their interval
-# rule, the callback drivers, the bundles) and the interval join (its buffers, its
-# bundle, its function: a Python class with compiled methods). The rest stays
-# interpreted (key groups and TimeWindow among them): docs/performance.md.
+# The engine's per-record core: the contexts user code gets (Context, TimerService),
+# run_keyed, the keyed operators (one and two inputs) and their timers, the AEC, its
+# buffers, lanes, key accounting and epochs, the record context, the mailbox, the
+# executors, the user-code runner, the output; the state futures, requests and handles,
+# and MemoryBackend; the timer queue; windowing's kernel (the grid, the built-in
+# trigger's rules, contents, panes, sessions and their interval rule, the callback
+# drivers, the bundles) and the interval join (its buffers, its bundle, its function: a
+# Python class with compiled methods). The rest stays interpreted (key groups and
+# TimeWindow among them): docs/performance.md.
 COMPILED = [
+    "aec/contexts.py",
     "aec/joins/buffer.py",
     "aec/joins/bundle.py",
     "aec/joins/interval.py",

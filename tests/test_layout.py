@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
         "aec.timeouts", "aec.native",
     ),
     ("aec.state",),
-    ("aec.functions", "aec.declare"),  # the user function APIs
+    ("aec.functions", "aec.contexts", "aec.declare"),  # the user function APIs
     ("aec.checkpoint",),
     ("aec.runtime",),
     ("aec.async_io",),

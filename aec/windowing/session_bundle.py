@@ -32,17 +32,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from typing import Protocol
 
 from aec.elements import Time
-from aec.functions import Context, TimerService
+from aec.functions import Context
 from aec.runtime.bundle import BundleContext
 from aec.windowing.bundles import emit_at_watermark
 from aec.windowing.protocol import WindowFunction
-from aec.windowing.sessions import Held, Memory, SessionsDriver, decode, encode
+from aec.windowing.sessions import EventTimers, Held, Memory, SessionsDriver, decode, encode
 from aec.windowing.windows import TimeWindow
 
 Records = list[tuple[object, Time]]  # a key's records: (value, timestamp), in arrival order
 Taken = tuple[Time | None, Records]  # (the flushing watermark if the fold fires, records)
+
+
+class KeyTimers(EventTimers, Protocol):
+    """What ``NetTimers`` uses of the key's ``TimerService``."""
+
+    def due_timers(self, domain: str, until: Time) -> list[Time]: ...
 
 
 class NetTimers:
@@ -51,7 +58,7 @@ class NetTimers:
     fires in one flush) never reaches the timer queue. Per key a timer is one (key,
     time) entry, so the queue ends as if each change had been made in turn."""
 
-    def __init__(self, service: TimerService) -> None:
+    def __init__(self, service: KeyTimers) -> None:
         self.service = service
         # the key's timers now (unchanged until apply: nothing else runs in the fold)
         self.before = set(service.due_timers("event-time", math.inf))
