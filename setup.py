@@ -17,12 +17,12 @@ from setuptools import setup
 # The engine's per-record core: the contexts user code gets (Context, TimerService),
 # run_keyed, the keyed operators (one and two inputs) and their timers, the AEC, its
 # buffers, lanes, key accounting and epochs, the record context, the mailbox, the
-# executors, the user-code runner, the output; the state futures, requests and handles,
-# and MemoryBackend; the timer queue; windowing's kernel (the grid, the built-in
-# trigger's rules, contents, panes, sessions and their interval rule, the callback
-# drivers, the bundles) and the interval join (its buffers, its bundle, its function: a
-# Python class with compiled methods). The rest stays interpreted (key groups and
-# TimeWindow among them): docs/performance.md.
+# executors, the user-code runner, the output, the metrics' histograms; the state
+# futures, requests and handles, and MemoryBackend; the timer queue; windowing's kernel
+# (the grid, the built-in trigger's rules, contents, panes, sessions and their interval
+# rule, the callback drivers, the bundles) and the interval join (its buffers, its
+# bundle, its function: a Python class with compiled methods). The rest stays
+# interpreted (key groups and TimeWindow among them): docs/performance.md.
 COMPILED = [
     "aec/contexts.py",
     "aec/joins/buffer.py",
@@ -37,6 +37,7 @@ COMPILED = [
     "aec/runtime/key_accounting.py",
     "aec/runtime/lanes.py",
     "aec/runtime/mailbox.py",
+    "aec/runtime/metrics.py",
     "aec/runtime/operator.py",
     "aec/runtime/operator_timers.py",
     "aec/runtime/output.py",
