@@ -1,6 +1,13 @@
 """Timer queues: per-key timers of one time domain, in timestamp order.
 
-Backed by sortedcontainers (docs/semantics.md rule 8). Invariants:
+A binary heap (``heapq``) of ``(timestamp, sequence, key)`` entries orders the timers
+across keys (docs/semantics.md rule 8). A deleted or fired timer's entry is left in
+the heap, dead, and dropped when it comes to the top: a delete is a dict removal, not
+a search. Invariants:
+- An entry is live iff ``_by_key[key][timestamp]`` holds its sequence; each live timer
+  has exactly one entry in the heap. ``_live`` counts the live entries, ``_dead`` the
+  others; once the dead outnumber the live by ``_SLACK`` the heap is rebuilt from its
+  live entries (it holds about twice the timers at most, however many fired).
 - A (key, timestamp) pair is registered at most once (duplicates fire once).
 - ``pop_earliest`` yields timers in (timestamp, registration) order across keys.
 - Each timer remembers the epoch that registered it, so a firing can skip
@@ -23,15 +30,16 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Container, Hashable, Mapping
+from heapq import heapify, heappop, heappush
 from typing import Any, TypedDict
-
-from sortedcontainers import SortedList
 
 from aec.elements import Time
 from aec.keygroups import plain_key
 
 _NONE: frozenset[Time] = frozenset()
 _TIMES = (int, float)  # a restored timestamp's types (bool excluded)
+_SLACK = 1024  # dead heap entries tolerated beyond the live ones before a rebuild
+Entry = tuple[Time, int, Hashable]  # (timestamp, sequence, key): a heap entry
 
 
 class ExportedTimers(TypedDict):
@@ -46,10 +54,14 @@ class ExportedTimers(TypedDict):
 class TimerQueue:
     """The timers of one time domain (event time or processing time)."""
 
-    __slots__ = ("_order", "_by_key", "_times", "_sequence", "_rearmed", "_boundaries")
+    __slots__ = (
+        "_heap", "_live", "_dead", "_by_key", "_times", "_sequence", "_rearmed", "_boundaries",
+    )  # fmt: skip
 
     def __init__(self) -> None:
-        self._order = SortedList()  # (timestamp, sequence, key)
+        self._heap: list[Entry] = []  # live and dead entries (see the module)
+        self._live = 0
+        self._dead = 0
         self._by_key: dict[Hashable, dict[Time, tuple[int, int]]] = {}  # key -> t -> (seq, epoch)
         # key -> its timestamps, ascending: a key's next timer without scanning all of
         # them (a window with allowed lateness holds a cleanup timer per open window)
@@ -65,7 +77,7 @@ class TimerQueue:
         self._boundaries.append(epoch)
 
     def __len__(self) -> int:
-        return len(self._order)
+        return self._live
 
     def register(
         self, key: Hashable, timestamp: Time, epoch: int, arrival_watermark: Time = -math.inf
@@ -83,9 +95,10 @@ class TimerQueue:
             return False
         else:
             insort(self._times[key], timestamp)
-        self._sequence += 1
-        timers[timestamp] = (self._sequence, epoch)
-        self._order.add((timestamp, self._sequence, key))
+        sequence = self._sequence = self._sequence + 1
+        timers[timestamp] = (sequence, epoch)
+        heappush(self._heap, (timestamp, sequence, key))
+        self._live += 1
         return True
 
     def timestamps(self, key: Hashable) -> Container[Time]:
@@ -139,18 +152,67 @@ class TimerQueue:
         index = bisect_left(boundaries, latest)
         return index < len(boundaries) and boundaries[index] < epoch
 
-    def _remove(self, key: Hashable, timestamp: Time, timers: dict[Time, tuple[int, int]]) -> None:
-        sequence, _ = timers.pop(timestamp)
+    def _remove(
+        self, key: Hashable, timestamp: Time, timers: dict[Time, tuple[int, int]],
+        popped: bool = False,
+    ) -> None:  # fmt: skip
+        """Forget a live timer; its heap entry stays, dead, unless ``popped`` (the
+        caller took it off the heap)."""
+        del timers[timestamp]
         if not timers:
             del self._by_key[key]
             del self._times[key]
         else:
             times = self._times[key]
             del times[bisect_left(times, timestamp)]
-        self._order.remove((timestamp, sequence, key))
+        self._live -= 1
+        if not popped:
+            dead = self._dead = self._dead + 1
+            if dead > self._live + _SLACK:
+                self._rebuild()
 
-    def _fired(self, key: Hashable, timestamp: Time) -> None:
-        self._remove(key, timestamp, self._by_key[key])
+    def _is_live(self, entry: Entry) -> bool:
+        timers = self._by_key.get(entry[2])
+        if timers is None:
+            return False
+        found = timers.get(entry[0])
+        return found is not None and found[0] == entry[1]
+
+    def _rebuild(self) -> None:
+        """The heap of the live entries only: O(entries), once per ``_live + _SLACK``
+        deaths or more, so O(1) per timer."""
+        heap = [entry for entry in self._heap if self._is_live(entry)]
+        heapify(heap)
+        self._heap, self._dead = heap, 0
+
+    def _top(self) -> Entry | None:
+        """The earliest live entry (the dead above it dropped), or None."""
+        heap = self._heap
+        while heap:
+            entry = heap[0]
+            if self._is_live(entry):
+                return entry
+            heappop(heap)
+            self._dead -= 1
+        return None
+
+    def _up_to(self, limit: Time) -> list[Entry]:
+        """The live entries with timestamp <= ``limit`` in (timestamp, sequence) order:
+        popped off the heap (the dead among them dropped), the live pushed back."""
+        heap = self._heap
+        found: list[Entry] = []
+        while heap and heap[0][0] <= limit:
+            entry = heappop(heap)
+            if self._is_live(entry):
+                found.append(entry)
+            else:
+                self._dead -= 1
+        for entry in found:
+            heappush(heap, entry)
+        return found
+
+    def _fired(self, key: Hashable, timestamp: Time, popped: bool = False) -> None:
+        self._remove(key, timestamp, self._by_key[key], popped)
         if self._rearmed:
             rearmed = self._rearmed.get((key, timestamp))
             if rearmed:
@@ -161,30 +223,31 @@ class TimerQueue:
 
     def peek_time(self) -> Time | None:
         """The earliest registered timestamp, or None."""
-        return self._order[0][0] if self._order else None
+        top = self._top()
+        return None if top is None else top[0]
 
     def any_in(self, after: Time, upto: Time) -> bool:
-        """Whether a timer is registered at a time in ``(after, upto]``. O(log n)."""
-        order = self._order
-        index = order.bisect_left((after, math.inf))  # past every timer at ``after``
-        return index < len(order) and bool(order[index][0] <= upto)
+        """Whether a timer is registered at a time in ``(after, upto]``. O(timers at
+        or below ``upto``, log n each)."""
+        return any(entry[0] > after for entry in self._up_to(upto))
 
     def pop_earliest(self, limit: Time) -> tuple[Time, Hashable] | None:
         """Remove and return the earliest ``(timestamp, key)`` with timestamp <= limit."""
-        if not self._order or self._order[0][0] > limit:
+        top = self._top()
+        if top is None or top[0] > limit:
             return None
-        timestamp, _, key = self._order[0]
-        self._fired(key, timestamp)
+        heappop(self._heap)
+        timestamp, _, key = top
+        self._fired(key, timestamp, popped=True)
         return timestamp, key
 
     def due_keys(self, limit: Time, max_epoch: int) -> list[Hashable]:
         """Keys with a timer due at ``limit`` registered in an epoch <= ``max_epoch``,
         in the order of their earliest such timer."""
         keys: dict[Hashable, None] = {}
-        for timestamp, _, key in self._order.irange(maximum=(limit, float("inf"))):
-            if timestamp > limit:
-                break
-            if key not in keys and self._by_key[key][timestamp][1] <= max_epoch:
+        by_key = self._by_key
+        for timestamp, _, key in self._up_to(limit):
+            if key not in keys and by_key[key][timestamp][1] <= max_epoch:
                 keys[key] = None
         return list(keys)
 
@@ -205,7 +268,11 @@ class TimerQueue:
 
     def items(self) -> list[tuple[Hashable, Time]]:
         """All ``(key, timestamp)`` in timestamp order (for snapshots and tests)."""
-        return [(key, timestamp) for timestamp, _, key in self._order]
+        return [(key, timestamp) for timestamp, _, key in self._sorted()]
+
+    def _sorted(self) -> list[Entry]:
+        """The live entries in firing order."""
+        return sorted(entry for entry in self._heap if self._is_live(entry))
 
     # -- checkpoints (aec.checkpoint.files) ------------------------------------------------------------
     def export(self) -> ExportedTimers:
@@ -223,7 +290,7 @@ class TimerQueue:
         by_key = self._by_key
         plain = plain_key
         return {
-            "timers": [(t, seq, plain(key), by_key[key][t][1]) for t, seq, key in self._order],
+            "timers": [(t, seq, plain(key), by_key[key][t][1]) for t, seq, key in self._sorted()],
             "sequence": self._sequence,
             "rearmed": [
                 (plain(key), t, list(epochs)) for (key, t), epochs in self._rearmed.items()
@@ -245,7 +312,7 @@ class TimerQueue:
         Raises ValueError (leaving this queue unchanged) when ``data`` is not of
         the shape ``export`` returns.
         """
-        order = SortedList()
+        order: list[Entry] = []
         by_key: dict[Hashable, dict[Time, tuple[int, int]]] = {}
         try:
             for timestamp, sequence, key, epoch in data["timers"]:
@@ -254,7 +321,7 @@ class TimerQueue:
                 ):
                     raise ValueError(f"timer {(timestamp, sequence, key, epoch)!r}")
                 by_key.setdefault(key, {})[timestamp] = (sequence, epoch)
-                order.add((timestamp, sequence, key))
+                order.append((timestamp, sequence, key))
             rearmed = {(key, t): list(epochs) for key, t, epochs in data["rearmed"]}
             counter = data["sequence"]
             boundaries = [int(epoch) for epoch in data["boundaries"]]
@@ -262,6 +329,8 @@ class TimerQueue:
             raise ValueError(f"not an exported timer queue: {exc}") from exc
         if not isinstance(counter, int) or len(order) != sum(map(len, by_key.values())):
             raise ValueError("not an exported timer queue: bad sequence or duplicate timers")
-        self._order, self._by_key, self._rearmed, self._sequence = order, by_key, rearmed, counter
+        heapify(order)
+        self._heap, self._by_key, self._rearmed, self._sequence = order, by_key, rearmed, counter
+        self._live, self._dead = len(order), 0
         self._times = {key: sorted(timers) for key, timers in by_key.items()}
         self._boundaries = boundaries
