@@ -97,9 +97,6 @@ class OperatorHooks(Protocol):
     ) -> StateFuture[R]: ...
 
 
-# user subclasses: Python classes in the compiled build too
-
-
 # an int beyond it is refused (check_timestamp); an int, so an int compares exactly
 _FLOAT_MAX = int(sys.float_info.max)
 
