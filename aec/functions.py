@@ -88,10 +88,6 @@ class KeyedCoProcessFunction:
         a failed one (its error is then a note on the run's ``JobFailure``)."""
 
 
-KeyedFunction = KeyedProcessFunction | KeyedCoProcessFunction
-"""Either kind of keyed function: what a keyed operator runs."""
-
-
 def check_function_kind(function: Any, expected: type, takes: str) -> None:
     """Raise TypeError unless ``function`` is an instance of ``expected``
     (``KeyedProcessFunction`` or ``KeyedCoProcessFunction``); the message names both
