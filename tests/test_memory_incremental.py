@@ -180,3 +180,33 @@ def test_a_restored_backend_continues_the_chain(tmp_path):
     KeyedProcessOperator(Writes(), final).restore(second)
     assert state_of(final) == state_of(restored)
     assert final.state_items("value")["k1"] == -5 and final.state_items("value")["k2"] == -6
+
+
+def test_writes_are_noted_only_while_a_base_exists(tmp_path):
+    """Before the first snapshot (and with ``incremental=False``) the next snapshot is a
+    whole base: no list of changed keys is kept, so a job without checkpoints does not
+    hold one entry per key it ever wrote."""
+    log = memory_changelog.Changelog()
+    assert log.dirty is None
+    tables = {"value": {k: 1 for k in "abcdefgh"}}  # one change of eight: a delta
+    serializers = MemoryBackend().serializers
+    log.snapshot(tables, str(tmp_path / "one"), serializers)
+    assert log.dirty == set()
+    log.dirty.add(("value", "a"))
+    tables["value"]["a"] = 2
+    log.snapshot(tables, str(tmp_path / "two"), serializers)
+    assert memory_changelog.CHAIN in os.listdir(tmp_path / "two")  # a delta
+    log.reset()
+    assert log.dirty is None
+    log.close()
+    assert log.dirty is None
+    backend = MemoryBackend(incremental=False)
+    operator = KeyedProcessOperator(Writes(), backend)
+    operator.process(Record("a", 1))
+    operator.snapshot(1, tmp_path / "full")
+    operator.process(Record("b", 2))
+    restored = MemoryBackend()
+    KeyedProcessOperator(Writes(), restored).restore(operator.snapshot(2, tmp_path / "full"))
+    assert restored.state_items("value") == {"a": 1, "b": 2}
+    operator.close()
+    backend.close()

@@ -70,7 +70,7 @@ class MemoryBackend(StateBackend):
             self._lazy.load_keys([request.key for request in requests], self._tables)
             self._settle()
         tables = self._tables
-        dirty = self._changelog.dirty
+        dirty = self._changelog.dirty  # None: no base yet, the next snapshot is whole
         writes = 0
         for request in requests:
             table = tables.get(request.state)
@@ -86,8 +86,9 @@ class MemoryBackend(StateBackend):
             else:
                 _APPLY[op](table, request)
             if op in _WRITES:
-                dirty.add((request.state, request.key))
                 writes += 1
+                if dirty is not None:
+                    dirty.add((request.state, request.key))
         cleanup = self._ttl_cleanup
         if writes and cleanup is not None and (budget := cleanup.charge(writes)):
             self._sweep(cleanup, budget)
@@ -114,7 +115,8 @@ class MemoryBackend(StateBackend):
         if kind == "value":  # most TTL state: a pair per key, dropped whole
             for key in [k for k in islice(keys, start, end) if (p := get(k)) and expired(p[1], now)]:
                 del table[key]
-                dirty.add((name, key))
+                if dirty is not None:
+                    dirty.add((name, key))
         else:
             for key in islice(keys, start, end):
                 stored = get(key)
@@ -124,7 +126,8 @@ class MemoryBackend(StateBackend):
                     del table[key]
                 else:
                     table[key] = kept
-                dirty.add((name, key))
+                if dirty is not None:
+                    dirty.add((name, key))
         position[1] = end
         return end - start, (position if end < len(keys) else None)
 

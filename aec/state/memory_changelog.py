@@ -3,8 +3,12 @@
 Flink's changelog state backend (FLIP-158) writes, per checkpoint, only the
 changes since the last one, against a periodically materialized base. Here:
 
-- ``Changelog.written(state, key)`` records every key a write touched since the
-  previous snapshot (the backend calls it per write request).
+- ``Changelog.dirty`` holds every ``(state, key)`` a write touched since the
+  previous snapshot (the backend adds them per write request). It is ``None`` while
+  no base exists (before the first snapshot, after a reset, with
+  ``incremental=False``): the next snapshot then writes a whole base and needs no
+  list of changes, so writes cost nothing extra and the set does not grow with
+  every key a job without checkpoints writes.
 - ``snapshot(tables, directory)`` writes one new immutable file: either a full
   base (``memory-base.msgpack``: every table) or a delta (the current value, or a
   deletion, of each key touched since the previous snapshot), into a private
@@ -67,7 +71,8 @@ class Changelog:
     def __init__(self, max_deltas: int = 16, rebase_ratio: float = 0.5) -> None:
         self.max_deltas = max_deltas
         self.rebase_ratio = rebase_ratio
-        self.dirty: set[tuple[str, Any]] = set()  # (state, key) written since the last snapshot
+        # (state, key) written since the last snapshot; None while there is no base
+        self.dirty: set[tuple[str, Any]] | None = None
         self._since_base: set[tuple[str, Any]] = set()
         self._private: str | None = None
         self._base: str | None = None  # private path of the base; None: next snapshot is a base
@@ -77,7 +82,7 @@ class Changelog:
 
     def reset(self) -> None:
         """State was replaced wholesale (a restore): the next snapshot is a base."""
-        self.dirty = set()
+        self.dirty = None
         self._since_base = set()
         self._base, self._deltas = None, []
 
@@ -101,6 +106,7 @@ class Changelog:
             _link(os.path.join(directory, name), paths[-1])
             self._stamp(paths[-1])
         self._base, self._deltas, self._since_base = paths[0], paths[1:], set(touched)
+        self.dirty = set()
 
     def snapshot(
         self,
@@ -117,7 +123,8 @@ class Changelog:
         Raises TypeError naming the state when a value cannot be encoded by its
         state's serializer (nothing is added to the chain then)."""
         os.makedirs(directory, exist_ok=True)
-        self._since_base |= self.dirty
+        dirty = self.dirty or set()
+        self._since_base |= dirty
         size = sum(len(table) for table in tables.values()) + (lazy.unloaded if lazy else 0)
         if self._base is None or len(self._since_base) > self.rebase_ratio * max(size, 1):
             if lazy is not None:
@@ -127,10 +134,10 @@ class Changelog:
         elif len(self._deltas) >= self.max_deltas:
             delta = memory_format.encode_delta(_delta(tables, self._since_base), serializers)
             self._deltas = [self._write(delta)]
-        elif self.dirty:
-            delta = memory_format.encode_delta(_delta(tables, self.dirty), serializers)
+        elif dirty:
+            delta = memory_format.encode_delta(_delta(tables, dirty), serializers)
             self._deltas.append(self._write(delta))
-        self.dirty = set()
+        self.dirty = set()  # a base exists now: the next snapshot may be a delta
         self._check_unchanged()
         for name in os.listdir(directory):  # a snapshot into the same directory replaces it
             if name in (BASE, SEGMENTED_BASE, CHAIN) or name.startswith(DELTA_PREFIX):
@@ -186,7 +193,7 @@ class Changelog:
     def close(self) -> None:
         """Remove the private directory (checkpoints keep their links)."""
         private, self._private = self._private, None
-        self._base, self._deltas = None, []
+        self._base, self._deltas, self.dirty = None, [], None
         scratch.remove(private)
 
 
