@@ -10,7 +10,9 @@ deterministic clock is reproducible.
 
 from __future__ import annotations
 
+import decimal
 import math
+import numbers
 import time
 from collections.abc import Sequence
 
@@ -30,6 +32,38 @@ class Clock:
 
     def now(self) -> float | int:
         raise NotImplementedError
+
+
+def check_clock(clock: object) -> Clock:
+    """``clock`` if it is an ``aec.clock.Clock``; TypeError naming it otherwise."""
+    if not isinstance(clock, Clock):
+        raise TypeError(
+            f"clock must be an aec.clock.Clock (SystemClock, ManualClock, ScriptedClock or "
+            f"a subclass with now()), got {clock!r:.200} ({type(clock).__name__})"
+        )
+    return clock
+
+
+def checked_reading(clock: Clock, now: object) -> float | int:
+    """``now``, a reading of ``clock``, as the seconds the engine computes with: an
+    ``int`` or ``float`` as it is, another integral number as an ``int`` and another
+    real number as a ``float`` (numpy scalars, ``Decimal``, ``Fraction``: a clock fed
+    from a pandas column returns ``numpy.int64``).
+
+    Raises:
+        TypeError: ``now`` is not a real number (a ``bool`` neither), naming the clock.
+        ValueError: ``now`` is NaN (no time is before or after it), naming the clock.
+    """
+    if isinstance(now, bool) or not isinstance(now, (numbers.Real, decimal.Decimal)):
+        raise TypeError(
+            f"{type(clock).__name__}.now() returned {now!r} ({type(now).__name__}): a "
+            "clock reads seconds as an int or a float"
+        )
+    integral = isinstance(now, numbers.Integral)
+    reading: float | int = int(now) if integral else float(now)  # type: ignore[arg-type]
+    if reading != reading:
+        raise ValueError(f"{type(clock).__name__}.now() returned NaN: a clock reads seconds")
+    return reading
 
 
 class SystemClock(Clock):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable, Container, Hashable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, SupportsFloat, TypeVar
 
 from aec.config import AecConfig
 from aec.elements import Time, check_timestamp
@@ -63,7 +63,7 @@ class BatchCalls(Protocol[IN, OUT]):
 
 class _ExternalCalls(Protocol):
     def call_batched(
-        self, batcher: BatchCalls[IN, OUT], arg: IN, timeout: float | None, retry: RetryStrategy
+        self, batcher: BatchCalls[IN, OUT], arg: IN, timeout: SupportsFloat | None, retry: RetryStrategy
     ) -> StateFuture[OUT]: ...
 
 
@@ -92,7 +92,7 @@ class OperatorHooks(Protocol):
         self,
         fn: Callable[..., Awaitable[R]],
         args: tuple[object, ...],
-        timeout: float | None,
+        timeout: SupportsFloat | None,
         retry: RetryStrategy,
     ) -> StateFuture[R]: ...
 
@@ -136,13 +136,15 @@ class TimerService:
         """The timestamps of this key's registered timers in ``domain``
         (``"event-time"`` or ``"processing-time"``), for membership tests (aec
         extension: a function deleting many timers skips those it never set). A live
-        view, valid until a timer of the key is registered; O(1) per test."""
-        return self._operator.timer_times(domain)
+        view, valid until a timer of the key is registered; O(1) per test. Raises
+        ValueError (TypeError: not a str) for another domain."""
+        return self._operator.timer_times(_domain(domain))
 
     def due_timers(self, domain: str, until: Time) -> list[Time]:
         """The timestamps of this key's timers in ``domain`` at or before ``until``
-        (seconds), ascending, as a new list (aec extension). O(log n + due)."""
-        return self._operator.due_timers(domain, until)
+        (seconds), ascending, as a new list (aec extension). O(log n + due). Raises
+        ValueError for another domain or a NaN ``until``, TypeError for a non-number."""
+        return self._operator.due_timers(_domain(domain), _checked(until, domain))
 
     def current_watermark(self) -> Time:
         """The watermark the running code sees, in seconds (-inf before the first):
@@ -155,6 +157,15 @@ class TimerService:
         """The operator clock's reading when the running record arrived (or its
         timer fired), in seconds."""
         return self._operator.current_context().processing_time
+
+
+def _domain(domain: str) -> str:
+    """``domain`` if it names a timer domain; else ValueError (TypeError: not a str):
+    a misspelled one must not be answered from the other domain's queue."""
+    if domain == "event-time" or domain == "processing-time":
+        return domain
+    error = ValueError if isinstance(domain, str) else TypeError
+    raise error(f"timer domain must be 'event-time' or 'processing-time', got {domain!r}")
 
 
 def _checked(timestamp: Time | None, domain: str) -> Time:  # None from untyped callers
@@ -221,7 +232,7 @@ class Context:
         self,
         fn: Callable[..., Awaitable[R]],
         *args: object,
-        timeout: float | None = None,
+        timeout: SupportsFloat | None = None,
         retry: RetryStrategy = _NO_RETRY,
     ) -> StateFuture[R]:
         """Call an external service for the running record; a ``StateFuture`` of its
@@ -258,7 +269,7 @@ class Context:
         batcher: BatchCalls[IN, OUT],
         arg: IN,
         *,
-        timeout: float | None = None,
+        timeout: SupportsFloat | None = None,
         retry: RetryStrategy = _NO_RETRY,
     ) -> StateFuture[OUT]:
         """Hand ``arg`` to ``batcher`` (an ``aec.async_io.Batcher``) for the running

@@ -22,6 +22,7 @@ Follows Flink's ``AsyncRetryStrategies.FixedDelayRetryStrategy``,
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from typing import Any, Final, overload
@@ -153,11 +154,15 @@ def check_timeout(timeout: object) -> float | None:
         return None
     if type(timeout) is float and 0 < timeout < math.inf:  # the common case, fast
         return timeout
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-    if math.isnan(timeout) or timeout <= 0:
+    try:
+        seconds = float(timeout)  # numpy scalars and Fractions as the floats they are
+    except OverflowError:  # an int beyond the floats: longer than any run
+        seconds = math.inf
+    if math.isnan(seconds) or seconds <= 0:
         raise ValueError(f"timeout must be > 0 seconds (or None for none), got {timeout!r}")
-    return None if math.isinf(timeout) else float(timeout)
+    return None if math.isinf(seconds) else seconds
 
 
 def check_strategy(retry: object) -> RetryStrategy:

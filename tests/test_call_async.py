@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from fractions import Fraction
 
+import numpy as np
 import pytest
 from engine_helpers import cyclic_garbage
 from hypothesis import given, settings
@@ -345,10 +347,29 @@ def test_bad_timeout_and_retry_are_refused():
         def process_element(self, value, ctx):
             ctx.call_async(Service().fetch, 1, 2, **self.kwargs)
 
-    for kwargs, error in (({"timeout": 0}, ValueError), ({"retry": 3}, TypeError)):
+    cases = (({"timeout": 0}, ValueError, "> 0"), ({"retry": 3}, TypeError, "retry"),
+             ({"timeout": "5"}, TypeError, "'5'"), ({"timeout": np.int64(0)}, ValueError, "> 0"),
+             ({"timeout": float("nan")}, ValueError, "nan"))  # fmt: skip
+    for kwargs, error, text in cases:
         with pytest.raises(JobFailure) as info:
             run_keyed([Record("a", 1)], Bad(**kwargs))
-        assert isinstance(info.value.__cause__, error)
+        assert isinstance(info.value.__cause__, error) and text in str(info.value.__cause__)
+
+
+def test_a_timeout_may_be_any_real_number_of_seconds():
+    """numpy scalars and Fractions are seconds like the floats they equal (both builds:
+    the compiled one checks nothing before aec's own check)."""
+
+    class Timed(KeyedProcessFunction):
+        def __init__(self, timeout):
+            self.timeout = timeout
+
+        async def process_element(self, value, ctx):
+            ctx.output(await ctx.call_async(Service().fetch, value, 1, timeout=self.timeout))
+
+    for timeout in (np.int64(5), np.float32(5), Fraction(5), 10**400):
+        outputs = run_keyed([Record("a", 1)], Timed(timeout)).outputs
+        assert outputs[0] == run_keyed([Record("a", 1)], Timed(5.0)).outputs[0]
 
 
 @pytest.mark.parametrize("config", [AecConfig(), SYNC], ids=["async", "sync"])

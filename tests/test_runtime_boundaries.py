@@ -19,6 +19,8 @@ from aec import (
     run_keyed,
 )
 from aec.runtime.controller import StuckError
+from aec.runtime.operator import KeyedProcessOperator
+from backends import MemoryBackend
 
 MODES = [AecConfig(), AecConfig(async_state=False), AecConfig(watermark_order="parallel")]
 IDS = ["async", "sync", "parallel"]
@@ -49,15 +51,23 @@ def test_the_final_watermark_may_repeat_and_the_run_still_finishes(config):
     assert result.outputs == [("a", 1), Watermark(math.inf), Watermark(math.inf)]
 
 
+class MyFuture(StateFuture):
+    """A user's subclass: held like a StateFuture."""
+
+
 class NeverCompletes(KeyedProcessFunction):
+    def __init__(self, kind=StateFuture):
+        self.kind = kind
+
     def process_element(self, value, ctx):
-        return StateFuture()  # made outside the engine: nothing will ever complete it
+        return self.kind()  # made outside the engine: nothing will ever complete it
 
 
+@pytest.mark.parametrize("kind", [StateFuture, MyFuture])
 @pytest.mark.parametrize("config", MODES, ids=IDS)
-def test_a_returned_future_nothing_completes_is_stuck_naming_the_record(config):
+def test_a_returned_future_nothing_completes_is_stuck_naming_the_record(config, kind):
     with pytest.raises(JobFailure) as failure:
-        run_keyed([Record("k", "v1")], NeverCompletes(), config=config)
+        run_keyed([Record("k", "v1")], NeverCompletes(kind), config=config)
     cause = failure.value.__cause__
     assert isinstance(cause, StuckError)
     assert "record 'v1' of key 'k'" in str(cause)
@@ -117,3 +127,27 @@ def test_awaiting_asyncio_with_no_current_loop_names_what_may_be_awaited():
         run_keyed([Record("a", 1)], AwaitsAnAsyncioFuture())
     assert isinstance(failure.value.__cause__, TypeError)
     assert "ctx.call_async" in str(failure.value.__cause__)
+
+
+def test_an_operator_refuses_what_is_not_a_record_or_a_clock_naming_it():
+    """Operators used directly: a tuple given as a record, an object given as a clock,
+    are TypeErrors naming them (not an AttributeError from inside)."""
+    operator = KeyedProcessOperator(Counter(), MemoryBackend())
+    with pytest.raises(TypeError, match=r"process takes a Record, got \('k', 1, None\)"):
+        operator.process(("k", 1, None))
+    operator.close()
+    with pytest.raises(TypeError, match=r"clock must be an aec.clock.Clock .*got <object"):
+        run_keyed([Record("k", 1)], Counter(), clock=object())
+
+
+def test_then_combine_with_what_is_not_a_future_is_a_type_error_at_the_call():
+    class Combines(KeyedProcessFunction):
+        def open(self, ctx):
+            self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+        def process_element(self, value, ctx):
+            return self.count.async_value().then_combine(5, lambda a, b: a + b)
+
+    with pytest.raises(JobFailure) as failure:
+        run_keyed([Record("k", 1)], Combines())
+    assert isinstance(failure.value.__cause__, TypeError)

@@ -380,3 +380,30 @@ def test_each_key_starts_from_its_own_copy_of_a_mutable_default(backend, async_s
     assert [o for o in result.outputs if isinstance(o, tuple)] == [
         ("a", [1]), ("b", [2]), ("c", [3]), ("a", [1, 4])
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("ttl", [None, 60], ids=["plain", "ttl"])
+@pytest.mark.parametrize("config", MODES)
+def test_put_all_takes_pairs_and_a_list_update_takes_any_iterable(config, ttl):
+    """``put_all`` takes what ``dict()`` takes, ``ListState.update`` what ``list()``
+    takes (a numpy array too, whose truth value is ambiguous); both builds alike."""
+    import types
+
+    import numpy as np
+
+    class Fills(KeyedProcessFunction):
+        def open(self, ctx):
+            self.map = ctx.get_state(MapStateDescriptor("map", ttl=ttl))
+            self.list = ctx.get_state(ListStateDescriptor("list", ttl=ttl))
+
+        def process_element(self, value, ctx):
+            self.map.put_all(value)
+            self.list.update(np.array(sorted(v for _, v in self.map.entries())))
+            self.list.add_all(np.array([9]))
+            ctx.output((sorted(self.map.entries()), [int(v) for v in self.list.get()]))
+
+    rows = [("a", [("x", 1), ("y", 2)]), ("b", zip("xy", (3, 4), strict=True)),
+            ("c", types.MappingProxyType({"x": 5}))]  # fmt: skip
+    outputs, _ = run(Fills(), rows, config)
+    assert outputs == [([("x", 1), ("y", 2)], [1, 2, 9]), ([("x", 3), ("y", 4)], [3, 4, 9]),
+                       ([("x", 5)], [5, 9])]  # fmt: skip

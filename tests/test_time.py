@@ -19,6 +19,7 @@ from aec import (
     run_keyed,
 )
 from aec.clock import ManualClock, ScriptedClock, SystemClock
+from aec.errors import JobFailure
 from aec.testing import assert_equivalent
 from backends import MemoryBackend
 
@@ -242,3 +243,64 @@ def test_a_live_map_entry_whose_value_is_none_is_contained(ttl, async_state):
         clock=ManualClock(0),
     )  # fmt: skip
     assert [o for o in result.outputs if isinstance(o, tuple)] == [(True, False)]
+
+
+class Readings(ScriptedClock):
+    """A scripted clock whose readings go through ``convert`` (numpy, Decimal, ...)."""
+
+    def __init__(self, convert):
+        super().__init__([1.0] * 100)
+        self.convert = convert
+
+    def now(self):
+        return self.convert(super().now())
+
+
+@pytest.mark.parametrize("config", MODES)
+def test_a_clock_may_read_any_real_number_and_a_bad_reading_names_the_clock(config):
+    """numpy scalars, Decimal and Fraction readings run as the int or float they equal;
+    a reading that is no number, or NaN, fails naming the clock (both builds)."""
+    import decimal
+    import fractions
+
+    import numpy as np
+
+    source = [Record("k", v) for v in (3, 5, 0, 2, 7)]
+    expected = outputs(run_keyed(source, Reminders(), config=config, clock=Readings(int)))
+    assert expected  # reminders fired
+    for convert in (np.int64, np.float64, np.float32, decimal.Decimal, fractions.Fraction):
+        clock = Readings(lambda t, c=convert: c(int(t)))
+        assert outputs(run_keyed(source, Reminders(), config=config, clock=clock)) == expected
+    for bad, error in ((lambda t: None, TypeError), (lambda t: True, TypeError),
+                       (lambda t: "1", TypeError), (lambda t: float("nan"), ValueError)):  # fmt: skip
+        with pytest.raises((error, JobFailure)) as raised:
+            run_keyed(source, Reminders(), config=config, clock=Readings(bad))
+        failure = raised.value if isinstance(raised.value, error) else raised.value.__cause__
+        assert isinstance(failure, error) and "Readings.now() returned" in str(failure)
+
+
+@pytest.mark.parametrize("config", MODES)
+def test_a_timer_domain_that_is_not_one_is_refused_naming_it(config):
+    """A misspelled domain is an error, not the processing-time queue's answer; a NaN
+    ``until`` is an error, not every timer."""
+
+    class Asks(KeyedProcessFunction):
+        def __init__(self, ask):
+            self.ask = ask
+
+        def process_element(self, value, ctx):
+            ctx.timer_service.register_event_time_timer(5.0)
+            ctx.output(self.ask(ctx.timer_service))
+
+    good = run_keyed([Record("k", 1)], Asks(lambda s: (5.0 in s.timer_times("event-time"),
+                                                       s.due_timers("event-time", 9.0))),
+                     config=config)  # fmt: skip
+    assert good.outputs[0] == (True, [5.0])
+    for ask, error, text in (
+        (lambda s: s.timer_times("event_time"), ValueError, "'event_time'"),
+        (lambda s: s.due_timers("eventtime", 9.0), ValueError, "'eventtime'"),
+        (lambda s: s.due_timers("event-time", float("nan")), ValueError, "NaN"),
+    ):
+        with pytest.raises(JobFailure) as raised:
+            run_keyed([Record("k", 1)], Asks(ask), config=config)
+        assert isinstance(raised.value.__cause__, error) and text in str(raised.value.__cause__)

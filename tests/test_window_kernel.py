@@ -104,6 +104,35 @@ def test_an_int_sliding_grid_puts_nanoseconds_in_the_same_windows_on_every_path(
     assert [(panes.start(i), panes.end(i)) for i in range(first, last + 1)] == expected
 
 
+class Nanos(int):
+    """An int subclass of timestamps (as a user's own time type)."""
+
+
+@pytest.mark.parametrize(
+    "assigner", [TumblingEventTimeWindows.of(3), SlidingEventTimeWindows.of(4, 2)], ids=repr
+)
+def test_int_subclass_timestamps_beyond_2_53_land_in_the_windows_ints_do(assigner):
+    """An int subclass is exact integer arithmetic too: beyond 2**53 a float division
+    would put every record in one window that holds none of them."""
+    base = 2**62
+
+    class Spans(ProcessWindowFunction):
+        def process(self, key, context, elements):
+            values = sorted(n for _, n in elements)
+            yield (context.window().start - base, context.window().end - base, values)
+
+    for config in (SYNC, ASYNC):
+        runs = [
+            run_keyed([rec("k", v, conv(base + v)) for v in (1, 2, 3, 5, 9)],
+                      window(assigner, process=Spans()), config=config).outputs
+            for conv in (int, Nanos)
+        ]  # fmt: skip
+        assert runs[0] == runs[1]
+        windows = [o for o in runs[1] if not isinstance(o, Watermark)]
+        assert all(start <= v < end for start, end, values in windows for v in values)
+        assert len(windows) == (4 if assigner.size == 3 else 6)
+
+
 def test_a_sliding_window_aggregate_without_merge_runs_per_window():
     """Flink calls AggregateFunction.merge only for merging windows: an aggregate that
     leaves it out (the base raises) still aggregates sliding windows."""
@@ -456,3 +485,71 @@ def test_a_dynamic_gap_that_makes_a_nan_end_names_the_window():
     assigner = EventTimeSessionWindows.with_dynamic_gap(lambda value: math.inf)
     with pytest.raises(ValueError, match="TimeWindow end is NaN"):
         assigner.assign_windows(None, -math.inf)
+
+
+def test_an_assigner_subclass_with_its_own_windows_is_asked_on_every_path():
+    """A tumbling or sliding subclass overriding ``assign_windows`` is not the grid: its
+    windows are the ones it lists, whatever the window function, in both modes."""
+
+    class EvenOnly(TumblingEventTimeWindows):
+        def assign_windows(self, value, timestamp):
+            return [] if value[1] % 2 else super().assign_windows(value, timestamp)
+
+    class Later(SlidingEventTimeWindows):
+        def assign_windows(self, value, timestamp):
+            return super().assign_windows(value, timestamp + 100)
+
+    class Spans(ProcessWindowFunction):
+        def process(self, key, context, elements):
+            yield (context.window().start, context.window().end, sum(n for _, n in elements))
+
+    source = [rec("k", v, v) for v in (1, 2, 3, 4)] + [Watermark(200)]
+    for config in (SYNC, ASYNC):
+        for kwargs in ({"aggregate": SumAggregate()}, {"process": Spans()}):
+            outputs = run_keyed(source, window(EvenOnly.of(10), **kwargs), config=config).outputs
+            assert outputs[0] in (("k", 6), (0, 10, 6))
+        for kwargs in ({"aggregate": SumAggregate(), "process": Spans()}, {"process": Spans()}):
+            fn = window(Later.of(10, 5), **kwargs)
+            assert choose_path(fn.spec, config).driver == "general"
+            windows = [o for o in run_keyed(source, fn, config=config).outputs
+                       if not isinstance(o, Watermark)]  # fmt: skip
+            assert [w[:2] for w in windows] == [(95, 105), (100, 110)]
+
+
+def test_a_merging_assigner_of_time_window_subclasses_merges_and_others_are_named():
+    """A TimeWindow subclass's windows merge as TimeWindows do (their order is by the
+    numbers, not the dataclass's same-class one); a window that is no TimeWindow fails
+    the run naming it."""
+    from dataclasses import dataclass
+
+    from aec import JobFailure
+    from aec.windowing import WindowAssigner
+
+    class MyWindow(TimeWindow):
+        pass
+
+    @dataclass(frozen=True)
+    class Duck:
+        start: float
+        end: float
+
+    class Merging(WindowAssigner):
+        merging = True
+
+        def __init__(self, make):
+            self.make = make
+
+        def assign_windows(self, value, timestamp):
+            return [self.make(timestamp, timestamp + 3)]
+
+    source = [rec("k", 1, 1), rec("k", 2, 2), rec("k", 3, 6), Watermark(20)]
+    for config in (SYNC, ASYNC):
+        expected = run_keyed(source, window(Merging(TimeWindow), aggregate=SumAggregate()),
+                             config=config).outputs  # fmt: skip
+        assert expected[:2] == [("k", 3), ("k", 3)]
+        mine = run_keyed(source, window(Merging(MyWindow), aggregate=SumAggregate()), config=config)
+        assert mine.outputs == expected
+        with pytest.raises(JobFailure) as failure:
+            run_keyed(source, window(Merging(Duck), aggregate=SumAggregate()), config=config)
+        assert isinstance(failure.value.__cause__, TypeError)
+        assert "Duck(start=1, end=4)" in str(failure.value.__cause__)

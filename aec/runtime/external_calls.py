@@ -37,7 +37,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Generator
 from time import monotonic
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, SupportsFloat, TypeVar, cast
 
 from aec.errors import describe, qualified_name
 from aec.functions import BatchCalls
@@ -251,7 +251,7 @@ class ExternalCalls:
         self,
         fn: Callable[..., Awaitable[R]],
         args: tuple[object, ...],
-        timeout: float | None = None,
+        timeout: SupportsFloat | None = None,
         retry: RetryStrategy = _NO_RETRY,
     ) -> CallFuture[R]:
         """Start ``fn(*args)`` for the current record; see ``Context.call_async``.
@@ -282,7 +282,7 @@ class ExternalCalls:
         self,
         batcher: BatchCalls[IN, OUT],
         arg: IN,
-        timeout: float | None = None,
+        timeout: SupportsFloat | None = None,
         retry: RetryStrategy = _NO_RETRY,
     ) -> CallFuture[OUT]:
         """Hand ``arg`` to ``batcher``'s batch calls for the current record; see

@@ -23,12 +23,12 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Container, Hashable, Sequence
 from time import monotonic
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, SupportsFloat, TypeVar, cast
 
 from aec.checkpoint import state_meta
 from aec.checkpoint.files import CheckpointHandle, OperatorState
 from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore
-from aec.clock import Clock, SystemClock
+from aec.clock import Clock, SystemClock, check_clock, checked_reading
 from aec.config import AecConfig
 from aec.declare.function import DeclaringKeyedProcessFunction
 from aec.declare.program import DeclaredProgram
@@ -156,7 +156,7 @@ class KeyedProcessOperator:
         if isinstance(self.entries, DeclaredEntryRunner):
             self.entries.submit = self.controller.submit
         self.external_calls = ExternalCalls(self.controller)  # Context.call_async
-        self.clock = clock if clock is not None else SystemClock()
+        self.clock = check_clock(clock) if clock is not None else SystemClock()
         # poll the clock per element: a deterministic one always, else once timers or TTL use it
         self._poll = self.clock.deterministic
         self._now: Time = -math.inf  # last clock reading (Time: a user's clock's type, kept)
@@ -199,7 +199,7 @@ class KeyedProcessOperator:
         interpreter_tuning.acquire()
         try:
             if not self.clock.deterministic:  # a deterministic clock is read per element only
-                self._now = cast(Any, self.clock).now()
+                self._now = self._read_clock()
             self.backend.open()
             self.function.open(RuntimeContext(self))
             self.declared_states = list(self._handles)
@@ -254,6 +254,8 @@ class KeyedProcessOperator:
     def process(self, record: Record) -> None:
         """Admit one record, first waiting (running mails) while at the in-flight limit;
         TypeError/ValueError for a bad key or timestamp, JobFailure on failure."""
+        if not isinstance(record, Record):
+            raise TypeError(f"process takes a Record, got {record!r:.200} ({type(record).__name__})")
         self.process_fields(record.key, record.value, cast(Any, record).timestamp)
 
     def process_fields(
@@ -376,10 +378,18 @@ class KeyedProcessOperator:
         key_group = cache[key] = key_group_for(key, self.config.max_parallelism)
         return key_group
 
+    def _read_clock(self) -> Time:
+        """A clock reading: an int or a float as it is, anything else through
+        ``checked_reading`` (converted, or TypeError/ValueError naming the clock)."""
+        now = cast(Any, self.clock).now()  # compiled: read unchecked, then checked here
+        if (type(now) is not float and type(now) is not int) or now != now:
+            return checked_reading(self.clock, now)
+        return cast(Time, now)
+
     def _poll_clock(self) -> None:
         """Read the clock; an advance with a due processing-time timer (any
         advance, for a deterministic clock) closes the epoch with a ClockTick."""
-        now = cast(Any, self.clock).now()  # compiled: read unchecked, as the interpreted build
+        now = self._read_clock()
         if now <= self._now:
             return
         first, self._now = self._now == -math.inf, now
@@ -806,7 +816,7 @@ class KeyedProcessOperator:
         return self.timers.due(domain, until)
 
     def call_async(
-        self, fn: Callable[..., Awaitable[R]], args: tuple[object, ...], timeout: float | None,
+        self, fn: Callable[..., Awaitable[R]], args: tuple[object, ...], timeout: SupportsFloat | None,
         retry: RetryStrategy,
     ) -> StateFuture[R]:  # fmt: skip
         """An external call of the running record (``Context.call_async``)."""

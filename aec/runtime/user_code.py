@@ -105,14 +105,14 @@ class EntryRunner:
         """Drive what ``entry`` of ``record`` returned: a coroutine, or any StateFuture
         (its callbacks hold the record; one made outside any record holds ``record``
         until it completes); anything else is a TypeError naming ``entry``."""
-        if type(result) is StateFuture:
+        if type(result) is StateFuture or isinstance(result, StateFuture):  # a subclass too
             if result.context is None and record is not None:
                 # a future made outside any record: the record waits for it (and a
                 # future nobody completes leaves it stuck, named, not lost)
                 result.subscribe(_ignore, record)
         elif type(result) is CoroutineType or hasattr(result, "send"):
             self.drive(result, None)  # type: ignore[arg-type]  # a generator-based coroutine
-        elif not isinstance(result, StateFuture):
+        else:
             raise TypeError(
                 f"{entry} returned {describe(result)}; return None, a StateFuture, or use async def"
             )

@@ -186,7 +186,10 @@ class StateFuture(Generic[T]):
         return out
 
     def then_combine(self, other: StateFuture[S], fn: Callable[[T, S], R]) -> StateFuture[R]:
-        """A future of ``fn(self_result, other_result)`` once both are complete."""
+        """A future of ``fn(self_result, other_result)`` once both are complete.
+        TypeError when ``other`` is not a StateFuture."""
+        if not isinstance(other, StateFuture):
+            raise TypeError(f"then_combine takes a StateFuture, got {other!r:.200}")
         return self.then_compose(lambda a: other.then_apply(lambda b: fn(a, b)))
 
     def then_conditionally_apply(

@@ -8,7 +8,7 @@ the key of the record (or timer) whose code is running.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
 
@@ -252,7 +252,7 @@ class ListState(StateHandle[ListStateDescriptor[V]]):
 
     def async_update(self, values: Iterable[V] | None) -> StateFuture[None]:
         """Replace the list with ``values`` (None or empty clears it); a future of None."""
-        return self._submit(Op.LIST_PUT, self._name, None, list(values or ()))
+        return self._submit(Op.LIST_PUT, self._name, None, [] if values is None else list(values))
 
     def get(self) -> StateIterator[V]:
         """Blocking ``async_get``."""
@@ -286,8 +286,9 @@ class MapState(StateHandle[MapStateDescriptor[UK, UV]]):
         """Map ``user_key`` to ``value``; a future of None."""
         return self._submit(Op.MAP_PUT, self._name, user_key, value)
 
-    def async_put_all(self, entries: dict[UK, UV]) -> StateFuture[None]:
-        """Put every entry of ``entries``; a future of None."""
+    def async_put_all(self, entries: Mapping[UK, UV] | Iterable[tuple[UK, UV]]) -> StateFuture[None]:
+        """Put every entry of ``entries`` (a mapping, or ``(key, value)`` pairs as
+        ``dict()`` takes); a future of None."""
         return self._submit(Op.MAP_PUT_ALL, self._name, None, dict(entries))
 
     def async_remove(self, user_key: UK) -> StateFuture[None]:
@@ -322,7 +323,7 @@ class MapState(StateHandle[MapStateDescriptor[UK, UV]]):
         """Blocking ``async_put``."""
         self._wait(self.async_put(user_key, value))
 
-    def put_all(self, entries: dict[UK, UV]) -> None:
+    def put_all(self, entries: Mapping[UK, UV] | Iterable[tuple[UK, UV]]) -> None:
         """Blocking ``async_put_all``."""
         self._wait(self.async_put_all(entries))
 

@@ -115,7 +115,7 @@ class TtlListState(_Expiring, ListState):
         return self._submit(Op.LIST_ADD_ALL, self._name, None, stamped)
 
     def async_update(self, values: Iterable[Any] | None) -> StateFuture:
-        stamped = [self._ttl.stamp(v) for v in values or ()]
+        stamped = [self._ttl.stamp(v) for v in (() if values is None else values)]
         return self._submit(Op.LIST_PUT, self._name, None, stamped)
 
 
@@ -128,8 +128,8 @@ class TtlMapState(_Expiring, MapState):
     def async_put(self, user_key: Any, value: Any) -> StateFuture:
         return self._submit(Op.MAP_PUT, self._name, user_key, self._ttl.stamp(value))
 
-    def async_put_all(self, entries: dict[Any, Any]) -> StateFuture:
-        stamped = {k: self._ttl.stamp(v) for k, v in entries.items()}
+    def async_put_all(self, entries: Any) -> StateFuture:
+        stamped = {k: self._ttl.stamp(v) for k, v in dict(entries).items()}
         return self._submit(Op.MAP_PUT_ALL, self._name, None, stamped)
 
     def async_contains(self, user_key: Any) -> StateFuture:

@@ -36,12 +36,18 @@ Fired = tuple[Time, Time, int, int, int]
 ``indexes[lo:hi]`` and ``indexes[lo:cut]`` are its last-use panes (see ``Panes.chain``)."""
 
 
+def _all_ints(timestamp: Time, offset: Time, step: Time) -> bool:
+    """Whether the grid's arithmetic is exact integer arithmetic: all three are ints
+    (subclasses too: an ``int`` subclass of nanoseconds beyond 2**53 must not round)."""
+    return isinstance(timestamp, int) and isinstance(offset, int) and isinstance(step, int)
+
+
 def _floor_index(timestamp: Time, offset: Time, step: Time) -> int:
     """``floor((timestamp - offset) / step)``, exact when all three are ints (nanosecond
     timestamps beyond 2**53); ValueError naming a timestamp that is not a finite number
     (no window or pane holds it)."""
-    if type(timestamp) is int and type(offset) is int and type(step) is int:
-        return (timestamp - offset) // step
+    if _all_ints(timestamp, offset, step):
+        return int(timestamp - offset) // int(step)
     try:
         index: int = math.floor((timestamp - offset) / step)
         return index
@@ -56,8 +62,8 @@ def _holding_index(timestamp: Time, offset: Time, step: Time) -> int:
     floats compute those bounds: the floor of the quotient, corrected when it rounded
     up (a timestamp just below a start) or down (one exactly on a start, as 4.1 on the
     grid ``0.1 + k``). ValueError as ``_floor_index``. Exact when all three are ints."""
-    if type(timestamp) is int and type(offset) is int and type(step) is int:
-        return (timestamp - offset) // step
+    if _all_ints(timestamp, offset, step):
+        return int(timestamp - offset) // int(step)
     try:  # _floor_index's floor, inline: the pane path asks once per record
         k: int = math.floor((timestamp - offset) / step)
     except (OverflowError, ValueError):
@@ -133,8 +139,8 @@ class Grid:
         """The index of the window whose end is nearest ``end`` (``end`` finite; exact
         when all are ints)."""
         start, slide = end - self.size - self.offset, self.slide
-        if type(start) is int and type(slide) is int:
-            return (2 * start + slide) // (2 * slide)
+        if isinstance(start, int) and isinstance(slide, int):
+            return int(2 * start + slide) // int(2 * slide)
         k: int = round(start / slide)
         return k
 
@@ -190,7 +196,7 @@ class Panes(Grid):
     def __init__(self, grid: Grid, g: Fraction) -> None:
         super().__init__(grid.offset, grid.slide, grid.size)
         # an int pane of an int grid keeps int timestamps exact (nanoseconds beyond 2**53)
-        whole = type(grid.offset) is int and type(grid.slide) is int and type(grid.size) is int
+        whole = _all_ints(grid.offset, grid.slide, grid.size)
         self.g: Time = int(g) if whole and g.denominator == 1 else float(g)
         self.n = int(Fraction(grid.size) / g)  # panes per window
         self.r = int(Fraction(grid.slide) / g)  # panes per slide

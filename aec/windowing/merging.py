@@ -24,7 +24,16 @@ def add_session(
     existing windows merged into it. ``merged`` is empty when the window is new
     or lies inside one existing window (no merge, as in Flink: a pre-existing
     window merged only with the new one and not extended is not a merge).
+
+    Raises TypeError when ``window`` is not a ``TimeWindow`` (a subclass's is one):
+    sessions merge by its ``intersects`` and ``cover``.
     """
+    if type(window) is not TimeWindow and not isinstance(window, TimeWindow):
+        raise TypeError(
+            f"a merging window assigner must give TimeWindows (or a subclass's), got "
+            f"{window!r:.200} ({type(window).__name__}): sessions merge by TimeWindow's "
+            "intersects and cover"
+        )
     start, end = window.start, window.end
     # the rule on the numbers, not a method call per held window (compiled: no call into
     # the interpreted dataclass; a subclass's own intersects is asked); positions, so
@@ -51,9 +60,12 @@ def add_session(
 
 
 def _insert(sessions: list[TimeWindow], window: TimeWindow) -> None:
+    """Insert by (start, end): the numbers, so windows of two classes (a TimeWindow and
+    a subclass's, whose dataclass order refuses the other) compare too."""
     position = len(sessions)
     held: Any = sessions  # untyped: numpy times compare to numpy.bool, refused as a bool
-    while position and held[position - 1] > window:
+    start, end = window.start, window.end
+    while position and (held[position - 1].start, held[position - 1].end) > (start, end):
         position -= 1
     sessions.insert(position, window)
 

@@ -39,6 +39,7 @@ from aec.windowing.assigners import (
     EventTimeSessionWindows,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
+    WindowAssigner,
 )
 from aec.windowing.process import own_clear
 from aec.windowing.spec import WindowSpec
@@ -75,6 +76,22 @@ class Path:
         return self.timers != "index"
 
 
+# the built-in assigners whose windows are their grid's (``Grid.windows``)
+_GRID_ASSIGNS = frozenset(
+    {SlidingEventTimeWindows.assign_windows, TumblingEventTimeWindows.assign_windows}
+)
+
+
+def on_grid(assigner: WindowAssigner) -> bool:
+    """Whether ``assigner``'s windows are its grid's: a sliding or tumbling assigner
+    (event or processing time) whose ``assign_windows`` is the built-in one. A subclass
+    with its own ``assign_windows`` takes the general path, which asks it per record."""
+    return (
+        isinstance(assigner, SlidingEventTimeWindows)
+        and type(assigner).assign_windows in _GRID_ASSIGNS
+    )
+
+
 def choose_path(spec: WindowSpec, config: AecConfig | None) -> Path:
     """The path of a window function with ``spec`` in a run with ``config`` (None: the
     state layout only, e.g. to check a checkpoint before ``open``; never bundles)."""
@@ -84,7 +101,7 @@ def choose_path(spec: WindowSpec, config: AecConfig | None) -> Path:
     timers: Literal["grid", "sessions", "index"] = "index"
     if builtin and assigner.merging:
         timers = "sessions"
-    elif builtin and isinstance(assigner, SlidingEventTimeWindows):
+    elif builtin and on_grid(assigner):
         timers = "grid"
     clears = own_clear(process)
     plain = (
