@@ -15,6 +15,7 @@ import math
 import numbers
 import time
 from collections.abc import Sequence
+from typing import Any, cast
 
 
 class Clock:
@@ -44,26 +45,46 @@ def check_clock(clock: object) -> Clock:
     return clock
 
 
+def read_clock(clock: Clock) -> float | int:
+    """``clock.now()``: an int or a float as it is, anything else through
+    ``checked_reading`` (converted, or TypeError/ValueError naming the clock)."""
+    now: Any = clock.now()
+    if (type(now) is not float and type(now) is not int) or now != now:
+        return checked_reading(clock, now)
+    return now
+
+
 def checked_reading(clock: Clock, now: object) -> float | int:
     """``now``, a reading of ``clock``, as the seconds the engine computes with: an
-    ``int`` or ``float`` as it is, another integral number as an ``int`` and another
-    real number as a ``float`` (numpy scalars, ``Decimal``, ``Fraction``: a clock fed
-    from a pandas column returns ``numpy.int64``).
+    ``int`` or ``float`` (or a subclass's, ``numpy.float64``) as it is, another integral
+    number as an ``int`` and another real number as a ``float`` (``numpy.int64``,
+    ``numpy.float32``, ``Decimal``, ``Fraction``: a clock fed from a pandas column
+    returns ``numpy.int64``).
 
     Raises:
         TypeError: ``now`` is not a real number (a ``bool`` neither), naming the clock.
         ValueError: ``now`` is NaN (no time is before or after it), naming the clock.
     """
-    if isinstance(now, bool) or not isinstance(now, (numbers.Real, decimal.Decimal)):
+    if not _is_number(now):
         raise TypeError(
             f"{type(clock).__name__}.now() returned {now!r} ({type(now).__name__}): a "
             "clock reads seconds as an int or a float"
         )
-    integral = isinstance(now, numbers.Integral)
-    reading: float | int = int(now) if integral else float(now)  # type: ignore[arg-type]
+    reading: float | int
+    if isinstance(now, (int, float)):
+        reading = now  # a subclass's (numpy.float64) kept as it is
+    elif isinstance(now, numbers.Integral):
+        reading = int(now)
+    else:
+        reading = float(cast(Any, now))  # a Real or a Decimal: both convert
     if reading != reading:
         raise ValueError(f"{type(clock).__name__}.now() returned NaN: a clock reads seconds")
     return reading
+
+
+def _is_number(value: object) -> bool:
+    """A real number or a ``Decimal``, not a ``bool``."""
+    return not isinstance(value, bool) and isinstance(value, (numbers.Real, decimal.Decimal))
 
 
 class SystemClock(Clock):

@@ -590,6 +590,10 @@ def test_bad_snapshot_arguments_leave_the_operator_usable(tmp_path):
             operator.snapshot(bad, tmp_path)
     with pytest.raises(TypeError, match="directory must be a path"):
         operator.snapshot(1, None)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    with pytest.raises(NotADirectoryError, match="a-file is a file"):
+        operator.snapshot(1, a_file)
     operator.snapshot(1, tmp_path)
     with pytest.raises(FileExistsError, match="checkpoint 1 already exists"):
         operator.snapshot(1, tmp_path)
@@ -598,6 +602,7 @@ def test_bad_snapshot_arguments_leave_the_operator_usable(tmp_path):
     operator.finish()
     assert [o for o in operator.drain_outputs() if type(o) is tuple] == [("a", 1), ("a", 2)]
     assert latest_checkpoint(tmp_path).checkpoint_id == 2
+    assert a_file.read_text() == "not a directory"
     with pytest.raises(RuntimeError, match="the operator is closed"):
         operator.snapshot(3, tmp_path)
 

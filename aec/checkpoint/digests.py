@@ -19,7 +19,8 @@ before the backend reads a byte and before a new checkpoint could link it
 (corruption never propagates into later checkpoints). A file changed in place
 while this process runs changes its mtime, so it is hashed again; bytes that
 change without an mtime update (failing media) are caught when the backend reads
-them (RocksDB's block checksums, MemoryBackend's per-segment SHA-256), not here.
+them (RocksDB's block checksums, MemoryBackend's SHA-256 per file and per segment),
+not here.
 File systems keep mtimes with a coarse clock (a few milliseconds), so a file
 changed right after it was hashed may keep its mtime: as git does with "racily
 clean" files, a digest is trusted only if it was taken ``_RACY_NS`` after the

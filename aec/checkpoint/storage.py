@@ -239,9 +239,14 @@ class CheckpointStore:
         """Check a snapshot's arguments before anything runs; the target location.
 
         Raises TypeError/ValueError (a bad id), FileExistsError (``chk-<id>`` exists,
-        complete or not), CheckpointStorageError (the store cannot be reached).
+        complete or not), NotADirectoryError (a local location that is a file),
+        CheckpointStorageError (the store cannot be reached).
         """
         files.check_checkpoint_id(checkpoint_id)
+        if self.local and os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise NotADirectoryError(
+                f"checkpoint directory {self.root} is a file, not a directory"
+            )
         target = self.name_of(f"chk-{checkpoint_id}")
         if self.exists(f"chk-{checkpoint_id}"):
             raise FileExistsError(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, SupportsFloat, TypeVa
 from aec.checkpoint import state_meta
 from aec.checkpoint.files import CheckpointHandle, OperatorState
 from aec.checkpoint.storage import CheckpointStorageError, CheckpointStore
-from aec.clock import Clock, SystemClock, check_clock, checked_reading
+from aec.clock import Clock, SystemClock, check_clock, read_clock
 from aec.config import AecConfig
 from aec.declare.function import DeclaringKeyedProcessFunction
 from aec.declare.program import DeclaredProgram
@@ -166,8 +166,7 @@ class KeyedProcessOperator:
         # states made in open(): the function's identity in a checkpoint (later ones: data's)
         self.declared_states: list[str] = []
         self._key_groups: dict[Hashable, int] = {}
-        self._first_group = self.key_group_range.start
-        self._last_group = self.key_group_range.end
+        self._first_group, self._last_group = self.key_group_range.start, self.key_group_range.end
         self._ticks = type(executor).tick is not StateExecutor.tick
         self._limit = self.config.in_flight_records_limit
         self._on_finished = self.controller.on_context_finished  # bound once, not per record
@@ -181,8 +180,8 @@ class KeyedProcessOperator:
         self._restorable = True  # until the first input, snapshot or restore
         self._bundles: BundleFlusher | None = None  # the function's mini-batches, if any
         self._program: DeclaredProgram | None = None  # a declaring function's, from open
-        self._checkpoint_pending = 0  # records the last checkpoint carried
-        self._checkpoint_pause = 0.0  # seconds the last checkpoint held the operator
+        # the last checkpoint: the records it carried, the seconds it held the operator
+        self._checkpoint_pending, self._checkpoint_pause = 0, 0.0
 
     def _check_function(self, function: object) -> None:  # compiled, a static one binds early
         """Raise TypeError unless ``function`` is a ``KeyedProcessFunction``."""
@@ -199,7 +198,7 @@ class KeyedProcessOperator:
         interpreter_tuning.acquire()
         try:
             if not self.clock.deterministic:  # a deterministic clock is read per element only
-                self._now = self._read_clock()
+                self._now = read_clock(self.clock)
             self.backend.open()
             self.function.open(RuntimeContext(self))
             self.declared_states = list(self._handles)
@@ -378,18 +377,10 @@ class KeyedProcessOperator:
         key_group = cache[key] = key_group_for(key, self.config.max_parallelism)
         return key_group
 
-    def _read_clock(self) -> Time:
-        """A clock reading: an int or a float as it is, anything else through
-        ``checked_reading`` (converted, or TypeError/ValueError naming the clock)."""
-        now = cast(Any, self.clock).now()  # compiled: read unchecked, then checked here
-        if (type(now) is not float and type(now) is not int) or now != now:
-            return checked_reading(self.clock, now)
-        return cast(Time, now)
-
     def _poll_clock(self) -> None:
         """Read the clock; an advance with a due processing-time timer (any
         advance, for a deterministic clock) closes the epoch with a ClockTick."""
-        now = self._read_clock()
+        now = read_clock(self.clock)
         if now <= self._now:
             return
         first, self._now = self._now == -math.inf, now
@@ -506,8 +497,8 @@ class KeyedProcessOperator:
 
         Raises:
             TypeError / ValueError: ``checkpoint_id`` is not an int >= 0,
-                ``directory`` is not a path, or its URI scheme cannot be resolved
-                (the operator stays usable).
+                ``directory`` is not a path (NotADirectoryError: a file), or its URI
+                scheme cannot be resolved (the operator stays usable).
             FileExistsError: ``chk-<id>`` exists already (ids are never reused).
             CheckpointStorageError (an OSError): the object store cannot be
                 reached, refuses access, or an upload fails; no manifest is
@@ -878,8 +869,7 @@ class KeyedProcessOperator:
 
     # -- failures (docs/semantics.md, rule 10) ------------------------------------------------
     def _require_open(self, taking_records: bool = False) -> None:
-        """Open a new operator; refuse input to one that is done (RuntimeError) and
-        records after the final watermark (ValueError: nothing follows end of input)."""
+        """Open a new operator; refuse a done one (RuntimeError), records at the end (ValueError)."""
         if self._state == "new":
             self.open()
         elif self._state == "ended":

@@ -29,7 +29,9 @@ changes since the last one, against a periodically materialized base. Here:
 - The chain's files are immutable: each one's size and mtime are noted when it is
   written or adopted, and a snapshot refuses to link one that changed since
   (``ValueError``: changed in place, so corrupt): corruption of a live file never
-  reaches a later checkpoint.
+  reaches a later checkpoint. A base or delta file carries its body's SHA-256 (a
+  header before the body), checked whenever it is read: bytes changed with the size
+  and mtime kept are refused at restore too.
 - ``load(directory)`` = base + every delta in order. After an unfiltered restore
   of one snapshot the backend ``adopt``s its chain (links it), so the first
   snapshot after a restore is a delta, not a new base.
@@ -46,6 +48,7 @@ checkpoint that lists it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -63,6 +66,8 @@ DELTA_PREFIX = "memory-delta-"
 DELTA = DELTA_PREFIX + "{}.msgpack"
 SCRATCH = "aec-memory-chain-"  # the private directory's prefix (``aec.state.scratch``)
 _FORMAT = "aec-memory-chain/2"
+# a base or delta file: this, the body's SHA-256 (32 bytes), the body (memory_format's)
+_FRAME = b"aec-memory-sha256\n"
 
 
 class Changelog:
@@ -162,7 +167,7 @@ class Changelog:
     def _write(self, data: bytes) -> str:
         path = self._next_path(".msgpack")
         with open(path, "wb") as out:
-            out.write(data)
+            out.write(_FRAME + hashlib.sha256(data).digest() + data)  # read by ``_read``
         return self._stamp(path)
 
     def _stamp(self, path: str) -> str:
@@ -294,8 +299,19 @@ def _delta(tables: dict[str, dict[Any, Any]], keys: set[tuple[str, Any]]) -> dic
 
 
 def _read(path: str) -> bytes:
+    """The body of a base or delta file, checked against the SHA-256 it carries.
+
+    Raises ValueError naming the file when the body is not the one written (bytes
+    changed in place, even with the size and mtime kept: failing media, which the
+    checkpoint's digests, remembered per inode in this process, would not see)."""
     with open(path, "rb") as src:
-        return src.read()
+        data = src.read()
+    if not data.startswith(_FRAME):
+        return data  # a file written before files carried their digest
+    digest, body = data[len(_FRAME) : len(_FRAME) + 32], data[len(_FRAME) + 32 :]
+    if hashlib.sha256(body).digest() != digest:
+        raise ValueError(f"{path} fails its SHA-256: its bytes changed since it was written")
+    return body
 
 
 def _link(source: str, target: str) -> None:
