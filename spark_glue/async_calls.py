@@ -304,11 +304,12 @@ def _check_nothing_lost(values: list[Any], data_type: T.DataType, name: str) -> 
     """Raise TypeError naming the UDF, the value and its place for a result pandas and
     pyarrow would change without a word on its way to Spark: a number with a fraction
     in an integer type (``1.5`` would become 1), a finite number beyond a ``float``'s
-    range (it would become infinity), anywhere inside arrays, maps and structs. What
+    range (it would become infinity), a number for a timestamp or date (Arrow would
+    take it as microseconds or days), anywhere inside arrays, maps and structs. What
     they take as it is, or refuse themselves, is left to them (NaN, NA and NaT are
     null; ``"2"`` in a ``bigint`` is 2, as for any pandas UDF)."""
     if not _may_lose(data_type):
-        return  # strings, times...: nothing to check
+        return  # strings, binary...: nothing to check
     if isinstance(data_type, _INTEGRAL) and all(type(v) is int or v is None for v in values):
         return  # the common case, at C speed
     if isinstance(data_type, T.DoubleType) and all(type(v) is float or v is None for v in values):
@@ -348,9 +349,13 @@ def _finite(value: Any) -> bool:
     return not isinstance(value, (float, np.floating)) or math.isfinite(value)
 
 
+# time types: a number for one is not a time (Arrow would take it as microseconds or days)
+_TIMES = (T.TimestampType, T.TimestampNTZType, T.DateType)
+
+
 def _may_lose(data_type: T.DataType) -> bool:
     """Whether a value of ``data_type`` can hold an integer or float leaf (``_lost``)."""
-    if isinstance(data_type, (*_INTEGRAL, T.FloatType, T.DoubleType)):
+    if isinstance(data_type, (*_INTEGRAL, T.FloatType, T.DoubleType, *_TIMES)):
         return True
     if isinstance(data_type, T.ArrayType):
         return _may_lose(data_type.elementType)
@@ -380,6 +385,13 @@ def _lost(value: Any, data_type: T.DataType, where: str) -> tuple[str, str] | No
                 return where, f"{value!r} overflows a float (use double)"
             if math.isinf(number):
                 return where, f"{value!r} overflows a double"
+        return None
+    if isinstance(data_type, _TIMES):
+        if isinstance(value, _NUMBERS) and not isinstance(value, bool):
+            return where, (
+                f"{value!r} is a number for a {data_type.simpleString()}: Arrow would read it "
+                "as microseconds (or days); return a datetime.datetime or datetime.date"
+            )
         return None
     if isinstance(data_type, T.ArrayType):
         if not isinstance(value, (list, tuple, np.ndarray)):

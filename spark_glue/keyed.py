@@ -41,7 +41,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +143,10 @@ def process_keyed(
     Raises:
         TypeError, ValueError: on the driver, for bad arguments (a function that is
             not a ``KeyedProcessFunction``, unknown column, non-time timestamp column,
-            unpicklable function, reserved column name).
+            a key column of a type that cannot key state (struct, array, map,
+            interval), unpicklable function, a reserved column name (``__aec``...) in
+            the input or the output, an input column name with a dot: PySpark's
+            ``mapInArrow`` would read it as a struct field).
         spark_glue.WorkerEnvironmentError: before any job, when the session's Python
             workers cannot import aec (``spark_glue.workers``: the message names the
             interpreter, the missing modules and the fixes).
@@ -189,22 +192,31 @@ def plan_job(
     name: str = "process_keyed",
     function_class: type = KeyedProcessFunction,
     order_by: list[str | Column] | None = None,
+    user_frame: bool = True,
 ) -> PartitionJob:
     """Validate the arguments on the driver (see ``process_keyed``); the job to ship.
     ``function_class``: what ``function`` must be (``KeyedCoProcessFunction`` for two
-    inputs)."""
+    inputs); ``user_frame``: ``df`` is the user's (False: a frame the glue built, whose
+    ``__aec`` columns are its own)."""
     check_function_kind(function, function_class, name)
-    keys = [key] if isinstance(key, str) else list(key)
-    if not keys:
-        raise ValueError(f"{name} needs at least one key column")
+    keys = key_list(key)
     columns = df.columns
+    if user_frame:
+        check_not_reserved(columns, "the DataFrame")
+        dotted = [c for c in columns if "." in c]
+        if dotted:  # mapInArrow takes every column by its name, read as a path
+            raise ValueError(
+                f"column(s) {dotted}: Spark's mapInArrow reads a name with a dot as a struct "
+                "field (or fails to find it); rename them (withColumnRenamed)"
+            )
     named = [("key", column) for column in keys]
-    named += [("timestamp", timestamp)] if timestamp else []
+    named += [("timestamp", timestamp)] if timestamp is not None else []
     for role, column in named:  # exact names: the executors read them from Arrow
         if column not in columns:
             raise ValueError(
                 f"{role} column {column!r} is not in the DataFrame (columns: {columns})"
             )
+    check_key_types(df, keys)
     _check_order_names(df, order_by)
     if timestamp is not None:
         kind = df.schema[timestamp].dataType
@@ -253,11 +265,65 @@ def plan_job(
     )
 
 
+def key_list(key: object) -> list[str]:
+    """``key`` (a column name or a sequence of names) as a list; TypeError naming the
+    argument for another shape, ValueError for none."""
+    keys = [key] if isinstance(key, str) else list(key) if isinstance(key, Sequence) else None
+    if keys is None or not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"key takes a column name or a list of column names, got {key!r}")
+    if not keys:
+        raise ValueError("key needs at least one column name")
+    return keys
+
+
+def check_not_reserved(columns: Sequence[str], what: str) -> None:
+    """ValueError naming the columns of ``what`` (input) whose names the glue reserves
+    for its own columns (``__aec``...): they would be overwritten or ambiguous."""
+    taken = [c for c in columns if c.startswith(_RESERVED)]
+    if taken:
+        raise ValueError(
+            f"{what} has column(s) {taken}: names starting with {_RESERVED!r} are reserved "
+            "for the engine's own columns; rename them"
+        )
+
+
+# Spark types whose values key state: hashable as Python values, one stable form each
+# (``aec.keygroups``); a struct, array or map arrives as a dict or list, an interval as
+# a timedelta, neither a key
+_KEY_TYPES = (
+    T.StringType, T.NumericType, T.BooleanType, T.BinaryType, T.DateType, T.TimestampType,
+    T.TimestampNTZType,
+)  # fmt: skip
+
+
+def check_key_types(df: DataFrame, keys: Sequence[str], side: str = "") -> None:
+    """TypeError naming a key column (of ``side``, if given) whose type cannot key
+    state, before any job."""
+    schema = df.schema
+    for column in keys:
+        kind = schema[column].dataType
+        if not isinstance(kind, _KEY_TYPES):
+            raise TypeError(
+                f"key column {column!r}{side} is {kind.simpleString()}: a key column must be "
+                "a string, number, boolean, binary, date or timestamp (a struct, array, map "
+                "or interval cannot key state; key by its fields)"
+            )
+
+
+def exact(columns: Sequence[str], name: str) -> Column:
+    """``name`` as a column of a frame with ``columns``: quoted when it is one of them
+    (Spark would read ``"a.b"`` as field ``b`` of a struct ``a``), else as given (a
+    nested field, another case: Spark's to resolve)."""
+    return F.col("`" + name.replace("`", "``") + "`" if name in columns else name)
+
+
 def order_list(order_by: OrderLike | None) -> list[str | Column] | None:
     """``order_by`` as a list (made once: an iterator is read once), or None; TypeError
     for an entry that is neither a column name nor a ``Column``."""
     if order_by is None:
         return None
+    if not isinstance(order_by, (str, Column, Iterable)):
+        raise TypeError(f"order_by takes column names or Columns, got {order_by!r}")
     orders = [order_by] if isinstance(order_by, (str, Column)) else list(order_by)
     for order in orders:
         if not isinstance(order, (str, Column)):
@@ -295,15 +361,18 @@ def arrange(
     ordered = df
     for column, value in (extra or {}).items():
         ordered = ordered.withColumn(column, value)
+    columns = ordered.columns
     if order_by is None:
         ordered = ordered.withColumn(_POSITION, F.monotonically_increasing_id())
         order: list[str | Column] = [_POSITION]
     else:
         order = [order_by] if isinstance(order_by, (str, Column)) else list(order_by)
+        order = [exact(columns, o) if isinstance(o, str) else o for o in order]
+    by = [exact(columns, k) for k in keys]
     if num_partitions is None:
-        shuffled = ordered.repartition(*keys)
+        shuffled = ordered.repartition(*by)
     else:
-        shuffled = ordered.repartition(num_partitions, *keys)
+        shuffled = ordered.repartition(num_partitions, *by)
     arranged = shuffled.sortWithinPartitions(*leading, *order)
     if order_by is None:
         arranged = arranged.drop(_POSITION)

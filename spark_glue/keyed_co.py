@@ -45,7 +45,16 @@ from aec.keygroups import KeyGroupRange
 from aec.runtime.co_operator import KeyedCoProcessOperator
 from aec.state.backend import BackendSpec, StateBackend
 from spark_glue.convert import timestamp_seconds
-from spark_glue.keyed import _TIME_TYPES, SchemaLike, arrange, persisted_result, plan_job
+from spark_glue.keyed import (
+    _TIME_TYPES,
+    SchemaLike,
+    arrange,
+    check_key_types,
+    check_not_reserved,
+    exact,
+    persisted_result,
+    plan_job,
+)
 from spark_glue.metrics import GaugeSamples
 from spark_glue.partition import PartitionJob
 from spark_glue.routing import keys_of
@@ -97,11 +106,14 @@ def resolve(
     for index, (frame, name) in enumerate(zip((left, right), SIDES, strict=True)):
         side_keys = keys[index] if isinstance(keys[index], list) else [keys[index]]
         side = Side(name, side_keys, times[index], orders[index])
+        columns = frame.columns
+        check_not_reserved(columns, f"the {name} side")
         for column in [*side.keys, *filter(None, (side.timestamp, side.order))]:
-            if column not in frame.columns:
+            if column not in columns:
                 raise ValueError(
-                    f"the {name} side has no column {column!r} (its columns: {frame.columns})"
+                    f"the {name} side has no column {column!r} (its columns: {columns})"
                 )
+        check_key_types(frame, side.keys, f" of the {name} side")
         if side.timestamp is not None:
             kind = frame.schema[side.timestamp].dataType
             if not isinstance(kind, _TIME_TYPES):
@@ -177,10 +189,8 @@ def union_frame(left: DataFrame, right: DataFrame, sides: tuple[Side, Side]) -> 
     ``RIGHT`` (see the module doc); streaming if the sides are."""
     first, second = sides
     key_names = key_columns(len(first.keys))
-    structs = [
-        F.struct(*[F.col(c) for c in left.columns]),
-        F.struct(*[F.col(c) for c in right.columns]),
-    ]
+    names = [left.columns, right.columns]
+    structs = [F.struct(*[exact(n, c) for c in n]) for n in names]  # exact names, quoted
     kinds = [T.StructType(left.schema.fields), T.StructType(right.schema.fields)]
     numeric_order = False
     orders = [_order_column(first), _order_column(second)]
@@ -189,11 +199,14 @@ def union_frame(left: DataFrame, right: DataFrame, sides: tuple[Side, Side]) -> 
     frames = []
     for index, (frame, side) in enumerate(zip((left, right), sides, strict=True)):
         order = orders[index]
-        order_value = F.lit(None) if order is None else F.col(order)
+        order_value = F.lit(None) if order is None else exact(names[index], order)
         if numeric_order:
             order_value = order_value.cast("double")
         columns = [F.lit(index + 1).cast("int").alias(INPUT)]
-        columns += [F.col(c).alias(n) for c, n in zip(side.keys, key_names, strict=True)]
+        columns += [
+            exact(names[index], c).alias(n)
+            for c, n in zip(side.keys, key_names, strict=True)
+        ]
         columns.append(order_value.alias(ORDER))
         for own in range(2):
             value = structs[own] if own == index else F.lit(None).cast(kinds[own])
@@ -351,7 +364,7 @@ def plan_co(
         union, function, key_columns(len(sides[0].keys)), output_schema, timestamp=None,
         watermark_delay=None, watermark_interval=watermark_interval, backend=backend,
         config=config, num_partitions=num_partitions, side_outputs=side_outputs, name=name,
-        function_class=KeyedCoProcessFunction,
+        function_class=KeyedCoProcessFunction, user_frame=False,
     )  # fmt: skip
     fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
     fields["delay"] = delay

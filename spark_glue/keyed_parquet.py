@@ -123,7 +123,8 @@ def write_keyed(
 
     Raises:
         TypeError, ValueError: on the driver, as ``process_keyed`` (per operator), or
-            for no operators, duplicate names or directories. A failing partition fails
+            for no operators, duplicate names or directories, a directory inside
+            another, a URI instead of a local path. A failing partition fails
             the Spark job (its error carries the ``aec.JobFailure`` message); the
             datasets are then left empty.
     """
@@ -193,7 +194,8 @@ def run_pass(
 
 def check_outputs(operators: Sequence[KeyedOperator], inputs: Sequence[DataFrame]) -> list[str]:
     """Every output directory of ``operators``, after checking that names and directories
-    are unique and that no input reads from an output.
+    are unique, local paths, none inside another, and that no input reads from an
+    output.
 
     Raises ValueError otherwise.
     """
@@ -203,8 +205,21 @@ def check_outputs(operators: Sequence[KeyedOperator], inputs: Sequence[DataFrame
     if len(set(names)) != len(names):
         raise ValueError(f"operator names must be unique, got {names}")
     directories = [path for op in operators for path in op.paths().values()]
+    for directory in directories:
+        if urlsplit(os.fspath(directory)).scheme:
+            raise ValueError(
+                f"output directory {directory!r} is a URI: write_keyed writes local paths "
+                "(a file system every executor shares); give the path itself"
+            )
     if len({os.path.abspath(d) for d in directories}) != len(directories):
         raise ValueError(f"every output needs its own directory, got {directories}")
+    roots = [os.path.abspath(d) for d in directories]
+    for outer, inner in itertools.permutations(roots, 2):
+        if inner.startswith(outer + os.sep):
+            raise ValueError(
+                f"output directory {inner!r} lies inside output directory {outer!r}: a "
+                "reader of the outer dataset would read the inner one's files too"
+            )
     for df in inputs:
         read = _read_from(df, directories)
         if read:  # the outputs are emptied before the job: Spark refuses the same overwrite

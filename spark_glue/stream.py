@@ -28,6 +28,7 @@ from typing import Any, cast
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.streaming.query import StreamingQuery
 
 from aec.checkpoint import CheckpointStore
@@ -247,7 +248,10 @@ def start_stream(
         next_batch = _next_batch(spark_root)
         if next_batch is not None:
             verify_history(state_location, stored, next_batch, None, spark_root)
-    layout = _open_layout(state, stored, layout_keys, None if is_connect(spark) else spark_root)
+    kinds = [key_kind(stream_df.schema[k].dataType) for k in job.keys]
+    layout = _open_layout(
+        state, stored, layout_keys, kinds, None if is_connect(spark) else spark_root
+    )
     partitions = (
         num_partitions
         or layout.partitions
@@ -315,18 +319,35 @@ def start_stream(
 
 
 # -- driver: arguments and the state layout ------------------------------------------------------
+def key_kind(data_type: T.DataType) -> str:
+    """The kind of values a key column of ``data_type`` gives: keys of one kind that
+    are equal share a key group (``aec.keygroups``: ``1``, ``1.0`` and ``True`` do), keys
+    of two kinds never do, so a restart keyed by another kind would not find its state."""
+    if isinstance(data_type, (T.NumericType, T.BooleanType)):
+        return "number"
+    return str(data_type.simpleString())
+
+
 def _open_layout(
-    state: StateStore, layout: Layout | None, keys: list[str], spark_root: str | None
-) -> Layout:
-    """The stored layout, checked against this query, or a new one (saved at the
-    first micro-batch). ``spark_root``: Spark's checkpoint when this process can read
-    it (None: a Connect server's)."""
+    state: StateStore, layout: Layout | None, keys: list[str], kinds: list[str],
+    spark_root: str | None,
+) -> Layout:  # fmt: skip
+    """The stored layout, checked against this query (key columns ``keys`` of
+    ``kinds``), or a new one (saved at the first micro-batch). ``spark_root``: Spark's
+    checkpoint when this process can read it (None: a Connect server's)."""
     store = state.store()
     if layout is None:
-        return Layout(keys, state.max_parallelism)
+        return Layout(keys, state.max_parallelism, kinds=kinds)
     if layout.keys != keys:
         raise ValueError(
             f"key columns {keys} but the state in {store.location} is keyed by {layout.keys}"
+        )
+    if layout.kinds is not None and layout.kinds != kinds:
+        raise ValueError(
+            f"key columns {keys} are of kinds {kinds} but the state in {store.location} was "
+            f"keyed by kinds {layout.kinds}: keys of another kind fall in other key groups, "
+            "so the state would not be found (cast the key columns back, or start a new "
+            "checkpoint_location)"
         )
     if layout.max_parallelism != state.max_parallelism:
         raise ValueError(

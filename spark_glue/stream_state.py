@@ -104,6 +104,8 @@ class Layout:
     max_parallelism: int
     history: list[list[int]] = field(default_factory=list)
     last: HistoryRecord | None = None
+    # each key column's kind (``stream.key_kind``); None in a layout written before kinds
+    kinds: list[str] | None = None
 
     @classmethod
     def load(cls, store: CheckpointStore) -> Layout | None:
@@ -137,7 +139,11 @@ class Layout:
                     tuple(int(p) for p in last.get("pending_before", ())),
                     tuple(int(p) for p in last.get("pending_after", ())),
                 )  # fmt: skip
-            return cls(list(data["keys"]), int(data["max_parallelism"]), data["history"], record)
+            kinds = data.get("key_kinds")
+            return cls(
+                list(data["keys"]), int(data["max_parallelism"]), data["history"], record,
+                None if kinds is None else [str(k) for k in kinds],
+            )  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(
                 f"{name} is not a complete layout (corrupt?): {type(exc).__name__} {exc}"
@@ -150,6 +156,8 @@ class Layout:
             "max_parallelism": self.max_parallelism,
             "history": self.history,
         }
+        if self.kinds is not None:
+            data["key_kinds"] = self.kinds
         if self.last is not None:
             data["last"] = {
                 "batch": self.last.batch,

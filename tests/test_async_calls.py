@@ -282,6 +282,15 @@ def test_async_udf_results_pandas_would_change_silently_fail_the_job_naming_them
     fine = numbers.where("x = 5").select(exact("x").alias("r")).collect()
     assert fine[0].r == Row(n=5, f=2.5, d=0.5)
 
+    @async_udf("struct<t:timestamp, d:date>", capacity=4)
+    async def when(x):  # Arrow would read a number as microseconds (or days)
+        return {"t": 1_600_000_000 if x == 1 else None, "d": 19000 if x == 2 else None}
+
+    for x, why in [(1, "1600000000 is a number for a timestamp.*at result.t"),
+                   (2, "19000 is a number for a date.*at result.d")]:  # fmt: skip
+        with pytest.raises(Exception, match=why):
+            numbers.where(f"x = {x}").select(when("x")).collect()
+
     @async_udf("struct<n:bigint, t:string, d:double>", capacity=4)
     async def missing(x):  # pandas' missing values are null, as for any pandas UDF
         return {"n": float("nan"), "t": pd.NA, "d": None} if x % 2 else {"n": x, "t": "x", "d": 1.0}

@@ -153,6 +153,13 @@ def test_bad_arguments_fail_on_the_driver(spark, tmp_path):
                              side_outputs={"odd": (ODD, str(tmp_path / "b_odd"))})  # fmt: skip
     with pytest.raises(ValueError, match="its own directory"):
         write_keyed(df, [counted(tmp_path, "a"), same_dir], "k")
+    inside = KeyedOperator("b", Counted(), OUT, str(tmp_path / "b"),
+                           side_outputs={"odd": (ODD, str(tmp_path / "b" / "odd"))})  # fmt: skip
+    with pytest.raises(ValueError, match="lies inside output directory"):
+        write_keyed(df, [inside], "k")
+    with pytest.raises(ValueError, match="is a URI: write_keyed writes local paths"):
+        write_keyed(df, [KeyedOperator("u", Counted(), OUT, f"file://{tmp_path}/u")], "k")
+    assert not (tmp_path / "b").exists() and not os.path.exists("file:")
     with pytest.raises(ValueError, match=r"columns \['nope'\]"):
         write_keyed(df, [counted(tmp_path, "a", columns=["x", "nope"])], "k")
     with pytest.raises(ValueError, match="column 'nope'"):

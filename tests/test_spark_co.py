@@ -13,6 +13,7 @@ import sys
 import cloudpickle
 import pytest
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import functions as F
 
 from aec import (
     AecConfig,
@@ -174,6 +175,12 @@ def test_driver_errors_name_the_side_and_the_column(spark):
         process_keyed_co(left, right, join, ("k", "key", "x"), PAIR_DDL)
     with pytest.raises(ValueError, match="watermark_delay needs a timestamp"):
         process_keyed_co(left, right, join, ("k", "key"), PAIR_DDL, watermark_delay=5)
+    with pytest.raises(ValueError, match=r"the right side has column\(s\) \['__aec_k0'\]"):
+        process_keyed_co(left, right.withColumnRenamed("name", "__aec_k0"), join, ("k", "key"),
+                         PAIR_DDL)  # fmt: skip
+    structs = [frame.withColumn("s", F.struct(F.lit(1).alias("one"))) for frame in (left, right)]
+    with pytest.raises(TypeError, match="key column 's' of the left side is struct"):
+        process_keyed_co(*structs, join, "s", PAIR_DDL)
 
 
 # -- the stream ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from pyspark.sql import types as T
 import spark_glue
 from aec import (
     AecConfig,
+    KeyedCoProcessFunction,
     KeyedProcessFunction,
     Record,
     ValueStateDescriptor,
@@ -838,6 +839,68 @@ def test_bad_arguments_fail_on_the_driver(spark):
 
     with pytest.raises(TypeError, match="KeyedProcessFunction.*KeyedCoProcessFunction"):
         process_keyed(df, interval_join(0, 1, max), key="k", output_schema=schema)
+    for key in (None, 5, ["k", 3]):
+        with pytest.raises(TypeError, match="key takes a column name"):
+            process_keyed(df, EchoTimes(), key=key, output_schema=schema)
+    with pytest.raises(TypeError, match="order_by takes column names or Columns, got 5"):
+        process_keyed(df, EchoTimes(), key="k", output_schema=schema, order_by=5)
+    with pytest.raises(ValueError, match="timestamp column '' is not in the DataFrame"):
+        process_keyed(df, EchoTimes(), key="k", output_schema=schema, timestamp="")
+    reserved = df.withColumn("__aec_position", df.seq)
+    with pytest.raises(ValueError, match=r"\['__aec_position'\].*reserved"):
+        process_keyed(reserved, EchoTimes(), key="k", output_schema=schema)
+    nested = spark.createDataFrame([(("a", 1), [1], {"a": 1})], "s struct<x:string,y:int>, "
+                                   "a array<int>, m map<string,int>")  # fmt: skip
+    for column, kind in (("s", "struct"), ("a", "array"), ("m", "map")):
+        with pytest.raises(TypeError, match=f"key column '{column}' is {kind}"):
+            process_keyed(nested, EchoTimes(), key=column, output_schema=schema)
+
+
+class Arrivals(KeyedProcessFunction):
+    """Per key, the values of ``v`` in arrival order."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=()))
+
+    def process_element(self, value, ctx):
+        seen = (*self.seen.value(), value["v"])
+        self.seen.update(seen)
+        ctx.output({"k": str(ctx.current_key), "seen": list(seen)})
+
+
+class CoArrivals(KeyedCoProcessFunction):
+    """``Arrivals`` over two inputs: the key's final list, emitted at each record."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen", default=()))
+
+    def process_element1(self, value, ctx):
+        seen = (*self.seen.value(), value["v"])
+        self.seen.update(seen)
+        ctx.output({"k": str(ctx.current_key), "seen": list(seen)})
+
+    process_element2 = process_element1
+
+
+@pytest.mark.spark
+def test_column_names_with_dots_are_refused_or_read_as_the_columns(spark):
+    """One input: PySpark's mapInArrow takes a dotted name as a struct field (beside a
+    struct ``a`` with a field ``b``, ``a.b`` would silently be that field), so such a name
+    is refused on the driver. Two inputs: the glue quotes the names, and the key and the
+    order are the columns."""
+    from spark_glue import process_keyed_co
+
+    rows = [(f"k{i % 2}", (f"s{i}", 9 - i), 9 - i, i) for i in range(10)]
+    df = spark.createDataFrame(rows, "`a.b` string, a struct<b:string, c:int>, `o.x` int, v int")
+    with pytest.raises(ValueError, match=r"\['a.b', 'o.x'\].*struct field"):
+        process_keyed(df, Arrivals(), key="k", output_schema="k string, seen array<int>")
+    other = spark.createDataFrame([("k0", 100, 100)], "`a.b` string, `o.x` int, v int")
+    result = process_keyed_co(df, other, CoArrivals(), key="a.b", order_by="o.x",
+                              output_schema="k string, seen array<int>")  # fmt: skip
+    final: dict = {}
+    for row in result.collect():  # each key's longest list: its last record's
+        final[row.k] = max(final.get(row.k, []), row.seen, key=len)
+    assert final == {"k0": [8, 6, 4, 2, 0, 100], "k1": [9, 7, 5, 3, 1]}
 
 
 @pytest.mark.spark

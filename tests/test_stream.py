@@ -454,3 +454,27 @@ def test_a_checkpoint_location_that_is_a_file_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is a file"):
         locations(str(path), None)
     assert locations(str(tmp_path / "dir"), None)[0].endswith("state")
+
+
+def test_a_restart_keyed_by_another_kind_of_value_is_refused(tmp_path):
+    """A key column cast from string to int keys other key groups: the state would not
+    be found, so the restart is refused; int to bigint, or to double, is one kind."""
+    from pyspark.sql import types as T
+
+    from spark_glue.stream import _open_layout, key_kind
+    from spark_glue.stream_state import Layout, StateStore
+
+    state = StateStore(str(tmp_path), 8)
+    strings = [key_kind(T.StringType())]
+    layout = _open_layout(state, None, ["k"], strings, None)
+    layout.save(state.store())
+    stored = Layout.load(state.store())
+    assert stored is not None and stored.kinds == ["string"]
+    _open_layout(state, stored, ["k"], strings, None)
+    with pytest.raises(ValueError, match=r"kinds \['number'\] .* keyed by kinds \['string'\]"):
+        _open_layout(state, stored, ["k"], [key_kind(T.IntegerType())], None)
+    numbers = Layout(["k"], 8, kinds=[key_kind(T.IntegerType())])
+    for kind in (T.LongType(), T.DoubleType(), T.DecimalType(10, 2), T.BooleanType()):
+        _open_layout(state, numbers, ["k"], [key_kind(kind)], None)
+    older = Layout(["k"], 8)  # a layout written before kinds were: not checked
+    _open_layout(state, older, ["k"], [key_kind(T.IntegerType())], None)
