@@ -63,9 +63,10 @@ def _insert(sessions: list[TimeWindow], window: TimeWindow) -> None:
     """Insert by (start, end): the numbers, so windows of two classes (a TimeWindow and
     a subclass's, whose dataclass order refuses the other) compare too."""
     position = len(sessions)
-    held: Any = sessions  # untyped: numpy times compare to numpy.bool, refused as a bool
-    start, end = window.start, window.end
-    while position and (held[position - 1].start, held[position - 1].end) > (start, end):
+    held: Any = sessions
+    # untyped: numpy times compare to numpy.bool, which compiled code refuses as a bool
+    key: Any = (window.start, window.end)
+    while position and key < (held[position - 1].start, held[position - 1].end):
         position -= 1
     sessions.insert(position, window)
 
