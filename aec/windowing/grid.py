@@ -36,17 +36,12 @@ Fired = tuple[Time, Time, int, int, int]
 ``indexes[lo:hi]`` and ``indexes[lo:cut]`` are its last-use panes (see ``Panes.chain``)."""
 
 
-def _all_ints(timestamp: Time, offset: Time, step: Time) -> bool:
-    """Whether the grid's arithmetic is exact integer arithmetic: all three are ints
-    (subclasses too: an ``int`` subclass of nanoseconds beyond 2**53 must not round)."""
-    return isinstance(timestamp, int) and isinstance(offset, int) and isinstance(step, int)
-
-
 def _floor_index(timestamp: Time, offset: Time, step: Time) -> int:
     """``floor((timestamp - offset) / step)``, exact when all three are ints (nanosecond
     timestamps beyond 2**53); ValueError naming a timestamp that is not a finite number
-    (no window or pane holds it)."""
-    if _all_ints(timestamp, offset, step):
+    (no window or pane holds it). An ``int`` subclass is an int here: beyond 2**53 it
+    must not round either."""
+    if isinstance(timestamp, int) and isinstance(offset, int) and isinstance(step, int):
         return int(timestamp - offset) // int(step)
     try:
         index: int = math.floor((timestamp - offset) / step)
@@ -62,7 +57,7 @@ def _holding_index(timestamp: Time, offset: Time, step: Time) -> int:
     floats compute those bounds: the floor of the quotient, corrected when it rounded
     up (a timestamp just below a start) or down (one exactly on a start, as 4.1 on the
     grid ``0.1 + k``). ValueError as ``_floor_index``. Exact when all three are ints."""
-    if _all_ints(timestamp, offset, step):
+    if isinstance(timestamp, int) and isinstance(offset, int) and isinstance(step, int):
         return int(timestamp - offset) // int(step)
     try:  # _floor_index's floor, inline: the pane path asks once per record
         k: int = math.floor((timestamp - offset) / step)
@@ -196,7 +191,7 @@ class Panes(Grid):
     def __init__(self, grid: Grid, g: Fraction) -> None:
         super().__init__(grid.offset, grid.slide, grid.size)
         # an int pane of an int grid keeps int timestamps exact (nanoseconds beyond 2**53)
-        whole = _all_ints(grid.offset, grid.slide, grid.size)
+        whole = all(isinstance(v, int) for v in (grid.offset, grid.slide, grid.size))
         self.g: Time = int(g) if whole and g.denominator == 1 else float(g)
         self.n = int(Fraction(grid.size) / g)  # panes per window
         self.r = int(Fraction(grid.slide) / g)  # panes per slide
