@@ -313,7 +313,8 @@ def check_key_types(df: DataFrame, keys: Sequence[str], side: str = "") -> None:
 def exact(columns: Sequence[str], name: str) -> Column:
     """``name`` as a column of a frame with ``columns``: quoted when it is one of them
     (Spark would read ``"a.b"`` as field ``b`` of a struct ``a``), else as given (a
-    nested field, another case: Spark's to resolve)."""
+    nested field, another case: Spark's to resolve). For the frames the glue builds from
+    the user's (two inputs); one input's dotted names are refused (``plan_job``)."""
     return F.col("`" + name.replace("`", "``") + "`" if name in columns else name)
 
 
@@ -361,18 +362,15 @@ def arrange(
     ordered = df
     for column, value in (extra or {}).items():
         ordered = ordered.withColumn(column, value)
-    columns = ordered.columns
     if order_by is None:
         ordered = ordered.withColumn(_POSITION, F.monotonically_increasing_id())
         order: list[str | Column] = [_POSITION]
     else:
         order = [order_by] if isinstance(order_by, (str, Column)) else list(order_by)
-        order = [exact(columns, o) if isinstance(o, str) else o for o in order]
-    by = [exact(columns, k) for k in keys]
     if num_partitions is None:
-        shuffled = ordered.repartition(*by)
+        shuffled = ordered.repartition(*keys)
     else:
-        shuffled = ordered.repartition(num_partitions, *by)
+        shuffled = ordered.repartition(num_partitions, *keys)
     arranged = shuffled.sortWithinPartitions(*leading, *order)
     if order_by is None:
         arranged = arranged.drop(_POSITION)
