@@ -348,12 +348,18 @@ def test_iterating_state_leaves_no_reference_cycles(config):
 
     gc.collect()
     gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # the unreachable stay in gc.garbage, to be told apart
     try:
         run(_Scanner(), [("k", i) for i in range(200)], config)
-        unreachable = gc.collect()
+        gc.collect()
+        # the engine's: a thread an earlier test left winding down may add its own
+        # garbage while this one runs
+        unreachable = [o for o in gc.garbage if type(o).__module__.startswith("aec")]
     finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
         gc.enable()
-    assert unreachable < 200, unreachable
+    assert len(unreachable) < 50, unreachable[:10]
 
 
 class AppendsToItsDefault(KeyedProcessFunction):

@@ -1,5 +1,6 @@
 """TimerQueue against a brute-force model: a key's next due timer (pop_next_for_key)
-is its smallest due timestamp of an old enough epoch, however many it holds."""
+is its smallest due timestamp of an old enough epoch, however many it holds; an async
+firing (due_keys, then each key's first timer) fires exactly those."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ _ops = st.lists(
         st.tuples(st.just("delete"), st.integers(0, 3), st.integers(0, 40), st.just(0)),
         st.tuples(st.just("pop"), st.integers(0, 3), st.integers(0, 40), st.integers(0, 5)),
         st.tuples(st.just("reload"), st.just(0), st.just(0), st.just(0)),
+        st.tuples(st.just("fire"), st.just(0), st.integers(0, 40), st.integers(0, 5)),
     ),
     max_size=120,
 )
@@ -37,6 +39,18 @@ def test_pop_next_for_key_is_the_smallest_due_timer_of_the_key(ops):
             assert queue.pop_next_for_key(key, float(t), epoch) == expected
             if expected is not None:
                 del timers[expected]
+        elif op == "fire":  # an async firing: each due key's first timer (t: limit)
+            due = {
+                k: min(s for s, e in ts.items() if s <= t and e <= epoch)
+                for k, ts in model.items()
+                if any(s <= t and e <= epoch for s, e in ts.items())
+            }
+            keys = queue.due_keys(float(t), epoch)
+            assert sorted(keys) == sorted(due)
+            assert [due[k] for k in keys] == sorted(due[k] for k in keys)  # earliest first
+            for k in keys:
+                assert queue.pop_next_for_key(k, float(t), epoch) == due[k]
+                del model[k][due[k]]
         else:  # a checkpoint's round trip keeps the per-key order
             queue = TimerQueue.from_export(queue.export())
     assert sorted(queue.items()) == sorted(

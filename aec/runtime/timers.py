@@ -9,6 +9,10 @@ a search. Invariants:
   others; once the dead outnumber the live by ``_SLACK`` the heap is rebuilt from its
   live entries (it holds about twice the timers at most, however many fired).
 - A (key, timestamp) pair is registered at most once (duplicates fire once).
+- ``due_keys`` takes each due key's first timer off the heap (``_taken``) instead of
+  pushing it back, as ``pop_next_for_key`` fires it next (the firing loop calls it
+  for those keys at once, in order); a taken entry is live and counts in ``_live``,
+  not in the heap, and ``_sorted`` still sees it.
 - ``pop_earliest`` yields timers in (timestamp, registration) order across keys.
 - Each timer remembers the epoch that registered it, so a firing can skip
   timers registered by records that arrived after the firing watermark
@@ -56,6 +60,7 @@ class TimerQueue:
 
     __slots__ = (
         "_heap", "_live", "_dead", "_by_key", "_times", "_sequence", "_rearmed", "_boundaries",
+        "_taken",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -70,6 +75,7 @@ class TimerQueue:
         # (key, t) -> epochs of registrations waiting for the current one to fire
         self._rearmed: dict[tuple[Hashable, Time], list[int]] = {}
         self._boundaries: list[int] = []  # epochs closed by this domain, ascending
+        self._taken: dict[Hashable, Entry] = {}  # key -> its due entry off the heap
 
     def boundary(self, epoch: int) -> None:
         """Epoch ``epoch`` was closed by an element of this queue's time domain (it
@@ -243,17 +249,46 @@ class TimerQueue:
 
     def due_keys(self, limit: Time, max_epoch: int) -> list[Hashable]:
         """Keys with a timer due at ``limit`` registered in an epoch <= ``max_epoch``,
-        in the order of their earliest such timer."""
+        in the order of their earliest such timer. The caller fires each key's first
+        such timer next (``pop_next_for_key``), before any other use of the queue:
+        those entries wait off the heap (``_taken``) rather than being pushed back."""
         keys: dict[Hashable, None] = {}
         by_key = self._by_key
-        for timestamp, _, key in self._up_to(limit):
+        taken = self._taken
+        heap = self._heap
+        back: list[Entry] = []
+        while heap and heap[0][0] <= limit:
+            entry = heappop(heap)
+            if not self._is_live(entry):
+                self._dead -= 1
+                continue
+            timestamp, _, key = entry
             if key not in keys and by_key[key][timestamp][1] <= max_epoch:
                 keys[key] = None
+                if key not in taken:  # (one taken before is the key's first still)
+                    taken[key] = entry
+                    continue
+            back.append(entry)
+        for entry in back:
+            heappush(heap, entry)
         return list(keys)
 
     def pop_next_for_key(self, key: Hashable, limit: Time, max_epoch: int) -> Time | None:
         """Remove and return ``key``'s earliest timer <= ``limit`` registered in an
         epoch <= ``max_epoch``; None if it has none."""
+        entry = self._taken.pop(key, None) if self._taken else None
+        found = self._next_for_key(key, limit, max_epoch)
+        popped = False  # whether the fired timer's entry is off the heap (taken)
+        if entry is not None and self._is_live(entry):
+            if found == entry[0]:
+                popped = True
+            else:  # not fired after all: back where it was
+                heappush(self._heap, entry)
+        if found is not None:
+            self._fired(key, found, popped)
+        return found
+
+    def _next_for_key(self, key: Hashable, limit: Time, max_epoch: int) -> Time | None:
         times = self._times.get(key)
         if times is None:
             return None
@@ -262,7 +297,6 @@ class TimerQueue:
             if timestamp > limit:
                 return None
             if timers[timestamp][1] <= max_epoch:
-                self._fired(key, timestamp)
                 return timestamp
         return None
 
@@ -272,7 +306,8 @@ class TimerQueue:
 
     def _sorted(self) -> list[Entry]:
         """The live entries in firing order."""
-        return sorted(entry for entry in self._heap if self._is_live(entry))
+        entries = [*self._heap, *self._taken.values()]
+        return sorted(entry for entry in entries if self._is_live(entry))
 
     # -- checkpoints (aec.checkpoint.files) ------------------------------------------------------------
     def export(self) -> ExportedTimers:
@@ -332,5 +367,6 @@ class TimerQueue:
         heapify(order)
         self._heap, self._by_key, self._rearmed, self._sequence = order, by_key, rearmed, counter
         self._live, self._dead = len(order), 0
+        self._taken = {}
         self._times = {key: sorted(timers) for key, timers in by_key.items()}
         self._boundaries = boundaries

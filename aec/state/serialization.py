@@ -64,6 +64,7 @@ _TUPLE, _SET, _FROZENSET, _DATE, _DATETIME, _TIME, _TIMEDELTA, _DECIMAL, _BIGINT
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 _new_ext = tuple.__new__  # ExtType(code, data) without its Python-level checks (hot path)
 _ExtType = msgpack.ExtType
+_DATETIME_TYPE, _DATE_TYPE = datetime.datetime, datetime.date  # one global read each
 _FIRST_REGISTERED = 32  # extension codes below are the built-in types
 # registered types: class -> (code, to plain data); code -> from plain data
 _REGISTERED: dict[type, tuple[int, Callable[[Any], object]]] = {}
@@ -170,20 +171,20 @@ def _pack_nested(value: object) -> bytes:
 
 def _default(value: Any) -> object:
     """Encodes what msgpack has no native type for, as an extension type (``value``
-    is typed by the ``type()`` tests below)."""
+    is typed by the ``type()`` tests below, the kinds state holds most first)."""
     kind = type(value)
     if kind is tuple:
         return _new_ext(_ExtType, (_TUPLE, _pack_nested(list(value))))
+    if kind is _DATETIME_TYPE:  # rows from Spark carry them (timestamp columns)
+        return _new_ext(_ExtType, (_DATETIME, value.isoformat().encode()))
+    if kind is _DATE_TYPE:
+        return _new_ext(_ExtType, (_DATE, value.isoformat().encode()))
     if kind is int:  # beyond 64 bits: two's complement, big-endian
         size = (value.bit_length() + 8) // 8
         return _new_ext(_ExtType, (_BIGINT, value.to_bytes(size, "big", signed=True)))
     if kind is set or kind is frozenset:
         code = _SET if kind is set else _FROZENSET
         return _new_ext(_ExtType, (code, _pack_nested(list(value))))
-    if kind is datetime.datetime:
-        return _new_ext(_ExtType, (_DATETIME, value.isoformat().encode()))
-    if kind is datetime.date:
-        return _new_ext(_ExtType, (_DATE, value.isoformat().encode()))
     if kind is datetime.time:
         return _new_ext(_ExtType, (_TIME, value.isoformat().encode()))
     if kind is datetime.timedelta:
@@ -208,33 +209,34 @@ def _default(value: Any) -> object:
 _PACKERS = _Packers()
 
 
-def _ext_value(code: int, data: bytes, _unpack: Callable[[bytes], Any]) -> object:
-    """The value of extension ``code`` holding ``data`` (nested values through ``_unpack``)."""
+def _ext_value(unpack: Callable[[bytes], Any], code: int, data: bytes) -> object:
+    """The value of extension ``code`` holding ``data`` (nested values through
+    ``unpack``; the kinds state holds most first)."""
     if code == _TUPLE:
-        return tuple(_unpack(data))
+        return tuple(unpack(data))
+    if code == _DATETIME:
+        return _DATETIME_TYPE.fromisoformat(data.decode("ascii"))
+    if code == _DATE:
+        return _DATE_TYPE.fromisoformat(data.decode("ascii"))
     if code == _BIGINT:
         number = int.from_bytes(data, "big", signed=True)
         if _INT64_MIN <= number <= _UINT64_MAX:  # msgpack writes these natively
             raise ValueError(f"an oversized integer holds a 64-bit one ({number})")
         return number
     if code == _SET:
-        return set(_unpack(data))
+        return set(unpack(data))
     if code == _FROZENSET:
-        return frozenset(_unpack(data))
-    if code == _DATETIME:
-        return datetime.datetime.fromisoformat(data.decode("ascii"))
-    if code == _DATE:
-        return datetime.date.fromisoformat(data.decode("ascii"))
+        return frozenset(unpack(data))
     if code == _TIME:
         return datetime.time.fromisoformat(data.decode("ascii"))
     if code == _TIMEDELTA:
-        days, seconds, microseconds = _unpack(data)
+        days, seconds, microseconds = unpack(data)
         return datetime.timedelta(days, seconds, microseconds)
     if code == _DECIMAL:
         return decimal.Decimal(data.decode("ascii"))
     rebuild = _REBUILD.get(code)
     if rebuild is not None:
-        return rebuild(_unpack(data))
+        return rebuild(unpack(data))
     raise ValueError(f"unknown msgpack extension type {code}")
 
 
@@ -248,7 +250,9 @@ def _unpacker(depth: int) -> Callable[[bytes], Any]:
             raise ValueError(f"msgpack extension values nested deeper than {MAX_NESTING}")
 
         return too_deep
-    hook = partial(_ext_value, _unpack=_unpacker(depth + 1))  # a C call: no frame of its own
+    # a C call with no frame of its own; positional, as a keyword would cost a dict
+    # merged per extension value
+    hook = partial(_ext_value, _unpacker(depth + 1))
     return partial(msgpack.unpackb, raw=False, strict_map_key=False, ext_hook=hook)
 
 
