@@ -5,9 +5,10 @@ across keys (docs/semantics.md rule 8). A deleted or fired timer's entry is left
 the heap, dead, and dropped when it comes to the top: a delete is a dict removal, not
 a search. Invariants:
 - An entry is live iff ``_by_key[key][timestamp]`` holds its sequence; each live timer
-  has exactly one entry in the heap. ``_live`` counts the live entries, ``_dead`` the
-  others; once the dead outnumber the live by ``_SLACK`` the heap is rebuilt from its
-  live entries (it holds about twice the timers at most, however many fired).
+  has exactly one entry, in the heap or (taken, below) in ``_taken``. ``_live`` counts
+  the live entries, ``_dead`` the others in the heap; once the dead outnumber the live
+  by ``_SLACK`` the heap is rebuilt from its live entries (it holds about twice the
+  timers at most, however many fired).
 - A (key, timestamp) pair is registered at most once (duplicates fire once).
 - ``due_keys`` takes each due key's first timer off the heap (``_taken``) instead of
   pushing it back, as ``pop_next_for_key`` fires it next (the firing loop calls it
@@ -202,9 +203,10 @@ class TimerQueue:
             self._dead -= 1
         return None
 
-    def _up_to(self, limit: Time) -> list[Entry]:
-        """The live entries with timestamp <= ``limit`` in (timestamp, sequence) order:
-        popped off the heap (the dead among them dropped), the live pushed back."""
+    def _pop_up_to(self, limit: Time) -> list[Entry]:
+        """The live entries with timestamp <= ``limit`` in (timestamp, sequence) order,
+        popped off the heap (the dead among them dropped): the caller pushes back those
+        it keeps (``_push``)."""
         heap = self._heap
         found: list[Entry] = []
         while heap and heap[0][0] <= limit:
@@ -213,9 +215,12 @@ class TimerQueue:
                 found.append(entry)
             else:
                 self._dead -= 1
-        for entry in found:
-            heappush(heap, entry)
         return found
+
+    def _push(self, entries: list[Entry]) -> None:
+        heap = self._heap
+        for entry in entries:
+            heappush(heap, entry)
 
     def _fired(self, key: Hashable, timestamp: Time, popped: bool = False) -> None:
         self._remove(key, timestamp, self._by_key[key], popped)
@@ -235,7 +240,9 @@ class TimerQueue:
     def any_in(self, after: Time, upto: Time) -> bool:
         """Whether a timer is registered at a time in ``(after, upto]``. O(timers at
         or below ``upto``, log n each)."""
-        return any(entry[0] > after for entry in self._up_to(upto))
+        due = self._pop_up_to(upto)
+        self._push(due)
+        return any(entry[0] > after for entry in due)
 
     def pop_earliest(self, limit: Time) -> tuple[Time, Hashable] | None:
         """Remove and return the earliest ``(timestamp, key)`` with timestamp <= limit."""
@@ -255,13 +262,8 @@ class TimerQueue:
         keys: dict[Hashable, None] = {}
         by_key = self._by_key
         taken = self._taken
-        heap = self._heap
         back: list[Entry] = []
-        while heap and heap[0][0] <= limit:
-            entry = heappop(heap)
-            if not self._is_live(entry):
-                self._dead -= 1
-                continue
+        for entry in self._pop_up_to(limit):
             timestamp, _, key = entry
             if key not in keys and by_key[key][timestamp][1] <= max_epoch:
                 keys[key] = None
@@ -269,8 +271,7 @@ class TimerQueue:
                     taken[key] = entry
                     continue
             back.append(entry)
-        for entry in back:
-            heappush(heap, entry)
+        self._push(back)
         return list(keys)
 
     def pop_next_for_key(self, key: Hashable, limit: Time, max_epoch: int) -> Time | None:
